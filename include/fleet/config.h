@@ -1,0 +1,74 @@
+/* config.h - YAML configuration (libyaml) checked against a schema, with -o overrides.
+ *
+ * A schema is an array of fl_cfg_key: a dotted path ("optimizer.momentum"), a type, and where
+ * the value goes in a caller's struct (offsetof). fl_config_load reads a YAML file of nested
+ * mappings, applies "-o a.b.c=value" overrides on top (the value is parsed as YAML, so lists
+ * are written "[0.1, 0.01]"), and fills the struct. The caller sets defaults in the struct
+ * first; keys that appear overwrite them. Refused, with the key and where it came from
+ * ("quickstart.yaml:12" or "-o"): unknown keys (with a did-you-mean), wrong types, values out
+ * of range or not among the choices, missing required keys, duplicate keys, YAML syntax
+ * errors (with libyaml's line and column). Nothing in the struct is trusted after a failure. */
+#ifndef FLEET_CONFIG_H
+#define FLEET_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    FL_CFG_BOOL = 0,    /* bool:   true/false (also yes/no, on/off) */
+    FL_CFG_INT,         /* int64_t */
+    FL_CFG_DOUBLE,      /* double; integers accepted */
+    FL_CFG_STRING,      /* char[size] */
+    FL_CFG_ENUM,        /* int: index of the value in choices "sgd|momentum" */
+    FL_CFG_INT_LIST,    /* fl_cfg_int_list */
+    FL_CFG_DOUBLE_LIST, /* fl_cfg_double_list */
+} fl_cfg_type;
+
+#define FL_CFG_LIST_MAX 32
+
+typedef struct {
+    int     n;
+    int64_t v[FL_CFG_LIST_MAX];
+} fl_cfg_int_list;
+
+typedef struct {
+    int    n;
+    double v[FL_CFG_LIST_MAX];
+} fl_cfg_double_list;
+
+typedef struct fl_cfg_key {
+    const char *path;    /* "optimizer.momentum" */
+    fl_cfg_type type;
+    size_t      offset;  /* offsetof(struct, field) */
+    size_t      size;    /* FL_CFG_STRING: capacity of the char array */
+    double      min;     /* numbers and list elements: inclusive range, checked when */
+    double      max;     /*   min <= max (set both to 0 for no check) */
+    const char *choices; /* FL_CFG_ENUM: "a|b|c" */
+    bool        required;
+    const char *help;    /* one line, for --help-config and docs */
+} fl_cfg_key;
+
+/* Loads path (NULL: none, overrides only), then overrides[0..n) ("a.b=value"), into out.
+ * If was_set is not NULL it receives, per schema key, whether the file or an override set it.
+ * Returns 0, or FL_ECONFIG / FL_EIO with a message naming the key and its line. */
+int fl_config_load(const char *path, const char *const *overrides, int noverrides,
+                   const fl_cfg_key *schema, int nkeys, void *out, bool *was_set);
+
+/* Writes the effective configuration, one "path: value" line per key, in schema order. */
+void fl_config_print(const fl_cfg_key *schema, int nkeys, const void *obj, FILE *out);
+
+/* Writes the effective configuration as one JSON object of dotted keys into buf (NUL
+ * terminated, truncated to cap). Returns the length it needed. */
+size_t fl_config_to_json(const fl_cfg_key *schema, int nkeys, const void *obj, char *buf,
+                         size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEET_CONFIG_H */

@@ -1,0 +1,85 @@
+/* kernels.h - the compute kernels behind layers and optimizers, as a table of function pointers.
+ *
+ * Two CPU tables exist: fl_kernels_cpu() (OpenBLAS cblas_sgemm/dgemm, OpenMP loops) and
+ * fl_kernels_ref() (plain single-threaded loops, the reference tests compare against). A CUDA
+ * table joins later behind the same interface. Every kernel takes a dtype, FL_DTYPE_F32 or
+ * FL_DTYPE_F64 (f64 exists so gradient checks can use finite differences), and raw row-major
+ * pointers; sizes may be 0. Reductions are deterministic: they sum fixed-size chunks in a fixed
+ * order, so results do not depend on the thread count. All kernels are thread-safe. */
+#ifndef FLEET_KERNELS_H
+#define FLEET_KERNELS_H
+
+#include "fleet/tensor.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FL_ACT_NONE = 0, FL_ACT_RELU, FL_ACT_TANH, FL_ACT_SIGMOID } fl_act;
+
+/* Parses "relu", "tanh", "sigmoid", "none"; returns 0 or FL_EINVAL. */
+int fl_act_parse(const char *name, fl_act *out);
+const char *fl_act_name(fl_act a);
+
+typedef struct fl_kernel_ops {
+    const char *name; /* "cpu", "ref" */
+
+    /* C (M, N) = alpha * op(A) op(B) + beta * C, row-major; op(A) is (M, K): A is (M, K) with
+     * lda >= K, or (K, M) with lda >= M when trans_a. Likewise B (K, N) or (N, K). */
+    void (*gemm)(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                 double beta, void *c, int64_t ldc);
+
+    /* y (ROWS, COLS) += bias (COLS) broadcast over rows. */
+    void (*add_bias)(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols);
+    /* db (COLS) = (accumulate ? db : 0) + sum over rows of dy (ROWS, COLS). */
+    void (*sum_rows)(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t cols,
+                     bool accumulate);
+
+    /* y = act(x), n elements; y may alias x. */
+    void (*act_forward)(fl_dtype t, fl_act act, const void *x, void *y, int64_t n);
+    /* dx = dy * act'(x): relu uses x, tanh and sigmoid use y = act(x); dx may alias dy. */
+    void (*act_backward)(fl_dtype t, fl_act act, const void *x, const void *y, const void *dy,
+                         void *dx, int64_t n);
+
+    /* y += a * x */
+    void (*axpy)(fl_dtype t, int64_t n, double a, const void *x, void *y);
+    /* x *= a */
+    void (*scale)(fl_dtype t, int64_t n, double a, void *x);
+    /* sum of x, and sum of x^2, accumulated in double */
+    double (*sum)(fl_dtype t, const void *x, int64_t n);
+    double (*sumsq)(fl_dtype t, const void *x, int64_t n);
+
+    /* Fused softmax cross-entropy, numerically stable (max subtracted before exp).
+     * logits, probs (ROWS, CLASSES); labels (ROWS) in [0, CLASSES). Writes probs = softmax and
+     * returns the sum over rows of -log p[label] (computed as logsumexp - logit[label]). */
+    double (*softmax_xent_forward)(fl_dtype t, const void *logits, const int32_t *labels,
+                                   void *probs, int64_t rows, int64_t classes);
+    /* dlogits = scale * (probs - onehot(labels)); dlogits may alias probs. */
+    void (*softmax_xent_backward)(fl_dtype t, const void *probs, const int32_t *labels,
+                                  void *dlogits, int64_t rows, int64_t classes, double scale);
+
+    /* Optimizer updates over n elements (w, g, v of the same dtype):
+     * sgd:      w -= lr * (g + wd * w)
+     * momentum: d = g + wd * w;  v = mu * v + d;  w -= lr * (nesterov ? d + mu * v : v)
+     * (Paddle's Momentum / PyTorch SGD(momentum, dampening=0), L2 decay folded into d). */
+    void (*sgd_update)(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd);
+    void (*momentum_update)(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
+                            double mu, double wd, bool nesterov);
+} fl_kernel_ops;
+
+/* The OpenBLAS + OpenMP table. */
+const fl_kernel_ops *fl_kernels_cpu(void);
+/* The plain reference table (single-threaded loops; naive gemm). */
+const fl_kernel_ops *fl_kernels_ref(void);
+
+/* Index of the largest of n values (first on ties); used by accuracy and the teacher task. */
+int64_t fl_argmax(fl_dtype t, const void *x, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEET_KERNELS_H */
