@@ -7,7 +7,13 @@
  * first; keys that appear overwrite them. Refused, with the key and where it came from
  * ("quickstart.yaml:12" or "-o"): unknown keys (with a did-you-mean), wrong types, values out
  * of range or not among the choices, missing required keys, duplicate keys, YAML syntax
- * errors (with libyaml's line and column). Nothing in the struct is trusted after a failure. */
+ * errors (with libyaml's line and column). Nothing in the struct is trusted after a failure.
+ *
+ * Details: a key may be written nested or dotted ("optimizer: {momentum: 0.9}" or
+ * "optimizer.momentum: 0.9"); a section left empty in the file ("optimizer:") sets nothing; a
+ * null value ("", "~", "null") is refused; a list key also takes a single scalar (a list of
+ * one); bools take true/false, yes/no, on/off in any case; integers are decimal; doubles must
+ * be finite; aliases and more than one YAML document are refused. */
 #ifndef FLEET_CONFIG_H
 #define FLEET_CONFIG_H
 
@@ -56,15 +62,19 @@ typedef struct fl_cfg_key {
 
 /* Loads path (NULL: none, overrides only), then overrides[0..n) ("a.b=value"), into out.
  * If was_set is not NULL it receives, per schema key, whether the file or an override set it.
- * Returns 0, or FL_ECONFIG / FL_EIO with a message naming the key and its line. */
+ * Returns 0, or FL_ECONFIG / FL_EIO (file cannot be opened or read) with a message naming the
+ * key and its line. All arguments are borrowed; thread-safe for distinct out structs. */
 int fl_config_load(const char *path, const char *const *overrides, int noverrides,
                    const fl_cfg_key *schema, int nkeys, void *out, bool *was_set);
 
-/* Writes the effective configuration, one "path: value" line per key, in schema order. */
+/* Writes the effective configuration, one "path: value" line per key, in schema order, as YAML
+ * that fl_config_load reads back to the same values: numbers in their shortest exact form,
+ * enums by name, lists as [a, b], strings plain when safe and double-quoted otherwise. */
 void fl_config_print(const fl_cfg_key *schema, int nkeys, const void *obj, FILE *out);
 
 /* Writes the effective configuration as one JSON object of dotted keys into buf (NUL
- * terminated, truncated to cap). Returns the length it needed. */
+ * terminated, truncated to cap; buf may be NULL when cap is 0). Returns the length it needed,
+ * without the NUL (as snprintf does). Non-finite doubles are written as null. */
 size_t fl_config_to_json(const fl_cfg_key *schema, int nkeys, const void *obj, char *buf,
                          size_t cap);
 

@@ -40,8 +40,11 @@ struct fl_dataset {
     void   *impl;
 };
 
+/* Calls ops->destroy (if any), then frees ds itself, which must come from malloc (as the
+ * create functions below allocate it). NULL is a no-op. */
 void fl_dataset_free(fl_dataset *ds);
-/* Bounds-checked ds->ops->get. */
+/* Bounds-checked ds->ops->get: FL_EINVAL naming the dataset and the index when it is outside
+ * [0, size). The synthetic datasets' get is thread-safe. */
 int fl_dataset_get(fl_dataset *ds, int64_t index, float *x, int32_t *label);
 
 /* The seed document's gen_data: `features` floats uniform in [0, 1) and a label uniform in
@@ -65,8 +68,11 @@ typedef struct {
 
 typedef struct fl_loader fl_loader;
 
-/* A loader over ds (borrowed). NULL and fl_errmsg on bad config (batch_size < 1, rank not in
- * [0, world), an epoch too small for one global batch with drop_last). */
+/* A loader over ds (borrowed). NULL and fl_errmsg on bad config (batch_size < 1, world < 1,
+ * rank not in [0, world), an epoch too small for one global batch with drop_last). Epoch e's
+ * order is fl_rng_shuffle of the identity with stream e of `seed` (tagged apart from the
+ * per-sample streams); global batch g is positions [g*world*B, min((g+1)*world*B, size)) and
+ * rank r takes [r*B, (r+1)*B) of it, clipped. Positioned at epoch 0, step 0. */
 fl_loader *fl_loader_create(fl_dataset *ds, const fl_loader_config *cfg);
 void fl_loader_free(fl_loader *l);
 /* Global batches per epoch (the same on every rank). */

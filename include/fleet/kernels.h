@@ -5,7 +5,9 @@
  * table joins later behind the same interface. Every kernel takes a dtype, FL_DTYPE_F32 or
  * FL_DTYPE_F64 (f64 exists so gradient checks can use finite differences), and raw row-major
  * pointers; sizes may be 0. Reductions are deterministic: they sum fixed-size chunks in a fixed
- * order, so results do not depend on the thread count. All kernels are thread-safe. */
+ * order, so results do not depend on the thread count. All kernels are thread-safe except gemm:
+ * OpenBLAS keeps its thread count in globals, so concurrent gemm calls from several threads must
+ * be serialised by the caller (fleet runs them on the training thread only). */
 #ifndef FLEET_KERNELS_H
 #define FLEET_KERNELS_H
 
@@ -75,6 +77,12 @@ typedef struct fl_kernel_ops {
 const fl_kernel_ops *fl_kernels_cpu(void);
 /* The plain reference table (single-threaded loops; naive gemm). */
 const fl_kernel_ops *fl_kernels_ref(void);
+
+/* Number of threads the CPU kernels use: OpenMP loops and OpenBLAS both follow it. n <= 0
+ * restores the default (OMP_NUM_THREADS, else one per core). Affects kernels called from the
+ * calling thread afterwards; call it at set-up, not concurrently with kernels. */
+void fl_kernels_set_threads(int n);
+int  fl_kernels_get_threads(void);
 
 /* Index of the largest of n values (first on ties); used by accuracy and the teacher task. */
 int64_t fl_argmax(fl_dtype t, const void *x, int64_t n);

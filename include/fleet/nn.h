@@ -7,13 +7,22 @@
  * activation-gradient buffer per layer, sized for the largest batch. Nothing is allocated in
  * forward or backward.
  *
- * Example (the seed's MLP):
- *     int64_t hidden[] = {128, 128};
+ * Example: one training step of the seed's MLP (error checks left out; x is an f32 tensor
+ * (B, 32) with B <= 128, labels holds B class indices):
+ *     int64_t hidden[] = {128, 128}, in_shape[] = {32};
  *     fl_net *net = fl_model_mlp(FL_DTYPE_F32, 32, hidden, 2, FL_ACT_TANH, 2);
- *     int64_t in_shape[] = {32};
- *     fl_net_build(net, 1, in_shape, 128, seed);
- *     fl_net_forward(net, &x, true, &logits);
- *     fl_softmax_xent_forward(net->kernels, logits, labels, net->probs?...)
+ *     fl_net_build(net, 1, in_shape, 128, seed);           // max batch 128
+ *     float probs_mem[128 * 2];
+ *     const fl_tensor *logits;                              // (B, 2), owned by net
+ *     fl_tensor probs;
+ *     double loss;
+ *     fl_net_forward(net, x, true, &logits);
+ *     fl_tensor_view(&probs, FL_DTYPE_F32, 2, logits->shape, probs_mem);
+ *     fl_softmax_xent_forward(fl_net_kernels(net), logits, labels, &probs, &loss);
+ *     fl_softmax_xent_backward(fl_net_kernels(net), &probs, labels, &probs); // in place
+ *     fl_net_backward(net, &probs, NULL, NULL);             // fills fl_net_flat_grads(net)
+ *     ... optimizer step over fl_net_param(net, 0 .. fl_net_num_params(net) - 1) ...
+ *     fl_net_free(net);
  *
  * Gradient-ready hook: fl_net_backward calls hook(ctx, param) for each trainable parameter as
  * soon as its gradient is final, last layer first. The distributed optimizer uses it to start
@@ -41,7 +50,10 @@ typedef struct fl_layer_ops {
      * message naming the layer if the input does not fit. */
     int (*infer_shape)(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
                        int64_t *out_shape);
-    /* Fills parameter values (called by fl_net_build after memory is placed). May be NULL. */
+    /* Fills parameter values (called by fl_net_build after memory is placed). May be NULL.
+     * rng is stream 0x1000 + j of the build seed, j being the network index of the layer's
+     * first parameter; a layer gives its parameter i stream 0x1000 + j + i (the same seed,
+     * position 0), so every parameter of a network has a stream of its own. */
     void (*init)(fl_layer *l, fl_rng *rng);
     /* y = f(x). x and y have a leading batch dimension; y is preallocated by the network. */
     int (*forward)(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training);
@@ -97,8 +109,9 @@ int fl_net_add(fl_net *net, fl_layer *layer);
  * from seed. Fails with FL_ESHAPE naming the layer when shapes do not fit. */
 int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_batch,
                  uint64_t seed);
-/* Runs the layers on x (B, in_shape...), B <= max_batch. *out (borrowed, valid until the
- * next forward) is the last layer's output. */
+/* Runs the layers on x (B, in_shape...), B <= max_batch (else FL_ESHAPE). *out (borrowed,
+ * valid until the next forward) is the last layer's output. x is borrowed too: backward reads
+ * it, so it must stay alive and unchanged until fl_net_backward. */
 int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tensor **out);
 /* Back-propagates dout (the gradient of the loss w.r.t. the last output) through the layers of
  * the last forward. Gradients overwrite (or add to, see fl_net_set_accumulate) the flat
@@ -112,11 +125,14 @@ fl_dtype             fl_net_dtype(const fl_net *net);
 const fl_kernel_ops *fl_net_kernels(const fl_net *net);
 int                  fl_net_num_layers(const fl_net *net);
 fl_layer            *fl_net_layer(fl_net *net, int i);
-/* All parameters in order (trainable ones first within each layer); borrowed. */
+/* All parameters in order (trainable ones first within each layer); borrowed. They form one
+ * array: fl_net_param(net, 0) .. + fl_net_num_params(net) - 1 (what fl_optim_create takes). */
 int       fl_net_num_params(const fl_net *net);
 fl_param *fl_net_param(fl_net *net, int i);
 fl_param *fl_net_find_param(fl_net *net, const char *name);
-/* Number of trainable scalars, and the flat blocks holding them (valid after build). */
+/* Number of trainable scalars, and the flat blocks holding them (valid after build; NULL
+ * before). The first fl_net_numel values of the parameter block are the trainable ones, at the
+ * same offsets as their gradients in the gradient block; persistable buffers follow them. */
 int64_t   fl_net_numel(const fl_net *net);
 void     *fl_net_flat_params(fl_net *net);
 void     *fl_net_flat_grads(fl_net *net);

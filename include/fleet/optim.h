@@ -32,13 +32,16 @@ typedef struct {
 typedef struct fl_optim fl_optim;
 
 /* An optimizer over params[0..n) (borrowed: they must outlive it; only trainable ones with a
- * gradient are updated). Momentum allocates one zeroed velocity per parameter, named
- * "opt.velocity.<param name>". Returns NULL and sets fl_errmsg on a bad config. */
+ * gradient are updated). Momentum allocates one zeroed velocity per trainable parameter, same
+ * shape and dtype, named "opt.velocity.<param name>". Returns NULL and sets fl_errmsg on a bad
+ * config (momentum outside [0, 1), momentum or nesterov with SGD, weight_decay < 0) or on
+ * parameters whose value or gradient is not of `dtype` (f32 or f64). */
 fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, fl_dtype dtype,
                           const fl_kernel_ops *k);
 void fl_optim_free(fl_optim *opt);
-/* One update with learning rate lr. If grad_norm is not NULL it receives the global L2 norm
- * of the gradients before clipping. Gradients are modified in place only by clipping. */
+/* One update with learning rate lr (finite, >= 0; else FL_EINVAL and nothing changes). If
+ * grad_norm is not NULL it receives the global L2 norm of the gradients before clipping.
+ * Gradients are modified in place only by clipping. */
 int fl_optim_step(fl_optim *opt, double lr, double *grad_norm);
 const fl_optim_config *fl_optim_get_config(const fl_optim *opt);
 /* Optimizer state tensors (the velocities), for checkpoints; borrowed. 0 for SGD. */
@@ -47,7 +50,7 @@ fl_param *fl_optim_state(fl_optim *opt, int i);
 
 /* Global L2 norm of the trainable gradients of params[0..n), and, when max_norm > 0, scales
  * them by max_norm / max(norm, max_norm) (Paddle's ClipGradByGlobalNorm). Returns the norm
- * before scaling. */
+ * before scaling; a NaN or infinite norm is returned and the gradients are left as they are. */
 double fl_clip_grad_norm(const fl_kernel_ops *k, fl_dtype t, fl_param *params, int n,
                          double max_norm);
 

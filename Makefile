@@ -1,0 +1,42 @@
+# The two commands of the README:
+#   make run    installs system packages, builds, trains the quick-start model
+#   make test   installs system packages, builds, runs every test (and the unit tests again
+#               under AddressSanitizer + UndefinedBehaviorSanitizer)
+BUILD     ?= build
+SAN_BUILD ?= build-san
+JOBS      ?= $(shell nproc)
+CMAKE     ?= cmake
+
+.PHONY: all run test deps build build-san test-san bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@mkdir -p $(BUILD)
+	@$(CMAKE) -S . -B $(BUILD) -DFL_WERROR=ON >$(BUILD)/configure.log 2>&1 \
+	    || { cat $(BUILD)/configure.log; exit 1; }
+	@grep '^-- fleet:' $(BUILD)/configure.log
+	@$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+run: build
+	$(BUILD)/tools/fleet-train -c configs/quickstart.yaml
+
+test: build build-san
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(SAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
+
+build-san: deps
+	@mkdir -p $(SAN_BUILD)
+	@$(CMAKE) -S . -B $(SAN_BUILD) -DFL_WERROR=ON -DFL_SANITIZE=address,undefined \
+	    >$(SAN_BUILD)/configure.log 2>&1 || { cat $(SAN_BUILD)/configure.log; exit 1; }
+	@$(CMAKE) --build $(SAN_BUILD) -j $(JOBS)
+
+bench: build
+	@scripts/install-deps.sh --bench
+	bash bench/mlp_step.sh
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD)

@@ -1,0 +1,98 @@
+/* train.h - the trainer behind fleet-train: a configuration (the YAML schema), and a loop that
+ * builds the model, data, optimizer and schedule from it and trains.
+ *
+ * The configuration mirrors the seed documents' recipe (model, data, optimizer with its
+ * learning-rate schedule, training length). Every key, its type, range and default is in one
+ * table, fl_train_schema(), which is also what refuses unknown keys and bad values.
+ * docs/config.md lists the keys. */
+#ifndef FLEET_TRAIN_H
+#define FLEET_TRAIN_H
+
+#include "fleet/config.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FL_MODEL_MLP = 0 } fl_model_type;
+typedef enum { FL_DATA_RANDOM = 0, FL_DATA_TEACHER = 1 } fl_data_type;
+
+typedef struct fl_train_config {
+    struct {
+        int             type;       /* fl_model_type */
+        int64_t         input_size; /* 0: the dataset's feature count */
+        fl_cfg_int_list hidden;
+        int             activation; /* fl_act */
+        int64_t         classes;    /* 0: the dataset's class count */
+    } model;
+    struct {
+        int      type;       /* fl_data_type */
+        int64_t  features;
+        int64_t  classes;
+        int64_t  train_size;
+        int64_t  val_size;
+        int64_t  teacher_hidden;
+        int64_t  seed;       /* the dataset's (teacher's) seed */
+    } data;
+    struct {
+        int    type;         /* fl_optim_type */
+        double momentum;
+        bool   nesterov;
+        double weight_decay;
+        double clip_norm;
+        struct {
+            double             base;
+            int                schedule; /* fl_lr_type */
+            fl_cfg_int_list    boundaries;
+            fl_cfg_double_list values;
+            int64_t            decay_steps; /* 0: the whole run */
+            double             end;
+            double             power;
+            int64_t            warmup_steps;
+            double             warmup_start;
+        } lr;
+    } optimizer;
+    struct {
+        int64_t batch_size;   /* per worker */
+        int64_t epochs;
+        int64_t max_steps;    /* > 0: stop after this many steps */
+        int64_t log_interval; /* steps between log lines */
+        int64_t seed;         /* initialisation and shuffling */
+        int64_t threads;      /* compute threads; 0: leave OpenMP's default */
+        char    log_dir[256]; /* metrics.jsonl goes here; "" for none */
+    } train;
+} fl_train_config;
+
+/* The schema of every key, in documentation order. */
+const fl_cfg_key *fl_train_schema(int *nkeys);
+/* Fills cfg with the defaults of every key. */
+void fl_train_config_defaults(fl_train_config *cfg);
+/* Defaults, then the YAML file at path (may be NULL), then overrides "a.b=value"; then the
+ * cross-key checks (e.g. piecewise values = boundaries + 1). 0 or FL_ECONFIG/FL_EIO with a
+ * message naming the key and line. */
+int fl_train_config_load(fl_train_config *cfg, const char *path, const char *const *overrides,
+                         int noverrides);
+
+/* What a finished run reports (also written to metrics.jsonl). */
+typedef struct {
+    int64_t steps;        /* optimizer steps taken */
+    double  last_loss;    /* mean training loss over the last log interval */
+    double  train_loss;   /* full pass over the training set, evaluation mode */
+    double  train_acc1;
+    double  val_loss;     /* full pass over the validation set (0 samples: NaN) */
+    double  val_acc1;
+    double  samples_per_s;
+} fl_train_result;
+
+/* Trains as cfg says, printing progress lines to stdout:
+ *   worker_index: 0, epoch 0, step 10, loss 0.6931, acc1 0.5000, lr 0.1000, ips 812.4 img/s, comm 0.0 MB
+ * and evaluation lines after each epoch. result may be NULL. */
+int fl_train_run(const fl_train_config *cfg, fl_train_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEET_TRAIN_H */

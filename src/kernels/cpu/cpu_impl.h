@@ -1,0 +1,88 @@
+/* cpu_impl.h - private to the CPU kernels: the per-file entry points that cpu.c gathers into
+ * fl_kernels_cpu(), the dtype dispatch, and the loop macros that decide between a plain
+ * vectorised loop and an OpenMP one (a parallel region costs microseconds; small loops skip it). */
+#ifndef FLEET_KERNELS_CPU_IMPL_H
+#define FLEET_KERNELS_CPU_IMPL_H
+
+#include "fleet/kernels.h"
+#include "fleet/status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Below this many elements a loop runs on the calling thread only. */
+#define PAR_MIN 32768
+/* Reductions sum chunks of CHUNK elements into one double each and add the chunk sums in
+ * order, so the result does not depend on how chunks are spread over threads. */
+#define CHUNK 4096
+
+/* Calls fn_f32(...) or fn_f64(...) according to dtype t; other dtypes are programming errors. */
+#define DISPATCH(t, fn, ...)                                         \
+    do {                                                             \
+        if ((t) == FL_DTYPE_F32)                                     \
+            fn##_f32(__VA_ARGS__);                                   \
+        else if ((t) == FL_DTYPE_F64)                                \
+            fn##_f64(__VA_ARGS__);                                   \
+        else                                                         \
+            FL_ASSERT(!"kernel dtype must be f32 or f64");           \
+    } while (0)
+
+/* Same, for kernels that return a double. */
+#define DISPATCH_RET(t, fn, ...)                                     \
+    do {                                                             \
+        if ((t) == FL_DTYPE_F32)                                     \
+            return fn##_f32(__VA_ARGS__);                            \
+        if ((t) == FL_DTYPE_F64)                                     \
+            return fn##_f64(__VA_ARGS__);                            \
+        FL_ASSERT(!"kernel dtype must be f32 or f64");               \
+        return 0;                                                    \
+    } while (0)
+
+/* for (int64_t i = 0; i < n; i++) body; vectorised, and split over threads when n >= PAR_MIN.
+ * The body must touch element i only (it may read and write the same array). */
+#define ELEMENTWISE(n, i, ...)                                              \
+    do {                                                                    \
+        int64_t n_ = (n);                                                   \
+        if (n_ < PAR_MIN) {                                                 \
+            _Pragma("omp simd") for (int64_t i = 0; i < n_; i++) {          \
+                __VA_ARGS__;                                                \
+            }                                                               \
+        } else {                                                            \
+            _Pragma("omp parallel for simd schedule(static)")               \
+            for (int64_t i = 0; i < n_; i++) {                              \
+                __VA_ARGS__;                                                \
+            }                                                               \
+        }                                                                   \
+    } while (0)
+
+/* gemm.c */
+void cpu_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+              double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+              void *c, int64_t ldc);
+
+/* elementwise.c */
+void cpu_add_bias(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols);
+void cpu_sum_rows(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t cols,
+                  bool accumulate);
+void cpu_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y);
+void cpu_scale(fl_dtype t, int64_t n, double a, void *x);
+void cpu_sgd_update(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd);
+void cpu_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
+                         double mu, double wd, bool nesterov);
+
+/* act_kernels.c */
+void cpu_act_forward(fl_dtype t, fl_act act, const void *x, void *y, int64_t n);
+void cpu_act_backward(fl_dtype t, fl_act act, const void *x, const void *y, const void *dy,
+                      void *dx, int64_t n);
+
+/* reduce.c */
+double cpu_sum(fl_dtype t, const void *x, int64_t n);
+double cpu_sumsq(fl_dtype t, const void *x, int64_t n);
+
+/* softmax.c */
+double cpu_softmax_xent_forward(fl_dtype t, const void *logits, const int32_t *labels,
+                                void *probs, int64_t rows, int64_t classes);
+void cpu_softmax_xent_backward(fl_dtype t, const void *probs, const int32_t *labels,
+                               void *dlogits, int64_t rows, int64_t classes, double scale);
+
+#endif /* FLEET_KERNELS_CPU_IMPL_H */

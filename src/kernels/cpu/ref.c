@@ -1,0 +1,196 @@
+/* ref.c - the fl_kernels_ref() table: the plainest loops that implement kernels.h, single-
+ * threaded, naive triple-loop gemm, sums in double. Slow on purpose; it is what the tests
+ * hold the fast table to, so every line should be obviously right. */
+#include "fleet/kernels.h"
+#include "fleet/status.h"
+
+#include <math.h>
+
+#define ASSERT_FLOAT(t) FL_ASSERT((t) == FL_DTYPE_F32 || (t) == FL_DTYPE_F64)
+
+/* Element i of a float or double array, as a double; and a store back in the array's dtype. */
+static inline double get(fl_dtype t, const void *p, int64_t i) {
+    return t == FL_DTYPE_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+static inline void put(fl_dtype t, void *p, int64_t i, double v) {
+    if (t == FL_DTYPE_F32)
+        ((float *)p)[i] = (float)v;
+    else
+        ((double *)p)[i] = v;
+}
+
+static void ref_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                     double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                     double beta, void *c, int64_t ldc) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0;
+            for (int64_t p = 0; p < k; p++) {
+                double aip = trans_a ? get(t, a, p * lda + i) : get(t, a, i * lda + p);
+                double bpj = trans_b ? get(t, b, j * ldb + p) : get(t, b, p * ldb + j);
+                s += aip * bpj;
+            }
+            double old = beta == 0 ? 0 : beta * get(t, c, i * ldc + j);
+            put(t, c, i * ldc + j, alpha * s + old);
+        }
+    }
+}
+
+static void ref_add_bias(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols) {
+    ASSERT_FLOAT(t);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++)
+            put(t, y, r * cols + j, get(t, y, r * cols + j) + get(t, bias, j));
+}
+
+static void ref_sum_rows(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t cols,
+                         bool accumulate) {
+    ASSERT_FLOAT(t);
+    for (int64_t j = 0; j < cols; j++) {
+        double s = 0;
+        for (int64_t r = 0; r < rows; r++)
+            s += get(t, dy, r * cols + j);
+        put(t, db, j, (accumulate ? get(t, db, j) : 0) + s);
+    }
+}
+
+static double act(fl_act a, double x) {
+    switch (a) {
+    case FL_ACT_NONE: return x;
+    case FL_ACT_RELU: return x < 0 ? 0 : x;
+    case FL_ACT_TANH: return tanh(x);
+    case FL_ACT_SIGMOID: return 1 / (1 + exp(-x));
+    }
+    FL_ASSERT(!"unknown activation");
+    return 0;
+}
+
+/* d act / dx, from x (relu) or y = act(x) (tanh, sigmoid) */
+static double act_grad(fl_act a, double x, double y) {
+    switch (a) {
+    case FL_ACT_NONE: return 1;
+    case FL_ACT_RELU: return x > 0 ? 1 : 0;
+    case FL_ACT_TANH: return 1 - y * y;
+    case FL_ACT_SIGMOID: return y * (1 - y);
+    }
+    FL_ASSERT(!"unknown activation");
+    return 0;
+}
+
+static void ref_act_forward(fl_dtype t, fl_act a, const void *x, void *y, int64_t n) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < n; i++)
+        put(t, y, i, act(a, get(t, x, i)));
+}
+
+static void ref_act_backward(fl_dtype t, fl_act a, const void *x, const void *y, const void *dy,
+                             void *dx, int64_t n) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < n; i++) {
+        double xi = a == FL_ACT_RELU ? get(t, x, i) : 0;
+        double yi = a == FL_ACT_TANH || a == FL_ACT_SIGMOID ? get(t, y, i) : 0;
+        put(t, dx, i, get(t, dy, i) * act_grad(a, xi, yi));
+    }
+}
+
+static void ref_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < n; i++)
+        put(t, y, i, get(t, y, i) + a * get(t, x, i));
+}
+
+static void ref_scale(fl_dtype t, int64_t n, double a, void *x) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < n; i++)
+        put(t, x, i, a * get(t, x, i));
+}
+
+static double ref_sum(fl_dtype t, const void *x, int64_t n) {
+    ASSERT_FLOAT(t);
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += get(t, x, i);
+    return s;
+}
+
+static double ref_sumsq(fl_dtype t, const void *x, int64_t n) {
+    ASSERT_FLOAT(t);
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += get(t, x, i) * get(t, x, i);
+    return s;
+}
+
+static double ref_softmax_xent_forward(fl_dtype t, const void *logits, const int32_t *labels,
+                                       void *probs, int64_t rows, int64_t classes) {
+    ASSERT_FLOAT(t);
+    double total = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t off = r * classes;
+        FL_ASSERT(labels[r] >= 0 && labels[r] < classes);
+        double mx = get(t, logits, off);
+        for (int64_t j = 1; j < classes; j++)
+            mx = fmax(mx, get(t, logits, off + j));
+        double s = 0;
+        for (int64_t j = 0; j < classes; j++)
+            s += exp(get(t, logits, off + j) - mx);
+        total += log(s) + mx - get(t, logits, off + labels[r]);
+        for (int64_t j = 0; j < classes; j++)
+            put(t, probs, off + j, exp(get(t, logits, off + j) - mx) / s);
+    }
+    return total;
+}
+
+static void ref_softmax_xent_backward(fl_dtype t, const void *probs, const int32_t *labels,
+                                      void *dlogits, int64_t rows, int64_t classes,
+                                      double scale) {
+    ASSERT_FLOAT(t);
+    for (int64_t r = 0; r < rows; r++) {
+        FL_ASSERT(labels[r] >= 0 && labels[r] < classes);
+        for (int64_t j = 0; j < classes; j++) {
+            int64_t i = r * classes + j;
+            double onehot = j == labels[r] ? 1 : 0;
+            put(t, dlogits, i, scale * (get(t, probs, i) - onehot));
+        }
+    }
+}
+
+static void ref_sgd_update(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < n; i++) {
+        double wi = get(t, w, i);
+        put(t, w, i, wi - lr * (get(t, g, i) + wd * wi));
+    }
+}
+
+static void ref_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, void *v,
+                                double lr, double mu, double wd, bool nesterov) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < n; i++) {
+        double wi = get(t, w, i);
+        double d = get(t, g, i) + wd * wi;
+        double vi = mu * get(t, v, i) + d;
+        put(t, v, i, vi);
+        put(t, w, i, wi - lr * (nesterov ? d + mu * vi : vi));
+    }
+}
+
+static const fl_kernel_ops ref_ops = {
+    .name = "ref",
+    .gemm = ref_gemm,
+    .add_bias = ref_add_bias,
+    .sum_rows = ref_sum_rows,
+    .act_forward = ref_act_forward,
+    .act_backward = ref_act_backward,
+    .axpy = ref_axpy,
+    .scale = ref_scale,
+    .sum = ref_sum,
+    .sumsq = ref_sumsq,
+    .softmax_xent_forward = ref_softmax_xent_forward,
+    .softmax_xent_backward = ref_softmax_xent_backward,
+    .sgd_update = ref_sgd_update,
+    .momentum_update = ref_momentum_update,
+};
+
+const fl_kernel_ops *fl_kernels_ref(void) { return &ref_ops; }

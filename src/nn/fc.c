@@ -1,0 +1,121 @@
+/* fc.c - the fully connected layer: y (B, OUT) = x (B, IN) W^T + b, W (OUT, IN) as in PyTorch.
+ * Forward pre-fills y with the bias and lets gemm add x W^T to it (beta = 1), so the bias costs
+ * no extra pass over y; backward is two gemms and a column sum. */
+#include "nn_impl.h"
+
+#include "fleet/status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t in, out;
+    bool    bias;
+} fc_impl;
+
+static int fc_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
+                          int64_t *out_shape) {
+    const fc_impl *fc = l->impl;
+    int64_t features = fl_shape_numel(in_ndim, in_shape);
+    if (features != fc->in) {
+        char buf[96];
+        return fl_fail(FL_ESHAPE, "%s: input %s has %lld features, expected %lld", l->name,
+                       fl_shape_str(in_ndim, in_shape, buf, sizeof buf), (long long)features,
+                       (long long)fc->in);
+    }
+    *out_ndim = 1;
+    out_shape[0] = fc->out;
+    return FL_OK;
+}
+
+/* PyTorch nn.Linear.reset_parameters: kaiming_uniform(a = sqrt(5)) on W is U(-1/sqrt(IN),
+ * 1/sqrt(IN)), and the bias uses the same bound. */
+static void fc_init(fl_layer *l, fl_rng *rng) {
+    const fc_impl *fc = l->impl;
+    double bound = fc->in > 0 ? 1.0 / sqrt((double)fc->in) : 0;
+    for (int i = 0; i < l->nparams; i++) {
+        fl_rng r;
+        nn_param_rng(rng, i, &r);
+        nn_fill_uniform(&l->params[i].value, &r, bound);
+    }
+}
+
+static int fc_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
+    const fc_impl *fc = l->impl;
+    int64_t b = x->shape[0];
+    FL_ASSERT(x->numel == b * fc->in && y->numel == b * fc->out);
+    const void *w = l->params[0].value.data; // (OUT, IN)
+    double beta = 0;
+    if (fc->bias) {
+        size_t row = (size_t)fc->out * fl_dtype_size(l->dtype);
+        const void *bias = l->params[1].value.data; // (OUT)
+        for (int64_t r = 0; r < b; r++)
+            memcpy((char *)y->data + (size_t)r * row, bias, row);
+        beta = 1;
+    }
+    // y (B, OUT) = x (B, IN) @ W^T (IN, OUT) + y
+    l->k->gemm(l->dtype, false, true, b, fc->out, fc->in, 1.0, x->data, fc->in, w, fc->in, beta,
+               y->data, fc->out);
+    return FL_OK;
+}
+
+static int fc_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y, const fl_tensor *dy,
+                       fl_tensor *dx, bool accumulate) {
+    const fc_impl *fc = l->impl;
+    int64_t b = x->shape[0];
+    FL_ASSERT(dy->numel == b * fc->out);
+    fl_param *w = &l->params[0];
+    // dW (OUT, IN) = dy^T (OUT, B) @ x (B, IN) [+ dW]
+    l->k->gemm(l->dtype, true, false, fc->out, fc->in, b, 1.0, dy->data, fc->out, x->data,
+               fc->in, accumulate ? 1.0 : 0.0, w->grad.data, fc->in);
+    if (fc->bias) // db (OUT) = sum over rows of dy [+ db]
+        l->k->sum_rows(l->dtype, dy->data, l->params[1].grad.data, b, fc->out, accumulate);
+    if (dx) { // dx (B, IN) = dy (B, OUT) @ W (OUT, IN)
+        FL_ASSERT(dx->numel == b * fc->in);
+        l->k->gemm(l->dtype, false, false, b, fc->in, fc->out, 1.0, dy->data, fc->out,
+                   w->value.data, fc->in, 0.0, dx->data, fc->in);
+    }
+    return FL_OK;
+}
+
+static void fc_destroy(fl_layer *l) { free(l->impl); }
+
+static const fl_layer_ops fc_ops = {
+    .type = "fc",
+    .infer_shape = fc_infer_shape,
+    .init = fc_init,
+    .forward = fc_forward,
+    .backward = fc_backward,
+    .destroy = fc_destroy,
+};
+
+fl_layer *fl_fc_create(const char *name, int64_t in_features, int64_t out_features, bool bias) {
+    if (in_features < 1 || out_features < 1) {
+        fl_fail(FL_EINVAL, "%s: fc needs at least 1 input and 1 output feature (got %lld, %lld)",
+                name, (long long)in_features, (long long)out_features);
+        return NULL;
+    }
+    fc_impl *fc = malloc(sizeof *fc);
+    if (!fc) {
+        fl_fail(FL_ENOMEM, "%s: out of memory", name);
+        return NULL;
+    }
+    fc->in = in_features;
+    fc->out = out_features;
+    fc->bias = bias;
+    fl_layer *l = fl_layer_new(&fc_ops, name, fc);
+    if (!l) {
+        free(fc);
+        return NULL;
+    }
+    int64_t wshape[2] = {out_features, in_features};
+    if (fl_layer_add_param(l, "weight", 2, wshape, true) < 0)
+        goto fail;
+    if (bias && fl_layer_add_param(l, "bias", 1, &out_features, true) < 0)
+        goto fail;
+    return l;
+fail:
+    fl_layer_free(l); // frees fc through fc_destroy
+    return NULL;
+}

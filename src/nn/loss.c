@@ -1,0 +1,99 @@
+/* loss.c - mean softmax cross-entropy (forward and backward) and top-k accuracy counts.
+ * These check what the kernels assume (2-D shapes, matching dtypes, labels in range) and turn
+ * violations into errors naming the row, then call the fused kernels. */
+#include "nn_impl.h"
+
+#include "fleet/status.h"
+
+#include <math.h>
+
+static int check_logits(const char *what, const fl_tensor *t) {
+    char buf[96];
+    if (t->ndim != 2)
+        return fl_fail(FL_ESHAPE, "softmax_xent: %s %s must be (B, C)", what,
+                       fl_shape_str(t->ndim, t->shape, buf, sizeof buf));
+    if (t->dtype != FL_DTYPE_F32 && t->dtype != FL_DTYPE_F64)
+        return fl_fail(FL_ESHAPE, "softmax_xent: %s is %s (f32 or f64 expected)", what,
+                       fl_dtype_name(t->dtype));
+    if (t->shape[0] > 0 && t->shape[1] < 1)
+        return fl_fail(FL_ESHAPE, "softmax_xent: %s has no classes", what);
+    return FL_OK;
+}
+
+static int check_pair(const char *a_name, const fl_tensor *a, const char *b_name,
+                      const fl_tensor *b) {
+    char sa[96], sb[96];
+    FL_TRY(check_logits(a_name, a));
+    if (a->dtype != b->dtype || !fl_tensor_same_shape(a, b))
+        return fl_fail(FL_ESHAPE, "softmax_xent: %s %s %s does not match %s %s %s", b_name,
+                       fl_dtype_name(b->dtype), fl_shape_str(b->ndim, b->shape, sb, sizeof sb),
+                       a_name, fl_dtype_name(a->dtype),
+                       fl_shape_str(a->ndim, a->shape, sa, sizeof sa));
+    return FL_OK;
+}
+
+static int check_labels(const int32_t *labels, int64_t rows, int64_t classes) {
+    FL_ASSERT(labels || rows == 0);
+    for (int64_t r = 0; r < rows; r++)
+        if (labels[r] < 0 || labels[r] >= classes)
+            return fl_fail(FL_EINVAL, "softmax_xent: label %d of row %lld is outside [0, %lld)",
+                           (int)labels[r], (long long)r, (long long)classes);
+    return FL_OK;
+}
+
+int fl_softmax_xent_forward(const fl_kernel_ops *k, const fl_tensor *logits,
+                            const int32_t *labels, fl_tensor *probs, double *loss) {
+    if (!k)
+        k = fl_kernels_cpu();
+    FL_TRY(check_pair("logits", logits, "probs", probs));
+    int64_t b = logits->shape[0], c = logits->shape[1];
+    FL_TRY(check_labels(labels, b, c));
+    double total = k->softmax_xent_forward(logits->dtype, logits->data, labels, probs->data, b, c);
+    *loss = b > 0 ? total / (double)b : 0.0;
+    return FL_OK;
+}
+
+int fl_softmax_xent_backward(const fl_kernel_ops *k, const fl_tensor *probs,
+                             const int32_t *labels, fl_tensor *dlogits) {
+    if (!k)
+        k = fl_kernels_cpu();
+    FL_TRY(check_pair("probs", probs, "dlogits", dlogits));
+    int64_t b = probs->shape[0], c = probs->shape[1];
+    FL_TRY(check_labels(labels, b, c));
+    if (b > 0)
+        k->softmax_xent_backward(probs->dtype, probs->data, labels, dlogits->data, b, c,
+                                 1.0 / (double)b);
+    return FL_OK;
+}
+
+#define STAMP_TOPK(T, S)                                                                   \
+    static int64_t topk_##S(const T *x, const int32_t *labels, int64_t rows, int64_t cols,  \
+                            int k) {                                                       \
+        int64_t correct = 0;                                                               \
+        for (int64_t r = 0; r < rows; r++) {                                               \
+            const T *row = x + r * cols;                                                   \
+            int32_t lab = labels[r];                                                       \
+            if (lab < 0 || lab >= cols || isnan(row[lab]))                                 \
+                continue;                                                                  \
+            int64_t ahead = 0; /* classes that beat or tie the label's logit */            \
+            for (int64_t j = 0; j < cols && ahead < k; j++)                                \
+                if (j != lab && row[j] >= row[lab])                                        \
+                    ahead++;                                                               \
+            correct += ahead < k;                                                          \
+        }                                                                                  \
+        return correct;                                                                    \
+    }
+STAMP_TOPK(float, f32)
+STAMP_TOPK(double, f64)
+
+int64_t fl_topk_correct(const fl_tensor *logits, const int32_t *labels, int k) {
+    FL_ASSERT(logits->ndim == 2);
+    int64_t rows = logits->shape[0], cols = logits->shape[1];
+    if (k < 1 || rows == 0)
+        return 0;
+    FL_ASSERT(labels);
+    if (logits->dtype == FL_DTYPE_F32)
+        return topk_f32(logits->data, labels, rows, cols, k);
+    FL_ASSERT(logits->dtype == FL_DTYPE_F64);
+    return topk_f64(logits->data, labels, rows, cols, k);
+}

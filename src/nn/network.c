@@ -1,0 +1,403 @@
+/* network.c - a sequence of layers whose memory fl_net_build plans once (llm.c style): flat
+ * parameter and gradient blocks in one order (a run of parameters is one range, as gradient
+ * buckets need) and per-layer output and output-gradient buffers. Steps allocate nothing. */
+#include "nn_impl.h"
+
+#include "fleet/status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct fl_net {
+    fl_dtype             dtype;
+    const fl_kernel_ops *k;
+    fl_layer           **layers;
+    int                  nlayers;
+    /* Every layer's parameters, in layer order, trainable first within a layer; each layer's
+     * params field points at its run here, so fl_net_param(net, 0) starts an fl_param array. */
+    fl_param            *params;
+    int                  nparams;
+
+    bool    built, accumulate, have_forward;
+    int     in_ndim;
+    int64_t in_shape[FL_MAX_DIMS];
+    int64_t max_batch;
+    int64_t numel;       /* trainable scalars: flat_grads holds exactly these */
+    int64_t numel_all;   /* plus buffers, placed after the trainable values */
+    void   *flat_params; /* (numel_all): trainable values in param order, then buffers */
+    void   *flat_grads;  /* (numel): gradients, same order and offsets as flat_params */
+    void   *act_mem;     /* all outputs, then all output gradients */
+    fl_tensor *out;      /* [nlayers] output of layer i, (B, sample shape of layer i) */
+    fl_tensor *dout;     /* [nlayers] gradient of the loss w.r.t. out[i]; the last is unused */
+    fl_tensor  x;        /* input of the last forward (borrowed) */
+};
+
+fl_net *fl_net_create(fl_dtype dtype, const fl_kernel_ops *k) {
+    if (dtype != FL_DTYPE_F32 && dtype != FL_DTYPE_F64) {
+        fl_fail(FL_EINVAL, "net: dtype %s is not supported (f32 or f64)", fl_dtype_name(dtype));
+        return NULL;
+    }
+    fl_net *net = calloc(1, sizeof *net);
+    if (!net) {
+        fl_fail(FL_ENOMEM, "net: out of memory");
+        return NULL;
+    }
+    net->dtype = dtype;
+    net->k = k ? k : fl_kernels_cpu();
+    return net;
+}
+
+/* Frees what fl_net_build allocated and returns the network to its unbuilt state. */
+static void unplan(fl_net *net) {
+    fl_free_aligned(net->flat_params);
+    fl_free_aligned(net->flat_grads);
+    fl_free_aligned(net->act_mem);
+    free(net->out);
+    free(net->dout);
+    net->flat_params = net->flat_grads = net->act_mem = NULL;
+    net->out = net->dout = NULL;
+    for (int i = 0; i < net->nparams; i++) {
+        net->params[i].value.data = NULL;
+        net->params[i].grad.data = NULL;
+    }
+    net->built = net->have_forward = false;
+}
+
+void fl_net_free(fl_net *net) {
+    if (!net)
+        return;
+    unplan(net);
+    for (int i = 0; i < net->nlayers; i++) {
+        fl_layer *l = net->layers[i];
+        if (l->ops->destroy)
+            l->ops->destroy(l);
+        free(l); // its params live in net->params
+    }
+    free(net->layers);
+    free(net->params);
+    free(net);
+}
+
+int fl_net_add(fl_net *net, fl_layer *layer) {
+    FL_ASSERT(net && layer);
+    int rc;
+    if (net->built) {
+        rc = fl_fail(FL_ESTATE, "%s: cannot add a layer to a network that is already built",
+                     layer->name);
+        goto fail;
+    }
+    for (int i = 0; i < net->nlayers; i++) {
+        if (strcmp(net->layers[i]->name, layer->name) == 0) {
+            rc = fl_fail(FL_EINVAL, "%s: the network already has a layer of that name",
+                         layer->name);
+            goto fail;
+        }
+    }
+    fl_layer **layers = realloc(net->layers, (size_t)(net->nlayers + 1) * sizeof *layers);
+    if (!layers) {
+        rc = fl_fail(FL_ENOMEM, "%s: out of memory", layer->name);
+        goto fail;
+    }
+    net->layers = layers;
+    fl_param *params = net->params;
+    if (layer->nparams > 0) {
+        params = realloc(net->params, (size_t)(net->nparams + layer->nparams) * sizeof *params);
+        if (!params) {
+            rc = fl_fail(FL_ENOMEM, "%s: out of memory", layer->name);
+            goto fail;
+        }
+    }
+    /* move the layer's params into the network's array, trainable ones first */
+    net->params = params;
+    int n = net->nparams;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < layer->nparams; i++)
+            if (layer->params[i].trainable == (pass == 0))
+                params[n++] = layer->params[i];
+    for (int i = net->nparams; i < n; i++)
+        params[i].value.dtype = params[i].grad.dtype = net->dtype;
+    free(layer->params);
+    net->nparams = n;
+    layer->dtype = net->dtype;
+    layer->k = net->k;
+    net->layers[net->nlayers++] = layer;
+    /* the array may have moved: point every layer at its run again */
+    int off = 0;
+    for (int i = 0; i < net->nlayers; i++) {
+        fl_layer *l = net->layers[i];
+        l->params = l->nparams ? net->params + off : NULL;
+        off += l->nparams;
+    }
+    return FL_OK;
+fail:
+    fl_layer_free(layer);
+    return rc;
+}
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static void set_batch(fl_tensor *t, int64_t b) {
+    t->shape[0] = b;
+    t->numel = fl_shape_numel(t->ndim, t->shape);
+}
+
+int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_batch,
+                 uint64_t seed) {
+    FL_ASSERT(net);
+    int rc;
+    char buf[96];
+    if (net->built)
+        return fl_fail(FL_ESTATE, "net: already built");
+    if (net->nlayers == 0)
+        return fl_fail(FL_ESTATE, "net: no layers to build");
+    if (in_ndim < 1 || in_ndim > FL_MAX_DIMS - 1)
+        return fl_fail(FL_ESHAPE, "net: input sample has %d dimensions (1 to %d allowed)",
+                       in_ndim, FL_MAX_DIMS - 1);
+    for (int i = 0; i < in_ndim; i++)
+        if (in_shape[i] < 1)
+            return fl_fail(FL_ESHAPE, "net: input sample shape %s has an empty dimension",
+                           fl_shape_str(in_ndim, in_shape, buf, sizeof buf));
+    if (max_batch < 1)
+        return fl_fail(FL_EINVAL, "net: max_batch %lld must be at least 1",
+                       (long long)max_batch);
+    size_t esize = fl_dtype_size(net->dtype);
+    net->in_ndim = in_ndim;
+    memcpy(net->in_shape, in_shape, (size_t)in_ndim * sizeof *in_shape);
+    net->max_batch = max_batch;
+
+    /* shapes: out[i] is (max_batch, sample shape of layer i) until forward sets B */
+    net->out = calloc((size_t)net->nlayers, sizeof *net->out);
+    net->dout = calloc((size_t)net->nlayers, sizeof *net->dout);
+    if (!net->out || !net->dout) {
+        rc = fl_fail(FL_ENOMEM, "net: out of memory");
+        goto fail;
+    }
+    int ndim = in_ndim;
+    int64_t shape[FL_MAX_DIMS];
+    memcpy(shape, in_shape, (size_t)in_ndim * sizeof *shape);
+    size_t act_bytes = 0;
+    for (int i = 0; i < net->nlayers; i++) {
+        fl_layer *l = net->layers[i];
+        int ondim = 0;
+        int64_t oshape[FL_MAX_DIMS];
+        rc = l->ops->infer_shape(l, ndim, shape, &ondim, oshape);
+        if (rc < 0)
+            goto fail;
+        if (ondim < 0 || ondim > FL_MAX_DIMS - 1) {
+            rc = fl_fail(FL_ESHAPE, "%s: output has %d dimensions (at most %d)", l->name, ondim,
+                         FL_MAX_DIMS - 1);
+            goto fail;
+        }
+        int64_t full[FL_MAX_DIMS] = {max_batch};
+        memcpy(full + 1, oshape, (size_t)ondim * sizeof *oshape);
+        int64_t sample = fl_shape_numel(ondim, oshape);
+        if (sample < 0 || (sample > 0 && max_batch > INT64_MAX / (int64_t)esize / sample)) {
+            rc = fl_fail(FL_ESHAPE, "%s: output %s is too large for batch %lld", l->name,
+                         fl_shape_str(ondim, oshape, buf, sizeof buf), (long long)max_batch);
+            goto fail;
+        }
+        fl_tensor_view(&net->out[i], net->dtype, ondim + 1, full, NULL);
+        fl_tensor_view(&net->dout[i], net->dtype, ondim + 1, full, NULL);
+        act_bytes += round64(fl_tensor_nbytes(&net->out[i]));
+        if (i < net->nlayers - 1) // the last output's gradient is the caller's dout
+            act_bytes += round64(fl_tensor_nbytes(&net->dout[i]));
+        ndim = ondim;
+        memcpy(shape, oshape, (size_t)ondim * sizeof *oshape);
+    }
+    net->act_mem = fl_alloc_aligned(act_bytes);
+    if (!net->act_mem) {
+        rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of activations", act_bytes);
+        goto fail;
+    }
+    char *p = net->act_mem;
+    for (int i = 0; i < net->nlayers; i++) {
+        net->out[i].data = p;
+        p += round64(fl_tensor_nbytes(&net->out[i]));
+    }
+    for (int i = 0; i < net->nlayers - 1; i++) {
+        net->dout[i].data = p;
+        p += round64(fl_tensor_nbytes(&net->dout[i]));
+    }
+
+    /* parameters: trainable values and gradients at the same offsets, buffers after */
+    net->numel = net->numel_all = 0;
+    for (int i = 0; i < net->nparams; i++) {
+        net->numel_all += net->params[i].value.numel;
+        if (net->params[i].trainable)
+            net->numel += net->params[i].value.numel;
+    }
+    net->flat_params = fl_alloc_aligned((size_t)net->numel_all * esize);
+    net->flat_grads = fl_alloc_aligned((size_t)net->numel * esize);
+    if (!net->flat_params || !net->flat_grads) {
+        rc = fl_fail(FL_ENOMEM, "net: cannot allocate %lld parameters",
+                     (long long)net->numel_all);
+        goto fail;
+    }
+    memset(net->flat_params, 0, (size_t)net->numel_all * esize);
+    memset(net->flat_grads, 0, (size_t)net->numel * esize);
+    int64_t off = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < net->nparams; i++) {
+            fl_param *prm = &net->params[i];
+            if (prm->trainable != (pass == 0))
+                continue;
+            prm->value.data = (char *)net->flat_params + (size_t)off * esize;
+            prm->grad.data = prm->trainable ? (char *)net->flat_grads + (size_t)off * esize : NULL;
+            off += prm->value.numel;
+        }
+    }
+
+    /* initialisation: param j from stream NN_INIT_STREAM + j (see nn_impl.h) */
+    int j = 0;
+    for (int i = 0; i < net->nlayers; i++) {
+        fl_layer *l = net->layers[i];
+        if (l->ops->init && l->nparams > 0) {
+            fl_rng r;
+            fl_rng_init(&r, seed, NN_INIT_STREAM + (uint64_t)j);
+            l->ops->init(l, &r);
+        }
+        j += l->nparams;
+    }
+    net->built = true;
+    return FL_OK;
+fail:
+    unplan(net);
+    return rc;
+}
+
+int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tensor **out) {
+    FL_ASSERT(net && x && out);
+    char got[96], want[96];
+    if (!net->built)
+        return fl_fail(FL_ESTATE, "net: forward before fl_net_build");
+    if (x->dtype != net->dtype)
+        return fl_fail(FL_ESHAPE, "net: input is %s, the network computes in %s",
+                       fl_dtype_name(x->dtype), fl_dtype_name(net->dtype));
+    bool fits = x->ndim == net->in_ndim + 1;
+    for (int i = 0; fits && i < net->in_ndim; i++)
+        fits = x->shape[i + 1] == net->in_shape[i];
+    if (!fits)
+        return fl_fail(FL_ESHAPE, "net: input %s does not match (B, %s), the sample shape given "
+                       "to fl_net_build",
+                       fl_shape_str(x->ndim, x->shape, got, sizeof got),
+                       fl_shape_str(net->in_ndim, net->in_shape, want, sizeof want) + 1);
+    int64_t b = x->shape[0];
+    if (b > net->max_batch)
+        return fl_fail(FL_ESHAPE, "net: batch of %lld exceeds max_batch %lld of fl_net_build",
+                       (long long)b, (long long)net->max_batch);
+    FL_ASSERT(x->data || x->numel == 0);
+    net->have_forward = false;
+    const fl_tensor *in = x;
+    for (int i = 0; i < net->nlayers; i++) {
+        fl_layer *l = net->layers[i];
+        set_batch(&net->out[i], b);
+        set_batch(&net->dout[i], b);
+        FL_TRY(l->ops->forward(l, in, &net->out[i], training));
+        in = &net->out[i];
+    }
+    net->x = *x;
+    net->have_forward = true;
+    *out = &net->out[net->nlayers - 1];
+    return FL_OK;
+}
+
+int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, void *ctx) {
+    FL_ASSERT(net && dout);
+    char got[96], want[96];
+    if (!net->have_forward)
+        return fl_fail(FL_ESTATE, "net: backward without a successful forward");
+    const fl_tensor *last = &net->out[net->nlayers - 1];
+    if (dout->dtype != net->dtype || !fl_tensor_same_shape(dout, last))
+        return fl_fail(FL_ESHAPE, "net: output gradient %s %s does not match the output %s %s",
+                       fl_dtype_name(dout->dtype),
+                       fl_shape_str(dout->ndim, dout->shape, got, sizeof got),
+                       fl_dtype_name(last->dtype),
+                       fl_shape_str(last->ndim, last->shape, want, sizeof want));
+    for (int i = net->nlayers - 1; i >= 0; i--) {
+        fl_layer *l = net->layers[i];
+        const fl_tensor *x = i > 0 ? &net->out[i - 1] : &net->x;
+        const fl_tensor *dy = i == net->nlayers - 1 ? dout : &net->dout[i];
+        fl_tensor *dx = i > 0 ? &net->dout[i - 1] : NULL; // the input's gradient is not needed
+        FL_TRY(l->ops->backward(l, x, &net->out[i], dy, dx, net->accumulate));
+        if (hook)
+            for (int p = l->nparams - 1; p >= 0; p--)
+                if (l->params[p].trainable)
+                    hook(ctx, &l->params[p]);
+    }
+    return FL_OK;
+}
+
+void fl_net_set_accumulate(fl_net *net, bool on) { net->accumulate = on; }
+
+void fl_net_zero_grad(fl_net *net) {
+    if (net->built)
+        memset(net->flat_grads, 0, (size_t)net->numel * fl_dtype_size(net->dtype));
+}
+
+fl_dtype fl_net_dtype(const fl_net *net) { return net->dtype; }
+const fl_kernel_ops *fl_net_kernels(const fl_net *net) { return net->k; }
+int fl_net_num_layers(const fl_net *net) { return net->nlayers; }
+
+fl_layer *fl_net_layer(fl_net *net, int i) {
+    FL_ASSERT(i >= 0 && i < net->nlayers);
+    return net->layers[i];
+}
+
+int fl_net_num_params(const fl_net *net) { return net->nparams; }
+
+fl_param *fl_net_param(fl_net *net, int i) {
+    FL_ASSERT(i >= 0 && i < net->nparams);
+    return &net->params[i];
+}
+
+fl_param *fl_net_find_param(fl_net *net, const char *name) {
+    for (int i = 0; i < net->nparams; i++)
+        if (strcmp(net->params[i].name, name) == 0)
+            return &net->params[i];
+    fl_fail(FL_EINVAL, "net: no parameter named '%s'", name);
+    return NULL;
+}
+
+int64_t fl_net_numel(const fl_net *net) { return net->built ? net->numel : 0; }
+void *fl_net_flat_params(fl_net *net) { return net->flat_params; }
+void *fl_net_flat_grads(fl_net *net) { return net->flat_grads; }
+
+int fl_net_out_shape(const fl_net *net, int64_t *shape) {
+    if (!net->built)
+        return fl_fail(FL_ESTATE, "net: output shape asked before fl_net_build");
+    const fl_tensor *last = &net->out[net->nlayers - 1];
+    memcpy(shape, last->shape + 1, (size_t)(last->ndim - 1) * sizeof *shape);
+    return last->ndim - 1;
+}
+
+void fl_net_summary(const fl_net *net, FILE *out) {
+    char buf[96];
+    fprintf(out, "%-20s %-10s %-16s %12s\n", "layer / param", "type", "shape", "count");
+    for (int i = 0; i < net->nlayers; i++) {
+        const fl_layer *l = net->layers[i];
+        const char *shape = "?";
+        if (net->built)
+            shape = fl_shape_str(net->out[i].ndim - 1, net->out[i].shape + 1, buf, sizeof buf);
+        fprintf(out, "%-20s %-10s %-16s\n", l->name, l->ops->type, shape);
+        for (int p = 0; p < l->nparams; p++) {
+            const fl_param *prm = &l->params[p];
+            fprintf(out, "  %-18s %-10s %-16s %12lld\n", prm->name,
+                    prm->trainable ? "param" : "buffer",
+                    fl_shape_str(prm->value.ndim, prm->value.shape, buf, sizeof buf),
+                    (long long)prm->value.numel);
+        }
+    }
+    int64_t total = 0, buffers = 0;
+    for (int i = 0; i < net->nparams; i++) {
+        if (net->params[i].trainable)
+            total += net->params[i].value.numel;
+        else
+            buffers += net->params[i].value.numel;
+    }
+    fprintf(out, "total: %lld trainable parameters (%.1f KiB in %s)", (long long)total,
+            (double)total * (double)fl_dtype_size(net->dtype) / 1024.0,
+            fl_dtype_name(net->dtype));
+    if (buffers)
+        fprintf(out, ", %lld buffer values", (long long)buffers);
+    fprintf(out, "\n");
+}

@@ -1,0 +1,191 @@
+/* optim.c - SGD and Momentum (optionally Nesterov) over an array of named parameters, with L2
+ * decay and global-norm clipping. Velocities live in one zeroed block allocated at create
+ * (llm.c style) and are exposed as named params "opt.velocity.<name>" for checkpoints; the
+ * arithmetic is the kernel table's sgd_update / momentum_update (Paddle's Momentum, PyTorch's
+ * SGD with dampening 0: v = mu * v + g, not the v = mu * v + lr * g of Sutskever et al.). */
+#include "fleet/optim.h"
+
+#include "fleet/status.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STATE_PREFIX "opt.velocity."
+
+struct fl_optim {
+    fl_optim_config      cfg;
+    fl_param            *params; /* (n) borrowed */
+    int                  n;
+    fl_dtype             dtype;
+    const fl_kernel_ops *k;
+    int                  nstate;
+    fl_param            *state;       /* (nstate) velocities, Momentum only */
+    int                 *velocity_of; /* (n) index into state, or -1 */
+    void                *block;       /* the velocities' memory */
+};
+
+static int check_config(const fl_optim_config *c) {
+    if (c->type != FL_OPTIM_SGD && c->type != FL_OPTIM_MOMENTUM)
+        return fl_fail(FL_EINVAL, "optimizer: unknown type %d", (int)c->type);
+    if (c->type == FL_OPTIM_MOMENTUM && !(c->momentum >= 0 && c->momentum < 1))
+        return fl_fail(FL_EINVAL, "optimizer: momentum %g outside [0, 1)", c->momentum);
+    if (c->type == FL_OPTIM_SGD && c->momentum != 0)
+        return fl_fail(FL_EINVAL, "optimizer: momentum %g given to SGD (use type momentum)",
+                       c->momentum);
+    if (c->nesterov && c->type != FL_OPTIM_MOMENTUM)
+        return fl_fail(FL_EINVAL, "optimizer: nesterov needs type momentum");
+    if (!(c->weight_decay >= 0) || !isfinite(c->weight_decay))
+        return fl_fail(FL_EINVAL, "optimizer: weight_decay %g is not a finite number >= 0",
+                       c->weight_decay);
+    if (isnan(c->clip_norm))
+        return fl_fail(FL_EINVAL, "optimizer: clip_norm is NaN");
+    return FL_OK;
+}
+
+static int check_param(const fl_param *p, fl_dtype dtype, bool has_state) {
+    if (!p->trainable)
+        return FL_OK;
+    if (p->value.dtype != dtype || !p->value.data)
+        return fl_fail(FL_ESHAPE, "optimizer: parameter '%s' is %s%s, optimizer is %s", p->name,
+                       fl_dtype_name(p->value.dtype), p->value.data ? "" : " without data",
+                       fl_dtype_name(dtype));
+    if (p->grad.data && (p->grad.dtype != dtype || p->grad.numel != p->value.numel))
+        return fl_fail(FL_ESHAPE,
+                       "optimizer: gradient of '%s' is %s with %lld elements, value is %s with "
+                       "%lld",
+                       p->name, fl_dtype_name(p->grad.dtype), (long long)p->grad.numel,
+                       fl_dtype_name(p->value.dtype), (long long)p->value.numel);
+    if (has_state && strlen(p->name) + strlen(STATE_PREFIX) >= sizeof p->name)
+        return fl_fail(FL_EINVAL,
+                       "optimizer: state name '" STATE_PREFIX "%s' is longer than %zu characters",
+                       p->name, sizeof p->name - 1);
+    return FL_OK;
+}
+
+/* Bytes of a velocity, rounded up so every one starts 64-byte aligned in the block. */
+static size_t padded_bytes(const fl_param *p) {
+    return (fl_tensor_nbytes(&p->value) + 63) & ~(size_t)63;
+}
+
+fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, fl_dtype dtype,
+                          const fl_kernel_ops *k) {
+    FL_ASSERT(cfg && k && n >= 0 && (params || n == 0));
+    fl_optim *opt = NULL;
+    if (check_config(cfg) < 0)
+        goto fail;
+    if (dtype != FL_DTYPE_F32 && dtype != FL_DTYPE_F64) {
+        fl_fail(FL_EUNSUPPORTED, "optimizer: dtype %s (kernels take f32 or f64)",
+                fl_dtype_name(dtype));
+        goto fail;
+    }
+    for (int i = 0; i < n; i++)
+        if (check_param(&params[i], dtype, cfg->type == FL_OPTIM_MOMENTUM) < 0)
+            goto fail;
+
+    opt = calloc(1, sizeof *opt);
+    if (!opt)
+        goto nomem;
+    opt->cfg = *cfg;
+    opt->params = params;
+    opt->n = n;
+    opt->dtype = dtype;
+    opt->k = k;
+    opt->velocity_of = malloc((size_t)(n ? n : 1) * sizeof *opt->velocity_of);
+    if (!opt->velocity_of)
+        goto nomem;
+    for (int i = 0; i < n; i++)
+        opt->velocity_of[i] = -1;
+    if (cfg->type != FL_OPTIM_MOMENTUM)
+        return opt;
+
+    /* one velocity per trainable parameter, same shape and dtype, zero to start with */
+    size_t bytes = 0;
+    int nstate = 0;
+    for (int i = 0; i < n; i++) {
+        if (params[i].trainable) {
+            bytes += padded_bytes(&params[i]);
+            nstate++;
+        }
+    }
+    opt->state = calloc((size_t)(nstate ? nstate : 1), sizeof *opt->state);
+    opt->block = fl_alloc_aligned(bytes);
+    if (!opt->state || !opt->block)
+        goto nomem;
+    memset(opt->block, 0, bytes);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const fl_param *p = &params[i];
+        if (!p->trainable)
+            continue;
+        fl_param *v = &opt->state[opt->nstate];
+        /* check_param made sure the name fits */
+        size_t plen = strlen(STATE_PREFIX), nlen = strlen(p->name);
+        memcpy(v->name, STATE_PREFIX, plen);
+        memcpy(v->name + plen, p->name, nlen + 1);
+        fl_tensor_view(&v->value, dtype, p->value.ndim, p->value.shape, (char *)opt->block + off);
+        fl_tensor_view(&v->grad, dtype, p->value.ndim, p->value.shape, NULL);
+        v->trainable = false;
+        off += padded_bytes(p);
+        opt->velocity_of[i] = opt->nstate++;
+    }
+    return opt;
+
+nomem:
+    fl_fail(FL_ENOMEM, "optimizer: out of memory for the state of %d parameters", n);
+fail:
+    fl_optim_free(opt);
+    return NULL;
+}
+
+void fl_optim_free(fl_optim *opt) {
+    if (!opt)
+        return;
+    fl_free_aligned(opt->block);
+    free(opt->state);
+    free(opt->velocity_of);
+    free(opt);
+}
+
+int fl_optim_step(fl_optim *opt, double lr, double *grad_norm) {
+    FL_ASSERT(opt);
+    if (!(lr >= 0) || !isfinite(lr))
+        return fl_fail(FL_EINVAL, "optimizer: learning rate %g is not a finite number >= 0", lr);
+    const fl_optim_config *c = &opt->cfg;
+    if (c->clip_norm > 0 || grad_norm) {
+        double norm = fl_clip_grad_norm(opt->k, opt->dtype, opt->params, opt->n,
+                                        c->clip_norm > 0 ? c->clip_norm : 0.0);
+        if (grad_norm)
+            *grad_norm = norm;
+    }
+    for (int i = 0; i < opt->n; i++) {
+        fl_param *p = &opt->params[i];
+        if (!p->trainable || !p->grad.data)
+            continue;
+        if (c->type == FL_OPTIM_SGD) {
+            opt->k->sgd_update(opt->dtype, p->value.numel, p->value.data, p->grad.data, lr,
+                               c->weight_decay);
+        } else {
+            fl_param *v = &opt->state[opt->velocity_of[i]];
+            opt->k->momentum_update(opt->dtype, p->value.numel, p->value.data, p->grad.data,
+                                    v->value.data, lr, c->momentum, c->weight_decay, c->nesterov);
+        }
+    }
+    return FL_OK;
+}
+
+const fl_optim_config *fl_optim_get_config(const fl_optim *opt) {
+    FL_ASSERT(opt);
+    return &opt->cfg;
+}
+
+int fl_optim_num_state(const fl_optim *opt) {
+    FL_ASSERT(opt);
+    return opt->nstate;
+}
+
+fl_param *fl_optim_state(fl_optim *opt, int i) {
+    FL_ASSERT(opt && i >= 0 && i < opt->nstate);
+    return &opt->state[i];
+}

@@ -1,0 +1,143 @@
+/* train_config.c - the trainer's configuration schema: every key with its type, range, default
+ * and help line in one table, plus the checks that involve several keys. */
+#include "fleet/kernels.h"
+#include "fleet/optim.h"
+#include "fleet/status.h"
+#include "fleet/train.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#define OFF(field) offsetof(fl_train_config, field)
+#define BIG 1e15
+
+/* enum choices are listed in the order of the C enums they map to */
+static const fl_cfg_key schema[] = {
+    {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0, "mlp", true,
+     "model zoo entry"},
+    {"model.input_size", FL_CFG_INT, OFF(model.input_size), 0, 0, BIG, NULL, false,
+     "input features; 0 = the dataset's"},
+    {"model.hidden", FL_CFG_INT_LIST, OFF(model.hidden), 0, 1, 1e6, NULL, false,
+     "hidden layer sizes of the mlp"},
+    {"model.activation", FL_CFG_ENUM, OFF(model.activation), 0, 0, 0, "none|relu|tanh|sigmoid",
+     false, "activation after each hidden layer"},
+    {"model.classes", FL_CFG_INT, OFF(model.classes), 0, 0, 1e7, NULL, false,
+     "output classes; 0 = the dataset's"},
+
+    {"data.type", FL_CFG_ENUM, OFF(data.type), 0, 0, 0, "random|teacher", true,
+     "random: the seed's gen_data (not learnable); teacher: labels from a random teacher net"},
+    {"data.features", FL_CFG_INT, OFF(data.features), 0, 1, 1e7, NULL, false,
+     "features per sample"},
+    {"data.classes", FL_CFG_INT, OFF(data.classes), 0, 2, 1e6, NULL, false, "number of classes"},
+    {"data.train_size", FL_CFG_INT, OFF(data.train_size), 0, 1, 1e12, NULL, false,
+     "training samples"},
+    {"data.val_size", FL_CFG_INT, OFF(data.val_size), 0, 0, 1e12, NULL, false,
+     "validation samples (0: no validation)"},
+    {"data.teacher_hidden", FL_CFG_INT, OFF(data.teacher_hidden), 0, 1, 1e6, NULL, false,
+     "hidden units of the teacher network"},
+    {"data.seed", FL_CFG_INT, OFF(data.seed), 0, 0, BIG, NULL, false,
+     "seed of the synthetic data (and teacher)"},
+
+    {"optimizer.type", FL_CFG_ENUM, OFF(optimizer.type), 0, 0, 0, "sgd|momentum", false,
+     "update rule"},
+    {"optimizer.momentum", FL_CFG_DOUBLE, OFF(optimizer.momentum), 0, 0, 0.9999, NULL, false,
+     "momentum factor mu"},
+    {"optimizer.nesterov", FL_CFG_BOOL, OFF(optimizer.nesterov), 0, 0, 0, NULL, false,
+     "Nesterov momentum"},
+    {"optimizer.weight_decay", FL_CFG_DOUBLE, OFF(optimizer.weight_decay), 0, 0, 1, NULL, false,
+     "L2 decay coefficient"},
+    {"optimizer.clip_norm", FL_CFG_DOUBLE, OFF(optimizer.clip_norm), 0, 0, BIG, NULL, false,
+     "clip gradients to this global norm; 0: off"},
+    {"optimizer.lr.base", FL_CFG_DOUBLE, OFF(optimizer.lr.base), 0, 0, 100, NULL, false,
+     "base learning rate"},
+    {"optimizer.lr.schedule", FL_CFG_ENUM, OFF(optimizer.lr.schedule), 0, 0, 0,
+     "constant|piecewise|cosine|polynomial", false, "learning-rate schedule"},
+    {"optimizer.lr.boundaries", FL_CFG_INT_LIST, OFF(optimizer.lr.boundaries), 0, 1, BIG, NULL,
+     false, "piecewise: steps where the rate changes"},
+    {"optimizer.lr.values", FL_CFG_DOUBLE_LIST, OFF(optimizer.lr.values), 0, 0, 100, NULL, false,
+     "piecewise: one more rate than boundaries"},
+    {"optimizer.lr.decay_steps", FL_CFG_INT, OFF(optimizer.lr.decay_steps), 0, 0, BIG, NULL,
+     false, "cosine/polynomial: steps to decay over; 0 = the whole run after warm-up"},
+    {"optimizer.lr.end", FL_CFG_DOUBLE, OFF(optimizer.lr.end), 0, 0, 100, NULL, false,
+     "cosine/polynomial: final rate"},
+    {"optimizer.lr.power", FL_CFG_DOUBLE, OFF(optimizer.lr.power), 0, 1e-6, 100, NULL, false,
+     "polynomial: exponent"},
+    {"optimizer.lr.warmup_steps", FL_CFG_INT, OFF(optimizer.lr.warmup_steps), 0, 0, BIG, NULL,
+     false, "linear warm-up steps"},
+    {"optimizer.lr.warmup_start", FL_CFG_DOUBLE, OFF(optimizer.lr.warmup_start), 0, 0, 100, NULL,
+     false, "rate at the first warm-up step"},
+
+    {"train.batch_size", FL_CFG_INT, OFF(train.batch_size), 0, 1, 1e7, NULL, false,
+     "samples per step per worker"},
+    {"train.epochs", FL_CFG_INT, OFF(train.epochs), 0, 1, 1e6, NULL, false, "passes over the data"},
+    {"train.max_steps", FL_CFG_INT, OFF(train.max_steps), 0, 0, BIG, NULL, false,
+     "stop after this many steps; 0: run all epochs"},
+    {"train.log_interval", FL_CFG_INT, OFF(train.log_interval), 0, 1, BIG, NULL, false,
+     "steps between progress lines"},
+    {"train.seed", FL_CFG_INT, OFF(train.seed), 0, 0, BIG, NULL, false,
+     "seed of initialisation and shuffling"},
+    {"train.threads", FL_CFG_INT, OFF(train.threads), 0, 0, 1024, NULL, false,
+     "compute threads; 0: OpenMP's default (OMP_NUM_THREADS)"},
+    {"train.log_dir", FL_CFG_STRING, OFF(train.log_dir), sizeof(((fl_train_config *)0)->train.log_dir),
+     0, 0, NULL, false, "directory for metrics.jsonl; empty: none"},
+};
+
+const fl_cfg_key *fl_train_schema(int *nkeys) {
+    *nkeys = (int)(sizeof schema / sizeof schema[0]);
+    return schema;
+}
+
+void fl_train_config_defaults(fl_train_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->model.type = FL_MODEL_MLP;
+    cfg->model.hidden.n = 2;
+    cfg->model.hidden.v[0] = 128;
+    cfg->model.hidden.v[1] = 128;
+    cfg->model.activation = FL_ACT_TANH;
+    cfg->data.type = FL_DATA_TEACHER;
+    cfg->data.features = 32;
+    cfg->data.classes = 2;
+    cfg->data.train_size = 8192;
+    cfg->data.val_size = 2048;
+    cfg->data.teacher_hidden = 16;
+    cfg->data.seed = 1;
+    cfg->optimizer.type = FL_OPTIM_SGD;
+    cfg->optimizer.momentum = 0.9;
+    cfg->optimizer.lr.base = 0.01; /* the seed's fluid.optimizer.SGD(learning_rate=0.01) */
+    cfg->optimizer.lr.schedule = FL_LR_CONSTANT;
+    cfg->optimizer.lr.power = 1.0;
+    cfg->train.batch_size = 128;
+    cfg->train.epochs = 1;
+    cfg->train.log_interval = 10;
+    cfg->train.seed = 0;
+}
+
+/* checks that involve more than one key; messages name the keys */
+static int check_cross_keys(const fl_train_config *cfg) {
+    if (cfg->optimizer.type != FL_OPTIM_MOMENTUM && cfg->optimizer.nesterov)
+        return fl_fail(FL_ECONFIG, "optimizer.nesterov: needs optimizer.type: momentum");
+    if (cfg->optimizer.lr.schedule == FL_LR_PIECEWISE &&
+        cfg->optimizer.lr.values.n != cfg->optimizer.lr.boundaries.n + 1)
+        return fl_fail(FL_ECONFIG,
+                       "optimizer.lr.values: %d values for %d boundaries (need boundaries + 1)",
+                       cfg->optimizer.lr.values.n, cfg->optimizer.lr.boundaries.n);
+    if (cfg->model.input_size && cfg->model.input_size != cfg->data.features)
+        return fl_fail(FL_ECONFIG, "model.input_size: %lld, but data.features is %lld",
+                       (long long)cfg->model.input_size, (long long)cfg->data.features);
+    if (cfg->model.classes && cfg->model.classes != cfg->data.classes)
+        return fl_fail(FL_ECONFIG, "model.classes: %lld, but data.classes is %lld",
+                       (long long)cfg->model.classes, (long long)cfg->data.classes);
+    return FL_OK;
+}
+
+int fl_train_config_load(fl_train_config *cfg, const char *path, const char *const *overrides,
+                         int noverrides) {
+    int nkeys;
+    const fl_cfg_key *keys = fl_train_schema(&nkeys);
+    fl_train_config_defaults(cfg);
+    FL_TRY(fl_config_load(path, overrides, noverrides, keys, nkeys, cfg, NULL));
+    int rc = check_cross_keys(cfg);
+    if (rc < 0 && path)
+        return fl_fail_prefix(rc, "%s", path);
+    return rc;
+}
