@@ -1,0 +1,137 @@
+/* comm.h - the communicator: ranks, collectives (blocking and async), counters; backends tcp
+ * (built in, default) and mpi (when OpenMPI is found) behind one table of function pointers.
+ *
+ *     fl_comm *c;
+ *     if (fl_comm_init_from_env(NULL, &c) < 0) { fprintf(stderr, "%s\n", fl_errmsg()); ... }
+ *     fl_comm_allreduce(c, grads, n, FL_DTYPE_F32, FL_REDOP_AVG);     // in place, every rank
+ *     fl_request *r;
+ *     fl_comm_iallreduce(c, bucket, m, FL_DTYPE_F32, FL_REDOP_SUM, &r); // runs on the comm thread
+ *     ... compute ...
+ *     fl_request_wait(r);                                               // frees r
+ *     fl_comm_free(c);
+ *
+ * Semantics, the same on every backend:
+ * - Collectives are called by every rank in the same order with the same counts, dtype and op.
+ *   Async ones complete in issue order; a blocking call first waits for outstanding async ones.
+ * - Results are bit-identical on every rank and across repeated runs with the same size and
+ *   rank count: reductions happen in a fixed order that depends only on (rank count, count).
+ * - f16 and bf16 are reduced in f32 and rounded after each addition (as NCCL does). avg on
+ *   integer types is the sum divided by the rank count, rounded toward zero.
+ * - Every wait has a deadline (FLEET_COMM_TIMEOUT seconds, default 300). A peer that dies or
+ *   stays silent fails the call with FL_EPEER / FL_ETIMEOUT and a message naming its rank and
+ *   endpoint; the rank that notices tells the others, so every surviving rank names the same
+ *   culprit. After a failure the communicator is unusable: free it.
+ * - Thread-safety: one thread issues collectives on a communicator (the comm thread is internal).
+ */
+#ifndef FLEET_COMM_H
+#define FLEET_COMM_H
+
+#include "fleet/tensor.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FL_REDOP_SUM = 0, FL_REDOP_AVG, FL_REDOP_MAX, FL_REDOP_COUNT } fl_redop;
+
+const char *fl_redop_name(fl_redop op);
+int fl_redop_parse(const char *name, fl_redop *out);
+
+#define FL_COMM_MAX_RANKS 4096
+#define FL_ENDPOINT_MAX 64 /* "host:port" incl. NUL */
+#define FL_TOKEN_MAX 65    /* job token, up to 64 chars incl. NUL */
+
+/* Who this process is in the job, as a launcher (fleetrun, torchrun, mpirun) described it. */
+typedef struct {
+    int    rank;
+    int    size;
+    char (*endpoints)[FL_ENDPOINT_MAX]; /* [size] "ip:port" of every rank (tcp); owned */
+    char   token[FL_TOKEN_MAX];         /* FLEET_JOB_TOKEN */
+    double timeout_s;                   /* FLEET_COMM_TIMEOUT */
+    int    listen_fd;                   /* FLEET_LISTEN_FD: a listening socket fleetrun
+                                           inherited to us (-1: bind the endpoint ourselves) */
+    char   backend[16];                 /* "tcp", "mpi", or "" for automatic */
+    int    gpu;                         /* FLAGS_selected_gpus, -1 if unset */
+} fl_comm_env;
+
+/* Reads the environment: PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS,
+ * PADDLE_CURRENT_ENDPOINT (fleetrun / paddle.distributed.launch), else RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT (torchrun; endpoints are then exchanged through the master at
+ * rendezvous), else OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE (mpirun: backend mpi), else
+ * a single rank. Refuses inconsistent values with a message saying which variable is wrong
+ * (id out of range, endpoint count != trainer count, unparseable endpoint, current endpoint
+ * not the id-th entry). fl_comm_env_clear frees endpoints. */
+int  fl_comm_env_read(fl_comm_env *env);
+void fl_comm_env_clear(fl_comm_env *env);
+
+typedef struct fl_comm fl_comm;
+typedef struct fl_request fl_request;
+
+/* Creates the communicator described by env (NULL: fl_comm_env_read()). Backend: env->backend,
+ * or mpi when started by mpirun and mpi is built, else tcp. For tcp this listens, connects to
+ * every peer, and authenticates each with the handshake (magic, version, job token, rank)
+ * before returning; strangers are logged and dropped. Blocks until all ranks are connected or
+ * the timeout passes (then FL_ETIMEOUT naming the ranks still missing). */
+int  fl_comm_init(const fl_comm_env *env, fl_comm **out);
+/* Convenience: fl_comm_env_read + fl_comm_init (backend_override, if not NULL, wins). */
+int  fl_comm_init_from_env(const char *backend_override, fl_comm **out);
+/* Waits for outstanding requests, closes connections, frees. NULL is a no-op. */
+void fl_comm_free(fl_comm *c);
+
+int         fl_comm_rank(const fl_comm *c);
+int         fl_comm_size(const fl_comm *c);
+const char *fl_comm_backend(const fl_comm *c);
+/* "ip:port" of rank r ("" on backends without endpoints). */
+const char *fl_comm_endpoint(const fl_comm *c, int r);
+
+/* --- blocking collectives (count = elements; 0 is allowed everywhere) --- */
+/* buf (count) on every rank becomes op over all ranks' buf. */
+int fl_comm_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op);
+/* in (size * count): rank r receives into out (count) op over all ranks of in[r*count ..). */
+int fl_comm_reduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                           fl_redop op);
+/* in (count) from each rank, concatenated in rank order into out (size * count). */
+int fl_comm_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t);
+/* in (counts[rank]) from each rank, concatenated in rank order into out (sum of counts).
+ * counts[] is the same on every rank; entries may be 0. */
+int fl_comm_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t);
+/* buf (count) of root copied to every rank. */
+int fl_comm_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root);
+int fl_comm_barrier(fl_comm *c);
+
+/* --- async forms: same arguments; buffers must stay valid and untouched until the request
+ * completes. *req is owned by the caller until fl_request_wait, which frees it. --- */
+int fl_comm_iallreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op,
+                       fl_request **req);
+int fl_comm_ireduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                            fl_redop op, fl_request **req);
+int fl_comm_iallgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                       fl_request **req);
+int fl_comm_iallgatherv(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t,
+                        fl_request **req);
+int fl_comm_ibroadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root,
+                       fl_request **req);
+/* Waits for completion and frees req; returns the operation's status (its message in
+ * fl_errmsg on failure). NULL is a no-op returning 0. */
+int fl_request_wait(fl_request *req);
+/* 1 if complete (then fl_request_wait returns at once), 0 if not. */
+int fl_request_test(fl_request *req);
+
+/* --- counters --- */
+typedef struct {
+    uint64_t bytes_sent;     /* payload bytes this rank sent (headers included) */
+    uint64_t bytes_received;
+    double   seconds;        /* wall time inside collectives (from start to completion) */
+    uint64_t ops;            /* collectives completed */
+} fl_comm_stats;
+
+void fl_comm_get_stats(const fl_comm *c, fl_comm_stats *out);
+void fl_comm_reset_stats(fl_comm *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEET_COMM_H */

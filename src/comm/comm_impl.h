@@ -1,0 +1,66 @@
+/* comm_impl.h - what a communicator backend implements (a table of blocking collectives), and
+ * the state every communicator shares: ranks, endpoints, counters, the async request queue.
+ * comm.c validates arguments, keeps async requests in issue order on one comm thread, and
+ * calls the backend; backends (tcp.c, mpi.c) never see requests. */
+#ifndef FLEET_COMM_IMPL_H
+#define FLEET_COMM_IMPL_H
+
+#include "fleet/comm.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+/* Counters updated by the transport as bytes move (any thread). */
+typedef struct {
+    _Atomic uint64_t bytes_sent;
+    _Atomic uint64_t bytes_received;
+} fl_comm_counters;
+
+/* A backend: blocking collectives with already-validated arguments. An entry left NULL means
+ * "not supported"; comm.c says so. All receive the communicator for rank/size/backend state. */
+struct fl_comm_ops {
+    const char *name;
+    int  (*allreduce)(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op);
+    int  (*reduce_scatter)(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                           fl_redop op);
+    int  (*allgather)(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t);
+    int  (*allgatherv)(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t);
+    int  (*broadcast)(fl_comm *c, void *buf, size_t count, fl_dtype t, int root);
+    int  (*barrier)(fl_comm *c);
+    /* Releases backend state (connections, MPI). */
+    void (*destroy)(fl_comm *c);
+};
+
+/* Backend constructors (registry.c picks one). Each fills c->ops and c->backend, or fails
+ * with a message. */
+int fl_comm_tcp_open(fl_comm *c, const fl_comm_env *env);
+int fl_comm_mpi_open(fl_comm *c, const fl_comm_env *env); /* FL_EUNSUPPORTED when not built */
+bool fl_comm_mpi_available(void);
+
+typedef struct comm_request_queue comm_request_queue; /* comm.c */
+
+struct fl_comm {
+    const struct fl_comm_ops *ops;
+    void                     *backend; /* the backend's own state */
+    int                       rank, size;
+    char                    (*endpoints)[FL_ENDPOINT_MAX]; /* [size], owned */
+    fl_comm_counters          counters;
+    /* seconds inside collectives and completed ops: written only by the thread that runs
+     * collectives while it holds exec_lock */
+    double                    seconds;
+    uint64_t                  ops_done;
+    pthread_mutex_t           exec_lock; /* one collective runs at a time, in issue order */
+    comm_request_queue       *queue;     /* async requests; NULL until the first one */
+    bool                      failed;    /* a collective failed: the communicator is unusable */
+    char                      fail_msg[512];
+    int                       fail_code;
+};
+
+/* Reductions used by every backend that reduces by itself: acc[i] = acc[i] op in[i] for
+ * n elements (avg reduces as sum; fl_reduce_finalize divides by the rank count at the end).
+ * f16/bf16 go through f32 and are rounded after each operation. */
+void fl_reduce_into(void *acc, const void *in, size_t n, fl_dtype t, fl_redop op);
+void fl_reduce_finalize(void *buf, size_t n, fl_dtype t, fl_redop op, int nranks);
+
+#endif /* FLEET_COMM_IMPL_H */
