@@ -48,12 +48,18 @@ int fl_redop_parse(const char *name, fl_redop *out);
 typedef struct {
     int    rank;
     int    size;
-    char (*endpoints)[FL_ENDPOINT_MAX]; /* [size] "ip:port" of every rank (tcp); owned */
+    char (*endpoints)[FL_ENDPOINT_MAX]; /* [size] "ip:port" of every rank (tcp); owned; NULL
+                                           under mpirun, and under torchrun (see master) */
+    char   master[FL_ENDPOINT_MAX];     /* torchrun: "MASTER_ADDR:MASTER_PORT"; when set, the
+                                           endpoints are exchanged through it at rendezvous
+                                           (fl_transport_open); "" otherwise */
     char   token[FL_TOKEN_MAX];         /* FLEET_JOB_TOKEN */
     double timeout_s;                   /* FLEET_COMM_TIMEOUT */
     int    listen_fd;                   /* FLEET_LISTEN_FD: a listening socket fleetrun
                                            inherited to us (-1: bind the endpoint ourselves) */
     char   backend[16];                 /* "tcp", "mpi", or "" for automatic */
+    int    tcp_only;                    /* FLEET_COMM_LOCAL=0: keep TCP to peers on this host
+                                           (default 0: they switch to a unix socket) */
     int    gpu;                         /* FLAGS_selected_gpus, -1 if unset */
 } fl_comm_env;
 
@@ -63,7 +69,10 @@ typedef struct {
  * rendezvous), else OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE (mpirun: backend mpi), else
  * a single rank. Refuses inconsistent values with a message saying which variable is wrong
  * (id out of range, endpoint count != trainer count, unparseable endpoint, current endpoint
- * not the id-th entry). fl_comm_env_clear frees endpoints. */
+ * not the id-th entry). Also reads FLEET_JOB_TOKEN (a multi-rank tcp job without one gets a
+ * token derived from the endpoints, with a warning), FLEET_COMM_TIMEOUT, FLEET_LISTEN_FD,
+ * FLEET_COMM_BACKEND, FLEET_COMM_LOCAL and FLAGS_selected_gpus. fl_comm_env_clear frees
+ * endpoints. */
 int  fl_comm_env_read(fl_comm_env *env);
 void fl_comm_env_clear(fl_comm_env *env);
 

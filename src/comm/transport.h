@@ -19,8 +19,11 @@ typedef void (*fl_recv_fn)(void *ctx, size_t off, size_t len);
  * connects to every lower rank, accepts every higher one), and authenticates each connection
  * with the handshake of wire.h. Connections that fail the handshake (strangers, wrong token,
  * garbage, duplicates, port scans) are logged and dropped without disturbing the job; after
- * set-up a listener thread keeps doing so for the life of the transport. Fails with
- * FL_ETIMEOUT after env->timeout_s naming the ranks never heard from. counters is borrowed. */
+ * set-up a listener thread keeps doing so for the life of the transport. Peers in the same
+ * network namespace then move to an AF_UNIX socket (local.h) unless env->tcp_only. With
+ * env->master set (torchrun) the endpoints are first exchanged through it (rendezvous.h).
+ * Fails with FL_ETIMEOUT after env->timeout_s naming the ranks never heard from. counters is
+ * borrowed. */
 int fl_transport_open(const fl_comm_env *env, fl_comm_counters *counters, fl_transport **out);
 
 /* A transport over already-connected sockets (fds[r] for each r != rank, fds[rank] = -1), e.g.
@@ -42,6 +45,10 @@ int fl_transport_size(const fl_transport *t);
  * the transport tells every peer (abort frame) so that all ranks report the same culprit. */
 int fl_transport_sendrecv(fl_transport *t, int to, const void *sbuf, size_t sbytes, int from,
                           void *rbuf, size_t rbytes, fl_recv_fn on_recv, void *ctx);
+
+/* "ip:port" of rank r: the endpoint it was reached at (after a torchrun-style rendezvous, the
+ * one exchanged through the master); "" for transports made from fds. */
+const char *fl_transport_endpoint(const fl_transport *t, int rank);
 
 /* "rank 3 (127.0.0.1:6173)" for messages. */
 const char *fl_transport_peer_name(const fl_transport *t, int rank);

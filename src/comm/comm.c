@@ -1,0 +1,616 @@
+/* comm.c - the communicator behind comm.h: argument checks, dispatch to the backend's table,
+ * the async requests, counters, and the sticky failure state.
+ *
+ * Blocking calls run on the caller's thread (no hand-off: small allreduces are latency-bound),
+ * after any outstanding async requests. Async calls go into a FIFO served by one comm thread,
+ * created on the first async call, so they complete in issue order; waiters sleep on a
+ * condition variable (no spinning: training threads need the cores). exec_lock makes sure
+ * only one collective runs at a time. Once a collective fails, every later call fails at once
+ * with the first failure's message. */
+#include "comm_impl.h"
+
+#include "registry.h"
+
+#include "fleet/log.h"
+#include "fleet/status.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum {
+    OP_ALLREDUCE = 0,
+    OP_REDUCE_SCATTER,
+    OP_ALLGATHER,
+    OP_ALLGATHERV,
+    OP_BROADCAST,
+    OP_BARRIER,
+} op_kind;
+
+static const char *const op_names[] = {"allreduce", "reduce_scatter", "allgather",
+                                       "allgatherv", "broadcast", "barrier"};
+
+/* One collective's arguments, as the caller passed them (validated). */
+typedef struct {
+    op_kind       kind;
+    const void   *in;
+    void         *out; /* buf for allreduce and broadcast */
+    size_t        count;
+    const size_t *counts; /* allgatherv */
+    fl_dtype      t;
+    fl_redop      op;
+    int           root;
+} call;
+
+struct fl_request {
+    fl_comm    *c;
+    call        a;
+    size_t     *counts_copy; /* allgatherv: the caller's counts[] may go away after issue */
+    bool        done;        /* guarded by the queue's mu */
+    int         status;
+    char        msg[512];
+    fl_request *next;
+};
+
+struct comm_request_queue {
+    pthread_t       thread;
+    pthread_mutex_t mu;   /* guards everything below, and c->failed/fail_*, seconds, ops_done
+                             once the queue exists */
+    pthread_cond_t  work; /* the comm thread: a request arrived, or stop */
+    pthread_cond_t  done; /* waiters: a request completed */
+    fl_request     *head, *tail;
+    size_t          pending; /* issued, not yet complete */
+    bool            stop;
+};
+
+/* --- shared state under the queue's mutex (plain when there is no comm thread yet) --- */
+
+static void lock_shared(fl_comm *c) {
+    if (c->queue)
+        pthread_mutex_lock(&c->queue->mu);
+}
+
+static void unlock_shared(fl_comm *c) {
+    if (c->queue)
+        pthread_mutex_unlock(&c->queue->mu);
+}
+
+/* Records the first failure (message from this thread's fl_errmsg). */
+static void mark_failed(fl_comm *c, int code) {
+    lock_shared(c);
+    if (!c->failed) {
+        c->failed = true;
+        c->fail_code = code;
+        snprintf(c->fail_msg, sizeof c->fail_msg, "%s", fl_errmsg());
+    }
+    unlock_shared(c);
+}
+
+/* Caller holds the shared lock (or there is no queue). */
+static int failed_already(const fl_comm *c) {
+    return fl_fail(c->fail_code, "%s", c->fail_msg);
+}
+
+/* Runs one collective on this thread; the caller holds exec_lock. */
+static int execute(fl_comm *c, const call *a) {
+    const struct fl_comm_ops *ops = c->ops;
+    double t0 = fl_now();
+    int rc = 0;
+    switch (a->kind) {
+    case OP_ALLREDUCE:
+        if (a->count)
+            rc = ops->allreduce(c, a->out, a->count, a->t, a->op);
+        break;
+    case OP_REDUCE_SCATTER:
+        if (a->count)
+            rc = ops->reduce_scatter(c, a->in, a->out, a->count, a->t, a->op);
+        break;
+    case OP_ALLGATHER:
+        if (a->count)
+            rc = ops->allgather(c, a->in, a->out, a->count, a->t);
+        break;
+    case OP_ALLGATHERV: {
+        size_t total = 0;
+        for (int r = 0; r < c->size; r++)
+            total += a->counts[r];
+        if (total)
+            rc = ops->allgatherv(c, a->in, a->out, a->counts, a->t);
+        break;
+    }
+    case OP_BROADCAST:
+        if (a->count)
+            rc = ops->broadcast(c, a->out, a->count, a->t, a->root);
+        break;
+    case OP_BARRIER:
+        if (c->size > 1)
+            rc = ops->barrier(c);
+        break;
+    }
+    double dt = fl_now() - t0;
+    if (rc < 0) {
+        fl_fail_prefix(rc, "%s", op_names[a->kind]);
+        mark_failed(c, rc);
+        return rc;
+    }
+    lock_shared(c);
+    c->seconds += dt;
+    c->ops_done++;
+    unlock_shared(c);
+    return 0;
+}
+
+/* --- argument checks --- */
+
+static int check_backend(const fl_comm *c, op_kind k) {
+    const struct fl_comm_ops *o = c->ops;
+    const void *fn = NULL;
+    switch (k) {
+    case OP_ALLREDUCE: fn = (const void *)o->allreduce; break;
+    case OP_REDUCE_SCATTER: fn = (const void *)o->reduce_scatter; break;
+    case OP_ALLGATHER: fn = (const void *)o->allgather; break;
+    case OP_ALLGATHERV: fn = (const void *)o->allgatherv; break;
+    case OP_BROADCAST: fn = (const void *)o->broadcast; break;
+    case OP_BARRIER: fn = (const void *)o->barrier; break;
+    }
+    if (!fn)
+        return fl_fail(FL_EUNSUPPORTED, "backend %s has no %s", o->name, op_names[k]);
+    return 0;
+}
+
+static bool reducible(fl_dtype t) {
+    return t == FL_DTYPE_F32 || t == FL_DTYPE_F64 || t == FL_DTYPE_F16 || t == FL_DTYPE_BF16 ||
+           t == FL_DTYPE_I32 || t == FL_DTYPE_I64;
+}
+
+static int check_dtype(op_kind k, fl_dtype t, bool reduces) {
+    if ((unsigned)t >= FL_DTYPE_COUNT)
+        return fl_fail(FL_EINVAL, "%s: invalid dtype %d", op_names[k], (int)t);
+    if (reduces && !reducible(t))
+        return fl_fail(FL_EINVAL, "%s: dtype %s cannot be reduced (want f32, f64, f16, bf16, "
+                       "i32 or i64)", op_names[k], fl_dtype_name(t));
+    return 0;
+}
+
+static int check_op(op_kind k, fl_redop op) {
+    if ((unsigned)op >= FL_REDOP_COUNT)
+        return fl_fail(FL_EINVAL, "%s: invalid reduction op %d (want sum, avg or max)",
+                       op_names[k], (int)op);
+    return 0;
+}
+
+/* n elements of t, times `times`, as bytes, refusing what would overflow size_t. */
+static int check_bytes(op_kind k, size_t n, size_t times, fl_dtype t, size_t *bytes) {
+    size_t es = fl_dtype_size(t);
+    if (times && n > SIZE_MAX / times / es)
+        return fl_fail(FL_EINVAL, "%s: %zu x %zu elements of %s overflow the address space",
+                       op_names[k], times, n, fl_dtype_name(t));
+    *bytes = n * times * es;
+    return 0;
+}
+
+static int check_ptr(op_kind k, const char *what, const void *p, size_t bytes) {
+    if (!p && bytes)
+        return fl_fail(FL_EINVAL, "%s: %s is NULL with %zu bytes to move", op_names[k], what,
+                       bytes);
+    return 0;
+}
+
+static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return na && nb && x < y + nb && y < x + na;
+}
+
+static int validate(const fl_comm *c, const call *a) {
+    FL_ASSERT(c != NULL);
+    op_kind k = a->kind;
+    size_t ib = 0, ob = 0;
+    switch (k) {
+    case OP_ALLREDUCE:
+        FL_TRY(check_dtype(k, a->t, true));
+        FL_TRY(check_op(k, a->op));
+        FL_TRY(check_bytes(k, a->count, 1, a->t, &ob));
+        FL_TRY(check_ptr(k, "buf", a->out, ob));
+        break;
+    case OP_REDUCE_SCATTER:
+        FL_TRY(check_dtype(k, a->t, true));
+        FL_TRY(check_op(k, a->op));
+        FL_TRY(check_bytes(k, a->count, (size_t)c->size, a->t, &ib));
+        FL_TRY(check_bytes(k, a->count, 1, a->t, &ob));
+        FL_TRY(check_ptr(k, "in", a->in, ib));
+        FL_TRY(check_ptr(k, "out", a->out, ob));
+        if (overlap(a->in, ib, a->out, ob))
+            return fl_fail(FL_EINVAL, "reduce_scatter: out overlaps in (not supported in place)");
+        break;
+    case OP_ALLGATHER:
+        FL_TRY(check_dtype(k, a->t, false));
+        FL_TRY(check_bytes(k, a->count, 1, a->t, &ib));
+        FL_TRY(check_bytes(k, a->count, (size_t)c->size, a->t, &ob));
+        FL_TRY(check_ptr(k, "in", a->in, ib));
+        FL_TRY(check_ptr(k, "out", a->out, ob));
+        if (overlap(a->in, ib, a->out, ob) &&
+            (const char *)a->in != (const char *)a->out + (size_t)c->rank * ib)
+            return fl_fail(FL_EINVAL, "allgather: in overlaps out other than as out's own "
+                           "block %d (in place)", c->rank);
+        break;
+    case OP_ALLGATHERV: {
+        FL_TRY(check_dtype(k, a->t, false));
+        if (!a->counts)
+            return fl_fail(FL_EINVAL, "allgatherv: counts is NULL");
+        size_t total = 0, mine_off = 0;
+        for (int r = 0; r < c->size; r++) {
+            if (a->counts[r] > SIZE_MAX - total)
+                return fl_fail(FL_EINVAL, "allgatherv: the counts overflow size_t");
+            if (r == c->rank)
+                mine_off = total;
+            total += a->counts[r];
+        }
+        FL_TRY(check_bytes(k, a->counts[c->rank], 1, a->t, &ib));
+        FL_TRY(check_bytes(k, total, 1, a->t, &ob));
+        FL_TRY(check_ptr(k, "in", a->in, ib));
+        FL_TRY(check_ptr(k, "out", a->out, ob));
+        if (overlap(a->in, ib, a->out, ob) &&
+            (const char *)a->in != (const char *)a->out + mine_off * fl_dtype_size(a->t))
+            return fl_fail(FL_EINVAL, "allgatherv: in overlaps out other than as out's own "
+                           "block %d (in place)", c->rank);
+        break;
+    }
+    case OP_BROADCAST:
+        FL_TRY(check_dtype(k, a->t, false));
+        if (a->root < 0 || a->root >= c->size)
+            return fl_fail(FL_EINVAL, "broadcast: root %d is not a rank (size %d)", a->root,
+                           c->size);
+        FL_TRY(check_bytes(k, a->count, 1, a->t, &ob));
+        FL_TRY(check_ptr(k, "buf", a->out, ob));
+        break;
+    case OP_BARRIER:
+        break;
+    }
+    return check_backend(c, k);
+}
+
+/* --- the comm thread and the queue --- */
+
+static void *comm_thread(void *arg) {
+    fl_comm *c = arg;
+    comm_request_queue *q = c->queue;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (!q->head && !q->stop)
+            pthread_cond_wait(&q->work, &q->mu);
+        if (!q->head)
+            break; /* stop, and everything issued has run */
+        fl_request *r = q->head;
+        q->head = r->next;
+        if (!q->head)
+            q->tail = NULL;
+        int rc;
+        if (c->failed) {
+            rc = c->fail_code;
+            snprintf(r->msg, sizeof r->msg, "%s", c->fail_msg);
+        } else {
+            pthread_mutex_unlock(&q->mu);
+            pthread_mutex_lock(&c->exec_lock);
+            rc = execute(c, &r->a);
+            pthread_mutex_unlock(&c->exec_lock);
+            if (rc < 0)
+                snprintf(r->msg, sizeof r->msg, "%s", fl_errmsg());
+            pthread_mutex_lock(&q->mu);
+        }
+        r->status = rc;
+        r->done = true;
+        q->pending--;
+        pthread_cond_broadcast(&q->done);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+static int start_queue(fl_comm *c) {
+    comm_request_queue *q = calloc(1, sizeof *q);
+    if (!q)
+        return fl_fail(FL_ENOMEM, "comm: out of memory");
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->work, NULL);
+    pthread_cond_init(&q->done, NULL);
+    c->queue = q;
+    int err = pthread_create(&q->thread, NULL, comm_thread, c);
+    if (err) {
+        c->queue = NULL;
+        pthread_cond_destroy(&q->done);
+        pthread_cond_destroy(&q->work);
+        pthread_mutex_destroy(&q->mu);
+        free(q);
+        return fl_fail(FL_EIO, "comm: cannot start the comm thread: %s", strerror(err));
+    }
+    return 0;
+}
+
+/* Waits until every issued request has completed. */
+static void drain(fl_comm *c) {
+    comm_request_queue *q = c->queue;
+    if (!q)
+        return;
+    pthread_mutex_lock(&q->mu);
+    while (q->pending)
+        pthread_cond_wait(&q->done, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static int run_blocking(fl_comm *c, const call *a) {
+    FL_TRY(validate(c, a));
+    drain(c); /* the comm thread is idle from here until this thread issues again */
+    if (c->failed)
+        return failed_already(c);
+    pthread_mutex_lock(&c->exec_lock);
+    int rc = execute(c, a);
+    pthread_mutex_unlock(&c->exec_lock);
+    return rc;
+}
+
+static int submit(fl_comm *c, const call *a, fl_request **req) {
+    FL_ASSERT(req != NULL);
+    *req = NULL;
+    FL_TRY(validate(c, a));
+    fl_request *r = calloc(1, sizeof *r);
+    if (!r)
+        return fl_fail(FL_ENOMEM, "comm: out of memory");
+    r->c = c;
+    r->a = *a;
+    if (a->kind == OP_ALLGATHERV) {
+        r->counts_copy = malloc((size_t)c->size * sizeof *r->counts_copy);
+        if (!r->counts_copy) {
+            free(r);
+            return fl_fail(FL_ENOMEM, "comm: out of memory");
+        }
+        memcpy(r->counts_copy, a->counts, (size_t)c->size * sizeof *r->counts_copy);
+        r->a.counts = r->counts_copy;
+    }
+    int rc = c->queue ? 0 : start_queue(c);
+    if (rc < 0)
+        goto fail;
+    comm_request_queue *q = c->queue;
+    pthread_mutex_lock(&q->mu);
+    if (c->failed) {
+        rc = failed_already(c);
+        pthread_mutex_unlock(&q->mu);
+        goto fail;
+    }
+    if (q->tail)
+        q->tail->next = r;
+    else
+        q->head = r;
+    q->tail = r;
+    q->pending++;
+    pthread_cond_signal(&q->work);
+    pthread_mutex_unlock(&q->mu);
+    *req = r;
+    return 0;
+fail:
+    free(r->counts_copy);
+    free(r);
+    return rc;
+}
+
+int fl_request_wait(fl_request *r) {
+    if (!r)
+        return 0;
+    comm_request_queue *q = r->c->queue;
+    pthread_mutex_lock(&q->mu);
+    while (!r->done)
+        pthread_cond_wait(&q->done, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+    int rc = r->status;
+    if (rc < 0)
+        fl_fail(rc, "%s", r->msg);
+    free(r->counts_copy);
+    free(r);
+    return rc;
+}
+
+int fl_request_test(fl_request *r) {
+    if (!r)
+        return 1;
+    comm_request_queue *q = r->c->queue;
+    pthread_mutex_lock(&q->mu);
+    int done = r->done;
+    pthread_mutex_unlock(&q->mu);
+    return done;
+}
+
+/* --- life cycle --- */
+
+fl_comm *fl_comm_new(void) {
+    fl_comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        fl_fail(FL_ENOMEM, "comm: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&c->exec_lock, NULL);
+    atomic_init(&c->counters.bytes_sent, 0);
+    atomic_init(&c->counters.bytes_received, 0);
+    return c;
+}
+
+int fl_comm_init(const fl_comm_env *env, fl_comm **out) {
+    FL_ASSERT(out != NULL);
+    *out = NULL;
+    fl_comm_env own;
+    int rc;
+    bool read_env = env == NULL;
+    if (read_env) {
+        memset(&own, 0, sizeof own);
+        if ((rc = fl_comm_env_read(&own)) < 0)
+            return rc;
+        env = &own;
+    }
+    fl_comm *c = fl_comm_new();
+    if (!c) {
+        rc = FL_ENOMEM;
+        goto fail;
+    }
+    if ((rc = fl_comm_registry_open(c, env)) < 0)
+        goto fail;
+    if (read_env)
+        fl_comm_env_clear(&own);
+    *out = c;
+    return 0;
+fail:
+    fl_comm_free(c);
+    if (read_env)
+        fl_comm_env_clear(&own);
+    return rc;
+}
+
+int fl_comm_init_from_env(const char *backend_override, fl_comm **out) {
+    FL_ASSERT(out != NULL);
+    *out = NULL;
+    fl_comm_env env;
+    memset(&env, 0, sizeof env);
+    int rc = fl_comm_env_read(&env);
+    if (rc < 0)
+        return rc;
+    if (backend_override && backend_override[0]) {
+        if (strlen(backend_override) >= sizeof env.backend) {
+            rc = fl_fail(FL_EINVAL, "unknown comm backend \"%s\" (want tcp or mpi)",
+                         backend_override);
+            goto done;
+        }
+        snprintf(env.backend, sizeof env.backend, "%s", backend_override);
+    }
+    rc = fl_comm_init(&env, out);
+done:
+    fl_comm_env_clear(&env);
+    return rc;
+}
+
+void fl_comm_free(fl_comm *c) {
+    if (!c)
+        return;
+    comm_request_queue *q = c->queue;
+    if (q) { /* the comm thread runs what was issued, then exits */
+        pthread_mutex_lock(&q->mu);
+        q->stop = true;
+        pthread_cond_signal(&q->work);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->thread, NULL);
+        pthread_cond_destroy(&q->done);
+        pthread_cond_destroy(&q->work);
+        pthread_mutex_destroy(&q->mu);
+        free(q);
+        c->queue = NULL;
+    }
+    if (c->ops && c->ops->destroy)
+        c->ops->destroy(c);
+    free(c->endpoints);
+    pthread_mutex_destroy(&c->exec_lock);
+    free(c);
+}
+
+/* --- queries --- */
+
+int fl_comm_rank(const fl_comm *c) {
+    FL_ASSERT(c != NULL);
+    return c->rank;
+}
+
+int fl_comm_size(const fl_comm *c) {
+    FL_ASSERT(c != NULL);
+    return c->size;
+}
+
+const char *fl_comm_backend(const fl_comm *c) {
+    FL_ASSERT(c != NULL);
+    return c->ops ? c->ops->name : "";
+}
+
+const char *fl_comm_endpoint(const fl_comm *c, int r) {
+    FL_ASSERT(c != NULL);
+    if (!c->endpoints || r < 0 || r >= c->size)
+        return "";
+    return c->endpoints[r];
+}
+
+void fl_comm_get_stats(const fl_comm *c, fl_comm_stats *out) {
+    FL_ASSERT(c != NULL && out != NULL);
+    fl_comm *m = (fl_comm *)c; /* the lock is not part of the value */
+    out->bytes_sent = atomic_load(&m->counters.bytes_sent);
+    out->bytes_received = atomic_load(&m->counters.bytes_received);
+    lock_shared(m);
+    out->seconds = m->seconds;
+    out->ops = m->ops_done;
+    unlock_shared(m);
+}
+
+void fl_comm_reset_stats(fl_comm *c) {
+    FL_ASSERT(c != NULL);
+    atomic_store(&c->counters.bytes_sent, 0);
+    atomic_store(&c->counters.bytes_received, 0);
+    lock_shared(c);
+    c->seconds = 0;
+    c->ops_done = 0;
+    unlock_shared(c);
+}
+
+/* --- the collectives --- */
+
+int fl_comm_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
+    call a = {.kind = OP_ALLREDUCE, .out = buf, .count = count, .t = t, .op = op};
+    return run_blocking(c, &a);
+}
+
+int fl_comm_reduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                           fl_redop op) {
+    call a = {.kind = OP_REDUCE_SCATTER, .in = in, .out = out, .count = count, .t = t, .op = op};
+    return run_blocking(c, &a);
+}
+
+int fl_comm_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
+    call a = {.kind = OP_ALLGATHER, .in = in, .out = out, .count = count, .t = t};
+    return run_blocking(c, &a);
+}
+
+int fl_comm_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t) {
+    call a = {.kind = OP_ALLGATHERV, .in = in, .out = out, .counts = counts, .t = t};
+    return run_blocking(c, &a);
+}
+
+int fl_comm_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
+    call a = {.kind = OP_BROADCAST, .out = buf, .count = count, .t = t, .root = root};
+    return run_blocking(c, &a);
+}
+
+int fl_comm_barrier(fl_comm *c) {
+    call a = {.kind = OP_BARRIER};
+    return run_blocking(c, &a);
+}
+
+int fl_comm_iallreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op,
+                       fl_request **req) {
+    call a = {.kind = OP_ALLREDUCE, .out = buf, .count = count, .t = t, .op = op};
+    return submit(c, &a, req);
+}
+
+int fl_comm_ireduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                            fl_redop op, fl_request **req) {
+    call a = {.kind = OP_REDUCE_SCATTER, .in = in, .out = out, .count = count, .t = t, .op = op};
+    return submit(c, &a, req);
+}
+
+int fl_comm_iallgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                       fl_request **req) {
+    call a = {.kind = OP_ALLGATHER, .in = in, .out = out, .count = count, .t = t};
+    return submit(c, &a, req);
+}
+
+int fl_comm_iallgatherv(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t,
+                        fl_request **req) {
+    call a = {.kind = OP_ALLGATHERV, .in = in, .out = out, .counts = counts, .t = t};
+    return submit(c, &a, req);
+}
+
+int fl_comm_ibroadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root,
+                       fl_request **req) {
+    call a = {.kind = OP_BROADCAST, .out = buf, .count = count, .t = t, .root = root};
+    return submit(c, &a, req);
+}

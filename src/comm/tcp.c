@@ -1,0 +1,266 @@
+/* tcp.c - the tcp backend: a transport (one authenticated full-duplex connection per peer) and
+ * the choice of algorithm per collective: recursive doubling (rd.c) for small allreduces, the
+ * ring (ring.c) for large ones and for reduce-scatter / allgather, tree or chain broadcast
+ * (bcast.c). One rank needs no network at all: collectives are local copies. */
+#include "tcp.h"
+
+#include "registry.h"
+
+#include "fleet/status.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Allreduce switch point: recursive doubling up to here, ring above. Measured on one host
+ * (Debian 12 VM, 2 cores: 4 ranks are oversubscribed) with
+ *     FLEET_TCP_RD_MAX_BYTES=0 (ring) or 100000000 (rd) comm_check --bench 4096,...,1048576
+ * under FLEET_COMM_LOCAL=0 (loopback TCP) and the default (peers on one host switch to unix
+ * sockets); median microseconds per f32 sum allreduce, range of two runs:
+ *
+ *                  loopback TCP                          unix sockets
+ *     bytes    2 ranks rd / ring   4 ranks rd / ring     2 ranks rd / ring   4 ranks rd / ring
+ *     4 KiB        31-36 / 56-67    119-125 / 273-274        18-48 / 27        74-76 / 146-168
+ *     64 KiB       48-67 / 71-87    176-218 / 324-356        61-69 / 40-49     99-162 / 198-215
+ *     128 KiB      91-92 / 88-121   195-362 / 373-376        52-54 / 65       138-248 / 217-222
+ *     256 KiB    208-298 / 213-286  629-705 / 710-711        61-63 / 117-121  228-417 / 418-436
+ *     512 KiB    374-410 / 369-420 843-1283 / 1156-1163       112 / 181-194   416-824 / 543-603
+ *     1 MiB      764-917 / 796-943 3095-3267 / 2236-2356     209-210 / 335-367 845-1783 / 914-1018
+ *
+ * Over TCP the two meet between 256 and 512 KiB for both rank counts (unix sockets favour
+ * recursive doubling longer). Chosen: 256 KiB, the low end, because on slower links the
+ * crossover moves down (for 4 ranks it is about 8 alpha / beta: latency over time per byte)
+ * and recursive doubling sends log2(p) whole buffers where the ring sends 2(p-1)/p of one.
+ * Overridable for benchmarking: FLEET_TCP_RD_MAX_BYTES. */
+#define TCP_RD_MAX_BYTES ((size_t)256 << 10)
+/* Ring segments of at most 4 MiB: larger buffers go round in several passes, which keeps the
+ * scratch buffer at 4 MiB whatever the size of the gradients. On the same machine 1-4 MiB
+ * segments were as fast as or faster than 16-64 MiB ones for 4-64 MiB allreduces.
+ * Overridable: FLEET_TCP_SEG_MAX_BYTES. */
+#define TCP_SEG_MAX_BYTES ((size_t)4 << 20)
+/* Broadcast: binomial tree up to 256 KiB, pipelined chain in 256 KiB chunks above (not
+ * measured separately; bcast.c explains the choice of algorithms). */
+#define TCP_BCAST_TREE_MAX_BYTES ((size_t)256 << 10)
+#define TCP_BCAST_CHUNK_BYTES ((size_t)256 << 10)
+
+typedef struct {
+    fl_transport  *tp; /* NULL for a single rank */
+    fl_tcp_scratch scratch;
+    fl_tcp_tuning  tune;
+} tcp_state;
+
+void *fl_tcp_scratch_get(fl_tcp_scratch *s, size_t nbytes) {
+    if (nbytes <= s->cap && s->data)
+        return s->data;
+    /* grow by at least half again, so a slowly growing bucket size reallocates rarely */
+    size_t want = nbytes;
+    if (want < s->cap + s->cap / 2)
+        want = s->cap + s->cap / 2;
+    if (want < 4096)
+        want = 4096;
+    void *p = fl_alloc_aligned(want);
+    if (!p) {
+        fl_fail(FL_ENOMEM, "tcp: out of memory for a %zu-byte scratch buffer", want);
+        return NULL;
+    }
+    fl_free_aligned(s->data);
+    s->data = p;
+    s->cap = want;
+    return p;
+}
+
+void fl_tcp_scratch_free(fl_tcp_scratch *s) {
+    fl_free_aligned(s->data);
+    s->data = NULL;
+    s->cap = 0;
+}
+
+static tcp_state *state_of(const fl_comm *c) { return c->backend; }
+
+static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
+    tcp_state *st = state_of(c);
+    if (!st->tp) {
+        fl_reduce_finalize(buf, count, t, op, 1);
+        return 0;
+    }
+    if (count * fl_dtype_size(t) <= st->tune.rd_max_bytes)
+        return fl_rd_allreduce(st->tp, &st->scratch, buf, count, t, op);
+    return fl_ring_allreduce(st->tp, &st->scratch, st->tune.seg_max_bytes, buf, count, t, op);
+}
+
+static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                              fl_redop op) {
+    tcp_state *st = state_of(c);
+    if (!st->tp) {
+        if (count)
+            memcpy(out, in, count * fl_dtype_size(t));
+        return 0;
+    }
+    return fl_ring_reduce_scatter(st->tp, &st->scratch, st->tune.seg_max_bytes, in, out, count,
+                                  t, op);
+}
+
+static int tcp_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
+    tcp_state *st = state_of(c);
+    if (!st->tp) {
+        if (count && in != out)
+            memcpy(out, in, count * fl_dtype_size(t));
+        return 0;
+    }
+    return fl_ring_allgatherv(st->tp, in, out, NULL, count, fl_dtype_size(t));
+}
+
+static int tcp_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts,
+                          fl_dtype t) {
+    tcp_state *st = state_of(c);
+    if (!st->tp) {
+        if (counts[0] && in != out)
+            memcpy(out, in, counts[0] * fl_dtype_size(t));
+        return 0;
+    }
+    return fl_ring_allgatherv(st->tp, in, out, counts, 0, fl_dtype_size(t));
+}
+
+static int tcp_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
+    tcp_state *st = state_of(c);
+    size_t bytes = count * fl_dtype_size(t);
+    if (!st->tp || bytes == 0)
+        return 0;
+    if (bytes <= st->tune.bcast_tree_max_bytes)
+        return fl_bcast_tree(st->tp, buf, bytes, root);
+    return fl_bcast_chain(st->tp, buf, bytes, root, st->tune.bcast_chunk_bytes);
+}
+
+static int tcp_barrier(fl_comm *c) {
+    tcp_state *st = state_of(c);
+    return st->tp ? fl_rd_barrier(st->tp) : 0;
+}
+
+static void tcp_destroy(fl_comm *c) {
+    tcp_state *st = state_of(c);
+    if (!st)
+        return;
+    fl_transport_free(st->tp);
+    fl_tcp_scratch_free(&st->scratch);
+    free(st);
+    c->backend = NULL;
+}
+
+static const struct fl_comm_ops tcp_ops = {
+    .name = "tcp",
+    .allreduce = tcp_allreduce,
+    .reduce_scatter = tcp_reduce_scatter,
+    .allgather = tcp_allgather,
+    .allgatherv = tcp_allgatherv,
+    .broadcast = tcp_broadcast,
+    .barrier = tcp_barrier,
+    .destroy = tcp_destroy,
+};
+
+/* A byte count from the environment (benchmarking knobs); *out untouched when unset. */
+static int env_bytes(const char *name, size_t *out) {
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || *v == '-')
+        return fl_fail(FL_EINVAL, "%s=%s is not a byte count", name, v);
+    *out = (size_t)x;
+    return 0;
+}
+
+/* Defaults, then FLEET_TCP_RD_MAX_BYTES and FLEET_TCP_SEG_MAX_BYTES if set. */
+static int new_state(tcp_state **out) {
+    *out = NULL;
+    tcp_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return fl_fail(FL_ENOMEM, "tcp: out of memory");
+    st->tune.rd_max_bytes = TCP_RD_MAX_BYTES;
+    st->tune.seg_max_bytes = TCP_SEG_MAX_BYTES;
+    st->tune.bcast_tree_max_bytes = TCP_BCAST_TREE_MAX_BYTES;
+    st->tune.bcast_chunk_bytes = TCP_BCAST_CHUNK_BYTES;
+    int rc;
+    if ((rc = env_bytes("FLEET_TCP_RD_MAX_BYTES", &st->tune.rd_max_bytes)) < 0 ||
+        (rc = env_bytes("FLEET_TCP_SEG_MAX_BYTES", &st->tune.seg_max_bytes)) < 0) {
+        free(st);
+        return rc;
+    }
+    if (st->tune.seg_max_bytes < 4096)
+        st->tune.seg_max_bytes = 4096;
+    *out = st;
+    return 0;
+}
+
+int fl_comm_tcp_open(fl_comm *c, const fl_comm_env *env) {
+    tcp_state *st = NULL;
+    int rc;
+    if (env->size < 1 || env->size > FL_COMM_MAX_RANKS || env->rank < 0 ||
+        env->rank >= env->size)
+        return fl_fail(FL_EINVAL, "tcp: rank %d of %d is out of range", env->rank, env->size);
+    if ((rc = new_state(&st)) < 0)
+        return rc;
+    c->rank = env->rank;
+    c->size = env->size;
+    if (env->size > 1 && (rc = fl_transport_open(env, &c->counters, &st->tp)) < 0)
+        goto fail;
+    /* the endpoints as the transport reached them (torchrun's come from the rendezvous) */
+    if (st->tp || env->endpoints) {
+        c->endpoints = calloc((size_t)env->size, sizeof *c->endpoints);
+        if (!c->endpoints) {
+            rc = fl_fail(FL_ENOMEM, "tcp: out of memory");
+            goto fail;
+        }
+        for (int r = 0; r < env->size; r++)
+            snprintf(c->endpoints[r], sizeof c->endpoints[r], "%s",
+                     st->tp ? fl_transport_endpoint(st->tp, r) : env->endpoints[r]);
+    }
+    c->ops = &tcp_ops;
+    c->backend = st;
+    return 0;
+fail:
+    free(c->endpoints);
+    c->endpoints = NULL;
+    fl_transport_free(st->tp);
+    free(st);
+    return rc;
+}
+
+int fl_comm_tcp_from_fds(int rank, int size, const int *fds, double timeout_s, fl_comm **out) {
+    *out = NULL;
+    FL_ASSERT(size >= 1 && size <= FL_COMM_MAX_RANKS && rank >= 0 && rank < size);
+    fl_comm *c = fl_comm_new();
+    tcp_state *st = NULL;
+    int rc = FL_ENOMEM;
+    if (!c || (rc = new_state(&st)) < 0) { /* the fds are ours to close */
+        for (int r = 0; r < size; r++)
+            if (r != rank && fds[r] >= 0)
+                close(fds[r]);
+        goto fail;
+    }
+    c->rank = rank;
+    c->size = size;
+    c->ops = &tcp_ops;
+    c->backend = st;
+    if (size > 1 &&
+        (rc = fl_transport_from_fds(rank, size, fds, timeout_s, &c->counters, &st->tp)) < 0)
+        goto fail;
+    *out = c;
+    return 0;
+fail:
+    fl_comm_free(c); /* destroys st through tcp_destroy; NULL is a no-op */
+    return rc;
+}
+
+void fl_comm_tcp_get_tuning(const fl_comm *c, fl_tcp_tuning *out) {
+    FL_ASSERT(c->ops == &tcp_ops);
+    *out = state_of(c)->tune;
+}
+
+void fl_comm_tcp_set_tuning(fl_comm *c, const fl_tcp_tuning *tuning) {
+    FL_ASSERT(c->ops == &tcp_ops);
+    state_of(c)->tune = *tuning;
+}

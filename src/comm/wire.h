@@ -1,0 +1,151 @@
+/* wire.h - the tcp transport's bytes on the wire: the handshake a connection opens with, the
+ * acceptor's reply, the header in front of every later frame, and "host:port" endpoints.
+ * Pure encode/parse functions (no I/O, no allocation, no library state) so they can be fuzzed
+ * alone; every parser bounds what it accepts and says why it refused in a short reason.
+ *
+ * All integers are little-endian. Layouts (byte offsets):
+ *   hello  (connector -> acceptor, 80 B): 0 magic "FLET" | 4 version u16 | 6 flags u16 |
+ *                                         8 sender rank u32 | 12 world size u32 |
+ *                                         16 job token, 64 B, NUL padded
+ *   reply  (acceptor -> connector, 16 B): 0 magic "FLET" | 4 version u16 | 6 reserved u16 (0) |
+ *                                         8 status u32 (0 ok, else fl_wire_status) |
+ *                                         12 acceptor rank u32
+ *   frame header (every later message, 24 B): 0 magic "FLFR" | 4 type u32 | 8 seq u64 |
+ *                                         16 payload length u64 (DATA=1, ABORT=2, KEEPALIVE=3)
+ * A frame's magic differs from the handshake's, so a frame sent where a handshake belongs is
+ * refused at its first four bytes. */
+#ifndef FLEET_WIRE_H
+#define FLEET_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FL_WIRE_MAGIC       0x54454c46u /* "FLET" as bytes on the wire */
+#define FL_WIRE_FRAME_MAGIC 0x52464c46u /* "FLFR" */
+#define FL_WIRE_OFFER_MAGIC 0x4f4c4c46u /* "FLLO" */
+#define FL_WIRE_DECIDE_MAGIC 0x444c4c46u /* "FLLD" */
+#define FL_WIRE_PROOF_MAGIC 0x504c4c46u /* "FLLP" */
+#define FL_WIRE_VERSION     1
+#define FL_WIRE_TOKEN_LEN   64
+#define FL_WIRE_HELLO_SIZE  80
+#define FL_WIRE_REPLY_SIZE  16
+#define FL_WIRE_FRAME_SIZE  24
+#define FL_WIRE_ABORT_MAX   1024 /* longest abort message */
+#define FL_WIRE_ENDPOINT_LEN 64  /* an endpoint in the rendezvous table: NUL padded */
+#define FL_WIRE_MAX_RANKS   4096
+
+/* hello flags */
+#define FL_WIRE_FLAG_RENDEZVOUS 0x1u /* torchrun-style endpoint exchange, not a data connection */
+
+/* Frame types. KEEPALIVE (no payload) is what a rank blocked in the transport sends its peers
+ * now and then, so that a rank waiting on it can tell "alive but waiting on someone else" from
+ * "silent"; it carries the next sequence number without using it up. */
+enum { FL_WIRE_DATA = 1, FL_WIRE_ABORT = 2, FL_WIRE_KEEPALIVE = 3 };
+
+/* Why a parser refused (also the status an acceptor sends back in its reply). */
+typedef enum {
+    FL_WIRE_OK = 0,
+    FL_WIRE_TRUNCATED,   /* not enough bytes yet (all that is there is valid) */
+    FL_WIRE_BAD_MAGIC,
+    FL_WIRE_BAD_VERSION,
+    FL_WIRE_BAD_FLAGS,
+    FL_WIRE_BAD_TOKEN,
+    FL_WIRE_BAD_SIZE,    /* world size differs from ours */
+    FL_WIRE_BAD_RANK,    /* rank out of range, or not one that should connect here */
+    FL_WIRE_DUPLICATE,   /* rank already connected */
+    FL_WIRE_BAD_TYPE,
+    FL_WIRE_BAD_SEQ,
+    FL_WIRE_BAD_LENGTH,
+    FL_WIRE_BAD_STATUS,  /* a reply carrying a status code we do not know */
+    FL_WIRE_BAD_ENDPOINT,
+    FL_WIRE_STATUS_COUNT
+} fl_wire_status;
+
+/* Short fixed description of a status ("wrong job token"), for replies from the far side. */
+const char *fl_wire_status_str(int status);
+
+typedef struct {
+    uint16_t version, flags;
+    uint32_t rank, size;
+    char     token[FL_WIRE_TOKEN_LEN + 1];
+} fl_wire_hello;
+
+/* token: up to 64 bytes (longer is cut; callers pass validated tokens). */
+void fl_wire_hello_encode(uint8_t out[FL_WIRE_HELLO_SIZE], uint16_t flags, uint32_t rank,
+                          uint32_t size, const char *token);
+
+/* Parses the first n bytes of a hello (n may be short: fields are checked as far as they go,
+ * so garbage is refused after 4 bytes). Checks magic, version, flags == want_flags, size ==
+ * want_size, rank < size, and the token against want_token in constant time. Returns
+ * FL_WIRE_OK (out filled), FL_WIRE_TRUNCATED, or the refusal, with a reason in reason[cap]
+ * ("protocol version 3, expected 1"). out and reason may be NULL. */
+int fl_wire_hello_parse(const uint8_t *buf, size_t n, uint16_t want_flags, uint32_t want_size,
+                        const char *want_token, fl_wire_hello *out, char *reason, size_t cap);
+
+void fl_wire_reply_encode(uint8_t out[FL_WIRE_REPLY_SIZE], uint32_t status, uint32_t rank);
+
+/* Parses a reply from the rank we connected to (want_rank). FL_WIRE_OK if it accepted us;
+ * else the refusal it sent (*their_status set, reason "refused: wrong job token") or why the
+ * reply itself is bad. */
+int fl_wire_reply_parse(const uint8_t *buf, size_t n, uint32_t want_rank, uint32_t *their_status,
+                        char *reason, size_t cap);
+
+typedef struct {
+    uint32_t type;
+    uint64_t seq;
+    uint64_t len;
+} fl_wire_frame;
+
+void fl_wire_frame_encode(uint8_t out[FL_WIRE_FRAME_SIZE], uint32_t type, uint64_t seq,
+                          uint64_t len);
+
+/* Any DATA length up to this bound is accepted when want_len is FL_WIRE_LEN_ANY (used to look at
+ * a frame that arrived ahead of the operation that will consume it; that operation re-parses
+ * with the exact length). */
+#define FL_WIRE_LEN_ANY UINT64_MAX
+
+/* Parses a frame header: magic, type, seq == want_seq, and the length: DATA exactly want_len
+ * (or 1..max_any when want_len is FL_WIRE_LEN_ANY), ABORT at most FL_WIRE_ABORT_MAX,
+ * KEEPALIVE 0. */
+int fl_wire_frame_parse(const uint8_t *buf, size_t n, uint64_t want_seq, uint64_t want_len,
+                        uint64_t max_any, fl_wire_frame *out, char *reason, size_t cap);
+
+/* ---- same-host upgrade (local.c), after the handshake, on the TCP connection ----
+ *   offer    (lower rank -> higher, 48 B): 0 magic "FLLO" | 4 has_unix u32 (0/1) |
+ *                                          8 abstract unix socket name, 24 B, NUL padded |
+ *                                          32 nonce, 16 B
+ *   decision (higher -> lower, 8 B):       0 magic "FLLD" | 4 use_unix u32 (0/1)
+ *   proof    (higher -> lower, on the unix socket, 24 B): 0 magic "FLLP" | 4 rank u32 |
+ *                                          8 nonce, 16 B */
+#define FL_WIRE_OFFER_SIZE    48
+#define FL_WIRE_DECISION_SIZE 8
+#define FL_WIRE_PROOF_SIZE    24
+#define FL_WIRE_LOCAL_NAME    24 /* incl. NUL: [a-z0-9-], 1..23 characters */
+#define FL_WIRE_NONCE         16
+
+typedef struct {
+    uint32_t has_unix;
+    char     name[FL_WIRE_LOCAL_NAME];
+    uint8_t  nonce[FL_WIRE_NONCE];
+} fl_wire_offer;
+
+void fl_wire_offer_encode(uint8_t out[FL_WIRE_OFFER_SIZE], const fl_wire_offer *o);
+/* Checks magic, has_unix in {0, 1} and (when 1) the name. FL_WIRE_OK or the refusal. */
+int  fl_wire_offer_parse(const uint8_t *buf, size_t n, fl_wire_offer *out, char *reason,
+                         size_t cap);
+void fl_wire_decision_encode(uint8_t out[FL_WIRE_DECISION_SIZE], uint32_t use_unix);
+int  fl_wire_decision_parse(const uint8_t *buf, size_t n, uint32_t *use_unix, char *reason,
+                            size_t cap);
+void fl_wire_proof_encode(uint8_t out[FL_WIRE_PROOF_SIZE], uint32_t rank,
+                          const uint8_t nonce[FL_WIRE_NONCE]);
+/* Checks magic and rank < size; copies the nonce (the caller compares it). */
+int  fl_wire_proof_parse(const uint8_t *buf, size_t n, uint32_t size, uint32_t *rank,
+                         uint8_t nonce[FL_WIRE_NONCE], char *reason, size_t cap);
+
+/* Parses "host:port", "[v6]:port" (len < FL_WIRE_ENDPOINT_LEN; host: letters, digits, '.', '-',
+ * '_'; bracketed: hex digits, ':', '.', '%' and a zone name; port 1..65535). Copies the host
+ * without brackets into host[hostcap]. FL_WIRE_OK or FL_WIRE_BAD_ENDPOINT with a reason. */
+int fl_wire_endpoint_parse(const char *s, char *host, size_t hostcap, int *port, char *reason,
+                           size_t cap);
+
+#endif /* FLEET_WIRE_H */

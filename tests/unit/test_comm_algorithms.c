@@ -1,0 +1,372 @@
+/* test_comm_algorithms.c - the tcp backend's algorithms without processes: N = 1..5 threads,
+ * each a rank of a communicator over socketpairs (fl_comm_tcp_from_fds), run the matrix of
+ * tests/comm/comm_matrix.h under three tunings (default switch points; ring and chain forced
+ * with tiny segments so that buffers take many passes; recursive doubling and tree forced).
+ * Also: the reduction kernels against core/half.c, argument checks, a single rank with no
+ * network, and a peer that leaves (every later call fails with the first failure's message). */
+#include "test.h"
+
+#include "comm/comm_matrix.h"
+#include "comm/tcp.h"
+
+#include "fleet/comm.h"
+#include "fleet/status.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static uint64_t rng_state = 12345;
+static uint64_t next_u64(void) { return mx_mix(rng_state++); }
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* --- the reduction kernels --- */
+
+static void test_reduce_kernels(void) {
+    /* f16 / bf16 sums and averages equal core/half.c's conversions of the f32 results */
+    enum { N = 1 << 16 };
+    uint16_t *a = malloc(N * 2), *b = malloc(N * 2), *x = malloc(N * 2);
+    for (int k = 0; k < 2; k++) {
+        fl_dtype t = k ? FL_DTYPE_BF16 : FL_DTYPE_F16;
+        float (*to_f32)(uint16_t) = k ? fl_bf16_to_f32 : fl_f16_to_f32;
+        uint16_t (*from_f32)(float) = k ? fl_f32_to_bf16 : fl_f32_to_f16;
+        for (int i = 0; i < N; i++) { /* every half as x; random pairs as a + b */
+            x[i] = (uint16_t)i;
+            a[i] = (uint16_t)next_u64();
+            b[i] = (uint16_t)(i % 7 == 0 ? a[i] ^ 0x8000u : next_u64()); /* some cancel */
+        }
+        uint16_t *acc = malloc(N * 2);
+        memcpy(acc, a, N * 2);
+        fl_reduce_into(acc, b, N, t, FL_REDOP_SUM);
+        int bad = 0;
+        for (int i = 0; i < N && bad < 3; i++) {
+            uint16_t want = from_f32(to_f32(a[i]) + to_f32(b[i]));
+            bool both_nan = isnan(to_f32(want)) && isnan(to_f32(acc[i]));
+            if (acc[i] != want && !both_nan) {
+                fprintf(stderr, "%s sum %04x + %04x: got %04x want %04x\n", fl_dtype_name(t),
+                        a[i], b[i], acc[i], want);
+                bad++;
+            }
+        }
+        memcpy(acc, x, N * 2);
+        fl_reduce_finalize(acc, N, t, FL_REDOP_AVG, 3);
+        for (int i = 0; i < N && bad < 6; i++) {
+            uint16_t want = from_f32(to_f32(x[i]) / 3.0f);
+            if (acc[i] != want) {
+                fprintf(stderr, "%s avg %04x / 3: got %04x want %04x\n", fl_dtype_name(t), x[i],
+                        acc[i], want);
+                bad++;
+            }
+        }
+        CHECK(bad == 0);
+        free(acc);
+    }
+    free(a);
+    free(b);
+    free(x);
+
+    /* max is commutative to the bit (NaNs, -0 and +0 included) and is the larger value */
+    static const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, -NAN,
+                                    1e-45f, -1e-45f, 3.4e38f};
+    int ns = (int)(sizeof special / sizeof special[0]);
+    for (int i = 0; i < ns; i++) {
+        for (int j = 0; j < ns; j++) {
+            float p = special[i], q = special[j], pq = p, qp = q;
+            fl_reduce_into(&pq, &q, 1, FL_DTYPE_F32, FL_REDOP_MAX);
+            fl_reduce_into(&qp, &p, 1, FL_DTYPE_F32, FL_REDOP_MAX);
+            CHECK(f32_bits(pq) == f32_bits(qp));
+            if (isnan(p) || isnan(q))
+                CHECK(isnan(pq));
+            else if (p != q)
+                CHECK(pq == (p > q ? p : q));
+            else if (p == 0)
+                CHECK(f32_bits(pq) == f32_bits(signbit(p) && signbit(q) ? -0.0f : 0.0f));
+            double dp = p, dq = q, dpq = dp, dqp = dq;
+            fl_reduce_into(&dpq, &dq, 1, FL_DTYPE_F64, FL_REDOP_MAX);
+            fl_reduce_into(&dqp, &dp, 1, FL_DTYPE_F64, FL_REDOP_MAX);
+            CHECK(memcmp(&dpq, &dqp, 8) == 0);
+            CHECK(isnan(dp) || isnan(dq) ? isnan(dpq) : dpq == (dp > dq ? dp : dq));
+            uint16_t hp = fl_f32_to_f16(p), hq = fl_f32_to_f16(q), hpq = hp, hqp = hq;
+            fl_reduce_into(&hpq, &hq, 1, FL_DTYPE_F16, FL_REDOP_MAX);
+            fl_reduce_into(&hqp, &hp, 1, FL_DTYPE_F16, FL_REDOP_MAX);
+            CHECK(hpq == hqp);
+            uint16_t bp = fl_f32_to_bf16(p), bq = fl_f32_to_bf16(q), bpq = bp, bqp = bq;
+            fl_reduce_into(&bpq, &bq, 1, FL_DTYPE_BF16, FL_REDOP_MAX);
+            fl_reduce_into(&bqp, &bp, 1, FL_DTYPE_BF16, FL_REDOP_MAX);
+            CHECK(bpq == bqp);
+            if (!isnan(p) && !isnan(q) && p != q) {
+                CHECK(fl_f16_to_f32(hpq) == fmaxf(fl_f16_to_f32(hp), fl_f16_to_f32(hq)));
+                CHECK(fl_bf16_to_f32(bpq) == fmaxf(fl_bf16_to_f32(bp), fl_bf16_to_f32(bq)));
+            }
+        }
+    }
+
+    /* integers: sums wrap, avg rounds toward zero, max */
+    int32_t i32[4] = {INT32_MAX, -7, 7, -5}, j32[4] = {1, 0, 0, 3};
+    fl_reduce_into(i32, j32, 4, FL_DTYPE_I32, FL_REDOP_SUM);
+    CHECK(i32[0] == INT32_MIN && i32[1] == -7 && i32[3] == -2);
+    fl_reduce_finalize(i32 + 1, 3, FL_DTYPE_I32, FL_REDOP_AVG, 2);
+    CHECK(i32[1] == -3 && i32[2] == 3 && i32[3] == -1);
+    int64_t i64[3] = {INT64_MAX, -9, 5}, j64[3] = {1, -10, 6};
+    fl_reduce_into(i64, j64, 3, FL_DTYPE_I64, FL_REDOP_SUM);
+    CHECK(i64[0] == INT64_MIN && i64[1] == -19 && i64[2] == 11);
+    fl_reduce_finalize(i64 + 1, 2, FL_DTYPE_I64, FL_REDOP_AVG, 4);
+    CHECK(i64[1] == -4 && i64[2] == 2);
+    int64_t m64[2] = {-3, 8}, n64[2] = {-2, 7};
+    fl_reduce_into(m64, n64, 2, FL_DTYPE_I64, FL_REDOP_MAX);
+    CHECK(m64[0] == -2 && m64[1] == 8);
+
+    fl_redop op;
+    CHECK_OK(fl_redop_parse("avg", &op));
+    CHECK(op == FL_REDOP_AVG);
+    CHECK_OK(fl_redop_parse("max", &op));
+    CHECK(op == FL_REDOP_MAX && strcmp(fl_redop_name(op), "max") == 0);
+    CHECK_RC(fl_redop_parse("min", &op), FL_EINVAL);
+    CHECK_MSG("min");
+}
+
+/* --- one rank: no network; argument checks --- */
+
+static void test_single_rank(void) {
+    fl_comm_env env;
+    memset(&env, 0, sizeof env);
+    env.size = 1;
+    env.listen_fd = -1;
+    env.timeout_s = 10;
+    env.gpu = -1;
+    snprintf(env.backend, sizeof env.backend, "tcp");
+    fl_comm *c = NULL;
+    CHECK_OK(fl_comm_init(&env, &c));
+    if (!c)
+        return;
+    CHECK(fl_comm_rank(c) == 0 && fl_comm_size(c) == 1);
+    CHECK(strcmp(fl_comm_backend(c), "tcp") == 0);
+    CHECK(strcmp(fl_comm_endpoint(c, 0), "") == 0);
+
+    float f[3] = {1, 2, 3}, g[6] = {0};
+    CHECK_RC(fl_comm_allreduce(c, NULL, 3, FL_DTYPE_F32, FL_REDOP_SUM), FL_EINVAL);
+    CHECK_MSG("buf is NULL");
+    CHECK_OK(fl_comm_allreduce(c, NULL, 0, FL_DTYPE_F32, FL_REDOP_SUM));
+    CHECK_RC(fl_comm_allreduce(c, f, 3, FL_DTYPE_U8, FL_REDOP_SUM), FL_EINVAL);
+    CHECK_MSG("u8 cannot be reduced");
+    CHECK_RC(fl_comm_allreduce(c, f, 3, FL_DTYPE_F32, (fl_redop)7), FL_EINVAL);
+    CHECK_MSG("invalid reduction op");
+    CHECK_RC(fl_comm_allreduce(c, f, SIZE_MAX / 2, FL_DTYPE_F32, FL_REDOP_SUM), FL_EINVAL);
+    CHECK_MSG("overflow");
+    CHECK_RC(fl_comm_broadcast(c, f, 3, FL_DTYPE_F32, 1), FL_EINVAL);
+    CHECK_MSG("root 1");
+    CHECK_RC(fl_comm_reduce_scatter(c, g, g + 1, 3, FL_DTYPE_F32, FL_REDOP_SUM), FL_EINVAL);
+    CHECK_MSG("overlaps");
+    CHECK_RC(fl_comm_allgatherv(c, f, g, NULL, FL_DTYPE_F32), FL_EINVAL);
+    fl_request *r = (fl_request *)&r;
+    CHECK_RC(fl_comm_iallreduce(c, NULL, 3, FL_DTYPE_F32, FL_REDOP_SUM, &r), FL_EINVAL);
+    CHECK(r == NULL);
+    CHECK_OK(fl_request_wait(NULL));
+    /* bad arguments do not break the communicator */
+    CHECK_OK(fl_comm_allreduce(c, f, 3, FL_DTYPE_F32, FL_REDOP_AVG));
+    CHECK(f[0] == 1 && f[2] == 3);
+    CHECK_OK(fl_comm_allgather(c, f, g, 3, FL_DTYPE_F32));
+    CHECK(g[1] == 2);
+
+    fl_comm_stats st;
+    fl_comm_reset_stats(c);
+    CHECK_OK(fl_comm_barrier(c));
+    CHECK_OK(fl_comm_iallreduce(c, f, 3, FL_DTYPE_F32, FL_REDOP_SUM, &r));
+    CHECK_OK(fl_request_wait(r));
+    fl_comm_get_stats(c, &st);
+    CHECK(st.ops == 2 && st.bytes_sent == 0 && st.seconds >= 0);
+
+    mx_ctx m = {.c = c, .seed = 7};
+    static const size_t counts[] = {0, 1, 7, 1000};
+    mx_run(&m, counts, 4);
+    CHECK(m.failures == 0 && !m.fatal);
+    fl_comm_free(c);
+
+    snprintf(env.backend, sizeof env.backend, "carrier-pigeon");
+    CHECK_RC(fl_comm_init(&env, &c), FL_EINVAL);
+    CHECK_MSG("carrier-pigeon");
+    CHECK(c == NULL);
+}
+
+/* --- N ranks as threads --- */
+
+enum { TUNE_DEFAULT = 0, TUNE_RING, TUNE_RD, TUNE_COUNT };
+static const char *const tune_names[] = {"default", "ring+chain, tiny segments",
+                                         "recursive doubling+tree"};
+
+typedef struct {
+    int             rank, size;
+    int            *fds; /* [size] */
+    const size_t   *counts;
+    int             ncounts;
+    long            failures;
+    uint64_t        hash[TUNE_COUNT];
+    pthread_barrier_t *bar;
+} rank_arg;
+
+static void *rank_main(void *p) {
+    rank_arg *a = p;
+    fl_comm *c = NULL;
+    if (fl_comm_tcp_from_fds(a->rank, a->size, a->fds, 60, &c) < 0) {
+        fprintf(stderr, "rank %d: fl_comm_tcp_from_fds: %s\n", a->rank, fl_errmsg());
+        a->failures++;
+        pthread_barrier_wait(a->bar);
+        return NULL;
+    }
+    pthread_barrier_wait(a->bar);
+    fl_tcp_tuning def;
+    fl_comm_tcp_get_tuning(c, &def);
+    for (int k = 0; k < TUNE_COUNT; k++) {
+        fl_tcp_tuning tu = def;
+        if (k == TUNE_RING) {
+            tu.rd_max_bytes = 0;
+            tu.seg_max_bytes = 4000; /* not a multiple of any element size but 8 */
+            tu.bcast_tree_max_bytes = 0;
+            tu.bcast_chunk_bytes = 1000;
+        } else if (k == TUNE_RD) {
+            tu.rd_max_bytes = SIZE_MAX;
+            tu.bcast_tree_max_bytes = SIZE_MAX;
+        }
+        fl_comm_tcp_set_tuning(c, &tu);
+        mx_ctx m = {.c = c, .seed = 3};
+        mx_run(&m, a->counts, a->ncounts);
+        if (m.failures && a->rank == 0)
+            fprintf(stderr, "%d ranks, tuning %s: %ld failures\n", a->size, tune_names[k],
+                    m.failures);
+        a->failures += m.failures;
+        a->hash[k] = m.hash;
+        if (m.fatal)
+            break;
+    }
+    fl_comm_free(c);
+    return NULL;
+}
+
+/* socketpairs between every two of n ranks: fds[r * n + q] is r's end towards q */
+static int *make_fds(int n) {
+    int *fds = malloc((size_t)n * (size_t)n * sizeof *fds);
+    for (int r = 0; r < n; r++) {
+        fds[r * n + r] = -1;
+        for (int q = r + 1; q < n; q++) {
+            int sv[2];
+            if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) {
+                perror("socketpair");
+                exit(1);
+            }
+            fds[r * n + q] = sv[0];
+            fds[q * n + r] = sv[1];
+        }
+    }
+    return fds;
+}
+
+static void run_ranks(int n, const size_t *counts, int ncounts, uint64_t *hash) {
+    int *fds = make_fds(n);
+    rank_arg args[8];
+    pthread_t th[8];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)n);
+    for (int r = 0; r < n; r++) {
+        args[r] = (rank_arg){.rank = r, .size = n, .fds = fds + r * n, .counts = counts,
+                             .ncounts = ncounts, .bar = &bar};
+        pthread_create(&th[r], NULL, rank_main, &args[r]);
+    }
+    long failures = 0;
+    for (int r = 0; r < n; r++) {
+        pthread_join(th[r], NULL);
+        failures += args[r].failures;
+    }
+    pthread_barrier_destroy(&bar);
+    if (failures) {
+        fprintf(stderr, "%d ranks: %ld failures\n", n, failures);
+        test_failures++;
+    }
+    for (int k = 0; k < TUNE_COUNT; k++)
+        hash[k] = args[0].hash[k];
+    free(fds);
+}
+
+/* --- a peer that leaves --- */
+
+typedef struct {
+    int   rank;
+    int  *fds;
+    int   rc1, rc2, rc3;
+    char  msg1[512], msg2[512];
+    pthread_barrier_t *bar;
+} leave_arg;
+
+static void *leave_main(void *p) {
+    leave_arg *a = p;
+    fl_comm *c = NULL;
+    if (fl_comm_tcp_from_fds(a->rank, 3, a->fds, 20, &c) < 0) {
+        a->rc1 = 1;
+        pthread_barrier_wait(a->bar);
+        return NULL;
+    }
+    pthread_barrier_wait(a->bar);
+    if (a->rank == 2) { /* leaves without a word of warning */
+        fl_comm_free(c);
+        return NULL;
+    }
+    float buf[100] = {0};
+    a->rc1 = fl_comm_allreduce(c, buf, 100, FL_DTYPE_F32, FL_REDOP_SUM);
+    snprintf(a->msg1, sizeof a->msg1, "%s", fl_errmsg());
+    a->rc2 = fl_comm_barrier(c);
+    snprintf(a->msg2, sizeof a->msg2, "%s", fl_errmsg());
+    fl_request *r = NULL;
+    a->rc3 = fl_comm_iallreduce(c, buf, 100, FL_DTYPE_F32, FL_REDOP_SUM, &r);
+    fl_request_wait(r);
+    fl_comm_free(c);
+    return NULL;
+}
+
+static void test_peer_leaves(void) {
+    int *fds = make_fds(3);
+    leave_arg args[3];
+    pthread_t th[3];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 3);
+    for (int r = 0; r < 3; r++) {
+        args[r] = (leave_arg){.rank = r, .fds = fds + r * 3, .bar = &bar};
+        pthread_create(&th[r], NULL, leave_main, &args[r]);
+    }
+    for (int r = 0; r < 3; r++)
+        pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&bar);
+    for (int r = 0; r < 2; r++) {
+        leave_arg *a = &args[r];
+        CHECK(a->rc1 == FL_EPEER || a->rc1 == FL_ETIMEOUT);
+        CHECK(a->rc2 == a->rc1 && a->rc3 == a->rc1);
+        CHECK(strcmp(a->msg1, a->msg2) == 0);
+        CHECK(strstr(a->msg1, "allreduce") != NULL);
+        fprintf(stderr, "rank %d after its peer left: %s\n", r, a->msg1);
+    }
+    free(fds);
+}
+
+int main(void) {
+    test_reduce_kernels();
+    test_single_rank();
+
+    static const size_t counts[] = {0, 1, 7, 1000, 20011};
+    for (int n = 1; n <= 5; n++) {
+        uint64_t h1[TUNE_COUNT], h2[TUNE_COUNT];
+        double t0 = fl_now();
+        run_ranks(n, counts, 5, h1);
+        fprintf(stderr, "%d ranks: matrix x %d tunings in %.2f s\n", n, TUNE_COUNT,
+                fl_now() - t0);
+        if (n == 3) { /* repeated runs give the same bits */
+            run_ranks(n, counts, 5, h2);
+            CHECK(memcmp(h1, h2, sizeof h1) == 0);
+        }
+    }
+    test_peer_leaves();
+    TEST_DONE();
+}
