@@ -1,0 +1,83 @@
+/* fleet.h - the umbrella header and the collective-mode Fleet API.
+ *
+ * A single-worker program becomes a distributed one in the seed documents' four steps
+ * ("四步改造法"): initialise from the environment, wrap the optimizer, train, save on rank 0.
+ *
+ *     fl_fleet *fleet;                                   // 1. init (fleetrun/mpirun env)
+ *     fl_fleet_init(NULL, &fleet);
+ *     fl_strategy strategy;                              // 2. wrap the optimizer
+ *     fl_strategy_defaults(&strategy);
+ *     fl_dist_optim *dopt = fl_distributed_optimizer(fleet, net, opt, &strategy);
+ *     for (step = 0; step < steps; step++) {             // 3. train: forward and loss as
+ *         fl_net_forward(net, x, true, &logits);         //    before; fl_dist_minimize
+ *         fl_softmax_xent_forward(k, logits, y, probs, &loss);   //  replaces backward +
+ *         fl_softmax_xent_backward(k, probs, y, probs);  //    optimizer step
+ *         fl_dist_minimize(dopt, probs, lr, NULL);
+ *     }
+ *     if (fl_worker_index(fleet) == 0) { ... save ... }  // 4. save on rank 0
+ *     fl_dist_optim_free(dopt);
+ *     fl_fleet_free(fleet);
+ *
+ * The loader shards the data: give it rank = fl_worker_index and world = fl_worker_num. */
+#ifndef FLEET_FLEET_H
+#define FLEET_FLEET_H
+
+#include "fleet/comm.h"
+#include "fleet/config.h"
+#include "fleet/data.h"
+#include "fleet/kernels.h"
+#include "fleet/log.h"
+#include "fleet/metrics.h"
+#include "fleet/nn.h"
+#include "fleet/optim.h"
+#include "fleet/rng.h"
+#include "fleet/status.h"
+#include "fleet/strategy.h"
+#include "fleet/tensor.h"
+
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fl_fleet fl_fleet;
+
+/* Collective mode from the environment fleetrun, mpirun or torchrun set (a plain process is a
+ * job of one). backend: NULL or "" (automatic), "tcp", "mpi". Fails with the communicator's
+ * message (which variable is wrong, which peer is missing). */
+int  fl_fleet_init(const char *backend, fl_fleet **out);
+void fl_fleet_free(fl_fleet *f);
+
+/* Paddle's fleet.worker_index(), worker_num(), worker_endpoints(). */
+int         fl_worker_index(const fl_fleet *f);
+int         fl_worker_num(const fl_fleet *f);
+const char *fl_worker_endpoint(const fl_fleet *f, int i);
+/* The communicator underneath (borrowed), e.g. to average metrics. */
+fl_comm    *fl_fleet_comm(fl_fleet *f);
+int         fl_barrier(fl_fleet *f);
+
+typedef struct fl_dist_optim fl_dist_optim;
+
+/* Paddle's fleet.distributed_optimizer(optimizer, strategy): wraps opt, which updates net's
+ * parameters (both borrowed; they must outlive the result), under strategy s (copied).
+ * Checks the strategy (fl_strategy_check), broadcasts rank 0's parameters so that every
+ * replica starts identical, and plans the gradient buckets. NULL with fl_errmsg on failure. */
+fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
+                                        const fl_strategy *s);
+void fl_dist_optim_free(fl_dist_optim *d);
+
+/* The step that replaces minimize: back-propagates dout (the loss gradient w.r.t. the net's
+ * output of the last forward) through net, averages the gradients over all workers as the
+ * strategy says (buckets start during backward when overlap is on), then applies the
+ * optimizer with learning rate lr. With gradient_merge only every k_steps-th call communicates
+ * and updates; *updated (may be NULL) says whether this call did. */
+int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *updated);
+
+/* Bytes this worker has sent since the optimizer was created (all collectives). */
+uint64_t fl_dist_bytes_sent(const fl_dist_optim *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEET_FLEET_H */
