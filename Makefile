@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make run    installs system packages, builds, trains the quick-start model
+#   make run    installs system packages, builds, trains the quick-start model on 2 local workers
 #   make test   installs system packages, builds, runs every test (and the unit tests again
 #               under AddressSanitizer + UndefinedBehaviorSanitizer)
 BUILD     ?= build
@@ -22,7 +22,7 @@ build: deps
 	@$(CMAKE) --build $(BUILD) -j $(JOBS)
 
 run: build
-	$(BUILD)/tools/fleet-train -c configs/quickstart.yaml
+	$(BUILD)/tools/fleetrun --nproc_per_node 2 --log_dir log $(BUILD)/tools/fleet-train -c configs/quickstart.yaml
 
 test: build build-san
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

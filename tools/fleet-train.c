@@ -1,4 +1,5 @@
-/* fleet-train - the trainer: fleet-train -c CONFIG [-o key=value ...].
+/* fleet-train - the trainer: fleet-train -c CONFIG [-o key=value ...], one process per worker
+ * (fleetrun or mpirun start several; alone it is a job of one).
  * Thin: parses arguments, loads the configuration, and calls fl_train_run. */
 #include "fleet/config.h"
 #include "fleet/status.h"
@@ -20,14 +21,21 @@ static void usage(FILE *out) {
             "                       (lists as YAML: -o model.hidden=[256,256])\n"
             "  --print-config       print the effective configuration and exit\n"
             "  --help-config        list every configuration key with its help\n"
-            "  -h, --help           this text\n");
+            "  -h, --help           this text\n"
+            "\n"
+            "Distributed: fleetrun --nproc_per_node 2 fleet-train -c CONFIG, or\n"
+            "             mpirun -np 2 fleet-train -c CONFIG -o comm.backend=mpi\n");
 }
 
 static void help_config(void) {
     int n;
     const fl_cfg_key *keys = fl_train_schema(&n);
+    int width = 0;
+    for (int i = 0; i < n; i++)
+        if ((int)strlen(keys[i].path) > width)
+            width = (int)strlen(keys[i].path);
     for (int i = 0; i < n; i++) {
-        printf("%-28s %s", keys[i].path, keys[i].help);
+        printf("%-*s  %s", width, keys[i].path, keys[i].help);
         if (keys[i].choices)
             printf(" (%s)", keys[i].choices);
         printf("\n");
@@ -71,9 +79,13 @@ int main(int argc, char **argv) {
     }
 
     fl_train_config cfg;
-    if (fl_train_config_load(&cfg, config_path, overrides, noverrides) < 0) {
+    int rc = fl_train_config_load(&cfg, config_path, overrides, noverrides);
+    if (rc < 0) {
         fprintf(stderr, "fleet-train: error: %s\n", fl_errmsg());
-        fprintf(stderr, "hint: fleet-train --help-config lists every key\n");
+        if (rc == FL_EUNSUPPORTED)
+            fprintf(stderr, "hint: docs/config.md says which strategy keys work in this version\n");
+        else
+            fprintf(stderr, "hint: fleet-train --help-config lists every key\n");
         return 2;
     }
     if (print_config) {

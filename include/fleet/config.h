@@ -67,6 +67,15 @@ typedef struct fl_cfg_key {
 int fl_config_load(const char *path, const char *const *overrides, int noverrides,
                    const fl_cfg_key *schema, int nkeys, void *out, bool *was_set);
 
+/* Where key (a schema path, "strategy.dgc") got its value, for messages about checks that run
+ * after loading (combinations of keys): writes "-o TEXT" when an override set it (overrides win
+ * over the file) or "path:LINE" when the file did, into buf (NUL terminated, truncated to cap),
+ * and returns 1; returns 0 with buf "" when neither set it. An entry for a section that holds
+ * the key ("-o strategy={dgc: true}") counts. Arguments as fl_config_load's, which must have
+ * accepted them; a file that cannot be read or parsed again gives 0. */
+int fl_config_origin(const char *path, const char *const *overrides, int noverrides,
+                     const char *key, char *buf, size_t cap);
+
 /* Writes the effective configuration, one "path: value" line per key, in schema order, as YAML
  * that fl_config_load reads back to the same values: numbers in their shortest exact form,
  * enums by name, lists as [a, b], strings plain when safe and double-quoted otherwise. */

@@ -49,7 +49,9 @@ typedef struct fl_fleet fl_fleet;
 int  fl_fleet_init(const char *backend, fl_fleet **out);
 void fl_fleet_free(fl_fleet *f);
 
-/* Paddle's fleet.worker_index(), worker_num(), worker_endpoints(). */
+/* Paddle's fleet.worker_index(), worker_num(), worker_endpoints(): fl_worker_endpoint gives
+ * "ip:port" of worker i ("" on backends without endpoints, such as mpi), NULL if i is not in
+ * [0, worker_num). */
 int         fl_worker_index(const fl_fleet *f);
 int         fl_worker_num(const fl_fleet *f);
 const char *fl_worker_endpoint(const fl_fleet *f, int i);
@@ -60,21 +62,34 @@ int         fl_barrier(fl_fleet *f);
 typedef struct fl_dist_optim fl_dist_optim;
 
 /* Paddle's fleet.distributed_optimizer(optimizer, strategy): wraps opt, which updates net's
- * parameters (both borrowed; they must outlive the result), under strategy s (copied).
- * Checks the strategy (fl_strategy_check), broadcasts rank 0's parameters so that every
- * replica starts identical, and plans the gradient buckets. NULL with fl_errmsg on failure. */
+ * parameters (f, net and opt are borrowed and must outlive the result), under strategy s
+ * (copied). Checks the strategy (fl_strategy_check, without was_set: callers reading a config
+ * check with it first), broadcasts rank 0's parameter block (trainable values and buffers) so
+ * that every replica starts identical, and plans the gradient buckets and every buffer the
+ * steps need: walking the parameters last to first, a bucket takes gradients until the next
+ * would pass fuse_grad_size_in_MB (a larger one is a bucket alone; 0: one per parameter), so
+ * each bucket is one contiguous range of the flat gradient block and one allreduce.
+ * A collective call on every worker. NULL with fl_errmsg on failure. */
 fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
                                         const fl_strategy *s);
 void fl_dist_optim_free(fl_dist_optim *d);
 
 /* The step that replaces minimize: back-propagates dout (the loss gradient w.r.t. the net's
  * output of the last forward) through net, averages the gradients over all workers as the
- * strategy says (buckets start during backward when overlap is on), then applies the
- * optimizer with learning rate lr. With gradient_merge only every k_steps-th call communicates
- * and updates; *updated (may be NULL) says whether this call did. */
+ * strategy says, then applies the optimizer with learning rate lr. With overlap on, a bucket's
+ * allreduce starts from the gradient-ready hook as soon as its last gradient is final and
+ * backward goes on; with it off, all buckets start after backward; both give bit-identical
+ * results. fp16_allreduce divides each bucket by N (and by k under gradient_merge with avg) in
+ * f32, sends it as an f16 sum, and converts back. With gradient_merge, calls 1 .. k_steps-1 of
+ * a cycle only accumulate (the first overwrites the previous gradients); the k_steps-th also
+ * communicates, divides the merged gradient by k_steps if avg, and updates. *updated (may be
+ * NULL) says whether this call updated. A job of one communicates nothing. Allocates nothing
+ * itself (the communicator's requests aside). A collective call on every worker, from the
+ * thread that issues the communicator's collectives. */
 int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *updated);
 
-/* Bytes this worker has sent since the optimizer was created (all collectives). */
+/* Bytes this worker has sent on the communicator since fl_distributed_optimizer returned (so
+ * not the initial broadcast; all collectives, also those the caller issues itself). */
 uint64_t fl_dist_bytes_sent(const fl_dist_optim *d);
 
 #ifdef __cplusplus

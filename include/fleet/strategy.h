@@ -76,21 +76,36 @@ typedef struct fl_strategy {
     } recompute_configs;
 } fl_strategy;
 
-/* Paddle's defaults. */
+/* Paddle's defaults: fuse 32 MiB, overlap on, gradient_merge k_steps 1 and avg; dgc rampup
+ * 0 / 1 / [0.999]; localsgd 1 / 1; adaptive_localsgd 1 / 1; lars 0.001 / 0.0005 / 0; amp
+ * 32768 / dynamic / 1000 / 2 / 2.0 / 0.8; every switch off. */
 void fl_strategy_defaults(fl_strategy *s);
 
 /* The schema of the strategy section, for embedding in a larger config: keys are
- * "<prefix>.<key>" (prefix "strategy") with offsets shifted by base_offset (where the
- * fl_strategy sits inside the caller's struct). Writes up to cap keys into out and returns the
- * number of keys (call with cap 0 to size the array). The path strings live as long as the
- * program (they are built once and cached per prefix: call with the same prefix). */
+ * "<prefix>.<key>" (prefix "strategy"; "" or NULL: bare keys), one per field above, with type,
+ * range and help line, and offsets shifted by base_offset (where the fl_strategy sits inside the
+ * caller's struct). Writes up to cap keys into out and returns the number of keys (call with
+ * cap 0 to size the array), or FL_EINVAL for a prefix of 64 characters or more or a ninth
+ * distinct prefix. The path strings live as long as the program (they are built once and
+ * cached per prefix; thread-safe). */
 int fl_strategy_schema(const char *prefix, size_t base_offset, fl_cfg_key *out, int cap);
 
-/* Refuses, with a message that says why and names the key: a feature that is set but not
- * implemented yet ("strategy.dgc: not implemented yet"); any key of a not-implemented feature's
- * configs that was set (was_set: per key of fl_strategy_schema, may be NULL); values out of
- * range (k_steps < 1); combinations that cannot work (dgc with a non-momentum optimizer, dgc
- * with localsgd, localsgd with adaptive_localsgd). */
+/* Refuses what cannot run, in this order, with a message that names the key and says why:
+ * - values out of range that a struct filled in code can hold (fuse_grad_size_in_MB negative or
+ *   not finite, gradient_merge_configs.k_steps < 1): FL_ECONFIG;
+ * - combinations that cannot work, whatever lands later (dgc with a non-momentum optimizer,
+ *   dgc with localsgd or adaptive_localsgd, localsgd with adaptive_localsgd, lars with a
+ *   non-momentum optimizer): FL_ECONFIG, e.g. "strategy.dgc needs optimizer.type momentum
+ *   (Deep Gradient Compression corrects momentum)";
+ * - a feature switched on that is not implemented yet (dgc, localsgd, adaptive_localsgd, lars,
+ *   amp, recompute): FL_EUNSUPPORTED, "strategy.dgc: not implemented yet in this version of
+ *   fleet";
+ * - any key of such a feature's configs that was set, even to its default: FL_EUNSUPPORTED,
+ *   "strategy.dgc_configs.sparsity: set, but strategy.dgc is not implemented yet in this
+ *   version of fleet". was_set (may be NULL: this check is skipped) is indexed like the keys
+ *   fl_strategy_schema writes, e.g. the was_set of fl_config_load plus the position of the
+ *   strategy keys in the caller's schema.
+ * The messages always say "strategy.", whatever prefix the schema was built with. */
 int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type optimizer);
 
 #ifdef __cplusplus

@@ -1,14 +1,15 @@
 /* train.h - the trainer behind fleet-train: a configuration (the YAML schema), and a loop that
- * builds the model, data, optimizer and schedule from it and trains.
+ * builds the model, data, optimizer and schedule from it and trains, on one worker or many.
  *
  * The configuration mirrors the seed documents' recipe (model, data, optimizer with its
- * learning-rate schedule, training length). Every key, its type, range and default is in one
- * table, fl_train_schema(), which is also what refuses unknown keys and bad values.
- * docs/config.md lists the keys. */
+ * learning-rate schedule, training length) plus the distributed strategy and the communicator
+ * backend. Every key, its type, range and default is in one table, fl_train_schema(), which is
+ * also what refuses unknown keys and bad values. docs/config.md lists the keys. */
 #ifndef FLEET_TRAIN_H
 #define FLEET_TRAIN_H
 
 #include "fleet/config.h"
+#include "fleet/strategy.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -19,6 +20,12 @@ extern "C" {
 
 typedef enum { FL_MODEL_MLP = 0 } fl_model_type;
 typedef enum { FL_DATA_RANDOM = 0, FL_DATA_TEACHER = 1 } fl_data_type;
+/* comm.backend: auto is mpi when started by mpirun (and mpi is built), else tcp */
+typedef enum {
+    FL_TRAIN_BACKEND_AUTO = 0,
+    FL_TRAIN_BACKEND_TCP = 1,
+    FL_TRAIN_BACKEND_MPI = 2,
+} fl_train_backend;
 
 typedef struct fl_train_config {
     struct {
@@ -62,34 +69,48 @@ typedef struct fl_train_config {
         int64_t log_interval; /* steps between log lines */
         int64_t seed;         /* initialisation and shuffling */
         int64_t threads;      /* compute threads; 0: leave OpenMP's default */
-        char    log_dir[256]; /* metrics.jsonl goes here; "" for none */
+        char    log_dir[256]; /* rank 0 writes metrics.jsonl here; "" for none */
     } train;
+    fl_strategy strategy;       /* the `strategy:` section (fl_strategy_schema) */
+    struct {
+        int backend;            /* fl_train_backend */
+    } comm;
 } fl_train_config;
 
-/* The schema of every key, in documentation order. */
+/* The schema of every key, in documentation order: the trainer's own keys, then the
+ * `strategy.` keys of fl_strategy_schema, then `comm.backend`. Built once (thread-safe); the
+ * array lives as long as the program. */
 const fl_cfg_key *fl_train_schema(int *nkeys);
 /* Fills cfg with the defaults of every key. */
 void fl_train_config_defaults(fl_train_config *cfg);
 /* Defaults, then the YAML file at path (may be NULL), then overrides "a.b=value"; then the
- * cross-key checks (e.g. piecewise values = boundaries + 1). 0 or FL_ECONFIG/FL_EIO with a
- * message naming the key and line. */
+ * cross-key checks (e.g. piecewise values = boundaries + 1) and fl_strategy_check (strategy
+ * keys that are set but not implemented, refused combinations). 0 or FL_ECONFIG/FL_EIO with a
+ * message naming the key and where it was set ("file.yaml:LINE" or "-o key=value"). */
 int fl_train_config_load(fl_train_config *cfg, const char *path, const char *const *overrides,
                          int noverrides);
 
-/* What a finished run reports (also written to metrics.jsonl). */
+/* What a finished run reports (also written to metrics.jsonl); the same on every rank. */
 typedef struct {
-    int64_t steps;        /* optimizer steps taken */
-    double  last_loss;    /* mean training loss over the last log interval */
+    int64_t steps;        /* optimizer updates taken (with gradient_merge: k micro-batches each) */
+    double  last_loss;    /* mean training loss over the last log interval, all ranks */
     double  train_loss;   /* full pass over the training set, evaluation mode */
     double  train_acc1;
     double  val_loss;     /* full pass over the validation set (0 samples: NaN) */
     double  val_acc1;
-    double  samples_per_s;
+    double  samples_per_s; /* global: samples of all ranks per second */
 } fl_train_result;
 
-/* Trains as cfg says, printing progress lines to stdout:
- *   worker_index: 0, epoch 0, step 10, loss 0.6931, acc1 0.5000, lr 0.1000, ips 812.4 img/s, comm 0.0 MB
- * and evaluation lines after each epoch. result may be NULL. */
+/* Trains as cfg says as one worker of the job the environment describes (fleetrun, mpirun, or
+ * none: a job of one; comm.backend picks the communicator). Each rank trains on its shard of
+ * every global batch of world x batch_size samples and the distributed optimizer keeps the
+ * replicas in step. Every rank prints progress lines to stdout, with loss and accuracy
+ * averaged over the ranks, comm = megabytes this rank sent since the previous line, and ips
+ * = samples of all ranks per second:
+ *   worker_index: 0, epoch 0, step 10, loss 0.6931, acc1 0.5000, lr 0.1000, ips 812.4 img/s, comm 0.3 MB
+ * and evaluation lines (sharded over the ranks, the same numbers on each) after each epoch.
+ * Rank 0 alone writes metrics.jsonl. A dead peer fails the call with a message naming it.
+ * result may be NULL. */
 int fl_train_run(const fl_train_config *cfg, fl_train_result *result);
 
 #ifdef __cplusplus

@@ -1,18 +1,24 @@
 /* train_config.c - the trainer's configuration schema: every key with its type, range, default
- * and help line in one table, plus the checks that involve several keys. */
+ * and help line in one table (the trainer's keys, the strategy section embedded from
+ * fl_strategy_schema, comm.backend), plus the checks that involve several keys. */
 #include "fleet/kernels.h"
 #include "fleet/optim.h"
 #include "fleet/status.h"
 #include "fleet/train.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <string.h>
 
 #define OFF(field) offsetof(fl_train_config, field)
 #define BIG 1e15
 
+/* room for the strategy section; build_schema asserts that it fits */
+#define MAX_KEYS 160
+
 /* enum choices are listed in the order of the C enums they map to */
-static const fl_cfg_key schema[] = {
+static const fl_cfg_key own_keys[] = {
     {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0, "mlp", true,
      "model zoo entry"},
     {"model.input_size", FL_CFG_INT, OFF(model.input_size), 0, 0, BIG, NULL, false,
@@ -79,11 +85,34 @@ static const fl_cfg_key schema[] = {
     {"train.threads", FL_CFG_INT, OFF(train.threads), 0, 0, 1024, NULL, false,
      "compute threads; 0: OpenMP's default (OMP_NUM_THREADS)"},
     {"train.log_dir", FL_CFG_STRING, OFF(train.log_dir), sizeof(((fl_train_config *)0)->train.log_dir),
-     0, 0, NULL, false, "directory for metrics.jsonl; empty: none"},
+     0, 0, NULL, false, "directory for rank 0's metrics.jsonl; empty: none"},
 };
 
+/* after the strategy section */
+static const fl_cfg_key comm_keys[] = {
+    {"comm.backend", FL_CFG_ENUM, OFF(comm.backend), 0, 0, 0, "auto|tcp|mpi", false,
+     "communicator: auto = mpi under mpirun, else tcp"},
+};
+
+static fl_cfg_key schema[MAX_KEYS];
+static int nschema, strategy_first, nstrategy;
+static pthread_once_t schema_once = PTHREAD_ONCE_INIT;
+
+static void build_schema(void) {
+    int nown = (int)(sizeof own_keys / sizeof own_keys[0]);
+    int ncomm = (int)(sizeof comm_keys / sizeof comm_keys[0]);
+    memcpy(schema, own_keys, sizeof own_keys);
+    strategy_first = nown;
+    nstrategy = fl_strategy_schema("strategy", OFF(strategy), schema + nown,
+                                   MAX_KEYS - nown - ncomm);
+    FL_ASSERT(nstrategy >= 0 && nstrategy <= MAX_KEYS - nown - ncomm);
+    memcpy(schema + nown + nstrategy, comm_keys, sizeof comm_keys);
+    nschema = nown + nstrategy + ncomm;
+}
+
 const fl_cfg_key *fl_train_schema(int *nkeys) {
-    *nkeys = (int)(sizeof schema / sizeof schema[0]);
+    pthread_once(&schema_once, build_schema);
+    *nkeys = nschema;
     return schema;
 }
 
@@ -110,6 +139,8 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->train.epochs = 1;
     cfg->train.log_interval = 10;
     cfg->train.seed = 0;
+    fl_strategy_defaults(&cfg->strategy);
+    cfg->comm.backend = FL_TRAIN_BACKEND_AUTO;
 }
 
 /* checks that involve more than one key; messages name the keys */
@@ -130,14 +161,87 @@ static int check_cross_keys(const fl_train_config *cfg) {
     return FL_OK;
 }
 
+/* Index of the longest schema key that a message starts with ("strategy.dgc: ..."), or -1. */
+static int key_named(const fl_cfg_key *keys, int nkeys, const char *msg) {
+    int best = -1;
+    size_t best_len = 0;
+    for (int k = 0; k < nkeys; k++) {
+        size_t n = strlen(keys[k].path);
+        if (n > best_len && strncmp(msg, keys[k].path, n) == 0 &&
+            (msg[n] == ':' || msg[n] == ' ' || msg[n] == '\0')) {
+            best = k;
+            best_len = n;
+        }
+    }
+    return best;
+}
+
+/* Prefixes the failed check's message with where the key it names was set: "file:LINE" or
+ * "-o key=value"; else with the file, as the loader's own messages are. */
+static int locate(int rc, const fl_cfg_key *keys, int nkeys, const char *path,
+                  const char *const *overrides, int noverrides) {
+    char msg[1024], where[384];
+    snprintf(msg, sizeof msg, "%s", fl_errmsg());
+    int k = key_named(keys, nkeys, msg);
+    if (k >= 0 &&
+        fl_config_origin(path, overrides, noverrides, keys[k].path, where, sizeof where) > 0)
+        return fl_fail(rc, "%s: %s", where, msg);
+    if (path)
+        return fl_fail(rc, "%s: %s", path, msg);
+    return fl_fail(rc, "%s", msg);
+}
+
+/* Whether key k holds different values in configs a and b. */
+static bool differs(const fl_cfg_key *k, const fl_train_config *a, const fl_train_config *b) {
+    const char *x = (const char *)a + k->offset, *y = (const char *)b + k->offset;
+    switch (k->type) {
+    case FL_CFG_BOOL:
+        return *(const bool *)x != *(const bool *)y;
+    case FL_CFG_INT:
+        return *(const int64_t *)x != *(const int64_t *)y;
+    case FL_CFG_DOUBLE:
+        return *(const double *)x != *(const double *)y;
+    case FL_CFG_STRING:
+        return strncmp(x, y, k->size) != 0;
+    case FL_CFG_ENUM:
+        return *(const int *)x != *(const int *)y;
+    case FL_CFG_INT_LIST: {
+        const fl_cfg_int_list *p = (const fl_cfg_int_list *)x, *q = (const fl_cfg_int_list *)y;
+        return p->n != q->n || memcmp(p->v, q->v, (size_t)p->n * sizeof p->v[0]) != 0;
+    }
+    case FL_CFG_DOUBLE_LIST: {
+        const fl_cfg_double_list *p = (const fl_cfg_double_list *)x;
+        const fl_cfg_double_list *q = (const fl_cfg_double_list *)y;
+        if (p->n != q->n)
+            return true;
+        for (int i = 0; i < p->n; i++)
+            if (p->v[i] != q->v[i])
+                return true;
+        return false;
+    }
+    }
+    return true;
+}
+
 int fl_train_config_load(fl_train_config *cfg, const char *path, const char *const *overrides,
                          int noverrides) {
     int nkeys;
     const fl_cfg_key *keys = fl_train_schema(&nkeys);
-    fl_train_config_defaults(cfg);
-    FL_TRY(fl_config_load(path, overrides, noverrides, keys, nkeys, cfg, NULL));
+    bool was_set[MAX_KEYS] = {0};
+    fl_train_config defaults;
+    fl_train_config_defaults(&defaults);
+    *cfg = defaults;
+    FL_TRY(fl_config_load(path, overrides, noverrides, keys, nkeys, cfg, was_set));
+    /* a strategy key counts as set when it asks for something other than its default, so that
+     * --print-config's output (every key, not-implemented features at their defaults) reads
+     * back; a not-implemented feature configured away from its defaults is still refused */
+    for (int k = strategy_first; k < strategy_first + nstrategy; k++)
+        was_set[k] = was_set[k] && differs(&keys[k], cfg, &defaults);
     int rc = check_cross_keys(cfg);
-    if (rc < 0 && path)
-        return fl_fail_prefix(rc, "%s", path);
-    return rc;
+    if (rc >= 0)
+        rc = fl_strategy_check(&cfg->strategy, was_set + strategy_first,
+                               (fl_optim_type)cfg->optimizer.type);
+    if (rc < 0)
+        return locate(rc, keys, nkeys, path, overrides, noverrides);
+    return FL_OK;
 }

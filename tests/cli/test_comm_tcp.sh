@@ -24,8 +24,8 @@ for n in 1 2 3 4 5; do
 done
 
 # repeated run (tcp) and the unix-socket path: bit-identical results
-FLEET_COMM_LOCAL=0 timeout 300 "$run" --nproc_per_node 3 --log_dir "$tmp/again" "$check_prog" >"$tmp/again" 2>&1
-FLEET_COMM_LOCAL=1 timeout 300 "$run" --nproc_per_node 3 --log_dir "$tmp/unix" "$check_prog" >"$tmp/unix" 2>&1
+FLEET_COMM_LOCAL=0 timeout 300 "$run" --nproc_per_node 3 --log_dir "$tmp/again.log" "$check_prog" >"$tmp/again" 2>&1
+FLEET_COMM_LOCAL=1 timeout 300 "$run" --nproc_per_node 3 --log_dir "$tmp/unix.log" "$check_prog" >"$tmp/unix" 2>&1
 h1=$(hash_of "$tmp/out3") h2=$(hash_of "$tmp/again") h3=$(hash_of "$tmp/unix")
 echo "3 ranks: hashes $h1 (tcp), $h2 (tcp again), $h3 (unix sockets)"
 [ -n "$h1" ] && [ "$h1" = "$h2" ] || { echo "FAIL: repeated run differs"; fail=1; }

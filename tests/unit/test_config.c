@@ -1,7 +1,8 @@
 /* test_config.c - fl_config_load against a schema three sections deep: every type filled from a
  * file, defaults kept, was_set, -o overrides; every refusal with its key and file:line (the
  * line computed from the test's own YAML) or -o; print / to_json exact text; and hostile input
- * (deep nesting, huge keys and scalars, binary garbage) that must end in an error, not a crash. */
+ * (deep nesting, huge keys and scalars, binary garbage) that must end in an error, not a crash;
+ * fl_config_origin (the -o or file:line that set a key). */
 #include "fleet/config.h"
 #include "fleet/status.h"
 #include "test.h"
@@ -698,6 +699,42 @@ static void test_hostile(void) {
     free(t);
 }
 
+/* fl_config_origin: the last override that sets the key or a section holding it, else the
+ * file's line (nested or dotted), else nothing */
+static void test_origin(void) {
+    const char *text = "model:\n"
+                       "  type: mlp\n"
+                       "strategy:\n"
+                       "  dgc: true\n"
+                       "  dgc_configs.rampup_begin_step: 3\n"
+                       "strategy.dgc_configs:\n"
+                       "  sparsity: [0.9]\n";
+    const char *path = write_file("origin.yaml", text);
+    char buf[400], want[400];
+    CHECK(fl_config_origin(path, NULL, 0, "strategy.dgc", buf, sizeof buf) == 1);
+    snprintf(want, sizeof want, "%s:%d", path, line_of(text, "dgc: true"));
+    CHECK(strcmp(buf, want) == 0);
+    CHECK(fl_config_origin(path, NULL, 0, "strategy.dgc_configs.rampup_begin_step", buf,
+                           sizeof buf) == 1);
+    snprintf(want, sizeof want, "%s:%d", path, line_of(text, "dgc_configs.rampup"));
+    CHECK(strcmp(buf, want) == 0);
+    CHECK(fl_config_origin(path, NULL, 0, "strategy.dgc_configs.sparsity", buf, sizeof buf) == 1);
+    snprintf(want, sizeof want, "%s:%d", path, line_of(text, "sparsity"));
+    CHECK(strcmp(buf, want) == 0);
+    CHECK(fl_config_origin(path, NULL, 0, "seed", buf, sizeof buf) == 0 && buf[0] == '\0');
+    CHECK(fl_config_origin(path, NULL, 0, "strategy.dg", buf, sizeof buf) == 0);
+
+    const char *ov[] = {"strategy.dgc=false", " strategy = {dgc: true}", "seed=3"};
+    CHECK(fl_config_origin(path, ov, 3, "strategy.dgc", buf, sizeof buf) == 1);
+    CHECK(strcmp(buf, "-o  strategy = {dgc: true}") == 0);
+    CHECK(fl_config_origin(path, ov, 1, "strategy.dgc", buf, sizeof buf) == 1);
+    CHECK(strcmp(buf, "-o strategy.dgc=false") == 0);
+    CHECK(fl_config_origin(NULL, ov, 3, "seed", buf, sizeof buf) == 1);
+    CHECK(strcmp(buf, "-o seed=3") == 0);
+    CHECK(fl_config_origin(NULL, ov, 3, "model.type", buf, sizeof buf) == 0);
+    CHECK(fl_config_origin(path, ov, 3, "strategy.dgc", buf, 6) == 1 && strlen(buf) == 5);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
@@ -708,6 +745,7 @@ int main(void) {
     test_errors();
     test_print_json();
     test_hostile();
+    test_origin();
 
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -1,0 +1,109 @@
+/* dist_optim.c - the distributed optimizer (Paddle's fleet.distributed_optimizer): makes the
+ * replicas start identical, runs the step that replaces minimize (gradient merge, backward with
+ * the gradient-ready hook, the optimizer), and leaves the averaging to a strategy behind
+ * struct strategy_ops, so that DGC and Local SGD plug in beside dense. */
+#include "strategy_impl.h"
+
+#include "fleet/status.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Copies rank 0's parameter block (trainable values, then buffers, contiguous) to every rank:
+ * the replicas' own initialisations are discarded, as DDP does at construction. */
+static int broadcast_params(fl_dist_optim *d) {
+    int64_t count = 0;
+    for (int i = 0; i < fl_net_num_params(d->net); i++)
+        count += fl_net_param(d->net, i)->value.numel;
+    int rc = fl_comm_broadcast(d->comm, fl_net_flat_params(d->net), (size_t)count,
+                               fl_net_dtype(d->net), 0);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "distributed optimizer: broadcasting rank 0's parameters");
+    return FL_OK;
+}
+
+fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
+                                        const fl_strategy *s) {
+    FL_ASSERT(f && net && opt && s);
+    fl_dist_optim *d = NULL;
+    if (fl_strategy_check(s, NULL, fl_optim_get_config(opt)->type) < 0)
+        return NULL;
+    if (!fl_net_flat_params(net)) {
+        fl_fail(FL_ESTATE, "distributed optimizer: the network is not built (fl_net_build first)");
+        return NULL;
+    }
+    d = calloc(1, sizeof *d);
+    if (!d) {
+        fl_fail(FL_ENOMEM, "distributed optimizer: out of memory");
+        return NULL;
+    }
+    d->fleet = f;
+    d->comm = fl_fleet_comm(f);
+    d->net = net;
+    d->opt = opt;
+    d->s = *s;
+    d->rank = fl_worker_index(f);
+    d->world = fl_worker_num(f);
+    d->k_steps = s->gradient_merge ? s->gradient_merge_configs.k_steps : 1;
+    d->grad_scale = s->gradient_merge && s->gradient_merge_configs.avg ? 1.0 / (double)d->k_steps
+                                                                       : 1.0;
+    d->ops = &fl_dense_ops;
+    if (d->world > 1 && broadcast_params(d) < 0)
+        goto fail;
+    if (d->ops->setup(d) < 0) {
+        d->ops = NULL; /* setup cleans up after itself */
+        goto fail;
+    }
+    fl_comm_stats st;
+    fl_comm_get_stats(d->comm, &st);
+    d->bytes_base = st.bytes_sent;
+    return d;
+fail:
+    fl_dist_optim_free(d);
+    return NULL;
+}
+
+void fl_dist_optim_free(fl_dist_optim *d) {
+    if (!d)
+        return;
+    if (d->ops)
+        d->ops->destroy(d);
+    free(d);
+}
+
+int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *updated) {
+    FL_ASSERT(d && dout);
+    if (updated)
+        *updated = false;
+    /* gradient merge: micro-batches before the last only accumulate, locally; the first of a
+     * cycle overwrites the previous update's gradients, the later ones add to them */
+    bool last = d->micro + 1 >= d->k_steps;
+    fl_net_set_accumulate(d->net, d->micro > 0);
+    if (!last) {
+        FL_TRY(fl_net_backward(d->net, dout, NULL, NULL));
+        d->micro++;
+        return FL_OK;
+    }
+    fl_grad_ready_fn hook = d->s.overlap ? d->ops->grad_ready : NULL;
+    int rc = fl_net_backward(d->net, dout, hook, d);
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", fl_errmsg());
+        d->ops->abandon(d); /* waiting may fail too: keep backward's message */
+        return fl_fail(rc, "%s", msg);
+    }
+    d->micro = 0;
+    fl_net_set_accumulate(d->net, false);
+    FL_TRY(d->ops->finish(d));
+    FL_TRY(fl_optim_step(d->opt, lr, NULL));
+    if (updated)
+        *updated = true;
+    return FL_OK;
+}
+
+uint64_t fl_dist_bytes_sent(const fl_dist_optim *d) {
+    FL_ASSERT(d);
+    fl_comm_stats st;
+    fl_comm_get_stats(d->comm, &st);
+    return st.bytes_sent - d->bytes_base;
+}

@@ -1,0 +1,242 @@
+/* strategy.c - the distributed strategy: Paddle's defaults, the schema of the `strategy:` config
+ * section (one table, as the trainer's schema), and the checks that refuse what cannot run:
+ * features that have not landed yet (never silently ignored) and combinations that cannot work. */
+#include "fleet/strategy.h"
+
+#include "fleet/status.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#define OFF(field) offsetof(fl_strategy, field)
+#define SIZE(field) sizeof(((fl_strategy *)0)->field)
+#define BIG 1e15
+
+/* Paths are relative to the prefix; fl_strategy_schema prepends it. */
+static const fl_cfg_key keys[] = {
+    {"fuse_grad_size_in_MB", FL_CFG_DOUBLE, OFF(fuse_grad_size_in_MB), 0, 0, 1048576, NULL, false,
+     "gradient bucket capacity in MiB (buckets fill in reverse parameter order); 0: one per "
+     "parameter"},
+    {"overlap", FL_CFG_BOOL, OFF(overlap), 0, 0, 0, NULL, false,
+     "start a bucket's allreduce during backward, as soon as its gradients are final"},
+    {"fp16_allreduce", FL_CFG_BOOL, OFF(fp16_allreduce), 0, 0, 0, NULL, false,
+     "send dense gradients as f16 (divided by the worker count first): half the bytes"},
+    {"gradient_merge", FL_CFG_BOOL, OFF(gradient_merge), 0, 0, 0, NULL, false,
+     "accumulate k_steps micro-batches locally, then communicate and update once"},
+    {"gradient_merge_configs.k_steps", FL_CFG_INT, OFF(gradient_merge_configs.k_steps), 0, 1, 1e6,
+     NULL, false, "micro-batches per update"},
+    {"gradient_merge_configs.avg", FL_CFG_BOOL, OFF(gradient_merge_configs.avg), 0, 0, 0, NULL,
+     false, "divide the merged gradient by k_steps (false: their sum)"},
+
+    {"dgc", FL_CFG_BOOL, OFF(dgc), 0, 0, 0, NULL, false,
+     "Deep Gradient Compression (Momentum only; not implemented yet)"},
+    {"dgc_configs.rampup_begin_step", FL_CFG_INT, OFF(dgc_configs.rampup_begin_step), 0, 0, BIG,
+     NULL, false, "dense steps before compression starts"},
+    {"dgc_configs.rampup_step", FL_CFG_INT, OFF(dgc_configs.rampup_step), 0, 1, BIG, NULL, false,
+     "steps over which sparsity warms up through the sparsity list"},
+    {"dgc_configs.sparsity", FL_CFG_DOUBLE_LIST, OFF(dgc_configs.sparsity), 0, 0, 0.999999, NULL,
+     false, "warm-up sparsity schedule, e.g. [0.75, 0.9375, 0.984375, 0.996, 0.999]"},
+
+    {"localsgd", FL_CFG_BOOL, OFF(localsgd), 0, 0, 0, NULL, false,
+     "Local SGD: average parameters every k_steps (not implemented yet)"},
+    {"localsgd_configs.k_steps", FL_CFG_INT, OFF(localsgd_configs.k_steps), 0, 1, 1e6, NULL, false,
+     "local steps between parameter averages"},
+    {"localsgd_configs.begin_step", FL_CFG_INT, OFF(localsgd_configs.begin_step), 0, 1, BIG, NULL,
+     false, "synchronous steps before Local SGD starts (post-local SGD)"},
+    {"adaptive_localsgd", FL_CFG_BOOL, OFF(adaptive_localsgd), 0, 0, 0, NULL, false,
+     "Local SGD with an interval that follows loss and learning rate (not implemented yet)"},
+    {"adaptive_localsgd_configs.init_k_steps", FL_CFG_INT,
+     OFF(adaptive_localsgd_configs.init_k_steps), 0, 1, 16, NULL, false,
+     "initial local steps (the interval is capped at 16)"},
+    {"adaptive_localsgd_configs.begin_step", FL_CFG_INT, OFF(adaptive_localsgd_configs.begin_step),
+     0, 1, BIG, NULL, false, "synchronous steps before adaptive Local SGD starts"},
+
+    {"lars", FL_CFG_BOOL, OFF(lars), 0, 0, 0, NULL, false,
+     "LARS layer-wise learning rates (not implemented yet)"},
+    {"lars_configs.lars_coeff", FL_CFG_DOUBLE, OFF(lars_configs.lars_coeff), 0, 0, 1e3, NULL,
+     false, "trust coefficient"},
+    {"lars_configs.lars_weight_decay", FL_CFG_DOUBLE, OFF(lars_configs.lars_weight_decay), 0, 0, 1,
+     NULL, false, "weight decay inside the LARS update"},
+    {"lars_configs.epsilon", FL_CFG_DOUBLE, OFF(lars_configs.epsilon), 0, 0, 1, NULL, false,
+     "added to the norm ratio's denominator"},
+    {"lars_configs.exclude_from_weight_decay", FL_CFG_STRING,
+     OFF(lars_configs.exclude_from_weight_decay), SIZE(lars_configs.exclude_from_weight_decay), 0,
+     0, NULL, false, "comma-separated name fragments of parameters without weight decay"},
+
+    {"amp", FL_CFG_BOOL, OFF(amp), 0, 0, 0, NULL, false,
+     "mixed precision with dynamic loss scaling (GPU; not implemented yet)"},
+    {"amp_configs.init_loss_scaling", FL_CFG_DOUBLE, OFF(amp_configs.init_loss_scaling), 0, 1,
+     1e30, NULL, false, "initial loss scale"},
+    {"amp_configs.use_dynamic_loss_scaling", FL_CFG_BOOL,
+     OFF(amp_configs.use_dynamic_loss_scaling), 0, 0, 0, NULL, false,
+     "grow the scale while gradients are finite, shrink it on inf/nan"},
+    {"amp_configs.incr_every_n_steps", FL_CFG_INT, OFF(amp_configs.incr_every_n_steps), 0, 1, BIG,
+     NULL, false, "finite steps before the scale grows"},
+    {"amp_configs.decr_every_n_nan_or_inf", FL_CFG_INT, OFF(amp_configs.decr_every_n_nan_or_inf),
+     0, 1, BIG, NULL, false, "inf/nan steps before the scale shrinks"},
+    {"amp_configs.incr_ratio", FL_CFG_DOUBLE, OFF(amp_configs.incr_ratio), 0, 1, 1e3, NULL, false,
+     "growth factor of the scale"},
+    {"amp_configs.decr_ratio", FL_CFG_DOUBLE, OFF(amp_configs.decr_ratio), 0, 1e-6, 1, NULL,
+     false, "shrink factor of the scale"},
+
+    {"recompute", FL_CFG_BOOL, OFF(recompute), 0, 0, 0, NULL, false,
+     "keep only checkpoint activations, recompute the rest in backward (not implemented yet)"},
+    {"recompute_configs.checkpoints", FL_CFG_STRING, OFF(recompute_configs.checkpoints),
+     SIZE(recompute_configs.checkpoints), 0, 0, NULL, false,
+     "comma-separated names of the layers whose outputs are kept"},
+};
+
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
+void fl_strategy_defaults(fl_strategy *s) {
+    FL_ASSERT(s);
+    memset(s, 0, sizeof *s);
+    s->fuse_grad_size_in_MB = 32;
+    s->overlap = true;
+    s->gradient_merge_configs.k_steps = 1;
+    s->gradient_merge_configs.avg = true;
+    s->dgc_configs.rampup_begin_step = 0;
+    s->dgc_configs.rampup_step = 1;
+    s->dgc_configs.sparsity.n = 1;
+    s->dgc_configs.sparsity.v[0] = 0.999;
+    s->localsgd_configs.k_steps = 1;
+    s->localsgd_configs.begin_step = 1;
+    s->adaptive_localsgd_configs.init_k_steps = 1;
+    s->adaptive_localsgd_configs.begin_step = 1;
+    s->lars_configs.lars_coeff = 0.001;
+    s->lars_configs.lars_weight_decay = 0.0005;
+    s->lars_configs.epsilon = 0;
+    s->amp_configs.init_loss_scaling = 32768;
+    s->amp_configs.use_dynamic_loss_scaling = true;
+    s->amp_configs.incr_every_n_steps = 1000;
+    s->amp_configs.decr_every_n_nan_or_inf = 2;
+    s->amp_configs.incr_ratio = 2.0;
+    s->amp_configs.decr_ratio = 0.8;
+}
+
+/* Full paths per prefix, built on first use and kept for the life of the program (the
+ * fl_cfg_key arrays handed out point at them). A handful of prefixes is all a program uses. */
+#define MAX_PREFIXES 8
+#define PATH_CAP 128
+
+static struct {
+    char prefix[PATH_CAP / 2];
+    char paths[NKEYS][PATH_CAP];
+} cache[MAX_PREFIXES];
+static int ncached;
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int paths_for(const char *prefix, char (**out)[PATH_CAP]) {
+    int rc = FL_OK;
+    if (strlen(prefix) >= sizeof cache[0].prefix)
+        return fl_fail(FL_EINVAL, "strategy schema: prefix '%s' is longer than %zu characters",
+                       prefix, sizeof cache[0].prefix - 1);
+    pthread_mutex_lock(&cache_lock);
+    int i;
+    for (i = 0; i < ncached; i++)
+        if (strcmp(cache[i].prefix, prefix) == 0)
+            break;
+    if (i == ncached) {
+        if (ncached == MAX_PREFIXES) {
+            rc = fl_fail(FL_EINVAL, "strategy schema: more than %d different prefixes",
+                         MAX_PREFIXES);
+            goto done;
+        }
+        snprintf(cache[i].prefix, sizeof cache[i].prefix, "%s", prefix);
+        for (int k = 0; k < NKEYS; k++)
+            snprintf(cache[i].paths[k], PATH_CAP, "%s%s%s", prefix, prefix[0] ? "." : "",
+                     keys[k].path);
+        ncached++;
+    }
+    *out = cache[i].paths;
+done:
+    pthread_mutex_unlock(&cache_lock);
+    return rc;
+}
+
+int fl_strategy_schema(const char *prefix, size_t base_offset, fl_cfg_key *out, int cap) {
+    if (cap <= 0)
+        return NKEYS;
+    FL_ASSERT(out);
+    char (*paths)[PATH_CAP] = NULL;
+    FL_TRY(paths_for(prefix ? prefix : "", &paths));
+    for (int i = 0; i < NKEYS && i < cap; i++) {
+        out[i] = keys[i];
+        out[i].path = paths[i];
+        out[i].offset += base_offset;
+    }
+    return NKEYS;
+}
+
+/* The features that have not landed yet: their switch, and the keys of their configs. */
+static const struct {
+    const char *name;    /* "dgc": the switch, strategy.dgc */
+    size_t      offset;  /* of the bool */
+    const char *configs; /* "dgc_configs.": keys starting so belong to it */
+} pending[] = {
+    {"dgc", OFF(dgc), "dgc_configs."},
+    {"localsgd", OFF(localsgd), "localsgd_configs."},
+    {"adaptive_localsgd", OFF(adaptive_localsgd), "adaptive_localsgd_configs."},
+    {"lars", OFF(lars), "lars_configs."},
+    {"amp", OFF(amp), "amp_configs."},
+    {"recompute", OFF(recompute), "recompute_configs."},
+};
+
+static bool flag_at(const fl_strategy *s, size_t offset) {
+    return *(const bool *)((const char *)s + offset);
+}
+
+int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type optimizer) {
+    FL_ASSERT(s);
+    /* values out of range (a config file cannot produce these; a struct filled in code can) */
+    if (!isfinite(s->fuse_grad_size_in_MB) || s->fuse_grad_size_in_MB < 0)
+        return fl_fail(FL_ECONFIG, "strategy.fuse_grad_size_in_MB: %g must be a finite number >= 0",
+                       s->fuse_grad_size_in_MB);
+    if (s->gradient_merge_configs.k_steps < 1)
+        return fl_fail(FL_ECONFIG, "strategy.gradient_merge_configs.k_steps: %lld must be >= 1",
+                       (long long)s->gradient_merge_configs.k_steps);
+
+    /* combinations that cannot work: said first, since they hold whatever lands later */
+    if (s->dgc && optimizer != FL_OPTIM_MOMENTUM)
+        return fl_fail(FL_ECONFIG, "strategy.dgc needs optimizer.type momentum (Deep Gradient "
+                                   "Compression corrects momentum)");
+    if (s->dgc && s->localsgd)
+        return fl_fail(FL_ECONFIG, "strategy.dgc cannot be combined with strategy.localsgd (DGC "
+                                   "compresses every step's gradients, Local SGD averages "
+                                   "parameters every k steps): choose one");
+    if (s->dgc && s->adaptive_localsgd)
+        return fl_fail(FL_ECONFIG, "strategy.dgc cannot be combined with "
+                                   "strategy.adaptive_localsgd (DGC compresses every step's "
+                                   "gradients, Local SGD averages parameters): choose one");
+    if (s->localsgd && s->adaptive_localsgd)
+        return fl_fail(FL_ECONFIG, "strategy.localsgd cannot be combined with "
+                                   "strategy.adaptive_localsgd: choose a fixed or an adaptive "
+                                   "interval");
+    if (s->lars && optimizer != FL_OPTIM_MOMENTUM)
+        return fl_fail(FL_ECONFIG, "strategy.lars needs optimizer.type momentum (LARS scales "
+                                   "the learning rate of Momentum per layer)");
+
+    /* features that have not landed: refused when switched on or configured, never ignored */
+    int npending = (int)(sizeof pending / sizeof pending[0]);
+    for (int f = 0; f < npending; f++)
+        if (flag_at(s, pending[f].offset))
+            return fl_fail(FL_EUNSUPPORTED,
+                           "strategy.%s: not implemented yet in this version of fleet",
+                           pending[f].name);
+    if (was_set) {
+        for (int i = 0; i < NKEYS; i++) {
+            if (!was_set[i])
+                continue;
+            for (int f = 0; f < npending; f++)
+                if (strncmp(keys[i].path, pending[f].configs, strlen(pending[f].configs)) == 0)
+                    return fl_fail(FL_EUNSUPPORTED,
+                                   "strategy.%s: set, but strategy.%s is not implemented yet in "
+                                   "this version of fleet",
+                                   keys[i].path, pending[f].name);
+        }
+    }
+    return FL_OK;
+}

@@ -1,0 +1,49 @@
+/* train_log.c - the progress lines: what each rank saw since the previous line, averaged over
+ * the ranks with one allreduce of three numbers per line (never per step), printed by every
+ * rank in DESIGN.md's format and recorded by rank 0 in metrics.jsonl. */
+#include "train/train_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+
+void fl_train_window_reset(trainer *t, train_window *w) {
+    w->loss_sum = 0;
+    w->correct = w->samples = 0;
+    w->start = fl_now();
+    w->bytes_sent = fl_dist_bytes_sent(t->dopt);
+}
+
+int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t step, double lr,
+                          fl_train_result *res) {
+    /* read before the allreduce below, whose few bytes count towards the next line */
+    uint64_t bytes = fl_dist_bytes_sent(t->dopt);
+    double sums[3] = {w->loss_sum, (double)w->correct, (double)w->samples};
+    FL_TRY(fl_comm_allreduce(fl_fleet_comm(t->fleet), sums, 3, FL_DTYPE_F64, FL_REDOP_SUM));
+    double now = fl_now();
+    double loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
+    double acc = sums[2] > 0 ? sums[1] / sums[2] : NAN;
+    double ips = now > w->start ? sums[2] / (now - w->start) : 0.0;
+    double comm_mb = (double)(bytes - w->bytes_sent) / 1e6;
+    printf("worker_index: %d, epoch %lld, step %lld, loss %.4f, acc1 %.4f, lr %.4f, "
+           "ips %.1f img/s, comm %.1f MB\n",
+           t->rank, (long long)epoch, (long long)step, loss, acc, lr, ips, comm_mb);
+    fflush(stdout);
+    res->last_loss = loss;
+    w->loss_sum = 0;
+    w->correct = w->samples = 0;
+    w->start = now;
+    w->bytes_sent = bytes;
+    if (!t->metrics)
+        return FL_OK;
+    fl_metrics_begin(t->metrics);
+    fl_metrics_str(t->metrics, "phase", "train");
+    fl_metrics_int(t->metrics, "epoch", epoch);
+    fl_metrics_int(t->metrics, "step", step);
+    fl_metrics_num(t->metrics, "loss", loss);
+    fl_metrics_num(t->metrics, "acc1", acc);
+    fl_metrics_num(t->metrics, "lr", lr);
+    fl_metrics_num(t->metrics, "ips", ips);
+    fl_metrics_num(t->metrics, "comm_mb", comm_mb);
+    fl_metrics_int(t->metrics, "workers", t->world);
+    return fl_metrics_end(t->metrics);
+}

@@ -1,0 +1,149 @@
+/* train_setup.c - builds a trainer from a fl_train_config: joins the job (fl_fleet_init), then
+ * data with this rank's shard, model, optimizer wrapped in the distributed optimizer, schedule
+ * and rank 0's metrics file. Everything the step loop needs is allocated here, once. */
+#include "train/train_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *const backend_names[] = {"auto", "tcp", "mpi"}; /* by fl_train_backend */
+
+static fl_dataset *make_dataset(const fl_train_config *cfg, int split) {
+    int64_t size = split == 0 ? cfg->data.train_size : cfg->data.val_size;
+    if (cfg->data.type == FL_DATA_RANDOM) /* each split its own seed: disjoint samples */
+        return fl_dataset_random_create(size, cfg->data.features, (int)cfg->data.classes,
+                                        (uint64_t)cfg->data.seed * 2 + (uint64_t)split);
+    return fl_dataset_teacher_create(size, cfg->data.features, cfg->data.teacher_hidden,
+                                     (int)cfg->data.classes, (uint64_t)cfg->data.seed, split);
+}
+
+static fl_net *make_model(const fl_train_config *cfg) {
+    /* model.type has one value so far (mlp); the zoo grows with later issues */
+    return fl_model_mlp(FL_DTYPE_F32, cfg->data.features, cfg->model.hidden.v, cfg->model.hidden.n,
+                        (fl_act)cfg->model.activation, cfg->data.classes);
+}
+
+/* total_steps counts optimizer updates, the unit of the schedule */
+static void make_schedule(const fl_train_config *cfg, int64_t total_steps, fl_lr_schedule *s) {
+    memset(s, 0, sizeof *s);
+    s->type = (fl_lr_type)cfg->optimizer.lr.schedule;
+    s->base_lr = cfg->optimizer.lr.base;
+    s->nboundaries = cfg->optimizer.lr.boundaries.n;
+    for (int i = 0; i < s->nboundaries; i++)
+        s->boundaries[i] = cfg->optimizer.lr.boundaries.v[i];
+    for (int i = 0; i < cfg->optimizer.lr.values.n && i <= FL_LR_MAX_PIECES; i++)
+        s->values[i] = cfg->optimizer.lr.values.v[i];
+    int64_t after_warmup = total_steps - cfg->optimizer.lr.warmup_steps;
+    s->decay_steps = cfg->optimizer.lr.decay_steps ? cfg->optimizer.lr.decay_steps
+                                                   : (after_warmup > 0 ? after_warmup : 1);
+    s->end_lr = cfg->optimizer.lr.end;
+    s->power = cfg->optimizer.lr.power;
+    s->warmup_steps = cfg->optimizer.lr.warmup_steps;
+    s->warmup_start_lr = cfg->optimizer.lr.warmup_start;
+}
+
+/* mkdir -p for the log directory */
+static int make_dirs(const char *path) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+            return fl_fail(FL_EIO, "train.log_dir: cannot create '%s': %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        return fl_fail(FL_EIO, "train.log_dir: cannot create '%s': %s", buf, strerror(errno));
+    return FL_OK;
+}
+
+static int open_metrics(trainer *t, const fl_train_config *cfg) {
+    if (t->rank != 0 || !cfg->train.log_dir[0])
+        return FL_OK;
+    FL_TRY(make_dirs(cfg->train.log_dir));
+    char path[300];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->train.log_dir);
+    t->metrics = fl_metrics_open(path);
+    return t->metrics ? FL_OK : FL_EIO;
+}
+
+int fl_train_setup(trainer *t, const fl_train_config *cfg) {
+    if (cfg->train.threads > 0)
+        fl_kernels_set_threads((int)cfg->train.threads);
+    /* a plain process is a job of one; comm.backend auto lets the environment decide */
+    const char *backend = backend_names[cfg->comm.backend];
+    int rc = fl_fleet_init(cfg->comm.backend == FL_TRAIN_BACKEND_AUTO ? NULL : backend, &t->fleet);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "joining the job (comm.backend %s)", backend);
+    t->rank = fl_worker_index(t->fleet);
+    t->world = fl_worker_num(t->fleet);
+
+    t->train_set = make_dataset(cfg, 0);
+    if (!t->train_set)
+        return fl_fail_prefix(FL_EINVAL, "data");
+    if (cfg->data.val_size > 0) {
+        t->val_set = make_dataset(cfg, 1);
+        if (!t->val_set)
+            return fl_fail_prefix(FL_EINVAL, "data");
+    }
+    /* rank r takes the r-th slice of every global batch of world x batch_size samples */
+    fl_loader_config lc = {.batch_size = cfg->train.batch_size, .shuffle = true,
+                           .drop_last = true, .seed = (uint64_t)cfg->train.seed,
+                           .rank = t->rank, .world = t->world};
+    t->loader = fl_loader_create(t->train_set, &lc);
+    if (!t->loader)
+        return fl_fail_prefix(FL_ECONFIG, "train.batch_size (x %d workers)", t->world);
+
+    t->net = make_model(cfg);
+    if (!t->net)
+        return fl_fail_prefix(FL_ECONFIG, "model");
+    FL_TRY(fl_net_build(t->net, t->train_set->ndim, t->train_set->shape, cfg->train.batch_size,
+                        (uint64_t)cfg->train.seed));
+
+    fl_optim_config oc = {.type = (fl_optim_type)cfg->optimizer.type,
+                          .momentum = cfg->optimizer.type == FL_OPTIM_MOMENTUM
+                                          ? cfg->optimizer.momentum : 0.0,
+                          .nesterov = cfg->optimizer.nesterov,
+                          .weight_decay = cfg->optimizer.weight_decay,
+                          .clip_norm = cfg->optimizer.clip_norm};
+    t->opt = fl_optim_create(&oc, fl_net_param(t->net, 0), fl_net_num_params(t->net),
+                             FL_DTYPE_F32, fl_net_kernels(t->net));
+    if (!t->opt)
+        return fl_fail_prefix(FL_ECONFIG, "optimizer");
+    /* checks the strategy again, broadcasts rank 0's parameters, plans the buckets */
+    t->dopt = fl_distributed_optimizer(t->fleet, t->net, t->opt, &cfg->strategy);
+    if (!t->dopt)
+        return fl_fail_prefix(FL_EINVAL, "strategy");
+
+    t->merge_k = cfg->strategy.gradient_merge ? cfg->strategy.gradient_merge_configs.k_steps : 1;
+    int64_t total = fl_loader_steps_per_epoch(t->loader) * cfg->train.epochs / t->merge_k;
+    if (cfg->train.max_steps > 0 && cfg->train.max_steps < total)
+        total = cfg->train.max_steps;
+    t->total_steps = total;
+    make_schedule(cfg, total, &t->sched);
+    if (fl_lr_validate(&t->sched) < 0)
+        return fl_fail_prefix(FL_ECONFIG, "optimizer.lr");
+
+    int64_t pshape[2] = {cfg->train.batch_size, cfg->data.classes};
+    t->probs = fl_tensor_create(FL_DTYPE_F32, 2, pshape);
+    if (!t->probs)
+        return fl_fail(FL_ENOMEM, "out of memory for the (%lld, %lld) loss buffer",
+                       (long long)pshape[0], (long long)pshape[1]);
+    return open_metrics(t, cfg);
+}
+
+void fl_train_teardown(trainer *t) {
+    fl_metrics_close(t->metrics);
+    fl_tensor_free(t->probs);
+    fl_dist_optim_free(t->dopt);
+    fl_optim_free(t->opt);
+    fl_net_free(t->net);
+    fl_loader_free(t->loader);
+    fl_dataset_free(t->val_set);
+    fl_dataset_free(t->train_set);
+    fl_fleet_free(t->fleet);
+}

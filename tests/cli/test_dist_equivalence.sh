@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# test_dist_equivalence.sh - data-parallel training is the big-batch training it stands for:
+# N = 2, 3 and 4 workers (fleetrun) with local batch b end 30 steps with the parameters of one
+# worker with batch N*b on the same samples (max |a-b| / max |b| <= 1e-5, f32), for SGD and for
+# Momentum with weight decay, with gradient fusion (32 MiB: one bucket; 0.02 MiB: several) and
+# without (0: one bucket per parameter), overlap on and off; and overlap on and off give
+# bit-identical parameters (same buckets, same collectives, same reduction order). The model's
+# buckets are small enough for recursive doubling, whose per-element order depends only on the
+# rank count: there fusion on and off are bit-identical too. "4r" runs 4 workers on the ring
+# (FLEET_TCP_RD_MAX_BYTES=0), where an element's order depends on its segment of the bucket, so
+# other bucket sizes agree only to rounding (the 1e-5 check). The bucket
+# plan is checked from rank 0's debug log: fc1 (4224 values), fc2 (16512), fc3 (516) make 1
+# bucket at 32 MiB, 3 at 0.02 MiB (fc2.weight alone), 6 at 0.
+set -u
+run="${FLEET_BIN:?}/fleetrun"
+prog="${FLEET_BUILD:?}/tests/dist/dist_train"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+b=16
+
+train() { # train NAME CASE ARGS...: parameters to $tmp/NAME.bin, output to $tmp/NAME.log
+  local name=$1 case=$2 n=${2%r} vars=(FLEET_LOG_LEVEL=debug FLEET_COMM_TIMEOUT=60)
+  shift 2
+  [ "$case" != "$n" ] && vars+=(FLEET_TCP_RD_MAX_BYTES=0) # "4r": the ring, whatever the size
+  env "${vars[@]}" timeout 120 "$run" --nproc_per_node "$n" --log_dir "$tmp/log_$name" \
+    "$prog" "$@" --out "$tmp/$name.bin" >"$tmp/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ] || [ ! -s "$tmp/$name.bin" ]; then
+    echo "FAIL: $name exited $rc"; tail -5 "$tmp/$name.log"; fail=1; return 1
+  fi
+}
+compare() { # compare WHAT A B: within 1e-5
+  local out
+  out=$("$prog" --compare "$tmp/$2.bin" "$tmp/$3.bin" --rtol 1e-5)
+  local rc=$?
+  echo "$1: $out"
+  [ $rc -eq 0 ] || { echo "FAIL: $1"; fail=1; }
+}
+
+for opt in sgd momentum; do
+  args=(--optimizer "$opt")
+  [ "$opt" = momentum ] && args+=(--momentum 0.9 --weight-decay 1e-3)
+  for case in 2 3 4 4r; do
+    n=${case%r}
+    ref="ref_${opt}_$n"
+    [ -s "$tmp/$ref.bin" ] ||
+    "$prog" "${args[@]}" --batch $((n * b)) --out "$tmp/$ref.bin" >"$tmp/$ref.log" 2>&1 ||
+      { echo "FAIL: 1 worker, batch $((n * b)) ($opt)"; tail -5 "$tmp/$ref.log"; fail=1; continue; }
+    for fuse in 32 0.02 0; do
+      for overlap in on off; do
+        name="${opt}_${case}_${fuse}_$overlap"
+        train "$name" "$case" "${args[@]}" --batch $b --fuse "$fuse" --overlap "$overlap" &&
+          compare "$opt, $case workers x batch $b, fuse $fuse MiB, overlap $overlap vs 1 x $((n * b))" \
+            "$name" "$ref"
+        want=$(case $fuse in 32) echo 1;; 0.02) echo 3;; 0) echo 6;; esac)
+        grep -q "strategy dense: $want buckets of at most $fuse MiB" "$tmp/$name.log" ||
+          { echo "FAIL: $name: not $want buckets"; grep 'strategy dense' "$tmp/$name.log"; fail=1; }
+      done
+      if cmp -s "$tmp/${opt}_${case}_${fuse}_on.bin" "$tmp/${opt}_${case}_${fuse}_off.bin"; then
+        echo "$opt, $case workers, fuse $fuse MiB: overlap on and off bit-identical"
+      else
+        echo "FAIL: $opt, $case workers, fuse $fuse MiB: overlap on and off differ"; fail=1
+      fi
+    done
+    if [ "$case" = "$n" ]; then
+      if cmp -s "$tmp/${opt}_${case}_32_on.bin" "$tmp/${opt}_${case}_0_on.bin" &&
+         cmp -s "$tmp/${opt}_${case}_32_on.bin" "$tmp/${opt}_${case}_0.02_on.bin"; then
+        echo "$opt, $case workers: fuse 32, 0.02 and 0 MiB bit-identical"
+      else
+        echo "FAIL: $opt, $case workers: fuse 32, 0.02 and 0 MiB differ"; fail=1
+      fi
+    fi
+  done
+done
+exit $fail

@@ -1,0 +1,390 @@
+/* test_strategy.c - the distributed strategy: Paddle's defaults; the schema embedded in a larger
+ * config (YAML file, -o overrides, was_set, refusals with key and line); fl_strategy_check's
+ * refusal of every not-implemented feature and config key and of every impossible combination;
+ * and, in a job of one, the distributed optimizer's refusals, gradient merge against the big
+ * batch, and the Fleet API's worker queries. (Multi-worker runs: tests/cli/test_dist_*.sh.) */
+#include "fleet/fleet.h"
+#include "test.h"
+
+#include <stddef.h>
+#include <unistd.h>
+
+/* a program's config with the strategy section inside, as the trainer embeds it */
+typedef struct {
+    int64_t     epochs;
+    fl_strategy strategy;
+    double      lr;
+} wrapper;
+
+#define MAX_KEYS 64
+static fl_cfg_key schema[MAX_KEYS];
+static int nkeys;
+
+static void build_schema(void) {
+    schema[0] = (fl_cfg_key){"epochs", FL_CFG_INT, offsetof(wrapper, epochs), 0, 1, 1000, NULL,
+                             false, "epochs"};
+    int n = fl_strategy_schema("strategy", offsetof(wrapper, strategy), schema + 1, MAX_KEYS - 2);
+    CHECK(n > 20 && n <= MAX_KEYS - 2);
+    schema[1 + n] = (fl_cfg_key){"lr", FL_CFG_DOUBLE, offsetof(wrapper, lr), 0, 0, 10, NULL,
+                                 false, "learning rate"};
+    nkeys = n + 2;
+}
+
+static int key_index(const char *path) {
+    for (int i = 0; i < nkeys; i++)
+        if (strcmp(schema[i].path, path) == 0)
+            return i;
+    return -1;
+}
+
+static char dir[] = "/tmp/fleet_test_strategy_XXXXXX";
+static char file[300];
+
+static const char *write_yaml(const char *text) {
+    snprintf(file, sizeof file, "%s/c.yaml", dir);
+    FILE *f = fopen(file, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    return file;
+}
+
+/* loads text (and overrides) into w over defaults; returns fl_config_load's status */
+static int load(const char *text, const char *const *ov, int nov, wrapper *w, bool *was_set) {
+    memset(w, 0, sizeof *w);
+    w->epochs = 1;
+    fl_strategy_defaults(&w->strategy);
+    w->lr = 0.1;
+    return fl_config_load(text ? write_yaml(text) : NULL, ov, nov, schema, nkeys, w, was_set);
+}
+
+static void test_defaults(void) {
+    fl_strategy s;
+    memset(&s, 0xff, sizeof s);
+    fl_strategy_defaults(&s);
+    CHECK(s.fuse_grad_size_in_MB == 32);
+    CHECK(s.overlap && !s.fp16_allreduce && !s.gradient_merge);
+    CHECK(s.gradient_merge_configs.k_steps == 1 && s.gradient_merge_configs.avg);
+    CHECK(!s.dgc && s.dgc_configs.rampup_begin_step == 0 && s.dgc_configs.rampup_step == 1);
+    CHECK(s.dgc_configs.sparsity.n == 1 && s.dgc_configs.sparsity.v[0] == 0.999);
+    CHECK(!s.localsgd && s.localsgd_configs.k_steps == 1 && s.localsgd_configs.begin_step == 1);
+    CHECK(!s.adaptive_localsgd && s.adaptive_localsgd_configs.init_k_steps == 1 &&
+          s.adaptive_localsgd_configs.begin_step == 1);
+    CHECK(!s.lars && s.lars_configs.lars_coeff == 0.001 &&
+          s.lars_configs.lars_weight_decay == 0.0005 && s.lars_configs.epsilon == 0 &&
+          s.lars_configs.exclude_from_weight_decay[0] == 0);
+    CHECK(!s.amp && s.amp_configs.init_loss_scaling == 32768 &&
+          s.amp_configs.use_dynamic_loss_scaling && s.amp_configs.incr_every_n_steps == 1000 &&
+          s.amp_configs.decr_every_n_nan_or_inf == 2 && s.amp_configs.incr_ratio == 2.0 &&
+          s.amp_configs.decr_ratio == 0.8);
+    CHECK(!s.recompute && s.recompute_configs.checkpoints[0] == 0);
+    /* the defaults pass with either optimizer */
+    CHECK_OK(fl_strategy_check(&s, NULL, FL_OPTIM_SGD));
+    CHECK_OK(fl_strategy_check(&s, NULL, FL_OPTIM_MOMENTUM));
+}
+
+static void test_schema(void) {
+    int n = fl_strategy_schema("strategy", 0, NULL, 0);
+    CHECK(nkeys == n + 2);
+    /* every field has a prefixed key with help; no duplicates; offsets inside the struct */
+    for (int i = 1; i <= n; i++) {
+        CHECK(strncmp(schema[i].path, "strategy.", 9) == 0);
+        CHECK(schema[i].help && schema[i].help[0]);
+        CHECK(schema[i].offset >= offsetof(wrapper, strategy) &&
+              schema[i].offset < offsetof(wrapper, strategy) + sizeof(fl_strategy));
+        for (int j = 1; j < i; j++)
+            CHECK(strcmp(schema[i].path, schema[j].path) != 0);
+    }
+    const char *want[] = {"strategy.fuse_grad_size_in_MB", "strategy.overlap",
+                          "strategy.fp16_allreduce", "strategy.gradient_merge",
+                          "strategy.gradient_merge_configs.k_steps",
+                          "strategy.gradient_merge_configs.avg", "strategy.dgc",
+                          "strategy.dgc_configs.rampup_begin_step",
+                          "strategy.dgc_configs.rampup_step", "strategy.dgc_configs.sparsity",
+                          "strategy.localsgd", "strategy.localsgd_configs.k_steps",
+                          "strategy.localsgd_configs.begin_step", "strategy.adaptive_localsgd",
+                          "strategy.adaptive_localsgd_configs.init_k_steps",
+                          "strategy.adaptive_localsgd_configs.begin_step", "strategy.lars",
+                          "strategy.lars_configs.lars_coeff",
+                          "strategy.lars_configs.lars_weight_decay",
+                          "strategy.lars_configs.epsilon",
+                          "strategy.lars_configs.exclude_from_weight_decay", "strategy.amp",
+                          "strategy.amp_configs.init_loss_scaling",
+                          "strategy.amp_configs.use_dynamic_loss_scaling",
+                          "strategy.amp_configs.incr_every_n_steps",
+                          "strategy.amp_configs.decr_every_n_nan_or_inf",
+                          "strategy.amp_configs.incr_ratio", "strategy.amp_configs.decr_ratio",
+                          "strategy.recompute", "strategy.recompute_configs.checkpoints"};
+    CHECK(n == (int)(sizeof want / sizeof want[0]));
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (key_index(want[i]) < 0) {
+            fprintf(stderr, "missing key %s\n", want[i]);
+            test_failures++;
+        }
+    /* the same prefix gives the same (cached) strings; another prefix its own */
+    fl_cfg_key again[MAX_KEYS], other[MAX_KEYS];
+    CHECK(fl_strategy_schema("strategy", 0, again, MAX_KEYS) == n);
+    CHECK(again[0].path == schema[1].path);
+    CHECK(again[0].offset + offsetof(wrapper, strategy) == schema[1].offset);
+    CHECK(fl_strategy_schema("train.dist", 0, other, 3) == n); /* cap 3: only 3 written */
+    CHECK(strcmp(other[0].path, "train.dist.fuse_grad_size_in_MB") == 0);
+    CHECK(strcmp(other[2].path, "train.dist.fp16_allreduce") == 0);
+}
+
+static void test_load(void) {
+    wrapper w;
+    bool was_set[MAX_KEYS];
+    /* a file sets some keys, -o others; the rest keep the defaults */
+    const char *yaml = "epochs: 3\n"
+                       "strategy:\n"
+                       "  fuse_grad_size_in_MB: 0.5\n"
+                       "  overlap: false\n"
+                       "  gradient_merge: true\n"
+                       "  gradient_merge_configs: {k_steps: 4, avg: false}\n"
+                       "lr: 0.2\n";
+    const char *ov[] = {"strategy.fp16_allreduce=true",
+                        "strategy.gradient_merge_configs.k_steps=8"};
+    CHECK_OK(load(yaml, ov, 2, &w, was_set));
+    CHECK(w.epochs == 3 && w.lr == 0.2);
+    CHECK(w.strategy.fuse_grad_size_in_MB == 0.5 && !w.strategy.overlap);
+    CHECK(w.strategy.fp16_allreduce && w.strategy.gradient_merge);
+    CHECK(w.strategy.gradient_merge_configs.k_steps == 8 && !w.strategy.gradient_merge_configs.avg);
+    CHECK(w.strategy.dgc_configs.sparsity.n == 1 && w.strategy.lars_configs.lars_coeff == 0.001);
+    CHECK(was_set[key_index("strategy.overlap")] && !was_set[key_index("strategy.dgc")]);
+    CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_SGD));
+
+    /* dotted keys and lists; a not-implemented feature's config key is refused via was_set */
+    CHECK_OK(load("strategy.dgc_configs.sparsity: [0.75, 0.9375, 0.999]\n", NULL, 0, &w, was_set));
+    CHECK(w.strategy.dgc_configs.sparsity.n == 3 && w.strategy.dgc_configs.sparsity.v[1] == 0.9375);
+    CHECK_OK(fl_strategy_check(&w.strategy, NULL, FL_OPTIM_MOMENTUM)); /* without was_set */
+    CHECK_RC(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM), FL_EUNSUPPORTED);
+    CHECK_MSG("strategy.dgc_configs.sparsity: set, but strategy.dgc is not implemented yet");
+
+    /* the config layer's refusals name the strategy key and its line */
+    CHECK_RC(load("epochs: 2\nstrategy:\n  dgc_config:\n    sparsity: [0.9]\n", NULL, 0, &w, NULL),
+             FL_ECONFIG);
+    CHECK_MSG("c.yaml:3: unknown key 'strategy.dgc_config'");
+    CHECK_MSG("did you mean 'strategy.dgc_configs'");
+    CHECK_RC(load("strategy:\n  gradient_merge_configs:\n    k_steps: 0\n", NULL, 0, &w, NULL),
+             FL_ECONFIG);
+    CHECK_MSG("c.yaml:3: strategy.gradient_merge_configs.k_steps");
+    CHECK_RC(load("strategy:\n  overlap: sometimes\n", NULL, 0, &w, NULL), FL_ECONFIG);
+    CHECK_MSG("strategy.overlap");
+    const char *neg[] = {"strategy.fuse_grad_size_in_MB=-1"};
+    CHECK_RC(load(NULL, neg, 1, &w, NULL), FL_ECONFIG);
+    CHECK_MSG("strategy.fuse_grad_size_in_MB");
+    const char *sp[] = {"strategy.dgc_configs.sparsity=[0.5, 1.5]"};
+    CHECK_RC(load(NULL, sp, 1, &w, NULL), FL_ECONFIG);
+    CHECK_MSG("strategy.dgc_configs.sparsity");
+}
+
+/* check(): each not-implemented switch, each of their config keys, each bad combination */
+static void test_check(void) {
+    static const char *pending[] = {"dgc", "localsgd", "adaptive_localsgd", "lars", "amp",
+                                    "recompute"};
+    wrapper w;
+    bool was_set[MAX_KEYS];
+    char ov[128], want[160];
+    for (size_t f = 0; f < sizeof pending / sizeof pending[0]; f++) {
+        snprintf(ov, sizeof ov, "strategy.%s=true", pending[f]);
+        const char *o[] = {ov};
+        CHECK_OK(load(NULL, o, 1, &w, was_set));
+        CHECK_RC(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM), FL_EUNSUPPORTED);
+        snprintf(want, sizeof want, "strategy.%s: not implemented yet in this version of fleet",
+                 pending[f]);
+        CHECK_MSG(want);
+        CHECK(strcmp(fl_errmsg(), want) == 0);
+    }
+    /* every key of their configs, set alone (to its default value: being set is enough) */
+    int nconfigs = 0;
+    for (int i = 1; i < nkeys - 1; i++) {
+        const char *key = schema[i].path + strlen("strategy.");
+        const char *dot = strchr(key, '.');
+        if (!dot || strncmp(key, "gradient_merge_configs.", 23) == 0)
+            continue;
+        wrapper d;
+        memset(&d, 0, sizeof d);
+        fl_strategy_defaults(&d.strategy);
+        char value[300];
+        fl_config_to_json(schema + i, 1, &d, value, sizeof value); /* {"path":VALUE} */
+        char *colon = strchr(value, ':');
+        value[strlen(value) - 1] = 0;
+        if (colon[1] == '"') { /* strings: the empty default is no value; give one */
+            snprintf(ov, sizeof ov, "%s=fc1", schema[i].path);
+        } else {
+            snprintf(ov, sizeof ov, "%s=%s", schema[i].path, colon + 1);
+        }
+        const char *o[] = {ov};
+        CHECK_OK(load(NULL, o, 1, &w, was_set));
+        CHECK_OK(fl_strategy_check(&w.strategy, NULL, FL_OPTIM_MOMENTUM));
+        CHECK_RC(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM), FL_EUNSUPPORTED);
+        snprintf(want, sizeof want, "%s: set, but strategy.%.*s is not implemented yet in this "
+                 "version of fleet", schema[i].path, (int)(strstr(key, "_configs.") - key), key);
+        CHECK(strcmp(fl_errmsg(), want) == 0);
+        if (strcmp(fl_errmsg(), want) != 0)
+            fprintf(stderr, "  got  %s\n  want %s\n", fl_errmsg(), want);
+        nconfigs++;
+    }
+    CHECK(nconfigs == 18); /* dgc 3, localsgd 2, adaptive 2, lars 4, amp 6, recompute 1 */
+
+    /* combinations are refused with their reason, before "not implemented" */
+    struct {
+        const char *ov[2];
+        fl_optim_type opt;
+        const char *msg;
+    } combos[] = {
+        {{"strategy.dgc=true", NULL}, FL_OPTIM_SGD,
+         "strategy.dgc needs optimizer.type momentum (Deep Gradient Compression corrects "
+         "momentum)"},
+        {{"strategy.dgc=true", "strategy.localsgd=true"}, FL_OPTIM_MOMENTUM,
+         "strategy.dgc cannot be combined with strategy.localsgd"},
+        {{"strategy.dgc=true", "strategy.adaptive_localsgd=true"}, FL_OPTIM_MOMENTUM,
+         "strategy.dgc cannot be combined with strategy.adaptive_localsgd"},
+        {{"strategy.localsgd=true", "strategy.adaptive_localsgd=true"}, FL_OPTIM_SGD,
+         "strategy.localsgd cannot be combined with strategy.adaptive_localsgd"},
+        {{"strategy.lars=true", NULL}, FL_OPTIM_SGD, "strategy.lars needs optimizer.type momentum"},
+    };
+    for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+        CHECK_OK(load(NULL, combos[c].ov, combos[c].ov[1] ? 2 : 1, &w, was_set));
+        CHECK_RC(fl_strategy_check(&w.strategy, was_set + 1, combos[c].opt), FL_ECONFIG);
+        CHECK_MSG(combos[c].msg);
+    }
+
+    /* values a struct filled in code can hold and a config cannot */
+    fl_strategy s;
+    fl_strategy_defaults(&s);
+    s.gradient_merge = true;
+    s.gradient_merge_configs.k_steps = 0;
+    CHECK_RC(fl_strategy_check(&s, NULL, FL_OPTIM_SGD), FL_ECONFIG);
+    CHECK_MSG("strategy.gradient_merge_configs.k_steps: 0 must be >= 1");
+    fl_strategy_defaults(&s);
+    s.fuse_grad_size_in_MB = NAN;
+    CHECK_RC(fl_strategy_check(&s, NULL, FL_OPTIM_SGD), FL_ECONFIG);
+    CHECK_MSG("strategy.fuse_grad_size_in_MB");
+    fl_strategy_defaults(&s); /* what is implemented combines freely */
+    s.fp16_allreduce = s.gradient_merge = true;
+    s.gradient_merge_configs.k_steps = 4;
+    s.overlap = false;
+    s.fuse_grad_size_in_MB = 0;
+    CHECK_OK(fl_strategy_check(&s, NULL, FL_OPTIM_MOMENTUM));
+}
+
+/* one step of the MLP on batch (x, y): forward, loss, gradient of the loss into probs */
+static void forward(fl_net *net, const fl_tensor *x, const int32_t *y, float *probs_mem,
+                    fl_tensor *probs) {
+    const fl_tensor *logits;
+    double loss;
+    CHECK_OK(fl_net_forward(net, x, true, &logits));
+    fl_tensor_view(probs, FL_DTYPE_F32, 2, logits->shape, probs_mem);
+    CHECK_OK(fl_softmax_xent_forward(fl_net_kernels(net), logits, y, probs, &loss));
+    CHECK_OK(fl_softmax_xent_backward(fl_net_kernels(net), probs, y, probs));
+}
+
+/* A job of one (no launcher environment): the Fleet API's queries, the optimizer's refusals,
+ * and gradient merge of k micro-batches against one batch of k times the size. */
+static void test_single_worker(void) {
+    if (getenv("PADDLE_TRAINERS_NUM") || getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE"))
+        return; /* run under a launcher: not a job of one */
+    fl_fleet *fleet = NULL;
+    CHECK_OK(fl_fleet_init(NULL, &fleet));
+    if (!fleet)
+        return;
+    CHECK(fl_worker_index(fleet) == 0 && fl_worker_num(fleet) == 1);
+    CHECK(fl_worker_endpoint(fleet, 0) != NULL && fl_worker_endpoint(fleet, 1) == NULL);
+    CHECK(fl_fleet_comm(fleet) != NULL);
+    CHECK_OK(fl_barrier(fleet));
+
+    enum { B = 8, K = 4 };
+    int64_t hidden[] = {16}, in_shape[] = {6};
+    fl_net *nets[2];
+    fl_optim *opts[2];
+    fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-3};
+    for (int i = 0; i < 2; i++) {
+        nets[i] = fl_model_mlp(FL_DTYPE_F32, 6, hidden, 1, FL_ACT_TANH, 3);
+        CHECK_OK(fl_net_build(nets[i], 1, in_shape, i == 0 ? B * K : B, 5));
+        opts[i] = fl_optim_create(&oc, fl_net_param(nets[i], 0), fl_net_num_params(nets[i]),
+                                  FL_DTYPE_F32, fl_net_kernels(nets[i]));
+    }
+    fl_strategy s;
+    fl_strategy_defaults(&s);
+
+    /* refusals: a strategy that does not pass check, an unbuilt network, f16 with f64 */
+    s.dgc = true;
+    CHECK(fl_distributed_optimizer(fleet, nets[0], opts[0], &s) == NULL);
+    CHECK_MSG("strategy.dgc: not implemented yet");
+    fl_strategy_defaults(&s);
+    fl_net *unbuilt = fl_model_mlp(FL_DTYPE_F32, 6, hidden, 1, FL_ACT_TANH, 3);
+    CHECK(fl_distributed_optimizer(fleet, unbuilt, opts[0], &s) == NULL);
+    CHECK_MSG("not built");
+    fl_net_free(unbuilt);
+    fl_net *f64 = fl_model_mlp(FL_DTYPE_F64, 6, hidden, 1, FL_ACT_TANH, 3);
+    CHECK_OK(fl_net_build(f64, 1, in_shape, B, 5));
+    fl_optim *o64 = fl_optim_create(&oc, fl_net_param(f64, 0), fl_net_num_params(f64),
+                                    FL_DTYPE_F64, fl_net_kernels(f64));
+    s.fp16_allreduce = true;
+    CHECK(fl_distributed_optimizer(fleet, f64, o64, &s) == NULL);
+    CHECK_MSG("strategy.fp16_allreduce: needs an f32 network");
+    fl_optim_free(o64);
+    fl_net_free(f64);
+
+    /* nets[0] takes batches of K*B; nets[1] the same samples as K micro-batches of B */
+    fl_strategy_defaults(&s);
+    fl_dist_optim *big = fl_distributed_optimizer(fleet, nets[0], opts[0], &s);
+    s.gradient_merge = true;
+    s.gradient_merge_configs.k_steps = K;
+    s.fuse_grad_size_in_MB = 0;
+    fl_dist_optim *merged = fl_distributed_optimizer(fleet, nets[1], opts[1], &s);
+    CHECK(big && merged);
+    float xs[K * B * 6], probs_mem[K * B * 3];
+    int32_t ys[K * B];
+    fl_rng rng;
+    fl_rng_init(&rng, 11, 0);
+    for (int step = 0; big && merged && step < 5; step++) {
+        for (int i = 0; i < K * B * 6; i++)
+            xs[i] = (float)fl_rng_normal(&rng);
+        for (int i = 0; i < K * B; i++)
+            ys[i] = (int32_t)fl_rng_below(&rng, 3);
+        fl_tensor x, probs;
+        int64_t shape[] = {K * B, 6};
+        fl_tensor_view(&x, FL_DTYPE_F32, 2, shape, xs);
+        forward(nets[0], &x, ys, probs_mem, &probs);
+        bool updated = false;
+        CHECK_OK(fl_dist_minimize(big, &probs, 0.1, &updated));
+        CHECK(updated);
+        for (int j = 0; j < K; j++) {
+            shape[0] = B;
+            fl_tensor_view(&x, FL_DTYPE_F32, 2, shape, xs + j * B * 6);
+            forward(nets[1], &x, ys + j * B, probs_mem, &probs);
+            CHECK_OK(fl_dist_minimize(merged, &probs, 0.1, &updated));
+            CHECK(updated == (j == K - 1));
+        }
+        CHECK_CLOSE_F32("merged parameters", fl_net_flat_params(nets[1]),
+                        fl_net_flat_params(nets[0]), fl_net_numel(nets[0]), 1e-6, 1e-5);
+    }
+    CHECK(big && fl_dist_bytes_sent(big) == 0);
+    fl_dist_optim_free(big);
+    fl_dist_optim_free(merged);
+    fl_dist_optim_free(NULL);
+    for (int i = 0; i < 2; i++) {
+        fl_optim_free(opts[i]);
+        fl_net_free(nets[i]);
+    }
+    fl_fleet_free(fleet);
+    fl_fleet_free(NULL);
+}
+
+int main(void) {
+    if (!mkdtemp(dir))
+        TEST_SKIP("cannot create a temporary directory");
+    build_schema();
+    test_defaults();
+    test_schema();
+    test_load();
+    test_check();
+    test_single_worker();
+    unlink(file);
+    rmdir(dir);
+    TEST_DONE();
+}
