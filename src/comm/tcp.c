@@ -35,11 +35,12 @@
  * and recursive doubling sends log2(p) whole buffers where the ring sends 2(p-1)/p of one.
  * Overridable for benchmarking: FLEET_TCP_RD_MAX_BYTES. */
 #define TCP_RD_MAX_BYTES ((size_t)256 << 10)
-/* Ring segments of at most 4 MiB: larger buffers go round in several passes, which keeps the
- * scratch buffer at 4 MiB whatever the size of the gradients. On the same machine 1-4 MiB
- * segments were as fast as or faster than 16-64 MiB ones for 4-64 MiB allreduces.
- * Overridable: FLEET_TCP_SEG_MAX_BYTES. */
-#define TCP_SEG_MAX_BYTES ((size_t)4 << 20)
+/* Ring segments of at most 1 MiB: larger buffers go round in several passes, which keeps the
+ * scratch buffer at 1 MiB whatever the size of the gradients. On loopback 1-4 MiB segments
+ * were as fast as or faster than 16-64 MiB ones for 4-64 MiB allreduces; on netlab (4 hosts,
+ * 1 Gbit/s) 1 MiB segments reached 0.99-1.00 of the ideal goodput at 16 and 64 MiB against
+ * 0.91-0.95 with 4 MiB (bench/RESULTS.md). Overridable: FLEET_TCP_SEG_MAX_BYTES. */
+#define TCP_SEG_MAX_BYTES ((size_t)1 << 20)
 /* Broadcast: binomial tree up to 256 KiB, pipelined chain in 256 KiB chunks above (not
  * measured separately; bcast.c explains the choice of algorithms). */
 #define TCP_BCAST_TREE_MAX_BYTES ((size_t)256 << 10)

@@ -62,6 +62,7 @@ typedef struct {
 struct fl_transport {
     int                rank, size;
     double             timeout_s;
+    double             spin_s;     /* busy-poll budget per sendrecv before sleeping in poll */
     conn              *conns;      /* [size]; conns[rank].fd == -1 */
     fl_comm_counters  *counters;   /* borrowed, or &own_counters */
     fl_comm_counters   own_counters;
@@ -515,7 +516,7 @@ int fl_transport_sendrecv(fl_transport *t, int to, const void *sbuf, size_t sbyt
     /* the receive starts with a poll: right after our own send its data is rarely there yet,
      * and when it is, poll returns at once (one syscall either way) */
     bool sready = do_send, rready = false, stalled = false, alive = false;
-    double last = fl_now(), ka_next = 0;
+    double last = fl_now(), ka_next = 0, spin_left = t->spin_s;
     for (;;) {
         size_t moved = 0;
         bool blocked = false, ka = false;
@@ -592,7 +593,20 @@ int fl_transport_sendrecv(fl_transport *t, int to, const void *sbuf, size_t sbyt
             until = now + STALL_S;
         if (stalled && ka_next < until)
             until = ka_next;
-        int pr = poll(t->pfd, (nfds_t)n, fl_net_poll_ms(until));
+        /* Busy-poll briefly before sleeping: a small message's reply usually comes within tens
+         * of microseconds, and waking a sleeping vCPU costs about as much again (OpenMPI spins
+         * for the same reason). The budget is per call, so a long transfer sleeps as before
+         * and at most spin_s of CPU is taken from ranks sharing a core. */
+        int pr = 0;
+        if (!stalled && spin_left > 0) {
+            double spin_end = now + spin_left;
+            do
+                pr = poll(t->pfd, (nfds_t)n, 0);
+            while (pr == 0 && fl_now() < spin_end);
+            spin_left = spin_end - fl_now();
+        }
+        if (pr == 0)
+            pr = poll(t->pfd, (nfds_t)n, fl_net_poll_ms(until));
         if (pr < 0 && errno != EINTR) {
             rc = fail_local(t, FL_EIO, -1, "rank %d: poll failed: %s", t->rank, strerror(errno));
             goto fail;
@@ -629,6 +643,23 @@ fail:
 
 /* ---------------------------------------------------------------- creation */
 
+/* FLEET_COMM_SPIN_US: microseconds a rank busy-polls per sendrecv before it sleeps in poll
+ * (default 50; 0 turns spinning off, e.g. when many more ranks than cores share a machine). */
+#define SPIN_US_DEFAULT 50
+static double spin_budget_s(void) {
+    const char *v = getenv("FLEET_COMM_SPIN_US");
+    if (!v || !*v)
+        return SPIN_US_DEFAULT * 1e-6;
+    char *end;
+    long us = strtol(v, &end, 10);
+    if (*end || us < 0 || us > 1000000) {
+        FL_WARN("FLEET_COMM_SPIN_US=%s is not a number of microseconds in [0, 1000000]; using %d",
+                v, SPIN_US_DEFAULT);
+        return SPIN_US_DEFAULT * 1e-6;
+    }
+    return (double)us * 1e-6;
+}
+
 /* A transport over connected fds (ownership passes, also on failure). endpoints: [size] or
  * NULL (ownership passes). */
 static int create(int rank, int size, int *fds, double timeout_s, fl_comm_counters *counters,
@@ -639,6 +670,7 @@ static int create(int rank, int size, int *fds, double timeout_s, fl_comm_counte
     t->rank = rank;
     t->size = size;
     t->timeout_s = timeout_s > 0 ? timeout_s : 300;
+    t->spin_s = spin_budget_s();
     t->counters = counters ? counters : &t->own_counters;
     t->abort_skip = -1;
     t->conns = calloc((size_t)size, sizeof *t->conns);
