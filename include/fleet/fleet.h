@@ -88,6 +88,24 @@ void fl_dist_optim_free(fl_dist_optim *d);
  * thread that issues the communicator's collectives. */
 int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *updated);
 
+/* The local (this worker's) loss of the update the next fl_dist_minimize completes. Optional
+ * for most strategies; adaptive Local SGD needs it before every update (it averages the loss
+ * over the workers at synchronisation steps). Cleared by fl_dist_minimize. FL_EINVAL if the
+ * loss is not finite. */
+int fl_dist_set_loss(fl_dist_optim *d, double loss);
+
+/* Updates completed (0-based index of the next update). */
+int64_t fl_dist_step(const fl_dist_optim *d);
+
+/* The distributed optimizer's state for checkpoints: named tensors, borrowed, live (writing
+ * their values restores the state): index 0 is "dist.counters" (i64: updates done,
+ * micro-batches done in the current gradient-merge cycle), then the strategy's own, e.g.
+ * "dgc.u.<param>", "localsgd.snapshot.<param>", "localsgd.counters". Their number and shapes
+ * are fixed once fl_distributed_optimizer returns; the state of every rank may differ (DGC),
+ * so save it per rank. fl_dist_state returns NULL for i outside [0, fl_dist_num_state). */
+int       fl_dist_num_state(const fl_dist_optim *d);
+fl_param *fl_dist_state(fl_dist_optim *d, int i);
+
 /* Bytes this worker has sent on the communicator since fl_distributed_optimizer returned (so
  * not the initial broadcast; all collectives, also those the caller issues itself). */
 uint64_t fl_dist_bytes_sent(const fl_dist_optim *d);

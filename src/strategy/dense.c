@@ -21,7 +21,7 @@ typedef struct {
     fl_request *req;         /* in flight; NULL otherwise */
 } bucket;
 
-typedef struct {
+struct dense_state {
     bucket   *buckets;     /* (nbuckets) in launch order: the last parameters first */
     int       nbuckets;
     int      *bucket_of;   /* (nparams) bucket of each parameter; -1 for buffers */
@@ -29,7 +29,8 @@ typedef struct {
     int       error;       /* first failure of the current step */
     char      errmsg[512]; /* and its message (grad_ready cannot return it) */
     uint16_t *staging;     /* (numel) f16 gradients on the wire: fp16_allreduce only */
-} dense;
+};
+typedef struct dense_state dense;
 
 static void keep_error(dense *ds, int rc) {
     if (ds->error)
@@ -83,23 +84,21 @@ static int plan(fl_dist_optim *d, dense *ds) {
     return FL_OK;
 }
 
-static void destroy(fl_dist_optim *d) {
-    dense *ds = d->impl;
+void fl_dense_state_free(dense_state *ds) {
     if (!ds)
         return;
     free(ds->buckets);
     free(ds->bucket_of);
     fl_free_aligned(ds->staging);
     free(ds);
-    d->impl = NULL;
 }
 
-static int setup(fl_dist_optim *d) {
+int fl_dense_state_create(fl_dist_optim *d, dense_state **out) {
     int rc;
+    *out = NULL;
     dense *ds = calloc(1, sizeof *ds);
     if (!ds)
         return fl_fail(FL_ENOMEM, "strategy dense: out of memory");
-    d->impl = ds;
     if (d->s.fp16_allreduce && fl_net_dtype(d->net) != FL_DTYPE_F32) {
         rc = fl_fail(FL_EUNSUPPORTED, "strategy.fp16_allreduce: needs an f32 network (this one "
                                       "computes in %s)",
@@ -117,9 +116,10 @@ static int setup(fl_dist_optim *d) {
             goto fail;
         }
     }
+    *out = ds;
     return FL_OK;
 fail:
-    destroy(d);
+    fl_dense_state_free(ds);
     return rc;
 }
 
@@ -161,9 +161,7 @@ static int launch_ready(fl_dist_optim *d, dense *ds) {
     return FL_OK;
 }
 
-static void grad_ready(void *ctx, fl_param *p) {
-    fl_dist_optim *d = ctx;
-    dense *ds = d->impl;
+void fl_dense_state_grad_ready(fl_dist_optim *d, dense_state *ds, fl_param *p) {
     if (d->world == 1 || ds->error)
         return;
     ptrdiff_t i = p - fl_net_param(d->net, 0);
@@ -202,8 +200,7 @@ static void complete(fl_dist_optim *d, dense *ds, bool keep) {
     ds->launched = 0;
 }
 
-static int finish(fl_dist_optim *d) {
-    dense *ds = d->impl;
+int fl_dense_state_finish(fl_dist_optim *d, dense_state *ds) {
     if (d->world == 1) { /* nothing to average with; only gradient merge's 1/k */
         if (d->grad_scale != 1.0)
             fl_net_kernels(d->net)->scale(fl_net_dtype(d->net), fl_net_numel(d->net),
@@ -226,17 +223,44 @@ static int finish(fl_dist_optim *d) {
     return FL_OK;
 }
 
-static void abandon(fl_dist_optim *d) {
-    dense *ds = d->impl;
+void fl_dense_state_abandon(fl_dist_optim *d, dense_state *ds) {
     complete(d, ds, false);
     ds->error = 0;
+}
+
+/* --- the dense strategy: the state above, then the optimizer --- */
+
+static int setup(fl_dist_optim *d) {
+    dense_state *ds = NULL;
+    FL_TRY(fl_dense_state_create(d, &ds));
+    d->impl = ds;
+    return FL_OK;
+}
+
+static void grad_ready(void *ctx, fl_param *p) {
+    fl_dist_optim *d = ctx;
+    fl_dense_state_grad_ready(d, d->impl, p);
+}
+
+static int update(fl_dist_optim *d, double lr) {
+    FL_TRY(fl_dense_state_finish(d, d->impl));
+    return fl_optim_step(d->opt, lr, NULL);
+}
+
+static void abandon(fl_dist_optim *d) {
+    fl_dense_state_abandon(d, d->impl);
+}
+
+static void destroy(fl_dist_optim *d) {
+    fl_dense_state_free(d->impl);
+    d->impl = NULL;
 }
 
 const struct strategy_ops fl_dense_ops = {
     .name = "dense",
     .setup = setup,
     .grad_ready = grad_ready,
-    .finish = finish,
+    .update = update,
     .abandon = abandon,
     .destroy = destroy,
 };

@@ -6,8 +6,10 @@
 
 #include "fleet/status.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Copies rank 0's parameter block (trainable values, then buffers, contiguous) to every rank:
  * the replicas' own initialisations are discarded, as DDP does at construction. */
@@ -47,6 +49,10 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
     d->k_steps = s->gradient_merge ? s->gradient_merge_configs.k_steps : 1;
     d->grad_scale = s->gradient_merge && s->gradient_merge_configs.avg ? 1.0 / (double)d->k_steps
                                                                        : 1.0;
+    d->loss = NAN;
+    snprintf(d->counters.name, sizeof d->counters.name, "dist.counters");
+    int64_t two = 2;
+    fl_tensor_view(&d->counters.value, FL_DTYPE_I64, 1, &two, d->counter_mem);
     d->ops = &fl_dense_ops;
     if (d->world > 1 && broadcast_params(d) < 0)
         goto fail;
@@ -77,28 +83,60 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
         *updated = false;
     /* gradient merge: micro-batches before the last only accumulate, locally; the first of a
      * cycle overwrites the previous update's gradients, the later ones add to them */
-    bool last = d->micro + 1 >= d->k_steps;
-    fl_net_set_accumulate(d->net, d->micro > 0);
+    bool last = DIST_MICRO(d) + 1 >= d->k_steps;
+    fl_net_set_accumulate(d->net, DIST_MICRO(d) > 0);
     if (!last) {
         FL_TRY(fl_net_backward(d->net, dout, NULL, NULL));
-        d->micro++;
+        DIST_MICRO(d)++;
         return FL_OK;
     }
     fl_grad_ready_fn hook = d->s.overlap ? d->ops->grad_ready : NULL;
-    int rc = fl_net_backward(d->net, dout, hook, d);
+    int rc;
+    rc = fl_net_backward(d->net, dout, hook, d);
     if (rc < 0) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", fl_errmsg());
         d->ops->abandon(d); /* waiting may fail too: keep backward's message */
         return fl_fail(rc, "%s", msg);
     }
-    d->micro = 0;
+    DIST_MICRO(d) = 0;
     fl_net_set_accumulate(d->net, false);
-    FL_TRY(d->ops->finish(d));
-    FL_TRY(fl_optim_step(d->opt, lr, NULL));
+    rc = d->ops->update(d, lr);
+    DIST_STEP(d)++;
+    d->loss = NAN;
+    if (rc < 0)
+        return rc;
     if (updated)
         *updated = true;
     return FL_OK;
+}
+
+int fl_dist_set_loss(fl_dist_optim *d, double loss) {
+    FL_ASSERT(d);
+    if (!isfinite(loss))
+        return fl_fail(FL_EINVAL, "distributed optimizer: the loss of update %lld is %g",
+                       (long long)DIST_STEP(d), loss);
+    d->loss = loss;
+    return FL_OK;
+}
+
+int64_t fl_dist_step(const fl_dist_optim *d) {
+    FL_ASSERT(d);
+    return d->counter_mem[0];
+}
+
+int fl_dist_num_state(const fl_dist_optim *d) {
+    FL_ASSERT(d);
+    return 1 + (d->ops && d->ops->num_state ? d->ops->num_state(d) : 0);
+}
+
+fl_param *fl_dist_state(fl_dist_optim *d, int i) {
+    FL_ASSERT(d);
+    if (i == 0)
+        return &d->counters;
+    if (i < 0 || i >= fl_dist_num_state(d))
+        return NULL;
+    return d->ops->state(d, i - 1);
 }
 
 uint64_t fl_dist_bytes_sent(const fl_dist_optim *d) {

@@ -1,7 +1,8 @@
 /* strategy_impl.h - the inside of a distributed optimizer, and the table of function pointers
- * behind which each strategy plugs in (dense now; dgc and localsgd later), as comm backends and
- * layers do. dist_optim.c owns the step (gradient merge, backward, optimizer); a strategy only
- * turns each worker's local gradient into the averaged one. */
+ * behind which each strategy plugs in (dense, dgc, localsgd), as comm backends and layers do.
+ * dist_optim.c owns the step's frame (gradient merge, backward with the hook, counters); a
+ * strategy owns what follows backward: from each worker's local gradients to updated
+ * parameters (averaging and the optimizer step, or a local step and a parameter average). */
 #ifndef FLEET_STRATEGY_IMPL_H
 #define FLEET_STRATEGY_IMPL_H
 
@@ -14,18 +15,29 @@ struct strategy_ops {
     const char *name;
     /* Plans every buffer the strategy needs (d->impl), once, at creation. */
     int (*setup)(fl_dist_optim *d);
-    /* fl_grad_ready_fn (ctx is the fl_dist_optim): called during a communicating backward, when
-     * strategy.overlap is on, as each trainable parameter's gradient becomes final. Errors are
-     * kept and reported by finish. */
+    /* fl_grad_ready_fn (ctx is the fl_dist_optim), or NULL for none: called during the
+     * backward of an update's last micro-batch, when strategy.overlap is on, as each trainable
+     * parameter's gradient becomes final. Errors are kept and reported by update. d->step is
+     * the 0-based index of the update being computed. */
     void (*grad_ready)(void *ctx, fl_param *p);
-    /* After a successful communicating backward: completes the average over all workers in the
-     * flat gradient block, multiplied by d->grad_scale. Leaves nothing outstanding. */
-    int (*finish)(fl_dist_optim *d);
+    /* After a successful backward of an update's last micro-batch (the flat gradient block
+     * holds this worker's gradients, merged over d->k_steps micro-batches, not yet multiplied
+     * by d->grad_scale): everything up to updated parameters with learning rate lr, e.g.
+     * average the gradients (times grad_scale) and call fl_optim_step. d->step is the 0-based
+     * index of this update and d->loss the local loss set for it (NaN if none). Leaves nothing
+     * outstanding. dist_optim.c increments d->step afterwards, also on failure. */
+    int (*update)(fl_dist_optim *d, double lr);
     /* After a failed backward: waits for whatever grad_ready started; leaves nothing
      * outstanding. */
     void (*abandon)(fl_dist_optim *d);
     /* Frees d->impl. */
     void (*destroy)(fl_dist_optim *d);
+    /* The strategy's state for checkpoints (may be NULL: none): tensors named
+     * "<strategy>.<what>[.<param name>]", borrowed, living in d->impl. They are the live state,
+     * counters included (kept as i64/f64 tensors, not copies), so that writing their values
+     * restores the strategy exactly. */
+    int (*num_state)(const fl_dist_optim *d);
+    fl_param *(*state)(fl_dist_optim *d, int i);
 };
 
 struct fl_dist_optim {
@@ -38,12 +50,32 @@ struct fl_dist_optim {
     void                      *impl;  /* the strategy's state */
     int                        rank, world;
     int64_t                    k_steps;    /* micro-batches per update: gradient merge's k, or 1 */
-    int64_t                    micro;      /* micro-batches done in the current update */
     double                     grad_scale; /* 1/k under gradient merge with avg, else 1 */
     uint64_t                   bytes_base; /* fl_comm_stats.bytes_sent once created */
+    double                     loss;       /* local loss of the current update, NaN if unset */
+    /* "dist.counters", i64 (2): [0] updates done (the 0-based index of the next one), [1]
+     * micro-batches done in the current update. The live counters, checkpointed as they are. */
+    fl_param                   counters;
+    int64_t                    counter_mem[2];
 };
+
+/* The live counters, by name. */
+#define DIST_STEP(d) ((d)->counter_mem[0])
+#define DIST_MICRO(d) ((d)->counter_mem[1])
 
 /* dense.c: average with allreduce, fused into buckets, started during backward. */
 extern const struct strategy_ops fl_dense_ops;
+
+/* The dense strategy's averaging, for strategies that fall back to it (DGC before its warm-up
+ * ends): a dense state planned over d's network as fl_dense_ops.setup does (buckets, f16
+ * staging), its gradient-ready step (call it from the strategy's own grad_ready), completion of
+ * the average (times d->grad_scale) in the flat gradient block without the optimizer step, and
+ * the wait after a failed backward. */
+typedef struct dense_state dense_state;
+int  fl_dense_state_create(fl_dist_optim *d, dense_state **out);
+void fl_dense_state_free(dense_state *ds);
+void fl_dense_state_grad_ready(fl_dist_optim *d, dense_state *ds, fl_param *p);
+int  fl_dense_state_finish(fl_dist_optim *d, dense_state *ds);
+void fl_dense_state_abandon(fl_dist_optim *d, dense_state *ds);
 
 #endif /* FLEET_STRATEGY_IMPL_H */

@@ -20,6 +20,8 @@ static int train_step(trainer *t, const fl_tensor *x, const int32_t *labels, dou
     FL_TRY(fl_softmax_xent_forward(k, logits, labels, &probs, loss));
     *correct = fl_topk_correct(logits, labels, 1);
     FL_TRY(fl_softmax_xent_backward(k, &probs, labels, &probs));
+    if (isfinite(*loss)) /* adaptive Local SGD follows the loss */
+        FL_TRY(fl_dist_set_loss(t->dopt, *loss));
     return fl_dist_minimize(t->dopt, &probs, lr, updated);
 }
 
