@@ -40,6 +40,11 @@ message(STATUS "fleet: OpenMP  found: ${OpenMP_C_SPEC_DATE}")
 pkg_check_modules(YAML REQUIRED IMPORTED_TARGET yaml-0.1)
 message(STATUS "fleet: YAML    found: libyaml ${YAML_VERSION}")
 
+# --- libjpeg (required: the image-list dataset decodes JPEG). Debian's libjpeg62-turbo-dev
+# provides libjpeg.pc; libjpeg-turbo is what makes decoding fast (SIMD IDCT, DCT scaling).
+pkg_check_modules(JPEG REQUIRED IMPORTED_TARGET libjpeg)
+message(STATUS "fleet: JPEG    found: libjpeg ${JPEG_VERSION}")
+
 # --- optional: MPI (mpi backend of the communicator)
 find_package(MPI QUIET COMPONENTS C)
 if(MPI_C_FOUND)

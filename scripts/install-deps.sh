@@ -4,7 +4,7 @@
 # everything is already there.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev
+pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjpeg62-turbo-dev
       libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev)
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(python3-torch python3-numpy)

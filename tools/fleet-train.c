@@ -13,12 +13,14 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: fleet-train -c CONFIG [-o key=value ...] [--print-config]\n"
+            "usage: fleet-train -c CONFIG [-o key=value ...] [--resume DIR] [--print-config]\n"
             "       fleet-train --help-config\n"
             "\n"
             "  -c, --config FILE    YAML configuration (see configs/ and docs/config.md)\n"
             "  -o key=value         override a key, e.g. -o optimizer.lr.base=0.05\n"
             "                       (lists as YAML: -o model.hidden=[256,256])\n"
+            "  --resume DIR         continue from a checkpoint: a step directory, or the\n"
+            "                       checkpoint.dir whose `latest` names one (docs/checkpoint.md)\n"
             "  --print-config       print the effective configuration and exit\n"
             "  --help-config        list every configuration key with its help\n"
             "  -h, --help           this text\n"
@@ -47,6 +49,7 @@ int main(int argc, char **argv) {
     const char *overrides[MAX_OVERRIDES];
     int noverrides = 0;
     int print_config = 0;
+    const char *resume = NULL;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -58,6 +61,8 @@ int main(int argc, char **argv) {
                 return 2;
             }
             overrides[noverrides++] = argv[++i];
+        } else if (!strcmp(a, "--resume") && i + 1 < argc) {
+            resume = argv[++i];
         } else if (!strcmp(a, "--print-config")) {
             print_config = 1;
         } else if (!strcmp(a, "--help-config")) {
@@ -87,6 +92,14 @@ int main(int argc, char **argv) {
         else
             fprintf(stderr, "hint: fleet-train --help-config lists every key\n");
         return 2;
+    }
+    if (resume) {
+        if (strlen(resume) >= sizeof cfg.checkpoint.resume) {
+            fprintf(stderr, "fleet-train: error: --resume: path longer than %zu bytes\n",
+                    sizeof cfg.checkpoint.resume - 1);
+            return 2;
+        }
+        snprintf(cfg.checkpoint.resume, sizeof cfg.checkpoint.resume, "%s", resume);
     }
     if (print_config) {
         int n;

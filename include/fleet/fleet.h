@@ -25,6 +25,7 @@
 #include "fleet/comm.h"
 #include "fleet/config.h"
 #include "fleet/data.h"
+#include "fleet/image.h"
 #include "fleet/kernels.h"
 #include "fleet/log.h"
 #include "fleet/metrics.h"

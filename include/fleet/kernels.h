@@ -26,6 +26,24 @@ typedef enum { FL_ACT_NONE = 0, FL_ACT_RELU, FL_ACT_TANH, FL_ACT_SIGMOID } fl_ac
 int fl_act_parse(const char *name, fl_act *out);
 const char *fl_act_name(fl_act a);
 
+/* Geometry of a 2-D window operation on one (C, H, W) image: convolution (im2col/col2im) or
+ * pooling (then c counts the planes, N * C, pooled independently). Output size as PyTorch:
+ * OH = (H + 2 PH - DH (KH - 1) - 1) / SH + 1, likewise OW. */
+typedef struct fl_conv_geom {
+    int64_t c, h, w;          /* input channels (planes), height, width */
+    int64_t kh, kw;           /* window */
+    int64_t sh, sw;           /* stride */
+    int64_t ph, pw;           /* zero (conv) or -inf (max pool) padding on each side */
+    int64_t dh, dw;           /* dilation (1: dense window) */
+    int64_t oh, ow;           /* output height, width (fl_conv_geom_out fills them) */
+} fl_conv_geom;
+
+/* Fills g->oh, g->ow from the rest; returns false when the window does not fit (OH or OW < 1)
+ * or a field is out of range (sizes < 1, padding < 0). */
+bool fl_conv_geom_out(fl_conv_geom *g);
+
+typedef enum { FL_POOL_MAX = 0, FL_POOL_AVG = 1 } fl_pool;
+
 typedef struct fl_kernel_ops {
     const char *name; /* "cpu", "ref" */
 
@@ -71,6 +89,41 @@ typedef struct fl_kernel_ops {
     void (*sgd_update)(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd);
     void (*momentum_update)(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
                             double mu, double wd, bool nesterov);
+
+    /* --- convolution, pooling and batch norm (NCHW); the CPU and reference tables share
+     * these plain loops (OpenMP over channels or planes), the fast path of a convolution is
+     * the gemm it feeds (src/nn/conv2d.c). --- */
+    /* col (C KH KW, OH OW), row stride ldc >= OH OW:
+     * col[(c KH + i) KW + j][oy OW + ox] = x[c][oy SH - PH + i DH][ox SW - PW + j DW], or 0
+     * outside the image. x is one image (C, H, W). */
+    void (*im2col)(fl_dtype t, const fl_conv_geom *g, const void *x, void *col, int64_t ldc);
+    /* The adjoint: x (C, H, W) = sum of the col entries that im2col reads from each pixel
+     * (overwrites x). */
+    void (*col2im)(fl_dtype t, const fl_conv_geom *g, const void *col, int64_t ldc, void *x);
+    /* y (P, OH, OW) = max or mean over each window of x (P, H, W), P = g->c planes. Max pool
+     * pads with -inf; average pool divides by KH KW, padding included (PyTorch's
+     * count_include_pad = True). */
+    void (*pool_forward)(fl_dtype t, fl_pool pool, const fl_conv_geom *g, const void *x,
+                         void *y);
+    /* dx (P, H, W) = gradient of the pooling given dy (P, OH, OW) (overwrites dx); max pool
+     * sends each window's gradient to its first largest x, as PyTorch's CPU kernel does. */
+    void (*pool_backward)(fl_dtype t, fl_pool pool, const fl_conv_geom *g, const void *x,
+                          const void *dy, void *dx);
+    /* Per channel c of x (N, C, HW): mean[c] and biased variance var[c] over N HW values
+     * (two passes, accumulated in double). */
+    void (*bn_stats)(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x, double *mean,
+                     double *var);
+    /* y = x * scale[c] + shift[c], then max(0, .) when relu; y may alias x. */
+    void (*bn_apply)(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x,
+                     const double *scale, const double *shift, bool relu, void *y);
+    /* Backward of y = [relu](gamma xhat + beta), xhat = (x - mean[c]) invstd[c]. relu_y, when
+     * not NULL, is the relu's output y: dy counts only where y > 0. Writes dgamma, dbeta
+     * (adding when accumulate) and, unless dx is NULL, dx: with batch statistics (training)
+     * dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)), else dx = gamma invstd dy. */
+    void (*bn_backward)(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x,
+                        const void *relu_y, const void *dy, const void *gamma,
+                        const double *mean, const double *invstd, bool training, void *dx,
+                        void *dgamma, void *dbeta, bool accumulate);
 } fl_kernel_ops;
 
 /* The OpenBLAS + OpenMP table. */

@@ -26,7 +26,25 @@
  *
  * Gradient-ready hook: fl_net_backward calls hook(ctx, param) for each trainable parameter as
  * soon as its gradient is final, last layer first. The distributed optimizer uses it to start
- * communicating a bucket while backward is still running (as PyTorch DDP does). */
+ * communicating a bucket while backward is still running (as PyTorch DDP does).
+ *
+ * Graphs (residual networks): a layer reads the previous layer's output unless it is added with
+ * fl_net_add_from (any earlier layer's output, or the network input) or, for two-input layers
+ * such as fl_add_create, fl_net_add2. The network is then a small DAG kept in insertion order:
+ * forward runs the layers in that order, backward in reverse, and where an output feeds several
+ * layers their input gradients are summed (the first consumer in reverse order writes the
+ * output's gradient buffer, later ones write a planned scratch that is added to it). Every
+ * output except the last must feed some layer. Each layer runs once per step, so its
+ * parameters' gradients are final right after its backward: the hook contract above holds,
+ * and parameter order (one flat block, insertion order) is unchanged. A layer may also ask for
+ * scratch memory (ops->scratch_bytes); the network plans one block of the largest request and
+ * lends it to every layer during its forward or backward (l->scratch), so nothing is allocated
+ * in a step. Example, y = relu(bn(conv(x)) + x):
+ *     int in = fl_net_num_layers(net) - 1;                  // the block input's layer
+ *     fl_net_add(net, fl_conv2d_create("c", &opts));
+ *     fl_net_add(net, fl_batch_norm_create("bn", 64, false));
+ *     fl_net_add2(net, fl_add_create("add", true), fl_net_num_layers(net) - 1, in);
+ */
 #ifndef FLEET_NN_H
 #define FLEET_NN_H
 
@@ -63,6 +81,17 @@ typedef struct fl_layer_ops {
                     fl_tensor *dx, bool accumulate);
     /* Frees impl (not the fl_layer itself, nor parameter memory). May be NULL. */
     void (*destroy)(fl_layer *l);
+    /* Optional: bytes of scratch the layer needs for a batch of max_batch, asked after
+     * infer_shape; the network lends l->scratch (64-byte aligned, shared by all layers, contents
+     * not kept between calls) during forward and backward. NULL: none. */
+    size_t (*scratch_bytes)(fl_layer *l, int64_t max_batch);
+    /* Two-input layers (fl_net_add2) set these instead of forward/backward; both inputs have
+     * the same shape, which infer_shape receives. da, db are written (not added to); either
+     * may be NULL when not needed. */
+    int (*forward2)(fl_layer *l, const fl_tensor *a, const fl_tensor *b, fl_tensor *y,
+                    bool training);
+    int (*backward2)(fl_layer *l, const fl_tensor *a, const fl_tensor *b, const fl_tensor *y,
+                     const fl_tensor *dy, fl_tensor *da, fl_tensor *db, bool accumulate);
 } fl_layer_ops;
 
 struct fl_layer {
@@ -73,7 +102,13 @@ struct fl_layer {
     int                  nparams;
     fl_param            *params;   /* declared at create; memory placed by fl_net_build */
     void                *impl;
+    int                  ninputs;  /* set by fl_net_add*: 1, or 2 for forward2 layers */
+    int                  inputs[2];/* layer indices read, FL_NET_INPUT for the network input */
+    void                *scratch;  /* lent by the network (see scratch_bytes) */
 };
+
+/* The network input, as a layer input index (fl_net_add_from). */
+#define FL_NET_INPUT (-1)
 
 /* Creates a layer struct with the given ops and name (copied); impl is borrowed until
  * ops->destroy frees it. Returns NULL on out-of-memory. Used by layer constructors. */
@@ -92,6 +127,51 @@ fl_layer *fl_fc_create(const char *name, int64_t in_features, int64_t out_featur
 /* Elementwise activation (relu, tanh, sigmoid); any shape. */
 fl_layer *fl_activation_create(const char *name, fl_act act);
 
+/* Convolution options, PyTorch's nn.Conv2d arguments (NCHW). */
+typedef struct {
+    int64_t in_channels, out_channels;
+    int64_t kh, kw;           /* kernel */
+    int64_t sh, sw;           /* stride (0 means 1) */
+    int64_t ph, pw;           /* zero padding */
+    int64_t dh, dw;           /* dilation (0 means 1) */
+    int64_t groups;           /* 0 means 1; divides both channel counts */
+    bool    bias;
+} fl_conv2d_opts;
+
+/* 2-D convolution: x (B, IC, H, W) -> y (B, OC, OH, OW); weight (OC, IC / groups, KH, KW),
+ * bias (OC) as in PyTorch. Initialised as torchvision's ResNet does (He et al. 2015,
+ * arXiv:1502.01852: normal with std sqrt(2 / (OC KH KW)), "fan_out"), bias 0 (not nn.Conv2d's
+ * default uniform). Computed per image as im2col + gemm (1x1 stride-1 convolutions as a plain
+ * gemm), images spread over OpenMP threads in at most 8 fixed slots (results do not depend on
+ * the thread count); stride-1 input gradients convolve dy with the flipped kernel, strided ones
+ * use col2im. NULL with a message on bad options. */
+fl_layer *fl_conv2d_create(const char *name, const fl_conv2d_opts *o);
+/* Batch normalisation over the channels of x (B, C, ...) (Ioffe & Szegedy 2015): weight,
+ * bias (C) trainable (init 1, 0); running_mean, running_var (C) persistable buffers (init 0, 1).
+ * Training forward normalises with the batch's mean and biased variance and updates
+ * running = (1 - 0.1) running + 0.1 batch (running_var with the unbiased variance), eps 1e-5:
+ * PyTorch's BatchNorm2d defaults. Inference uses the running statistics. relu fuses a ReLU
+ * after it (y = max(0, bn(x)); no parameter changes). */
+fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu);
+/* Max or average pooling (B, C, H, W) -> (B, C, OH, OW), kernel k, stride s (0: k), padding p,
+ * both dimensions alike; semantics as the kernels (fl_kernel_ops.pool_forward). */
+fl_layer *fl_pool2d_create(const char *name, fl_pool pool, int64_t k, int64_t s, int64_t p);
+/* Global average pooling: (B, C, H, W) -> (B, C) (the mean of each plane). */
+fl_layer *fl_global_avg_pool_create(const char *name);
+/* y = a + b (then max(0, .) when relu), for fl_net_add2; any shape, both inputs alike. */
+fl_layer *fl_add_create(const char *name, bool relu);
+/* Inverted dropout: in training y = x * m / (1 - p) with m ~ Bernoulli(1 - p) per element; in
+ * inference y = x. The mask of a forward is a function of (seed, step) only (Philox stream
+ * `step`), step counting the layer's training forwards from 0, so runs are reproducible and
+ * backward regenerates the mask instead of storing it. p in [0, 1). */
+fl_layer *fl_dropout_create(const char *name, double p, uint64_t seed);
+/* Sets the step the next training forward uses (resuming, or a fixed mask in tests). */
+void fl_dropout_set_step(fl_layer *l, uint64_t step);
+/* The CIFAR ResNet's "option A" shortcut (He et al. 2015, arXiv:1512.03385, sec. 4.2): takes
+ * every stride-th pixel and zero-pads the channels to out_channels, the input's channels placed
+ * in the middle ((out - in) / 2 zero channels before them), no parameters. */
+fl_layer *fl_shortcut_pad_create(const char *name, int64_t out_channels, int64_t stride);
+
 /* --- network --- */
 typedef void (*fl_grad_ready_fn)(void *ctx, fl_param *p);
 
@@ -102,8 +182,14 @@ typedef struct fl_net fl_net;
 fl_net *fl_net_create(fl_dtype dtype, const fl_kernel_ops *k);
 /* Frees the network, its layers and all planned memory. NULL is a no-op. */
 void fl_net_free(fl_net *net);
-/* Appends a layer; the network owns it from now on, also when this fails. */
+/* Appends a layer reading the previous layer's output (the network input for the first); the
+ * network owns it from now on, also when this fails. Returns FL_OK or a negative status. */
 int fl_net_add(fl_net *net, fl_layer *layer);
+/* Appends a layer reading the output of layer `from` (0 .. layers - 1, or FL_NET_INPUT).
+ * Returns the new layer's index (>= 0) or a negative status; owns layer as fl_net_add. */
+int fl_net_add_from(fl_net *net, fl_layer *layer, int from);
+/* Appends a two-input layer (ops->forward2) reading layers a and b. Returns its index. */
+int fl_net_add2(fl_net *net, fl_layer *layer, int a, int b);
 /* Infers every shape from the input sample shape, places parameters and gradients in flat
  * blocks, allocates activations for up to max_batch samples, and initialises the parameters
  * from seed. Fails with FL_ESHAPE naming the layer when shapes do not fit. */
@@ -150,6 +236,14 @@ int fl_softmax_xent_forward(const fl_kernel_ops *k, const fl_tensor *logits,
 /* dlogits = (probs - onehot) / B: the gradient of the mean loss. dlogits may be probs. */
 int fl_softmax_xent_backward(const fl_kernel_ops *k, const fl_tensor *probs,
                              const int32_t *labels, fl_tensor *dlogits);
+/* Label smoothing (Szegedy et al. 2016, arXiv:1512.00567, sec. 7): the same with the target
+ * q = (1 - epsilon) onehot + epsilon / C, i.e. loss = mean over rows of -sum_j q_j log p_j, and
+ * dlogits = (probs - q) / B. epsilon in [0, 1) (else FL_EINVAL); 0 gives the plain functions. */
+int fl_softmax_xent_smooth_forward(const fl_kernel_ops *k, const fl_tensor *logits,
+                                   const int32_t *labels, double epsilon, fl_tensor *probs,
+                                   double *loss);
+int fl_softmax_xent_smooth_backward(const fl_kernel_ops *k, const fl_tensor *probs,
+                                    const int32_t *labels, double epsilon, fl_tensor *dlogits);
 /* Number of rows whose label is among the k largest logits (ties counted against). */
 int64_t fl_topk_correct(const fl_tensor *logits, const int32_t *labels, int k);
 
@@ -158,6 +252,22 @@ int64_t fl_topk_correct(const fl_tensor *logits, const int32_t *labels, int k);
  * The seed's model is fl_model_mlp(t, 32, {128, 128}, 2, FL_ACT_TANH, 2). NULL on failure. */
 fl_net *fl_model_mlp(fl_dtype t, int64_t in_features, const int64_t *hidden, int nhidden,
                      fl_act act, int64_t classes);
+
+/* ResNet as torchvision builds it (He et al. 2015, arXiv:1512.03385; stride in the 3x3 of the
+ * bottleneck, "v1.5"): layers 18, 34 (basic blocks) or 50, 101, 152 (bottlenecks), input
+ * (3, 224, 224) or any size the stem and four stride-2 stages fit, classes outputs. Layer and
+ * parameter names are torchvision's ("conv1.weight", "layer1.0.bn2.running_var",
+ * "layer2.0.downsample.0.weight", "fc.bias"; num_batches_tracked is not kept), in its order.
+ * ReLUs are fused into the batch norms and adds. resnet50 with 1000 classes has 25,557,032
+ * trainable parameters, resnet18 11,689,512. NULL with a message for other depths. */
+fl_net *fl_model_resnet(fl_dtype t, int layers, int64_t classes);
+/* The CIFAR ResNet of He et al. sec. 4.2 for (3, 32, 32) inputs: depth = 6n + 2 (20, 32, 44,
+ * 56, 110, ...), a 3x3 16-channel stem, three stages of n basic blocks with 16, 32, 64
+ * channels (stride 2 at stages 2 and 3), global average pooling, fc. Shortcuts where the
+ * shape changes: option 'A' (fl_shortcut_pad_create, no parameters, as the paper) or 'B'
+ * (1x1 convolution + batch norm, "layerK.0.downsample.0/1"). Names follow the torchvision
+ * scheme. ResNet-20 with option A and 10 classes has 269,722 trainable parameters. */
+fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t classes, char shortcut);
 
 #ifdef __cplusplus
 }

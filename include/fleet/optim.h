@@ -1,10 +1,18 @@
-/* optim.h - optimizers (SGD, Momentum with Nesterov), L2 weight decay, gradient clipping by
- * global norm, and learning-rate schedules.
+/* optim.h - optimizers (SGD, Momentum with Nesterov, LARS momentum), L2 weight decay, gradient
+ * clipping by global norm, and learning-rate schedules.
  *
  * Order of one step, as Paddle and PyTorch apply it: clip gradients by their global norm
  * (optional), add L2 decay (g + wd * w), then the update rule:
  *     SGD:      w -= lr * g
  *     Momentum: v = mu * v + g;  w -= lr * v              (Nesterov: w -= lr * (g + mu * v))
+ *     LARS:     per parameter tensor, with d = lars_weight_decay (0 for excluded names),
+ *               local_lr = lr * lars_coeff * ||w|| / (||g|| + d * ||w|| + epsilon)
+ *                          if d > 0, ||w|| > 0 and ||g|| > 0, else lr;
+ *               v = mu * v + local_lr * (g + d * w);  w -= v
+ *     (You et al. 2017, arXiv:1708.03888, as Paddle's lars_momentum kernel computes it, Paddle
+ *     2.x phi/kernels/cpu/lars_momentum_kernel.cc: note lr sits inside v, and a parameter with
+ *     d = 0 takes a plain momentum step v = mu * v + lr * g. Paddle 1.x scaled local_lr also
+ *     when d = 0.) g there already holds the L2 term weight_decay * w when weight_decay > 0.
  * Optimizers work on fl_param arrays (names, values, gradients), never on networks. */
 #ifndef FLEET_OPTIM_H
 #define FLEET_OPTIM_H
@@ -19,7 +27,7 @@
 extern "C" {
 #endif
 
-typedef enum { FL_OPTIM_SGD = 0, FL_OPTIM_MOMENTUM = 1 } fl_optim_type;
+typedef enum { FL_OPTIM_SGD = 0, FL_OPTIM_MOMENTUM = 1, FL_OPTIM_LARS = 2 } fl_optim_type;
 
 typedef struct {
     fl_optim_type type;
@@ -27,14 +35,21 @@ typedef struct {
     bool   nesterov;     /* Momentum only */
     double weight_decay; /* L2 coefficient lambda >= 0 */
     double clip_norm;    /* clip gradients to this global L2 norm; <= 0: off */
+    /* LARS only (Paddle's LarsMomentumOptimizer; defaults there 0.001, 0.0005, 0) */
+    double lars_coeff;        /* > 0 */
+    double lars_weight_decay; /* >= 0 */
+    double epsilon;           /* >= 0 */
+    char   exclude_from_weight_decay[256]; /* comma-separated name fragments: a parameter whose
+                                            * name contains one gets lars_weight_decay 0 */
 } fl_optim_config;
 
 typedef struct fl_optim fl_optim;
 
 /* An optimizer over params[0..n) (borrowed: they must outlive it; only trainable ones with a
  * gradient are updated). Momentum allocates one zeroed velocity per trainable parameter, same
- * shape and dtype, named "opt.velocity.<param name>". Returns NULL and sets fl_errmsg on a bad
- * config (momentum outside [0, 1), momentum or nesterov with SGD, weight_decay < 0) or on
+ * shape and dtype, named "opt.velocity.<param name>" (LARS likewise). Returns NULL and sets
+ * fl_errmsg on a bad config (momentum outside [0, 1), momentum or nesterov with SGD, nesterov
+ * with LARS, weight_decay < 0, lars_coeff <= 0, lars_weight_decay or epsilon < 0) or on
  * parameters whose value or gradient is not of `dtype` (f32 or f64). */
 fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, fl_dtype dtype,
                           const fl_kernel_ops *k);
@@ -53,6 +68,10 @@ fl_param *fl_optim_state(fl_optim *opt, int i);
  * before scaling; a NaN or infinite norm is returned and the gradients are left as they are. */
 double fl_clip_grad_norm(const fl_kernel_ops *k, fl_dtype t, fl_param *params, int n,
                          double max_norm);
+
+/* Whether a parameter name contains one of the comma-separated fragments of list (spaces
+ * around fragments ignored; empty fragments match nothing). */
+bool fl_optim_name_excluded(const char *name, const char *list);
 
 /* --- learning-rate schedules --- */
 typedef enum {

@@ -29,27 +29,49 @@ typedef struct fl_strategy {
         bool    avg;             /* divide the merged gradient by k (default true) */
     } gradient_merge_configs;
 
-    /* Deep Gradient Compression (not implemented yet) */
+    /* Deep Gradient Compression (docs/dgc.md; Lin et al. 2018, arXiv:1712.01887): Momentum
+     * only; dense allreduce before rampup_begin_step, then each tensor of at least
+     * min_compress_numel elements sends its top (1 - sparsity) entries of the momentum-corrected
+     * accumulator as (index, value) pairs with allgatherv; smaller tensors stay dense. The five
+     * technique switches exist for ablation (all on by default). Not with fp16_allreduce or
+     * lars. */
     bool dgc;
     struct {
-        int64_t            rampup_begin_step;
-        int64_t            rampup_step;
-        fl_cfg_double_list sparsity;
+        int64_t            rampup_begin_step;  /* dense steps first (default 0) */
+        int64_t            rampup_step;        /* steps of the sparsity warm-up (default 1) */
+        fl_cfg_double_list sparsity;           /* warm-up schedule (default [0.999]) */
+        int64_t            min_compress_numel; /* smaller tensors stay dense (default 16384) */
+        int                selection;          /* top-k: 0 sampled threshold, 1 exact */
+        bool               dense_fallback;     /* dense allreduce when N(1-s)2 >= 1 (true) */
+        bool               warmup;             /* false: sparsity[last] from the begin step */
+        bool               momentum_correction;     /* false: accumulate gradients (eq. 6) */
+        bool               local_clipping;          /* false: no clipping while compressing */
+        bool               momentum_masking;        /* false: u keeps the sent entries */
+        bool               weight_decay_correction; /* false: decay applied after aggregation */
     } dgc_configs;
 
-    /* Local SGD (not implemented yet) */
+    /* Local SGD (docs/localsgd.md): each worker steps its own replica and sends nothing; the
+     * replicas are averaged at steps 1 .. begin_step (steps count from 1), then every k_steps
+     * steps. SGD and Momentum (velocities stay local); gradient_merge works within a local
+     * step; overlap and fuse_grad_size_in_MB do not apply (one allreduce of the parameters). */
     bool localsgd;
     struct {
-        int64_t k_steps;
-        int64_t begin_step;
+        int64_t k_steps;    /* local steps between averages (default 1: dense SGD) */
+        int64_t begin_step; /* averaged every step up to and including this one (default 1) */
     } localsgd_configs;
+    /* Adaptive communication: after each average past begin_step the interval becomes
+     * ceil(sqrt(lr0 * loss / (lr * loss0) * init_k_steps)) in [1, 16] (loss averaged over the
+     * workers at that step, loss0 and lr0 at step 1). Needs fl_dist_set_loss every update. */
     bool adaptive_localsgd;
     struct {
-        int64_t init_k_steps;
-        int64_t begin_step;
+        int64_t init_k_steps; /* the interval until the first adaptive choice (default 1) */
+        int64_t begin_step;   /* averaged every step up to and including this one (default 1) */
     } adaptive_localsgd_configs;
 
-    /* LARS (not implemented yet) */
+    /* LARS (You et al. 2017, arXiv:1708.03888; Paddle's LarsMomentumOptimizer): the Momentum
+     * optimizer becomes LARS momentum with these settings (fl_strategy_optim_config), so each
+     * parameter tensor gets its own learning rate from the ratio of its weight and gradient
+     * norms. Momentum only. */
     bool lars;
     struct {
         double lars_coeff;
@@ -77,7 +99,8 @@ typedef struct fl_strategy {
 } fl_strategy;
 
 /* Paddle's defaults: fuse 32 MiB, overlap on, gradient_merge k_steps 1 and avg; dgc rampup
- * 0 / 1 / [0.999]; localsgd 1 / 1; adaptive_localsgd 1 / 1; lars 0.001 / 0.0005 / 0; amp
+ * 0 / 1 / [0.999], min_compress_numel 16384, sampled selection, fallback and the five
+ * techniques on; localsgd 1 / 1; adaptive_localsgd 1 / 1; lars 0.001 / 0.0005 / 0; amp
  * 32768 / dynamic / 1000 / 2 / 2.0 / 0.8; every switch off. */
 void fl_strategy_defaults(fl_strategy *s);
 
@@ -94,19 +117,27 @@ int fl_strategy_schema(const char *prefix, size_t base_offset, fl_cfg_key *out, 
  * - values out of range that a struct filled in code can hold (fuse_grad_size_in_MB negative or
  *   not finite, gradient_merge_configs.k_steps < 1): FL_ECONFIG;
  * - combinations that cannot work, whatever lands later (dgc with a non-momentum optimizer,
- *   dgc with localsgd or adaptive_localsgd, localsgd with adaptive_localsgd, lars with a
- *   non-momentum optimizer): FL_ECONFIG, e.g. "strategy.dgc needs optimizer.type momentum
- *   (Deep Gradient Compression corrects momentum)";
- * - a feature switched on that is not implemented yet (dgc, localsgd, adaptive_localsgd, lars,
- *   amp, recompute): FL_EUNSUPPORTED, "strategy.dgc: not implemented yet in this version of
- *   fleet";
+ *   dgc with localsgd or adaptive_localsgd, localsgd with adaptive_localsgd, fp16_allreduce
+ *   with localsgd or adaptive_localsgd, dgc with fp16_allreduce or lars, lars with a
+ *   non-momentum optimizer), and dgc with an empty sparsity list: FL_ECONFIG, e.g.
+ *   "strategy.dgc needs optimizer.type momentum (Deep Gradient Compression corrects momentum)";
+ * - a feature switched on that is not implemented yet (lars, amp, recompute):
+ *   FL_EUNSUPPORTED, "strategy.amp: not implemented yet in this version of fleet";
  * - any key of such a feature's configs that was set, even to its default: FL_EUNSUPPORTED,
- *   "strategy.dgc_configs.sparsity: set, but strategy.dgc is not implemented yet in this
+ *   "strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented yet in this
  *   version of fleet". was_set (may be NULL: this check is skipped) is indexed like the keys
  *   fl_strategy_schema writes, e.g. the was_set of fl_config_load plus the position of the
  *   strategy keys in the caller's schema.
  * The messages always say "strategy.", whatever prefix the schema was built with. */
 int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type optimizer);
+
+/* What the strategy asks of the optimizer, as Paddle's fleet.distributed_optimizer swaps the
+ * user's optimizer: with strategy.lars, a Momentum config becomes FL_OPTIM_LARS with
+ * lars_configs' coefficient, weight decay, epsilon and exclusions (its momentum, L2
+ * weight_decay and clip_norm kept). Anything else is left as it is. Create the optimizer from
+ * the result; fl_distributed_optimizer refuses strategy.lars with an optimizer that is not
+ * LARS. */
+void fl_strategy_optim_config(const fl_strategy *s, fl_optim_config *oc);
 
 #ifdef __cplusplus
 }

@@ -18,8 +18,15 @@
 extern "C" {
 #endif
 
-typedef enum { FL_MODEL_MLP = 0 } fl_model_type;
-typedef enum { FL_DATA_RANDOM = 0, FL_DATA_TEACHER = 1 } fl_data_type;
+typedef enum { FL_MODEL_MLP = 0, FL_MODEL_RESNET = 1, FL_MODEL_RESNET_CIFAR = 2 } fl_model_type;
+typedef enum {
+    FL_DATA_RANDOM = 0,
+    FL_DATA_TEACHER = 1,
+    FL_DATA_SHAPES = 2,    /* synthetic images (fl_dataset_shapes_create) */
+    FL_DATA_CIFAR10 = 3,   /* CIFAR-10 binary batches in data.root */
+    FL_DATA_IMAGELIST = 4, /* seed 002's file lists of JPEGs under data.root */
+} fl_data_type;
+typedef enum { FL_SHORTCUT_A = 0, FL_SHORTCUT_B = 1 } fl_shortcut_type;
 /* comm.backend: auto is mpi when started by mpirun (and mpi is built), else tcp */
 typedef enum {
     FL_TRAIN_BACKEND_AUTO = 0,
@@ -34,6 +41,8 @@ typedef struct fl_train_config {
         fl_cfg_int_list hidden;
         int             activation; /* fl_act */
         int64_t         classes;    /* 0: the dataset's class count */
+        int64_t         depth;      /* resnet: 18..152 (0: 50); resnet_cifar: 6n+2 (0: 20) */
+        int             shortcut;   /* resnet_cifar: fl_shortcut_type */
     } model;
     struct {
         int      type;       /* fl_data_type */
@@ -43,6 +52,17 @@ typedef struct fl_train_config {
         int64_t  val_size;
         int64_t  teacher_hidden;
         int64_t  seed;       /* the dataset's (teacher's) seed */
+        int64_t  image_size; /* shapes: side of the square images */
+        char     root[256];  /* cifar10: the batches' directory; imagelist: the images' root */
+        char     train_list[256]; /* imagelist */
+        char     val_list[256];   /* imagelist; "" for none */
+        int64_t  crop_size;          /* imagelist */
+        int64_t  resize_short_size;  /* imagelist, evaluation */
+        double   lower_scale, lower_ratio, upper_ratio; /* imagelist, training */
+        bool     augment;    /* image sets: random crops and flips when training */
+        int      bad_images; /* fl_bad_image_policy */
+        int64_t  num_workers; /* loader threads (0: batches made on the training thread) */
+        int64_t  prefetch;    /* batches made ahead */
     } data;
     struct {
         int    type;         /* fl_optim_type */
@@ -50,6 +70,7 @@ typedef struct fl_train_config {
         bool   nesterov;
         double weight_decay;
         double clip_norm;
+        double label_smoothing; /* epsilon of the smoothed cross-entropy */
         struct {
             double             base;
             int                schedule; /* fl_lr_type */
@@ -70,7 +91,17 @@ typedef struct fl_train_config {
         int64_t seed;         /* initialisation and shuffling */
         int64_t threads;      /* compute threads; 0: leave OpenMP's default */
         char    log_dir[256]; /* rank 0 writes metrics.jsonl here; "" for none */
+        bool    eval_train;   /* also evaluate over the whole training set after each epoch */
     } train;
+    struct {                    /* docs/checkpoint.md */
+        char    dir[256];       /* step-named checkpoints here; "" for none */
+        int64_t save_interval;  /* steps between saves; 0: only the final save */
+        int64_t keep;           /* the newest K checkpoints kept; 0: all */
+        bool    per_rank;       /* one file per rank (forced where the state differs by rank) */
+        char    resume[256];    /* restore everything from this checkpoint (--resume) */
+        char    pretrained[256]; /* weights taken by name where they fit (seed 002's if_exist) */
+        char    inference_model[256]; /* rank 0 writes network + weights here at the end */
+    } checkpoint;
     fl_strategy strategy;       /* the `strategy:` section (fl_strategy_schema) */
     struct {
         int backend;            /* fl_train_backend */

@@ -1,4 +1,5 @@
-/* loss.c - mean softmax cross-entropy (forward and backward) and top-k accuracy counts.
+/* loss.c - mean softmax cross-entropy (forward and backward, optionally with label smoothing)
+ * and top-k accuracy counts.
  * These check what the kernels assume (2-D shapes, matching dtypes, labels in range) and turn
  * violations into errors naming the row, then call the fused kernels. */
 #include "nn_impl.h"
@@ -63,6 +64,69 @@ int fl_softmax_xent_backward(const fl_kernel_ops *k, const fl_tensor *probs,
     if (b > 0)
         k->softmax_xent_backward(probs->dtype, probs->data, labels, dlogits->data, b, c,
                                  1.0 / (double)b);
+    return FL_OK;
+}
+
+/* Label smoothing: with q = (1 - e) onehot + e / C, -sum_j q_j log p_j = (1 - e) (lse - x_l)
+ * + e (lse - mean_j x_j), lse = log sum_j exp x_j. The kernel gives the first part's sum; the
+ * second is computed here from the logits (never from log p, which underflows). */
+static double smooth_term(const fl_tensor *logits) {
+    int64_t b = logits->shape[0], c = logits->shape[1];
+    double total = 0;
+    for (int64_t r = 0; r < b; r++) {
+        double mx = -INFINITY, s = 0, mean = 0;
+        for (int64_t j = 0; j < c; j++) {
+            double v = logits->dtype == FL_DTYPE_F32 ? ((const float *)logits->data)[r * c + j]
+                                                     : ((const double *)logits->data)[r * c + j];
+            mx = v > mx ? v : mx;
+            mean += v;
+        }
+        for (int64_t j = 0; j < c; j++) {
+            double v = logits->dtype == FL_DTYPE_F32 ? ((const float *)logits->data)[r * c + j]
+                                                     : ((const double *)logits->data)[r * c + j];
+            s += exp(v - mx);
+        }
+        total += log(s) + mx - mean / (double)c;
+    }
+    return total;
+}
+
+static int check_epsilon(double e) {
+    if (!(e >= 0 && e < 1))
+        return fl_fail(FL_EINVAL, "softmax_xent: label smoothing epsilon %g is outside [0, 1)", e);
+    return FL_OK;
+}
+
+int fl_softmax_xent_smooth_forward(const fl_kernel_ops *k, const fl_tensor *logits,
+                                   const int32_t *labels, double epsilon, fl_tensor *probs,
+                                   double *loss) {
+    FL_TRY(check_epsilon(epsilon));
+    double ce = 0;
+    FL_TRY(fl_softmax_xent_forward(k, logits, labels, probs, &ce));
+    int64_t b = logits->shape[0];
+    double extra = epsilon > 0 && b > 0 ? smooth_term(logits) / (double)b : 0.0;
+    *loss = (1 - epsilon) * ce + epsilon * extra;
+    return FL_OK;
+}
+
+int fl_softmax_xent_smooth_backward(const fl_kernel_ops *k, const fl_tensor *probs,
+                                    const int32_t *labels, double epsilon, fl_tensor *dlogits) {
+    FL_TRY(check_epsilon(epsilon));
+    FL_TRY(fl_softmax_xent_backward(k, probs, labels, dlogits));
+    int64_t b = probs->shape[0], c = probs->shape[1];
+    if (epsilon == 0 || b == 0)
+        return FL_OK;
+    /* (p - q) / B = (p - onehot) / B + e (onehot - 1 / C) / B */
+    double on = epsilon / (double)b, all = epsilon / ((double)c * (double)b);
+    for (int64_t r = 0; r < b; r++) {
+        for (int64_t j = 0; j < c; j++) {
+            double add = (j == labels[r] ? on : 0.0) - all;
+            if (dlogits->dtype == FL_DTYPE_F32)
+                ((float *)dlogits->data)[r * c + j] += (float)add;
+            else
+                ((double *)dlogits->data)[r * c + j] += add;
+        }
+    }
     return FL_OK;
 }
 

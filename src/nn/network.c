@@ -1,6 +1,9 @@
-/* network.c - a sequence of layers whose memory fl_net_build plans once (llm.c style): flat
- * parameter and gradient blocks in one order (a run of parameters is one range, as gradient
- * buckets need) and per-layer output and output-gradient buffers. Steps allocate nothing. */
+/* network.c - layers in insertion order, each reading the previous layer's output or any
+ * earlier one's (a small DAG, for residual networks), whose memory fl_net_build plans once
+ * (llm.c style): flat parameter and gradient blocks in one order (a run of parameters is one
+ * range, as gradient buckets need), per-layer output and output-gradient buffers, one scratch
+ * block lent to the layers, and the buffers that sum gradients of outputs read twice. Steps
+ * allocate nothing. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -30,6 +33,11 @@ struct fl_net {
     fl_tensor *out;      /* [nlayers] output of layer i, (B, sample shape of layer i) */
     fl_tensor *dout;     /* [nlayers] gradient of the loss w.r.t. out[i]; the last is unused */
     fl_tensor  x;        /* input of the last forward (borrowed) */
+    int       *consumers;/* [nlayers] how many layer inputs read out[i] */
+    bool      *dout_set; /* [nlayers] backward: dout[i] already holds a consumer's gradient */
+    void      *scratch;  /* lent to layers (ops->scratch_bytes), scratch_size bytes */
+    size_t     scratch_size;
+    void      *sum_mem[2]; /* input gradients of outputs read twice, summed into dout */
 };
 
 fl_net *fl_net_create(fl_dtype dtype, const fl_kernel_ops *k) {
@@ -52,10 +60,21 @@ static void unplan(fl_net *net) {
     fl_free_aligned(net->flat_params);
     fl_free_aligned(net->flat_grads);
     fl_free_aligned(net->act_mem);
+    fl_free_aligned(net->scratch);
+    fl_free_aligned(net->sum_mem[0]);
+    fl_free_aligned(net->sum_mem[1]);
     free(net->out);
     free(net->dout);
+    free(net->consumers);
+    free(net->dout_set);
     net->flat_params = net->flat_grads = net->act_mem = NULL;
+    net->scratch = net->sum_mem[0] = net->sum_mem[1] = NULL;
+    net->scratch_size = 0;
     net->out = net->dout = NULL;
+    net->consumers = NULL;
+    net->dout_set = NULL;
+    for (int i = 0; i < net->nlayers; i++)
+        net->layers[i]->scratch = NULL;
     for (int i = 0; i < net->nparams; i++) {
         net->params[i].value.data = NULL;
         net->params[i].grad.data = NULL;
@@ -78,9 +97,28 @@ void fl_net_free(fl_net *net) {
     free(net);
 }
 
-int fl_net_add(fl_net *net, fl_layer *layer) {
+/* Appends layer reading inputs[0..ninputs); returns its index or a negative status. */
+static int add_layer(fl_net *net, fl_layer *layer, int ninputs, const int *inputs) {
     FL_ASSERT(net && layer);
     int rc;
+    bool two = ninputs == 2;
+    if (two ? !layer->ops->forward2 || !layer->ops->backward2
+            : !layer->ops->forward || !layer->ops->backward) {
+        rc = fl_fail(FL_EINVAL, "%s: a %s layer takes %s input%s (use %s)", layer->name,
+                     layer->ops->type, two ? "one" : "two", two ? "" : "s",
+                     two ? "fl_net_add or fl_net_add_from" : "fl_net_add2");
+        goto fail;
+    }
+    for (int i = 0; i < ninputs; i++) {
+        if (inputs[i] < FL_NET_INPUT || inputs[i] >= net->nlayers) {
+            rc = fl_fail(FL_EINVAL, "%s: input %d is not the network input (%d) or an earlier "
+                         "layer (0 to %d)", layer->name, inputs[i], FL_NET_INPUT,
+                         net->nlayers - 1);
+            goto fail;
+        }
+        layer->inputs[i] = inputs[i];
+    }
+    layer->ninputs = ninputs;
     if (net->built) {
         rc = fl_fail(FL_ESTATE, "%s: cannot add a layer to a network that is already built",
                      layer->name);
@@ -128,10 +166,26 @@ int fl_net_add(fl_net *net, fl_layer *layer) {
         l->params = l->nparams ? net->params + off : NULL;
         off += l->nparams;
     }
-    return FL_OK;
+    return net->nlayers - 1;
 fail:
     fl_layer_free(layer);
     return rc;
+}
+
+int fl_net_add(fl_net *net, fl_layer *layer) {
+    FL_ASSERT(net);
+    int rc = add_layer(net, layer, 1, (int[]){net->nlayers - 1});
+    return rc < 0 ? rc : FL_OK;
+}
+
+int fl_net_add_from(fl_net *net, fl_layer *layer, int from) {
+    FL_ASSERT(net);
+    return add_layer(net, layer, 1, &from);
+}
+
+int fl_net_add2(fl_net *net, fl_layer *layer, int a, int b) {
+    FL_ASSERT(net);
+    return add_layer(net, layer, 2, (int[]){a, b});
 }
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -168,16 +222,35 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
     /* shapes: out[i] is (max_batch, sample shape of layer i) until forward sets B */
     net->out = calloc((size_t)net->nlayers, sizeof *net->out);
     net->dout = calloc((size_t)net->nlayers, sizeof *net->dout);
-    if (!net->out || !net->dout) {
+    net->consumers = calloc((size_t)net->nlayers, sizeof *net->consumers);
+    net->dout_set = calloc((size_t)net->nlayers, sizeof *net->dout_set);
+    if (!net->out || !net->dout || !net->consumers || !net->dout_set) {
         rc = fl_fail(FL_ENOMEM, "net: out of memory");
         goto fail;
     }
-    int ndim = in_ndim;
-    int64_t shape[FL_MAX_DIMS];
-    memcpy(shape, in_shape, (size_t)in_ndim * sizeof *shape);
-    size_t act_bytes = 0;
+    size_t act_bytes = 0, scratch = 0, sum_bytes = 0;
     for (int i = 0; i < net->nlayers; i++) {
         fl_layer *l = net->layers[i];
+        /* the input sample shape: the network's or an earlier layer's output */
+        int ndim = in_ndim;
+        const int64_t *shape = in_shape;
+        for (int k = 0; k < l->ninputs; k++) {
+            int from = l->inputs[k];
+            int kndim = from < 0 ? in_ndim : net->out[from].ndim - 1;
+            const int64_t *kshape = from < 0 ? in_shape : net->out[from].shape + 1;
+            if (from >= 0)
+                net->consumers[from]++;
+            if (k == 0) {
+                ndim = kndim;
+                shape = kshape;
+            } else if (kndim != ndim || memcmp(kshape, shape, (size_t)ndim * sizeof *shape)) {
+                char other[96];
+                rc = fl_fail(FL_ESHAPE, "%s: inputs %s and %s differ in shape", l->name,
+                             fl_shape_str(ndim, shape, buf, sizeof buf),
+                             fl_shape_str(kndim, kshape, other, sizeof other));
+                goto fail;
+            }
+        }
         int ondim = 0;
         int64_t oshape[FL_MAX_DIMS];
         rc = l->ops->infer_shape(l, ndim, shape, &ondim, oshape);
@@ -201,14 +274,38 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         act_bytes += round64(fl_tensor_nbytes(&net->out[i]));
         if (i < net->nlayers - 1) // the last output's gradient is the caller's dout
             act_bytes += round64(fl_tensor_nbytes(&net->dout[i]));
-        ndim = ondim;
-        memcpy(shape, oshape, (size_t)ondim * sizeof *oshape);
+        if (l->ops->scratch_bytes) {
+            size_t want = l->ops->scratch_bytes(l, max_batch);
+            scratch = want > scratch ? want : scratch;
+        }
+    }
+    for (int i = 0; i < net->nlayers - 1; i++) {
+        if (net->consumers[i] == 0) {
+            rc = fl_fail(FL_ESHAPE, "%s: its output feeds no layer (only the last layer's "
+                         "output may be unused)", net->layers[i]->name);
+            goto fail;
+        }
+        if (net->consumers[i] > 1 && fl_tensor_nbytes(&net->out[i]) > sum_bytes)
+            sum_bytes = fl_tensor_nbytes(&net->out[i]);
     }
     net->act_mem = fl_alloc_aligned(act_bytes);
     if (!net->act_mem) {
         rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of activations", act_bytes);
         goto fail;
     }
+    if (scratch > 0 && !(net->scratch = fl_alloc_aligned(scratch))) {
+        rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of layer scratch", scratch);
+        goto fail;
+    }
+    net->scratch_size = scratch;
+    for (int k = 0; k < 2 && sum_bytes > 0; k++) {
+        if (!(net->sum_mem[k] = fl_alloc_aligned(sum_bytes))) {
+            rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of gradient sums", sum_bytes);
+            goto fail;
+        }
+    }
+    for (int i = 0; i < net->nlayers; i++)
+        net->layers[i]->scratch = net->scratch;
     char *p = net->act_mem;
     for (int i = 0; i < net->nlayers; i++) {
         net->out[i].data = p;
@@ -287,13 +384,17 @@ int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tens
                        (long long)b, (long long)net->max_batch);
     FL_ASSERT(x->data || x->numel == 0);
     net->have_forward = false;
-    const fl_tensor *in = x;
     for (int i = 0; i < net->nlayers; i++) {
         fl_layer *l = net->layers[i];
         set_batch(&net->out[i], b);
         set_batch(&net->dout[i], b);
-        FL_TRY(l->ops->forward(l, in, &net->out[i], training));
-        in = &net->out[i];
+        const fl_tensor *a = l->inputs[0] < 0 ? x : &net->out[l->inputs[0]];
+        if (l->ninputs == 2) {
+            const fl_tensor *bx = l->inputs[1] < 0 ? x : &net->out[l->inputs[1]];
+            FL_TRY(l->ops->forward2(l, a, bx, &net->out[i], training));
+        } else {
+            FL_TRY(l->ops->forward(l, a, &net->out[i], training));
+        }
     }
     net->x = *x;
     net->have_forward = true;
@@ -313,12 +414,36 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
                        fl_shape_str(dout->ndim, dout->shape, got, sizeof got),
                        fl_dtype_name(last->dtype),
                        fl_shape_str(last->ndim, last->shape, want, sizeof want));
+    memset(net->dout_set, 0, (size_t)net->nlayers * sizeof *net->dout_set);
     for (int i = net->nlayers - 1; i >= 0; i--) {
         fl_layer *l = net->layers[i];
-        const fl_tensor *x = i > 0 ? &net->out[i - 1] : &net->x;
         const fl_tensor *dy = i == net->nlayers - 1 ? dout : &net->dout[i];
-        fl_tensor *dx = i > 0 ? &net->dout[i - 1] : NULL; // the input's gradient is not needed
-        FL_TRY(l->ops->backward(l, x, &net->out[i], dy, dx, net->accumulate));
+        const fl_tensor *in[2];
+        fl_tensor *din[2], sum[2];
+        for (int k = 0; k < l->ninputs; k++) {
+            int from = l->inputs[k];
+            in[k] = from < 0 ? &net->x : &net->out[from];
+            din[k] = NULL; // the network input's gradient is not needed
+            if (from < 0)
+                continue;
+            if (!net->dout_set[from]) { // the first consumer (in reverse) writes the gradient
+                din[k] = &net->dout[from];
+                net->dout_set[from] = true;
+            } else { // later ones write a scratch that is added to it below
+                sum[k] = net->dout[from];
+                sum[k].data = net->sum_mem[k];
+                din[k] = &sum[k];
+            }
+        }
+        if (l->ninputs == 2)
+            FL_TRY(l->ops->backward2(l, in[0], in[1], &net->out[i], dy, din[0], din[1],
+                                     net->accumulate));
+        else
+            FL_TRY(l->ops->backward(l, in[0], &net->out[i], dy, din[0], net->accumulate));
+        for (int k = 0; k < l->ninputs; k++)
+            if (din[k] && din[k]->data != net->dout[l->inputs[k]].data)
+                net->k->axpy(net->dtype, din[k]->numel, 1.0, din[k]->data,
+                             net->dout[l->inputs[k]].data);
         if (hook)
             for (int p = l->nparams - 1; p >= 0; p--)
                 if (l->params[p].trainable)

@@ -1,9 +1,11 @@
-/* optim.c - SGD and Momentum (optionally Nesterov) over an array of named parameters, with L2
- * decay and global-norm clipping. Velocities live in one zeroed block allocated at create
+/* optim.c - SGD, Momentum (optionally Nesterov) and LARS momentum (lars.c) over an array of
+ * named parameters, with L2 decay and global-norm clipping. Velocities live in one zeroed block allocated at create
  * (llm.c style) and are exposed as named params "opt.velocity.<name>" for checkpoints; the
  * arithmetic is the kernel table's sgd_update / momentum_update (Paddle's Momentum, PyTorch's
  * SGD with dampening 0: v = mu * v + g, not the v = mu * v + lr * g of Sutskever et al.). */
 #include "fleet/optim.h"
+
+#include "optim_impl.h"
 
 #include "fleet/status.h"
 
@@ -24,12 +26,15 @@ struct fl_optim {
     fl_param            *state;       /* (nstate) velocities, Momentum only */
     int                 *velocity_of; /* (n) index into state, or -1 */
     void                *block;       /* the velocities' memory */
+    void                *lars_scratch;/* LARS with weight_decay: g + wd w of the largest param */
 };
 
 static int check_config(const fl_optim_config *c) {
-    if (c->type != FL_OPTIM_SGD && c->type != FL_OPTIM_MOMENTUM)
+    if (c->type != FL_OPTIM_SGD && c->type != FL_OPTIM_MOMENTUM && c->type != FL_OPTIM_LARS)
         return fl_fail(FL_EINVAL, "optimizer: unknown type %d", (int)c->type);
-    if (c->type == FL_OPTIM_MOMENTUM && !(c->momentum >= 0 && c->momentum < 1))
+    if (c->type == FL_OPTIM_LARS)
+        FL_TRY(lars_check_config(c));
+    if (c->type != FL_OPTIM_SGD && !(c->momentum >= 0 && c->momentum < 1))
         return fl_fail(FL_EINVAL, "optimizer: momentum %g outside [0, 1)", c->momentum);
     if (c->type == FL_OPTIM_SGD && c->momentum != 0)
         return fl_fail(FL_EINVAL, "optimizer: momentum %g given to SGD (use type momentum)",
@@ -81,7 +86,7 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         goto fail;
     }
     for (int i = 0; i < n; i++)
-        if (check_param(&params[i], dtype, cfg->type == FL_OPTIM_MOMENTUM) < 0)
+        if (check_param(&params[i], dtype, cfg->type != FL_OPTIM_SGD) < 0)
             goto fail;
 
     opt = calloc(1, sizeof *opt);
@@ -97,7 +102,7 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         goto nomem;
     for (int i = 0; i < n; i++)
         opt->velocity_of[i] = -1;
-    if (cfg->type != FL_OPTIM_MOMENTUM)
+    if (cfg->type == FL_OPTIM_SGD)
         return opt;
 
     /* one velocity per trainable parameter, same shape and dtype, zero to start with */
@@ -130,6 +135,14 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         off += padded_bytes(p);
         opt->velocity_of[i] = opt->nstate++;
     }
+    if (cfg->type == FL_OPTIM_LARS && cfg->weight_decay > 0) {
+        size_t most = 0;
+        for (int i = 0; i < n; i++)
+            if (params[i].trainable && fl_tensor_nbytes(&params[i].value) > most)
+                most = fl_tensor_nbytes(&params[i].value);
+        if (!(opt->lars_scratch = fl_alloc_aligned(most ? most : 64)))
+            goto nomem;
+    }
     return opt;
 
 nomem:
@@ -143,6 +156,7 @@ void fl_optim_free(fl_optim *opt) {
     if (!opt)
         return;
     fl_free_aligned(opt->block);
+    fl_free_aligned(opt->lars_scratch);
     free(opt->state);
     free(opt->velocity_of);
     free(opt);
@@ -166,6 +180,9 @@ int fl_optim_step(fl_optim *opt, double lr, double *grad_norm) {
         if (c->type == FL_OPTIM_SGD) {
             opt->k->sgd_update(opt->dtype, p->value.numel, p->value.data, p->grad.data, lr,
                                c->weight_decay);
+        } else if (c->type == FL_OPTIM_LARS) {
+            fl_param *v = &opt->state[opt->velocity_of[i]];
+            lars_update(opt->k, opt->dtype, c, p, v->value.data, opt->lars_scratch, lr);
         } else {
             fl_param *v = &opt->state[opt->velocity_of[i]];
             opt->k->momentum_update(opt->dtype, p->value.numel, p->value.data, p->grad.data,

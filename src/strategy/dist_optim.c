@@ -30,6 +30,11 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
     fl_dist_optim *d = NULL;
     if (fl_strategy_check(s, NULL, fl_optim_get_config(opt)->type) < 0)
         return NULL;
+    if (s->lars && fl_optim_get_config(opt)->type != FL_OPTIM_LARS) {
+        fl_fail(FL_ECONFIG, "strategy.lars: the optimizer is Momentum, not LARS momentum (build "
+                            "its config through fl_strategy_optim_config)");
+        return NULL;
+    }
     if (!fl_net_flat_params(net)) {
         fl_fail(FL_ESTATE, "distributed optimizer: the network is not built (fl_net_build first)");
         return NULL;
@@ -53,7 +58,12 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
     snprintf(d->counters.name, sizeof d->counters.name, "dist.counters");
     int64_t two = 2;
     fl_tensor_view(&d->counters.value, FL_DTYPE_I64, 1, &two, d->counter_mem);
-    d->ops = &fl_dense_ops;
+    if (s->dgc)
+        d->ops = &fl_dgc_ops;
+    else if (s->localsgd || s->adaptive_localsgd)
+        d->ops = &fl_localsgd_ops;
+    else
+        d->ops = &fl_dense_ops;
     if (d->world > 1 && broadcast_params(d) < 0)
         goto fail;
     if (d->ops->setup(d) < 0) {

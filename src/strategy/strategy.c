@@ -32,22 +32,41 @@ static const fl_cfg_key keys[] = {
      false, "divide the merged gradient by k_steps (false: their sum)"},
 
     {"dgc", FL_CFG_BOOL, OFF(dgc), 0, 0, 0, NULL, false,
-     "Deep Gradient Compression (Momentum only; not implemented yet)"},
+     "Deep Gradient Compression: send the top (1 - sparsity) of each large gradient (Momentum "
+     "only; docs/dgc.md)"},
     {"dgc_configs.rampup_begin_step", FL_CFG_INT, OFF(dgc_configs.rampup_begin_step), 0, 0, BIG,
      NULL, false, "dense steps before compression starts"},
     {"dgc_configs.rampup_step", FL_CFG_INT, OFF(dgc_configs.rampup_step), 0, 1, BIG, NULL, false,
      "steps over which sparsity warms up through the sparsity list"},
     {"dgc_configs.sparsity", FL_CFG_DOUBLE_LIST, OFF(dgc_configs.sparsity), 0, 0, 0.999999, NULL,
      false, "warm-up sparsity schedule, e.g. [0.75, 0.9375, 0.984375, 0.996, 0.999]"},
+    {"dgc_configs.min_compress_numel", FL_CFG_INT, OFF(dgc_configs.min_compress_numel), 0, 1,
+     2147483647.0, NULL, false,
+     "tensors with fewer elements stay dense (allreduce every step); Paddle: 16384"},
+    {"dgc_configs.selection", FL_CFG_ENUM, OFF(dgc_configs.selection), 0, 0, 0, "sampled|exact",
+     false, "top-k selection: sampled threshold refined to the exact top k, or quickselect"},
+    {"dgc_configs.dense_fallback", FL_CFG_BOOL, OFF(dgc_configs.dense_fallback), 0, 0, 0, NULL,
+     false, "use dense allreduce for steps where N * (1 - sparsity) * 2 >= 1"},
+    {"dgc_configs.warmup", FL_CFG_BOOL, OFF(dgc_configs.warmup), 0, 0, 0, NULL, false,
+     "ablation: false skips the sparsity warm-up (the last sparsity from rampup_begin_step)"},
+    {"dgc_configs.momentum_correction", FL_CFG_BOOL, OFF(dgc_configs.momentum_correction), 0, 0,
+     0, NULL, false, "ablation: false accumulates gradients, momentum on the aggregate"},
+    {"dgc_configs.local_clipping", FL_CFG_BOOL, OFF(dgc_configs.local_clipping), 0, 0, 0, NULL,
+     false, "ablation: false skips clipping (optimizer.clip_norm) while compressing"},
+    {"dgc_configs.momentum_masking", FL_CFG_BOOL, OFF(dgc_configs.momentum_masking), 0, 0, 0,
+     NULL, false, "ablation: false keeps the momentum of entries just sent"},
+    {"dgc_configs.weight_decay_correction", FL_CFG_BOOL,
+     OFF(dgc_configs.weight_decay_correction), 0, 0, 0, NULL, false,
+     "ablation: false applies weight decay after aggregation instead of locally"},
 
     {"localsgd", FL_CFG_BOOL, OFF(localsgd), 0, 0, 0, NULL, false,
-     "Local SGD: average parameters every k_steps (not implemented yet)"},
+     "Local SGD: local steps, parameters averaged every k_steps (SGD and Momentum)"},
     {"localsgd_configs.k_steps", FL_CFG_INT, OFF(localsgd_configs.k_steps), 0, 1, 1e6, NULL, false,
      "local steps between parameter averages"},
     {"localsgd_configs.begin_step", FL_CFG_INT, OFF(localsgd_configs.begin_step), 0, 1, BIG, NULL,
      false, "synchronous steps before Local SGD starts (post-local SGD)"},
     {"adaptive_localsgd", FL_CFG_BOOL, OFF(adaptive_localsgd), 0, 0, 0, NULL, false,
-     "Local SGD with an interval that follows loss and learning rate (not implemented yet)"},
+     "Local SGD with an interval that follows loss and learning rate (needs the loss)"},
     {"adaptive_localsgd_configs.init_k_steps", FL_CFG_INT,
      OFF(adaptive_localsgd_configs.init_k_steps), 0, 1, 16, NULL, false,
      "initial local steps (the interval is capped at 16)"},
@@ -55,8 +74,8 @@ static const fl_cfg_key keys[] = {
      0, 1, BIG, NULL, false, "synchronous steps before adaptive Local SGD starts"},
 
     {"lars", FL_CFG_BOOL, OFF(lars), 0, 0, 0, NULL, false,
-     "LARS layer-wise learning rates (not implemented yet)"},
-    {"lars_configs.lars_coeff", FL_CFG_DOUBLE, OFF(lars_configs.lars_coeff), 0, 0, 1e3, NULL,
+     "LARS layer-wise learning rates: Momentum becomes LARS momentum (You et al. 2017)"},
+    {"lars_configs.lars_coeff", FL_CFG_DOUBLE, OFF(lars_configs.lars_coeff), 0, 1e-12, 1e3, NULL,
      false, "trust coefficient"},
     {"lars_configs.lars_weight_decay", FL_CFG_DOUBLE, OFF(lars_configs.lars_weight_decay), 0, 0, 1,
      NULL, false, "weight decay inside the LARS update"},
@@ -102,6 +121,14 @@ void fl_strategy_defaults(fl_strategy *s) {
     s->dgc_configs.rampup_step = 1;
     s->dgc_configs.sparsity.n = 1;
     s->dgc_configs.sparsity.v[0] = 0.999;
+    s->dgc_configs.min_compress_numel = 16384;
+    s->dgc_configs.selection = 0;
+    s->dgc_configs.dense_fallback = true;
+    s->dgc_configs.warmup = true;
+    s->dgc_configs.momentum_correction = true;
+    s->dgc_configs.local_clipping = true;
+    s->dgc_configs.momentum_masking = true;
+    s->dgc_configs.weight_decay_correction = true;
     s->localsgd_configs.k_steps = 1;
     s->localsgd_configs.begin_step = 1;
     s->adaptive_localsgd_configs.init_k_steps = 1;
@@ -177,10 +204,6 @@ static const struct {
     size_t      offset;  /* of the bool */
     const char *configs; /* "dgc_configs.": keys starting so belong to it */
 } pending[] = {
-    {"dgc", OFF(dgc), "dgc_configs."},
-    {"localsgd", OFF(localsgd), "localsgd_configs."},
-    {"adaptive_localsgd", OFF(adaptive_localsgd), "adaptive_localsgd_configs."},
-    {"lars", OFF(lars), "lars_configs."},
     {"amp", OFF(amp), "amp_configs."},
     {"recompute", OFF(recompute), "recompute_configs."},
 };
@@ -215,7 +238,29 @@ int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type o
         return fl_fail(FL_ECONFIG, "strategy.localsgd cannot be combined with "
                                    "strategy.adaptive_localsgd: choose a fixed or an adaptive "
                                    "interval");
-    if (s->lars && optimizer != FL_OPTIM_MOMENTUM)
+    if (s->fp16_allreduce && (s->localsgd || s->adaptive_localsgd))
+        return fl_fail(FL_ECONFIG, "strategy.fp16_allreduce cannot be combined with "
+                                   "strategy.%s (fp16_allreduce sends gradients as f16; Local "
+                                   "SGD sends no gradients, it averages parameters in their "
+                                   "own precision)",
+                       s->localsgd ? "localsgd" : "adaptive_localsgd");
+    if (s->dgc && s->fp16_allreduce)
+        return fl_fail(FL_ECONFIG, "strategy.dgc cannot be combined with "
+                                   "strategy.fp16_allreduce (DGC sends f32 values of the selected "
+                                   "entries and keeps its dense steps exact): choose one");
+    if (s->dgc && s->lars)
+        return fl_fail(FL_ECONFIG, "strategy.dgc cannot be combined with strategy.lars (DGC "
+                                   "applies its own SGD step to the compressed tensors, where "
+                                   "LARS's per-layer learning rates would be ignored): choose "
+                                   "one");
+    if (s->dgc && s->dgc_configs.sparsity.n < 1)
+        return fl_fail(FL_ECONFIG, "strategy.dgc_configs.sparsity: the list is empty (give at "
+                                   "least one sparsity, e.g. [0.999])");
+    if (s->dgc && s->dgc_configs.rampup_step < 1)
+        return fl_fail(FL_ECONFIG, "strategy.dgc_configs.rampup_step: %lld must be >= 1",
+                       (long long)s->dgc_configs.rampup_step);
+    /* FL_OPTIM_LARS: the Momentum optimizer already turned into LARS momentum (optim.h) */
+    if (s->lars && optimizer != FL_OPTIM_MOMENTUM && optimizer != FL_OPTIM_LARS)
         return fl_fail(FL_ECONFIG, "strategy.lars needs optimizer.type momentum (LARS scales "
                                    "the learning rate of Momentum per layer)");
 
@@ -239,4 +284,16 @@ int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type o
         }
     }
     return FL_OK;
+}
+
+void fl_strategy_optim_config(const fl_strategy *s, fl_optim_config *oc) {
+    FL_ASSERT(s && oc);
+    if (!s->lars || oc->type != FL_OPTIM_MOMENTUM)
+        return;
+    oc->type = FL_OPTIM_LARS;
+    oc->lars_coeff = s->lars_configs.lars_coeff;
+    oc->lars_weight_decay = s->lars_configs.lars_weight_decay;
+    oc->epsilon = s->lars_configs.epsilon;
+    snprintf(oc->exclude_from_weight_decay, sizeof oc->exclude_from_weight_decay, "%s",
+             s->lars_configs.exclude_from_weight_decay);
 }

@@ -65,6 +65,10 @@ struct fl_dist_optim {
 
 /* dense.c: average with allreduce, fused into buckets, started during backward. */
 extern const struct strategy_ops fl_dense_ops;
+/* localsgd.c: local steps, parameters averaged every k steps (fixed or adaptive). */
+extern const struct strategy_ops fl_localsgd_ops;
+/* dgc.c: Deep Gradient Compression, sparse (index, value) pairs with allgatherv. */
+extern const struct strategy_ops fl_dgc_ops;
 
 /* The dense strategy's averaging, for strategies that fall back to it (DGC before its warm-up
  * ends): a dense state planned over d's network as fl_dense_ops.setup does (buckets, f16

@@ -19,8 +19,8 @@
 
 /* enum choices are listed in the order of the C enums they map to */
 static const fl_cfg_key own_keys[] = {
-    {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0, "mlp", true,
-     "model zoo entry"},
+    {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0, "mlp|resnet|resnet_cifar", true,
+     "model zoo entry: mlp; resnet (torchvision's, 224x224 inputs); resnet_cifar (32x32)"},
     {"model.input_size", FL_CFG_INT, OFF(model.input_size), 0, 0, BIG, NULL, false,
      "input features; 0 = the dataset's"},
     {"model.hidden", FL_CFG_INT_LIST, OFF(model.hidden), 0, 1, 1e6, NULL, false,
@@ -29,9 +29,15 @@ static const fl_cfg_key own_keys[] = {
      false, "activation after each hidden layer"},
     {"model.classes", FL_CFG_INT, OFF(model.classes), 0, 0, 1e7, NULL, false,
      "output classes; 0 = the dataset's"},
+    {"model.depth", FL_CFG_INT, OFF(model.depth), 0, 0, 10000, NULL, false,
+     "resnet: 18, 34, 50, 101 or 152 (0: 50); resnet_cifar: 6n+2, e.g. 20, 32, 56 (0: 20)"},
+    {"model.shortcut", FL_CFG_ENUM, OFF(model.shortcut), 0, 0, 0, "A|B", false,
+     "resnet_cifar shortcuts where the shape changes: A zero-padding, B 1x1 conv + bn"},
 
-    {"data.type", FL_CFG_ENUM, OFF(data.type), 0, 0, 0, "random|teacher", true,
-     "random: the seed's gen_data (not learnable); teacher: labels from a random teacher net"},
+    {"data.type", FL_CFG_ENUM, OFF(data.type), 0, 0, 0,
+     "random|teacher|shapes|cifar10|imagelist", true,
+     "random: the seed's gen_data (not learnable); teacher: labels from a random teacher net; "
+     "shapes: synthetic images; cifar10: CIFAR-10 binary batches; imagelist: JPEG file lists"},
     {"data.features", FL_CFG_INT, OFF(data.features), 0, 1, 1e7, NULL, false,
      "features per sample"},
     {"data.classes", FL_CFG_INT, OFF(data.classes), 0, 2, 1e6, NULL, false, "number of classes"},
@@ -42,7 +48,35 @@ static const fl_cfg_key own_keys[] = {
     {"data.teacher_hidden", FL_CFG_INT, OFF(data.teacher_hidden), 0, 1, 1e6, NULL, false,
      "hidden units of the teacher network"},
     {"data.seed", FL_CFG_INT, OFF(data.seed), 0, 0, BIG, NULL, false,
-     "seed of the synthetic data (and teacher)"},
+     "seed of the synthetic data (and teacher), and of the image augmentation"},
+    {"data.image_size", FL_CFG_INT, OFF(data.image_size), 0, 8, 256, NULL, false,
+     "shapes: side of the square images"},
+    {"data.root", FL_CFG_STRING, OFF(data.root), sizeof(((fl_train_config *)0)->data.root), 0, 0,
+     NULL, false, "cifar10: directory of data_batch_*.bin; imagelist: root of the lists' paths"},
+    {"data.train_list", FL_CFG_STRING, OFF(data.train_list),
+     sizeof(((fl_train_config *)0)->data.train_list), 0, 0, NULL, false,
+     "imagelist: training list, 'relative/path.jpeg label' per line"},
+    {"data.val_list", FL_CFG_STRING, OFF(data.val_list),
+     sizeof(((fl_train_config *)0)->data.val_list), 0, 0, NULL, false,
+     "imagelist: validation list (\"\": none)"},
+    {"data.crop_size", FL_CFG_INT, OFF(data.crop_size), 0, 8, 4096, NULL, false,
+     "imagelist: side of the network's input"},
+    {"data.resize_short_size", FL_CFG_INT, OFF(data.resize_short_size), 0, 8, 8192, NULL, false,
+     "imagelist evaluation: short side resized to this, then the centre crop"},
+    {"data.lower_scale", FL_CFG_DOUBLE, OFF(data.lower_scale), 0, 0.001, 1, NULL, false,
+     "imagelist training: smallest area fraction of the random resized crop"},
+    {"data.lower_ratio", FL_CFG_DOUBLE, OFF(data.lower_ratio), 0, 0.01, 100, NULL, false,
+     "imagelist training: smallest aspect ratio of the random resized crop"},
+    {"data.upper_ratio", FL_CFG_DOUBLE, OFF(data.upper_ratio), 0, 0.01, 100, NULL, false,
+     "imagelist training: largest aspect ratio of the random resized crop"},
+    {"data.augment", FL_CFG_BOOL, OFF(data.augment), 0, 0, 0, NULL, false,
+     "image sets: random crops and horizontal flips for training"},
+    {"data.bad_images", FL_CFG_ENUM, OFF(data.bad_images), 0, 0, 0, "skip|fail", false,
+     "imagelist: a missing or corrupt image is skipped and counted, or fails naming it"},
+    {"data.num_workers", FL_CFG_INT, OFF(data.num_workers), 0, 0, 256, NULL, false,
+     "loader threads making samples (0: on the training thread)"},
+    {"data.prefetch", FL_CFG_INT, OFF(data.prefetch), 0, 1, 1024, NULL, false,
+     "batches the loader threads make ahead"},
 
     {"optimizer.type", FL_CFG_ENUM, OFF(optimizer.type), 0, 0, 0, "sgd|momentum", false,
      "update rule"},
@@ -52,6 +86,8 @@ static const fl_cfg_key own_keys[] = {
      "Nesterov momentum"},
     {"optimizer.weight_decay", FL_CFG_DOUBLE, OFF(optimizer.weight_decay), 0, 0, 1, NULL, false,
      "L2 decay coefficient"},
+    {"optimizer.label_smoothing", FL_CFG_DOUBLE, OFF(optimizer.label_smoothing), 0, 0, 0.999,
+     NULL, false, "label smoothing epsilon of the cross-entropy (0: off)"},
     {"optimizer.clip_norm", FL_CFG_DOUBLE, OFF(optimizer.clip_norm), 0, 0, BIG, NULL, false,
      "clip gradients to this global norm; 0: off"},
     {"optimizer.lr.base", FL_CFG_DOUBLE, OFF(optimizer.lr.base), 0, 0, 100, NULL, false,
@@ -86,6 +122,28 @@ static const fl_cfg_key own_keys[] = {
      "compute threads; 0: OpenMP's default (OMP_NUM_THREADS)"},
     {"train.log_dir", FL_CFG_STRING, OFF(train.log_dir), sizeof(((fl_train_config *)0)->train.log_dir),
      0, 0, NULL, false, "directory for rank 0's metrics.jsonl; empty: none"},
+    {"train.eval_train", FL_CFG_BOOL, OFF(train.eval_train), 0, 0, 0, NULL, false,
+     "after each epoch also evaluate over the whole training set (else the validation set "
+     "only)"},
+
+#define CKPT_STR(key, field, help)                                                         \
+    {key, FL_CFG_STRING, OFF(checkpoint.field),                                             \
+     sizeof(((fl_train_config *)0)->checkpoint.field), 0, 0, NULL, false, help}
+    CKPT_STR("checkpoint.dir", dir,
+             "directory for step_NNNNNNNN checkpoints and `latest`; empty: none"),
+    {"checkpoint.save_interval", FL_CFG_INT, OFF(checkpoint.save_interval), 0, 0, BIG, NULL, false,
+     "steps between checkpoints; 0: only the final one"},
+    {"checkpoint.keep", FL_CFG_INT, OFF(checkpoint.keep), 0, 0, BIG, NULL, false,
+     "checkpoints kept (the newest); 0: all"},
+    {"checkpoint.per_rank", FL_CFG_BOOL, OFF(checkpoint.per_rank), 0, 0, 0, NULL, false,
+     "every rank saves its own file (automatic where the state differs by rank)"},
+    CKPT_STR("checkpoint.resume", resume,
+             "checkpoint (step dir, or dir with `latest`) to resume from; --resume DIR"),
+    CKPT_STR("checkpoint.pretrained", pretrained,
+             "weights (file or checkpoint) loaded by name where name and shape fit"),
+    CKPT_STR("checkpoint.inference_model", inference_model,
+             "rank 0 writes the network and its weights here at the end (for fleet-eval)"),
+#undef CKPT_STR
 };
 
 /* after the strategy section */
@@ -130,6 +188,15 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->data.val_size = 2048;
     cfg->data.teacher_hidden = 16;
     cfg->data.seed = 1;
+    cfg->data.image_size = 32;
+    cfg->data.crop_size = 224;
+    cfg->data.resize_short_size = 256;
+    cfg->data.lower_scale = 0.08;
+    cfg->data.lower_ratio = 3.0 / 4.0;
+    cfg->data.upper_ratio = 4.0 / 3.0;
+    cfg->data.augment = true;
+    cfg->data.prefetch = 2;
+    cfg->train.eval_train = true;
     cfg->optimizer.type = FL_OPTIM_SGD;
     cfg->optimizer.momentum = 0.9;
     cfg->optimizer.lr.base = 0.01; /* the seed's fluid.optimizer.SGD(learning_rate=0.01) */
@@ -139,6 +206,7 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->train.epochs = 1;
     cfg->train.log_interval = 10;
     cfg->train.seed = 0;
+    cfg->checkpoint.keep = 3;
     fl_strategy_defaults(&cfg->strategy);
     cfg->comm.backend = FL_TRAIN_BACKEND_AUTO;
 }
@@ -152,6 +220,36 @@ static int check_cross_keys(const fl_train_config *cfg) {
         return fl_fail(FL_ECONFIG,
                        "optimizer.lr.values: %d values for %d boundaries (need boundaries + 1)",
                        cfg->optimizer.lr.values.n, cfg->optimizer.lr.boundaries.n);
+    bool images = cfg->data.type >= FL_DATA_SHAPES;
+    if (cfg->model.type == FL_MODEL_MLP && images)
+        return fl_fail(FL_ECONFIG, "model.type: mlp takes feature vectors (data.type random or "
+                                   "teacher); use resnet or resnet_cifar for images");
+    if (cfg->model.type != FL_MODEL_MLP && !images)
+        return fl_fail(FL_ECONFIG, "model.type: a resnet takes images (data.type shapes, cifar10 "
+                                   "or imagelist)");
+    int64_t d = cfg->model.depth;
+    if (cfg->model.type == FL_MODEL_RESNET && d && d != 18 && d != 34 && d != 50 && d != 101 &&
+        d != 152)
+        return fl_fail(FL_ECONFIG, "model.depth: %lld, but resnet has 18, 34, 50, 101 or 152 "
+                                   "layers", (long long)d);
+    if (cfg->model.type == FL_MODEL_RESNET_CIFAR && d && (d < 8 || (d - 2) % 6 != 0))
+        return fl_fail(FL_ECONFIG, "model.depth: %lld, but resnet_cifar has 6n + 2 layers "
+                                   "(8, 14, 20, 32, 44, 56, 110, ...)", (long long)d);
+    if (cfg->data.type == FL_DATA_CIFAR10 && cfg->data.classes != 10)
+        return fl_fail(FL_ECONFIG, "data.classes: %lld, but CIFAR-10 has 10",
+                       (long long)cfg->data.classes);
+    if (cfg->data.type == FL_DATA_SHAPES && cfg->data.classes > 10)
+        return fl_fail(FL_ECONFIG, "data.classes: %lld, but the shapes task draws at most 10",
+                       (long long)cfg->data.classes);
+    if ((cfg->data.type == FL_DATA_CIFAR10 || cfg->data.type == FL_DATA_IMAGELIST) &&
+        !cfg->data.root[0])
+        return fl_fail(FL_ECONFIG, "data.root: needed by data.type %s",
+                       cfg->data.type == FL_DATA_CIFAR10 ? "cifar10" : "imagelist");
+    if (cfg->data.type == FL_DATA_IMAGELIST && !cfg->data.train_list[0])
+        return fl_fail(FL_ECONFIG, "data.train_list: needed by data.type imagelist");
+    if (cfg->data.lower_ratio > cfg->data.upper_ratio)
+        return fl_fail(FL_ECONFIG, "data.lower_ratio: %g is above data.upper_ratio %g",
+                       cfg->data.lower_ratio, cfg->data.upper_ratio);
     if (cfg->model.input_size && cfg->model.input_size != cfg->data.features)
         return fl_fail(FL_ECONFIG, "model.input_size: %lld, but data.features is %lld",
                        (long long)cfg->model.input_size, (long long)cfg->data.features);

@@ -1,23 +1,27 @@
-/* train_eval.c - evaluation after each epoch: each rank runs the model over its shard of the
- * training and validation sets and one allreduce of the sums gives every rank the same loss and
- * accuracy over the whole set; then the eval line and rank 0's metrics record. */
+/* train_eval.c - evaluation after each epoch: the ranks average their batch-norm statistics,
+ * each runs the model over its shard of the training (train.eval_train) and validation sets,
+ * and one allreduce of the sums gives every rank the same loss and accuracy over the whole set;
+ * then the eval line, the images skipped so far, and rank 0's metrics record. */
 #include "train/train_impl.h"
 
 #include <math.h>
 #include <stdio.h>
 
 /* Sums over this rank's shard of ds: sums[0] loss, sums[1] correct, sums[2] samples. */
-static int eval_shard(trainer *t, fl_dataset *ds, int64_t batch, double sums[3]) {
-    fl_loader_config lc = {.batch_size = batch, .shuffle = false, .drop_last = false,
-                           .seed = 0, .rank = t->rank, .world = t->world};
-    fl_loader *l = fl_loader_create(ds, &lc);
+static int eval_shard(trainer *t, const fl_train_config *cfg, fl_dataset *ds, double sums[3]) {
+    fl_prefetch_config lc = {.base = {.batch_size = cfg->train.batch_size, .shuffle = false,
+                                      .drop_last = false, .seed = 0, .rank = t->rank,
+                                      .world = t->world},
+                             .num_workers = (int)cfg->data.num_workers,
+                             .prefetch = (int)cfg->data.prefetch};
+    fl_prefetch *l = fl_prefetch_create(ds, &lc);
     if (!l)
         return fl_fail_prefix(FL_EINVAL, "evaluation");
     const fl_kernel_ops *k = fl_net_kernels(t->net);
     const fl_tensor *x, *logits;
     const int32_t *labels;
-    int rc = fl_loader_seek(l, 0, 0);
-    while (rc >= 0 && (rc = fl_loader_next(l, &x, &labels)) == 1) {
+    int rc = fl_prefetch_seek(l, 0, 0);
+    while (rc >= 0 && (rc = fl_prefetch_next(l, &x, &labels)) == 1) {
         int64_t b = x->shape[0];
         if (b == 0) /* this rank's slice of the last, partial global batch is empty */
             continue;
@@ -33,16 +37,59 @@ static int eval_shard(trainer *t, fl_dataset *ds, int64_t batch, double sums[3])
         sums[1] += (double)fl_topk_correct(logits, labels, 1);
         sums[2] += (double)b;
     }
-    fl_loader_free(l);
+    fl_prefetch_free(l);
     return rc < 0 ? rc : FL_OK;
+}
+
+/* Persistable buffers (batch-norm running statistics) are each rank's own: every rank updates
+ * them from its own batches, and the strategies average only trainable values. Before an
+ * evaluation the ranks take their mean (timm's distribute_bn with reduce=True), so that all
+ * ranks evaluate one model, the one the checkpoint and the inference model then hold. Buffers
+ * follow the trainable values in the flat parameter block (fl_net_numel). */
+static int average_buffers(trainer *t) {
+    int64_t all = 0, trainable = fl_net_numel(t->net);
+    for (int i = 0; i < fl_net_num_params(t->net); i++)
+        all += fl_net_param(t->net, i)->value.numel;
+    if (t->world == 1 || all == trainable)
+        return FL_OK;
+    fl_dtype dt = fl_net_dtype(t->net);
+    char *buffers = (char *)fl_net_flat_params(t->net) + (size_t)trainable * fl_dtype_size(dt);
+    int rc = fl_comm_allreduce(fl_fleet_comm(t->fleet), buffers, (size_t)(all - trainable), dt,
+                               FL_REDOP_AVG);
+    return rc < 0 ? fl_fail_prefix(rc, "averaging the running statistics") : FL_OK;
+}
+
+/* Image lists under data.bad_images: skip: this rank's line "skipped N images (M missing, C
+ * corrupt)" per list with bad images found so far (distinct images this rank's training and
+ * evaluation loaded; the ranks' shards differ, so each rank reports its own). */
+static int report_skipped(trainer *t, const fl_train_config *cfg, int64_t epoch) {
+    if (cfg->data.type != FL_DATA_IMAGELIST)
+        return FL_OK;
+    fl_dataset *sets[2] = {t->train_set, t->val_set};
+    const char *lists[2] = {cfg->data.train_list, cfg->data.val_list};
+    for (int i = 0; i < 2; i++) {
+        fl_imagelist_stats st;
+        if (!sets[i])
+            continue;
+        FL_TRY(fl_dataset_imagelist_stats(sets[i], &st));
+        if (st.missing + st.corrupt > 0)
+            printf("worker_index: %d, epoch %lld, %s: skipped %lld image%s (%lld missing, "
+                   "%lld corrupt)\n",
+                   t->rank, (long long)epoch, lists[i], (long long)(st.missing + st.corrupt),
+                   st.missing + st.corrupt == 1 ? "" : "s", (long long)st.missing,
+                   (long long)st.corrupt);
+    }
+    return FL_OK;
 }
 
 int fl_train_eval(trainer *t, const fl_train_config *cfg, int64_t epoch, int64_t step,
                   fl_train_result *res) {
     double sums[6] = {0}; /* train loss, correct, samples; val loss, correct, samples */
-    FL_TRY(eval_shard(t, t->train_set, cfg->train.batch_size, sums));
+    FL_TRY(average_buffers(t));
+    if (cfg->train.eval_train)
+        FL_TRY(eval_shard(t, cfg, t->train_set, sums));
     if (t->val_set)
-        FL_TRY(eval_shard(t, t->val_set, cfg->train.batch_size, sums + 3));
+        FL_TRY(eval_shard(t, cfg, t->val_set, sums + 3));
     /* sums of doubles up to 2^53 are exact counts; every rank gets the same result */
     FL_TRY(fl_comm_allreduce(fl_fleet_comm(t->fleet), sums, 6, FL_DTYPE_F64, FL_REDOP_SUM));
     res->train_loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
@@ -53,6 +100,7 @@ int fl_train_eval(trainer *t, const fl_train_config *cfg, int64_t epoch, int64_t
            "val_loss %.4f, val_acc1 %.4f\n",
            t->rank, (long long)epoch, (long long)step, res->train_loss, res->train_acc1,
            res->val_loss, res->val_acc1);
+    FL_TRY(report_skipped(t, cfg, epoch));
     fflush(stdout);
     if (!t->metrics)
         return FL_OK;

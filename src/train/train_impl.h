@@ -7,13 +7,14 @@
 #include "fleet/fleet.h"
 #include "fleet/train.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct {
     fl_fleet      *fleet;
     int            rank, world;
     fl_dataset    *train_set, *val_set;
-    fl_loader     *loader;    /* this rank's shard of each global batch */
+    fl_prefetch   *loader;    /* this rank's shard of each global batch (data.num_workers) */
     fl_net        *net;
     fl_optim      *opt;
     fl_dist_optim *dopt;      /* wraps opt; replaces backward + step */
@@ -22,6 +23,7 @@ typedef struct {
     fl_lr_schedule sched;     /* indexed by optimizer update */
     int64_t        merge_k;   /* micro-batches (loader batches) per optimizer update */
     int64_t        total_steps; /* optimizer updates the run will take */
+    double         label_smoothing; /* optimizer.label_smoothing */
 } trainer;
 
 /* What happened since the previous progress line, on this rank. */
@@ -38,9 +40,11 @@ typedef struct {
 int  fl_train_setup(trainer *t, const fl_train_config *cfg);
 void fl_train_teardown(trainer *t);
 
-/* Evaluates the model over the whole training and validation sets, sharded over the ranks with
- * the sums all-reduced (every rank gets the same numbers), fills res's train_/val_ fields,
- * prints the eval line and writes its metrics record. Collective: every rank calls it. */
+/* Averages the ranks' persistable buffers (batch-norm running statistics), then evaluates the
+ * model over the whole training (train.eval_train) and validation sets, sharded over the ranks
+ * with the sums all-reduced (every rank gets the same numbers), fills res's train_/val_ fields,
+ * prints the eval line (and the images skipped so far) and writes its metrics record.
+ * Collective: every rank calls it. */
 int fl_train_eval(trainer *t, const fl_train_config *cfg, int64_t epoch, int64_t step,
                   fl_train_result *res);
 
@@ -51,5 +55,36 @@ void fl_train_window_reset(trainer *t, train_window *w);
  * Collective: every rank calls it at the same step. */
 int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t step, double lr,
                           fl_train_result *res);
+
+/* Where the loop stands: optimizer updates done, the epoch, and the loader batches of that
+ * epoch already consumed (the data position a resumed run seeks to). */
+typedef struct {
+    int64_t step, epoch, batch;
+} train_pos;
+
+/* The dataset (split 0 train, 1 validation) and the untrained model cfg describes; the same
+ * constructors fleet-train and fleet-eval build from (train_setup.c). NULL with fl_errmsg. */
+fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split);
+fl_net     *fl_train_make_model(const fl_train_config *cfg);
+/* Whether cfg has a validation set (val_size > 0, a val_list, CIFAR-10's test batch). */
+bool        fl_train_has_val(const fl_train_config *cfg);
+
+/* train_checkpoint.c. Restores everything from checkpoint.resume (then *pos is where the
+ * checkpoint stood) or takes checkpoint.pretrained's weights by name (then *pos is zero).
+ * Collective. */
+int  fl_train_ckpt_restore(trainer *t, const fl_train_config *cfg, train_pos *pos);
+/* Whether a periodic checkpoint is due after update `step`. */
+bool fl_train_ckpt_due(const fl_train_config *cfg, int64_t step);
+/* Saves a checkpoint of the state at pos into checkpoint.dir (see checkpoint.h), then points
+ * `latest` at it and prunes. Collective: every rank calls it at the same step. */
+int  fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *pos);
+/* The "key: value" lines of a configuration's YAML (fl_config_print) that the network is built
+ * from (model.*, and data.features, data.classes, which fl_train_make_model reads): an
+ * inference model's network description. malloc'd; NULL when out of memory. */
+char *fl_train_network_keys(const char *yaml);
+/* At the end of training: the final checkpoint (unless pos->step was just saved) and rank 0's
+ * inference model, as configured. Collective. */
+int  fl_train_ckpt_final(trainer *t, const fl_train_config *cfg, const train_pos *pos,
+                         int64_t last_saved);
 
 #endif /* FLEET_TRAIN_IMPL_H */

@@ -10,19 +10,73 @@
 
 static const char *const backend_names[] = {"auto", "tcp", "mpi"}; /* by fl_train_backend */
 
+static fl_dataset *make_imagelist(const fl_train_config *cfg, int split) {
+    fl_imagelist_config ic = fl_imagelist_config_default();
+    ic.list = split == 0 ? cfg->data.train_list : cfg->data.val_list;
+    ic.root = cfg->data.root;
+    ic.classes = (int)cfg->data.classes;
+    ic.train = split == 0 && cfg->data.augment;
+    ic.crop_size = (int)cfg->data.crop_size;
+    ic.resize_short_size = (int)cfg->data.resize_short_size;
+    ic.lower_scale = cfg->data.lower_scale;
+    ic.lower_ratio = cfg->data.lower_ratio;
+    ic.upper_ratio = cfg->data.upper_ratio;
+    ic.seed = (uint64_t)cfg->data.seed;
+    ic.on_bad_image = (fl_bad_image_policy)cfg->data.bad_images;
+    return fl_dataset_imagelist_create(&ic);
+}
+
 static fl_dataset *make_dataset(const fl_train_config *cfg, int split) {
     int64_t size = split == 0 ? cfg->data.train_size : cfg->data.val_size;
-    if (cfg->data.type == FL_DATA_RANDOM) /* each split its own seed: disjoint samples */
+    switch ((fl_data_type)cfg->data.type) {
+    case FL_DATA_RANDOM: /* each split its own seed: disjoint samples */
         return fl_dataset_random_create(size, cfg->data.features, (int)cfg->data.classes,
                                         (uint64_t)cfg->data.seed * 2 + (uint64_t)split);
-    return fl_dataset_teacher_create(size, cfg->data.features, cfg->data.teacher_hidden,
-                                     (int)cfg->data.classes, (uint64_t)cfg->data.seed, split);
+    case FL_DATA_TEACHER:
+        return fl_dataset_teacher_create(size, cfg->data.features, cfg->data.teacher_hidden,
+                                         (int)cfg->data.classes, (uint64_t)cfg->data.seed,
+                                         split);
+    case FL_DATA_SHAPES:
+        return fl_dataset_shapes_create(size, (int)cfg->data.classes, (int)cfg->data.image_size,
+                                        (uint64_t)cfg->data.seed, split);
+    case FL_DATA_CIFAR10:
+        return fl_dataset_cifar10_create(cfg->data.root, split == 0,
+                                         split == 0 && cfg->data.augment,
+                                         (uint64_t)cfg->data.seed);
+    case FL_DATA_IMAGELIST:
+        return make_imagelist(cfg, split);
+    }
+    fl_fail(FL_ECONFIG, "data.type: %d is not a data type", cfg->data.type);
+    return NULL;
+}
+
+/* Whether cfg describes a validation set. */
+bool fl_train_has_val(const fl_train_config *cfg) {
+    switch ((fl_data_type)cfg->data.type) {
+    case FL_DATA_CIFAR10:
+        return true;
+    case FL_DATA_IMAGELIST:
+        return cfg->data.val_list[0] != '\0';
+    default:
+        return cfg->data.val_size > 0;
+    }
 }
 
 static fl_net *make_model(const fl_train_config *cfg) {
-    /* model.type has one value so far (mlp); the zoo grows with later issues */
-    return fl_model_mlp(FL_DTYPE_F32, cfg->data.features, cfg->model.hidden.v, cfg->model.hidden.n,
-                        (fl_act)cfg->model.activation, cfg->data.classes);
+    int64_t depth = cfg->model.depth;
+    switch ((fl_model_type)cfg->model.type) {
+    case FL_MODEL_MLP:
+        return fl_model_mlp(FL_DTYPE_F32, cfg->data.features, cfg->model.hidden.v,
+                            cfg->model.hidden.n, (fl_act)cfg->model.activation,
+                            cfg->data.classes);
+    case FL_MODEL_RESNET:
+        return fl_model_resnet(FL_DTYPE_F32, depth ? (int)depth : 50, cfg->data.classes);
+    case FL_MODEL_RESNET_CIFAR:
+        return fl_model_resnet_cifar(FL_DTYPE_F32, depth ? (int)depth : 20, cfg->data.classes,
+                                     cfg->model.shortcut == FL_SHORTCUT_B ? 'B' : 'A');
+    }
+    fl_fail(FL_ECONFIG, "model.type: %d is not a model", cfg->model.type);
+    return NULL;
 }
 
 /* total_steps counts optimizer updates, the unit of the schedule */
@@ -85,16 +139,18 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     t->train_set = make_dataset(cfg, 0);
     if (!t->train_set)
         return fl_fail_prefix(FL_EINVAL, "data");
-    if (cfg->data.val_size > 0) {
+    if (fl_train_has_val(cfg)) {
         t->val_set = make_dataset(cfg, 1);
         if (!t->val_set)
             return fl_fail_prefix(FL_EINVAL, "data");
     }
     /* rank r takes the r-th slice of every global batch of world x batch_size samples */
-    fl_loader_config lc = {.batch_size = cfg->train.batch_size, .shuffle = true,
-                           .drop_last = true, .seed = (uint64_t)cfg->train.seed,
-                           .rank = t->rank, .world = t->world};
-    t->loader = fl_loader_create(t->train_set, &lc);
+    fl_prefetch_config lc = {.base = {.batch_size = cfg->train.batch_size, .shuffle = true,
+                                      .drop_last = true, .seed = (uint64_t)cfg->train.seed,
+                                      .rank = t->rank, .world = t->world},
+                             .num_workers = (int)cfg->data.num_workers,
+                             .prefetch = (int)cfg->data.prefetch};
+    t->loader = fl_prefetch_create(t->train_set, &lc);
     if (!t->loader)
         return fl_fail_prefix(FL_ECONFIG, "train.batch_size (x %d workers)", t->world);
 
@@ -110,6 +166,7 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
                           .nesterov = cfg->optimizer.nesterov,
                           .weight_decay = cfg->optimizer.weight_decay,
                           .clip_norm = cfg->optimizer.clip_norm};
+    fl_strategy_optim_config(&cfg->strategy, &oc); /* strategy.lars: LARS momentum */
     t->opt = fl_optim_create(&oc, fl_net_param(t->net, 0), fl_net_num_params(t->net),
                              FL_DTYPE_F32, fl_net_kernels(t->net));
     if (!t->opt)
@@ -119,8 +176,9 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     if (!t->dopt)
         return fl_fail_prefix(FL_EINVAL, "strategy");
 
+    t->label_smoothing = cfg->optimizer.label_smoothing;
     t->merge_k = cfg->strategy.gradient_merge ? cfg->strategy.gradient_merge_configs.k_steps : 1;
-    int64_t total = fl_loader_steps_per_epoch(t->loader) * cfg->train.epochs / t->merge_k;
+    int64_t total = fl_prefetch_steps_per_epoch(t->loader) * cfg->train.epochs / t->merge_k;
     if (cfg->train.max_steps > 0 && cfg->train.max_steps < total)
         total = cfg->train.max_steps;
     t->total_steps = total;
@@ -136,13 +194,19 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     return open_metrics(t, cfg);
 }
 
+fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split) {
+    return make_dataset(cfg, split);
+}
+
+fl_net *fl_train_make_model(const fl_train_config *cfg) { return make_model(cfg); }
+
 void fl_train_teardown(trainer *t) {
     fl_metrics_close(t->metrics);
     fl_tensor_free(t->probs);
     fl_dist_optim_free(t->dopt);
     fl_optim_free(t->opt);
     fl_net_free(t->net);
-    fl_loader_free(t->loader);
+    fl_prefetch_free(t->loader);
     fl_dataset_free(t->val_set);
     fl_dataset_free(t->train_set);
     fl_fleet_free(t->fleet);

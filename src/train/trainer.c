@@ -2,6 +2,7 @@
  * trains on its shard of every global batch and fl_dist_minimize (backward, gradient averaging
  * as the strategy says, optimizer update) keeps the replicas in step. Set-up, evaluation and
  * progress lines live in train_setup.c, train_eval.c and train_log.c. */
+#include "train/straggler.h"
 #include "train/train_impl.h"
 
 #include <math.h>
@@ -17,9 +18,12 @@ static int train_step(trainer *t, const fl_tensor *x, const int32_t *labels, dou
     int64_t pshape[2] = {x->shape[0], logits->shape[1]};
     fl_tensor_view(&probs, FL_DTYPE_F32, 2, pshape, t->probs->data);
     const fl_kernel_ops *k = fl_net_kernels(t->net);
-    FL_TRY(fl_softmax_xent_forward(k, logits, labels, &probs, loss));
+    double eps = t->label_smoothing;
+    FL_TRY(fl_softmax_xent_smooth_forward(k, logits, labels, eps, &probs, loss));
     *correct = fl_topk_correct(logits, labels, 1);
-    FL_TRY(fl_softmax_xent_backward(k, &probs, labels, &probs));
+    FL_TRY(fl_softmax_xent_smooth_backward(k, &probs, labels, eps, &probs));
+    if (x->shape[0] == 0) /* every sample of this rank's batch was a skipped image */
+        *loss = 0;
     if (isfinite(*loss)) /* adaptive Local SGD follows the loss */
         FL_TRY(fl_dist_set_loss(t->dopt, *loss));
     return fl_dist_minimize(t->dopt, &probs, lr, updated);
@@ -28,7 +32,7 @@ static int train_step(trainer *t, const fl_tensor *x, const int32_t *labels, dou
 /* A "step" is an optimizer update: the schedule, log_interval and max_steps count those. */
 static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
     int64_t max_steps = cfg->train.max_steps;
-    int64_t step = 0, last_epoch = 0, local_samples = 0;
+    int64_t step = 0, last_epoch = 0, local_samples = 0, batch = 0;
     double run_start = fl_now();
     train_window w;
     const fl_tensor *x;
@@ -36,20 +40,31 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
 
     FL_INFO("worker %d of %d: training %lld epochs of %lld steps of %lld x %lld samples, %lld "
             "parameters", t->rank, t->world, (long long)cfg->train.epochs,
-            (long long)(fl_loader_steps_per_epoch(t->loader) / t->merge_k),
+            (long long)(fl_prefetch_steps_per_epoch(t->loader) / t->merge_k),
             (long long)(t->merge_k * t->world), (long long)cfg->train.batch_size,
             (long long)fl_net_numel(t->net));
+    /* --resume: the step, epoch and data position the checkpoint stood at */
+    train_pos start;
+    FL_TRY(fl_train_ckpt_restore(t, cfg, &start));
+    step = start.step;
+    last_epoch = start.epoch;
+    int64_t last_saved = cfg->checkpoint.resume[0] ? start.step : -1;
     fl_train_window_reset(t, &w);
-    for (int64_t epoch = 0; epoch < cfg->train.epochs; epoch++) {
+    fl_straggler slow; /* FLEET_BENCH_SLOW: a benchmark's random straggler (straggler.h) */
+    FL_TRY(fl_straggler_from_env(&slow, t->rank, t->world));
+    for (int64_t epoch = start.epoch; epoch < cfg->train.epochs; epoch++) {
         if (max_steps > 0 && step >= max_steps)
             break;
         last_epoch = epoch;
-        FL_TRY(fl_loader_seek(t->loader, epoch, 0));
+        batch = epoch == start.epoch ? start.batch : 0;
+        FL_TRY(fl_prefetch_seek(t->loader, epoch, batch));
         int rc;
-        while ((rc = fl_loader_next(t->loader, &x, &labels)) == 1) {
+        while ((rc = fl_prefetch_next(t->loader, &x, &labels)) == 1) {
+            batch++;
             double lr = fl_lr_at(&t->sched, step), loss;
             int64_t correct;
             bool updated = true;
+            fl_straggler_step(&slow);
             FL_TRY(train_step(t, x, labels, lr, &loss, &correct, &updated));
             if (!isfinite(loss))
                 return fl_fail(FL_EINVAL,
@@ -65,6 +80,10 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
             step++;
             if (step % cfg->train.log_interval == 0 || (max_steps > 0 && step == max_steps))
                 FL_TRY(fl_train_log_progress(t, &w, epoch, step, lr, res));
+            if (fl_train_ckpt_due(cfg, step)) {
+                FL_TRY(fl_train_ckpt_save(t, cfg, &(train_pos){step, epoch, batch}));
+                last_saved = step;
+            }
             if (max_steps > 0 && step >= max_steps)
                 break;
         }
@@ -75,7 +94,9 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
     res->steps = step;
     /* drop_last: every rank sees the same number of samples */
     res->samples_per_s = (double)local_samples * t->world / (fl_now() - run_start);
-    return fl_train_eval(t, cfg, last_epoch, step, res);
+    FL_TRY(fl_train_eval(t, cfg, last_epoch, step, res));
+    /* the final checkpoint and the inference model, when configured */
+    return fl_train_ckpt_final(t, cfg, &(train_pos){step, last_epoch, batch}, last_saved);
 }
 
 int fl_train_run(const fl_train_config *cfg, fl_train_result *result) {

@@ -120,9 +120,10 @@ refused() { # refused NAME PATTERN NPROC ARGS...
   check "$name: nothing trained" bash -c "! grep -q '^step' '$tmp/$name.log'"
 }
 refused dgc_sgd "dist_train: error: strategy.dgc needs optimizer.type momentum (Deep Gradient Compression corrects momentum)" 1 --dgc
-refused dgc_momentum "dist_train: error: strategy.dgc: not implemented yet in this version of fleet" 1 --dgc --optimizer momentum
-refused dgc_fleetrun "dist_train: error: strategy.dgc: not implemented yet in this version of fleet" 2 --dgc --optimizer momentum
-refused localsgd "strategy.localsgd: not implemented yet in this version of fleet" 1 -o strategy.localsgd=true
-refused dgc_configs "strategy.dgc_configs.sparsity: set, but strategy.dgc is not implemented yet" 1 -o 'strategy.dgc_configs.sparsity=[0.9, 0.99]'
+refused dgc_fp16 "dist_train: error: strategy.dgc cannot be combined with strategy.fp16_allreduce" 1 --dgc --optimizer momentum --fp16-allreduce
+refused dgc_fp16_fleetrun "dist_train: error: strategy.dgc cannot be combined with strategy.fp16_allreduce" 2 --dgc --optimizer momentum --fp16-allreduce
+refused amp "dist_train: error: strategy.amp: not implemented yet in this version of fleet" 1 -o strategy.amp=true --optimizer momentum
+refused localsgd_fp16 "strategy.fp16_allreduce cannot be combined with strategy.localsgd" 1 -o strategy.localsgd=true --fp16-allreduce
+refused amp_configs "strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented yet" 1 -o 'strategy.amp_configs.incr_ratio=3'
 refused bad_key "unknown key 'strategy.fuse_grad_size_in_mb'" 1 -o strategy.fuse_grad_size_in_mb=4
 exit $fail

@@ -131,17 +131,20 @@ expect_error() { # expect_error NAME PATTERN ARGS...
   check "$name: message matches '$pattern'" grep -qE -e "$pattern" "$tmp/$name.err" "$tmp/$name.out"
   check "$name: nothing trained" bash -c "! grep -q 'worker_index' '$tmp/$name.out' '$tmp/$name.err'"
 }
-expect_error dgc "fleet-train: error: -o strategy.dgc=true: strategy.dgc: not implemented yet" \
-  "$bin" -c "$cfg" -o strategy.dgc=true
-expect_error dgc_fleetrun "fleet-train: error: -o strategy.dgc=true: strategy.dgc: not implemented yet" \
-  "$run" --nproc_per_node 2 --log_dir "$tmp/logD" "$bin" -c "$cfg" -o strategy.dgc=true
+expect_error dgc_fp16 "fleet-train: error: -o strategy.dgc=true: strategy.dgc cannot be combined with strategy.fp16_allreduce" \
+  "$bin" -c "$cfg" -o strategy.dgc=true -o strategy.fp16_allreduce=true
+expect_error dgc_fp16_fleetrun "fleet-train: error: -o strategy.dgc=true: strategy.dgc cannot be combined with strategy.fp16_allreduce" \
+  "$run" --nproc_per_node 2 --log_dir "$tmp/logD" "$bin" -c "$cfg" -o strategy.dgc=true \
+  -o strategy.fp16_allreduce=true
+expect_error amp "fleet-train: error: -o strategy.amp=true: strategy.amp: not implemented yet" \
+  "$bin" -c "$cfg" -o strategy.amp=true
 expect_error dgc_sgd "-o strategy.dgc=true: strategy.dgc needs optimizer.type momentum" \
   "$bin" -c "$cfg" -o strategy.dgc=true -o optimizer.type=sgd
 printf 'model:\n  type: mlp\ndata:\n  type: teacher\nstrategy:\n  localsgd: true\n  adaptive_localsgd: true\n' >"$tmp/both.yaml"
 expect_error localsgd_both "both.yaml:6: strategy.localsgd cannot be combined with strategy.adaptive_localsgd" \
   "$bin" -c "$tmp/both.yaml"
-printf 'model:\n  type: mlp\ndata:\n  type: teacher\nstrategy:\n  dgc_configs:\n    rampup_begin_step: 5\n' >"$tmp/cfgs.yaml"
-expect_error dgc_configs "cfgs.yaml:7: strategy.dgc_configs.rampup_begin_step: set, but strategy.dgc is not implemented" \
+printf 'model:\n  type: mlp\ndata:\n  type: teacher\nstrategy:\n  amp_configs:\n    incr_ratio: 3\n' >"$tmp/cfgs.yaml"
+expect_error amp_configs "cfgs.yaml:7: strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented" \
   "$bin" -c "$tmp/cfgs.yaml"
 expect_error bad_backend "-o comm.backend=nccl: comm.backend: 'nccl' is not one of auto, tcp, mpi" \
   "$bin" -c "$cfg" -o comm.backend=nccl

@@ -22,7 +22,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dist_train [options]          (under fleetrun, or alone)\n"
-            "  --optimizer sgd|momentum  --momentum MU (0.9)  --weight-decay WD (0)\n"
+            "  --optimizer sgd|momentum  --momentum MU (0.9)  --weight-decay WD (0)  --nesterov\n"
             "  --lr LR (0.05)\n"
             "  --batch B (16, per worker and micro-step)  --steps S (30 updates)  --seed N (1)\n"
             "  --data teacher|random  --data-size N (8192)  --threads N (1)\n"
@@ -109,6 +109,7 @@ static int write_params(fl_net *net, const char *path) {
 typedef struct {
     int         optimizer; /* fl_optim_type */
     double      momentum, weight_decay, lr;
+    bool        nesterov;
     int64_t     batch, steps, seed, data_size, threads;
     bool        random_data;
     const char *out, *out_init;
@@ -138,6 +139,8 @@ static int parse(int argc, char **argv, options *o) {
         int rc = 0, used = 1;
         if (!strcmp(a, "--fp16-allreduce"))
             rc = add_override(o, "strategy.fp16_allreduce", "true"), used = 0;
+        else if (!strcmp(a, "--nesterov"))
+            o->nesterov = true, used = 0;
         else if (!strcmp(a, "--dgc"))
             rc = add_override(o, "strategy.dgc", "true"), used = 0;
         else if (!v)
@@ -237,7 +240,8 @@ static int train(const options *o, const fl_strategy *strategy) {
         }
     }
     fl_optim_config oc = {.type = (fl_optim_type)o->optimizer, .weight_decay = o->weight_decay,
-                          .momentum = o->optimizer == FL_OPTIM_MOMENTUM ? o->momentum : 0};
+                          .momentum = o->optimizer == FL_OPTIM_MOMENTUM ? o->momentum : 0,
+                          .nesterov = o->nesterov};
     opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net), FL_DTYPE_F32,
                           fl_net_kernels(net));
     if (!opt || !(dopt = fl_distributed_optimizer(fleet, net, opt, strategy))) {
@@ -267,6 +271,9 @@ static int train(const options *o, const fl_strategy *strategy) {
             fl_tensor_view(&probs, FL_DTYPE_F32, 2, logits->shape, probs_mem);
             if ((rc = fl_softmax_xent_forward(fl_net_kernels(net), logits, y, &probs, &cost)) < 0 ||
                 (rc = fl_softmax_xent_backward(fl_net_kernels(net), &probs, y, &probs)) < 0)
+                goto fail;
+            /* the update's mean loss so far: adaptive Local SGD follows it */
+            if ((rc = fl_dist_set_loss(dopt, (losses[s] * (double)k + cost) / (double)(j + 1))) < 0)
                 goto fail;
             uint64_t before = fl_dist_bytes_sent(dopt);
             if ((rc = fl_dist_minimize(dopt, &probs, o->lr, &updated)) < 0)

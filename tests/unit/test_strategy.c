@@ -69,6 +69,10 @@ static void test_defaults(void) {
     CHECK(s.gradient_merge_configs.k_steps == 1 && s.gradient_merge_configs.avg);
     CHECK(!s.dgc && s.dgc_configs.rampup_begin_step == 0 && s.dgc_configs.rampup_step == 1);
     CHECK(s.dgc_configs.sparsity.n == 1 && s.dgc_configs.sparsity.v[0] == 0.999);
+    CHECK(s.dgc_configs.min_compress_numel == 16384 && s.dgc_configs.selection == 0 &&
+          s.dgc_configs.dense_fallback && s.dgc_configs.warmup &&
+          s.dgc_configs.momentum_correction && s.dgc_configs.local_clipping &&
+          s.dgc_configs.momentum_masking && s.dgc_configs.weight_decay_correction);
     CHECK(!s.localsgd && s.localsgd_configs.k_steps == 1 && s.localsgd_configs.begin_step == 1);
     CHECK(!s.adaptive_localsgd && s.adaptive_localsgd_configs.init_k_steps == 1 &&
           s.adaptive_localsgd_configs.begin_step == 1);
@@ -103,6 +107,12 @@ static void test_schema(void) {
                           "strategy.gradient_merge_configs.avg", "strategy.dgc",
                           "strategy.dgc_configs.rampup_begin_step",
                           "strategy.dgc_configs.rampup_step", "strategy.dgc_configs.sparsity",
+                          "strategy.dgc_configs.min_compress_numel",
+                          "strategy.dgc_configs.selection", "strategy.dgc_configs.dense_fallback",
+                          "strategy.dgc_configs.warmup", "strategy.dgc_configs.momentum_correction",
+                          "strategy.dgc_configs.local_clipping",
+                          "strategy.dgc_configs.momentum_masking",
+                          "strategy.dgc_configs.weight_decay_correction",
                           "strategy.localsgd", "strategy.localsgd_configs.k_steps",
                           "strategy.localsgd_configs.begin_step", "strategy.adaptive_localsgd",
                           "strategy.adaptive_localsgd_configs.init_k_steps",
@@ -159,8 +169,10 @@ static void test_load(void) {
     CHECK_OK(load("strategy.dgc_configs.sparsity: [0.75, 0.9375, 0.999]\n", NULL, 0, &w, was_set));
     CHECK(w.strategy.dgc_configs.sparsity.n == 3 && w.strategy.dgc_configs.sparsity.v[1] == 0.9375);
     CHECK_OK(fl_strategy_check(&w.strategy, NULL, FL_OPTIM_MOMENTUM)); /* without was_set */
+    CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM)); /* dgc has landed */
+    CHECK_OK(load("strategy.amp_configs.incr_ratio: 3\n", NULL, 0, &w, was_set));
     CHECK_RC(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM), FL_EUNSUPPORTED);
-    CHECK_MSG("strategy.dgc_configs.sparsity: set, but strategy.dgc is not implemented yet");
+    CHECK_MSG("strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented yet");
 
     /* the config layer's refusals name the strategy key and its line */
     CHECK_RC(load("epochs: 2\nstrategy:\n  dgc_config:\n    sparsity: [0.9]\n", NULL, 0, &w, NULL),
@@ -182,8 +194,7 @@ static void test_load(void) {
 
 /* check(): each not-implemented switch, each of their config keys, each bad combination */
 static void test_check(void) {
-    static const char *pending[] = {"dgc", "localsgd", "adaptive_localsgd", "lars", "amp",
-                                    "recompute"};
+    static const char *pending[] = {"amp", "recompute"};
     wrapper w;
     bool was_set[MAX_KEYS];
     char ov[128], want[160];
@@ -202,8 +213,11 @@ static void test_check(void) {
     for (int i = 1; i < nkeys - 1; i++) {
         const char *key = schema[i].path + strlen("strategy.");
         const char *dot = strchr(key, '.');
-        if (!dot || strncmp(key, "gradient_merge_configs.", 23) == 0)
-            continue;
+        if (!dot || strncmp(key, "gradient_merge_configs.", 23) == 0 ||
+            strncmp(key, "localsgd_configs.", 17) == 0 ||
+            strncmp(key, "adaptive_localsgd_configs.", 26) == 0 ||
+            strncmp(key, "dgc_configs.", 12) == 0 || strncmp(key, "lars_configs.", 13) == 0)
+            continue; /* implemented: their configs load and pass */
         wrapper d;
         memset(&d, 0, sizeof d);
         fl_strategy_defaults(&d.strategy);
@@ -227,7 +241,7 @@ static void test_check(void) {
             fprintf(stderr, "  got  %s\n  want %s\n", fl_errmsg(), want);
         nconfigs++;
     }
-    CHECK(nconfigs == 18); /* dgc 3, localsgd 2, adaptive 2, lars 4, amp 6, recompute 1 */
+    CHECK(nconfigs == 7); /* amp 6, recompute 1 */
 
     /* combinations are refused with their reason, before "not implemented" */
     struct {
@@ -245,6 +259,17 @@ static void test_check(void) {
         {{"strategy.localsgd=true", "strategy.adaptive_localsgd=true"}, FL_OPTIM_SGD,
          "strategy.localsgd cannot be combined with strategy.adaptive_localsgd"},
         {{"strategy.lars=true", NULL}, FL_OPTIM_SGD, "strategy.lars needs optimizer.type momentum"},
+        {{"strategy.dgc=true", "strategy.fp16_allreduce=true"}, FL_OPTIM_MOMENTUM,
+         "strategy.dgc cannot be combined with strategy.fp16_allreduce (DGC sends f32 values"},
+        {{"strategy.dgc=true", "strategy.lars=true"}, FL_OPTIM_MOMENTUM,
+         "strategy.dgc cannot be combined with strategy.lars"},
+        {{"strategy.dgc=true", "strategy.dgc_configs.sparsity=[]"}, FL_OPTIM_MOMENTUM,
+         "strategy.dgc_configs.sparsity: the list is empty"},
+        {{"strategy.localsgd=true", "strategy.fp16_allreduce=true"}, FL_OPTIM_SGD,
+         "strategy.fp16_allreduce cannot be combined with strategy.localsgd (fp16_allreduce "
+         "sends gradients as f16; Local SGD sends no gradients"},
+        {{"strategy.adaptive_localsgd=true", "strategy.fp16_allreduce=true"}, FL_OPTIM_MOMENTUM,
+         "strategy.fp16_allreduce cannot be combined with strategy.adaptive_localsgd"},
     };
     for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
         CHECK_OK(load(NULL, combos[c].ov, combos[c].ov[1] ? 2 : 1, &w, was_set));
@@ -269,6 +294,28 @@ static void test_check(void) {
     s.overlap = false;
     s.fuse_grad_size_in_MB = 0;
     CHECK_OK(fl_strategy_check(&s, NULL, FL_OPTIM_MOMENTUM));
+    /* Local SGD, fixed or adaptive, with SGD or Momentum, with gradient merge */
+    const char *local[][3] = {
+        {"strategy.localsgd=true", "strategy.localsgd_configs.k_steps=4",
+         "strategy.localsgd_configs.begin_step=100"},
+        {"strategy.adaptive_localsgd=true", "strategy.adaptive_localsgd_configs.init_k_steps=16",
+         "strategy.gradient_merge=true"},
+    };
+    for (int c = 0; c < 2; c++) {
+        CHECK_OK(load(NULL, local[c], 3, &w, was_set));
+        CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_SGD));
+        CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM));
+    }
+    /* DGC with Momentum, its warm-up and ablation switches set, gradient merge on */
+    const char *dgc_on[] = {"strategy.dgc=true", "strategy.dgc_configs.sparsity=[0.75, 0.999]",
+                            "strategy.dgc_configs.momentum_masking=false",
+                            "strategy.gradient_merge=true"};
+    CHECK_OK(load(NULL, dgc_on, 4, &w, was_set));
+    CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM));
+    CHECK(!w.strategy.dgc_configs.momentum_masking && w.strategy.dgc_configs.sparsity.n == 2);
+    const char *bad_k[] = {"strategy.adaptive_localsgd_configs.init_k_steps=17"};
+    CHECK_RC(load(NULL, bad_k, 1, &w, was_set), FL_ECONFIG);
+    CHECK_MSG("strategy.adaptive_localsgd_configs.init_k_steps");
 }
 
 /* one step of the MLP on batch (x, y): forward, loss, gradient of the loss into probs */
@@ -311,9 +358,9 @@ static void test_single_worker(void) {
     fl_strategy_defaults(&s);
 
     /* refusals: a strategy that does not pass check, an unbuilt network, f16 with f64 */
-    s.dgc = true;
+    s.amp = true;
     CHECK(fl_distributed_optimizer(fleet, nets[0], opts[0], &s) == NULL);
-    CHECK_MSG("strategy.dgc: not implemented yet");
+    CHECK_MSG("strategy.amp: not implemented yet");
     fl_strategy_defaults(&s);
     fl_net *unbuilt = fl_model_mlp(FL_DTYPE_F32, 6, hidden, 1, FL_ACT_TANH, 3);
     CHECK(fl_distributed_optimizer(fleet, unbuilt, opts[0], &s) == NULL);
@@ -326,6 +373,10 @@ static void test_single_worker(void) {
     s.fp16_allreduce = true;
     CHECK(fl_distributed_optimizer(fleet, f64, o64, &s) == NULL);
     CHECK_MSG("strategy.fp16_allreduce: needs an f32 network");
+    s.fp16_allreduce = false;
+    s.dgc = true;
+    CHECK(fl_distributed_optimizer(fleet, f64, o64, &s) == NULL);
+    CHECK_MSG("strategy.dgc: needs an f32 network");
     fl_optim_free(o64);
     fl_net_free(f64);
 
@@ -375,6 +426,62 @@ static void test_single_worker(void) {
     fl_fleet_free(NULL);
 }
 
+/* strategy.lars swaps Momentum for LARS momentum with lars_configs, and the distributed
+ * optimizer refuses strategy.lars over an optimizer that is not LARS */
+static void test_lars_optimizer(void) {
+    fl_strategy s;
+    fl_strategy_defaults(&s);
+    fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-4,
+                          .clip_norm = 5};
+    fl_optim_config same = oc;
+    fl_strategy_optim_config(&s, &oc); /* lars off: unchanged */
+    CHECK(memcmp(&oc, &same, sizeof oc) == 0);
+    s.lars = true;
+    s.lars_configs.lars_coeff = 0.02;
+    s.lars_configs.lars_weight_decay = 5e-5;
+    s.lars_configs.epsilon = 1e-9;
+    snprintf(s.lars_configs.exclude_from_weight_decay,
+             sizeof s.lars_configs.exclude_from_weight_decay, "bn,bias");
+    fl_strategy_optim_config(&s, &oc);
+    CHECK(oc.type == FL_OPTIM_LARS && oc.lars_coeff == 0.02 && oc.lars_weight_decay == 5e-5 &&
+          oc.epsilon == 1e-9 && strcmp(oc.exclude_from_weight_decay, "bn,bias") == 0);
+    CHECK(oc.momentum == 0.9 && oc.weight_decay == 1e-4 && oc.clip_norm == 5);
+    fl_optim_config sgd = {.type = FL_OPTIM_SGD};
+    fl_strategy_optim_config(&s, &sgd); /* only Momentum becomes LARS; check() refuses SGD */
+    CHECK(sgd.type == FL_OPTIM_SGD);
+    CHECK_RC(fl_strategy_check(&s, NULL, FL_OPTIM_SGD), FL_ECONFIG);
+    CHECK_MSG("strategy.lars needs optimizer.type momentum");
+    CHECK_OK(fl_strategy_check(&s, NULL, FL_OPTIM_LARS));
+
+    if (getenv("PADDLE_TRAINERS_NUM") || getenv("WORLD_SIZE") || getenv("OMPI_COMM_WORLD_SIZE"))
+        return;
+    fl_fleet *fleet = NULL;
+    CHECK_OK(fl_fleet_init(NULL, &fleet));
+    int64_t hidden[] = {8}, in_shape[] = {4};
+    fl_net *net = fl_model_mlp(FL_DTYPE_F32, 4, hidden, 1, FL_ACT_TANH, 3);
+    CHECK(net != NULL);
+    if (!fleet || !net)
+        return;
+    CHECK_OK(fl_net_build(net, 1, in_shape, 4, 1));
+    fl_optim_config mom = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9};
+    fl_optim *opt = fl_optim_create(&mom, fl_net_param(net, 0), fl_net_num_params(net),
+                                    FL_DTYPE_F32, fl_net_kernels(net));
+    CHECK(opt != NULL);
+    CHECK(fl_distributed_optimizer(fleet, net, opt, &s) == NULL);
+    CHECK_MSG("strategy.lars: the optimizer is Momentum, not LARS momentum");
+    fl_optim_free(opt);
+    fl_strategy_optim_config(&s, &mom);
+    opt = fl_optim_create(&mom, fl_net_param(net, 0), fl_net_num_params(net), FL_DTYPE_F32,
+                          fl_net_kernels(net));
+    CHECK(opt != NULL);
+    fl_dist_optim *d = fl_distributed_optimizer(fleet, net, opt, &s);
+    CHECK(d != NULL);
+    fl_dist_optim_free(d);
+    fl_optim_free(opt);
+    fl_net_free(net);
+    fl_fleet_free(fleet);
+}
+
 int main(void) {
     if (!mkdtemp(dir))
         TEST_SKIP("cannot create a temporary directory");
@@ -384,6 +491,7 @@ int main(void) {
     test_load();
     test_check();
     test_single_worker();
+    test_lars_optimizer();
     unlink(file);
     rmdir(dir);
     TEST_DONE();

@@ -17,6 +17,13 @@ static const fl_kernel_ops cpu_ops = {
     .softmax_xent_backward = cpu_softmax_xent_backward,
     .sgd_update = cpu_sgd_update,
     .momentum_update = cpu_momentum_update,
+    .im2col = cpu_im2col,
+    .col2im = cpu_col2im,
+    .pool_forward = cpu_pool_forward,
+    .pool_backward = cpu_pool_backward,
+    .bn_stats = cpu_bn_stats,
+    .bn_apply = cpu_bn_apply,
+    .bn_backward = cpu_bn_backward,
 };
 
 const fl_kernel_ops *fl_kernels_cpu(void) { return &cpu_ops; }

@@ -85,4 +85,19 @@ double cpu_softmax_xent_forward(fl_dtype t, const void *logits, const int32_t *l
 void cpu_softmax_xent_backward(fl_dtype t, const void *probs, const int32_t *labels,
                                void *dlogits, int64_t rows, int64_t classes, double scale);
 
+/* im2col.c, pool.c, batch_norm.c (shared by the cpu and ref tables) */
+void cpu_im2col(fl_dtype t, const fl_conv_geom *g, const void *x, void *col, int64_t ldc);
+void cpu_col2im(fl_dtype t, const fl_conv_geom *g, const void *col, int64_t ldc, void *x);
+void cpu_pool_forward(fl_dtype t, fl_pool pool, const fl_conv_geom *g, const void *x, void *y);
+void cpu_pool_backward(fl_dtype t, fl_pool pool, const fl_conv_geom *g, const void *x,
+                       const void *dy, void *dx);
+void cpu_bn_stats(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x, double *mean,
+                  double *var);
+void cpu_bn_apply(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x,
+                  const double *scale, const double *shift, bool relu, void *y);
+void cpu_bn_backward(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x,
+                     const void *relu_y, const void *dy, const void *gamma, const double *mean,
+                     const double *invstd, bool training, void *dx, void *dgamma, void *dbeta,
+                     bool accumulate);
+
 #endif /* FLEET_KERNELS_CPU_IMPL_H */

@@ -1,6 +1,7 @@
 /* ref.c - the fl_kernels_ref() table: the plainest loops that implement kernels.h, single-
  * threaded, naive triple-loop gemm, sums in double. Slow on purpose; it is what the tests
  * hold the fast table to, so every line should be obviously right. */
+#include "cpu_impl.h"
 #include "fleet/kernels.h"
 #include "fleet/status.h"
 
@@ -191,6 +192,14 @@ static const fl_kernel_ops ref_ops = {
     .softmax_xent_backward = ref_softmax_xent_backward,
     .sgd_update = ref_sgd_update,
     .momentum_update = ref_momentum_update,
+    /* window and batch-norm loops: the same plain loops as the cpu table (cpu_impl.h) */
+    .im2col = cpu_im2col,
+    .col2im = cpu_col2im,
+    .pool_forward = cpu_pool_forward,
+    .pool_backward = cpu_pool_backward,
+    .bn_stats = cpu_bn_stats,
+    .bn_apply = cpu_bn_apply,
+    .bn_backward = cpu_bn_backward,
 };
 
 const fl_kernel_ops *fl_kernels_ref(void) { return &ref_ops; }

@@ -1,0 +1,105 @@
+/* cnn_step.c - times one training step (forward, softmax cross-entropy, backward, Momentum
+ * update) of a ResNet, the workload of bench/cnn_step_torch.py, for the comparison that
+ * bench/cnn_step.sh prints. Usage: cnn_step MODEL BATCH ITERS REPEATS, MODEL one of resnet20
+ * (CIFAR, option A, 3x32x32, 10 classes) or resnet18/34/50/101/152 (3x224x224, 1000 classes).
+ * Prints the median over REPEATS of the mean step time of ITERS steps, in ms (and on stderr
+ * the median CPU time per step, all threads together). */
+#include "fleet/kernels.h"
+#include "fleet/log.h"
+#include "fleet/nn.h"
+#include "fleet/optim.h"
+#include "fleet/rng.h"
+#include "fleet/status.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* CPU seconds of the whole process (all threads): less disturbed by other jobs than wall time */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: cnn_step MODEL BATCH ITERS REPEATS\n");
+        return 2;
+    }
+    int64_t batch = atoll(argv[2]);
+    int iters = atoi(argv[3]), repeats = atoi(argv[4]);
+    if (batch < 1 || iters < 1 || repeats < 1 || repeats > 64) {
+        fprintf(stderr, "cnn_step: bad arguments\n");
+        return 2;
+    }
+    fl_net *net = NULL;
+    int64_t size = 224, classes = 1000;
+    int depth = strncmp(argv[1], "resnet", 6) == 0 ? atoi(argv[1] + 6) : 0;
+    if (depth == 18 || depth == 34 || depth == 50 || depth == 101 || depth == 152) {
+        net = fl_model_resnet(FL_DTYPE_F32, depth, classes);
+    } else if (depth > 0) { /* CIFAR: 20, 32, 44, 56, 110 */
+        size = 32, classes = 10;
+        net = fl_model_resnet_cifar(FL_DTYPE_F32, depth, classes, 'A');
+    }
+    int64_t in_shape[3] = {3, size, size};
+    if (!net || fl_net_build(net, 3, in_shape, batch, 1) < 0) {
+        fprintf(stderr, "cnn_step: %s: %s\n", argv[1], fl_errmsg());
+        return 1;
+    }
+    fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-4};
+    fl_optim *opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net),
+                                    FL_DTYPE_F32, fl_net_kernels(net));
+    fl_tensor *x = fl_tensor_create(FL_DTYPE_F32, 4, (int64_t[]){batch, 3, size, size});
+    fl_tensor *probs = fl_tensor_create(FL_DTYPE_F32, 2, (int64_t[]){batch, classes});
+    int32_t *labels = malloc(sizeof(int32_t) * (size_t)batch);
+    if (!opt || !x || !probs || !labels) {
+        fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
+        return 1;
+    }
+    fl_rng r;
+    fl_rng_init(&r, 3, 0);
+    float *xf = x->data;
+    for (int64_t i = 0; i < x->numel; i++)
+        xf[i] = 2 * fl_rng_uniform(&r) - 1;
+    for (int64_t i = 0; i < batch; i++)
+        labels[i] = (int32_t)fl_rng_below(&r, (uint64_t)classes);
+
+    const fl_kernel_ops *k = fl_net_kernels(net);
+    double times[64], cpu[64];
+    double loss = 0;
+    for (int rep = -1; rep < repeats; rep++) { /* rep -1 warms up */
+        double t0 = fl_now(), c0 = cpu_now();
+        for (int it = 0; it < iters; it++) {
+            const fl_tensor *logits;
+            if (fl_net_forward(net, x, true, &logits) < 0 ||
+                fl_softmax_xent_forward(k, logits, labels, probs, &loss) < 0 ||
+                fl_softmax_xent_backward(k, probs, labels, probs) < 0 ||
+                fl_net_backward(net, probs, NULL, NULL) < 0 || fl_optim_step(opt, 0.01, NULL) < 0) {
+                fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
+                return 1;
+            }
+        }
+        if (rep >= 0) {
+            times[rep] = (fl_now() - t0) * 1e3 / iters;
+            cpu[rep] = (cpu_now() - c0) * 1e3 / iters;
+        }
+    }
+    qsort(times, (size_t)repeats, sizeof times[0], cmp_double);
+    qsort(cpu, (size_t)repeats, sizeof cpu[0], cmp_double);
+    printf("%.4f\n", times[repeats / 2]);
+    fprintf(stderr, "cnn_step: %s final loss %.4f, cpu %.1f ms per step\n", argv[1], loss,
+            cpu[repeats / 2]);
+    free(labels);
+    fl_tensor_free(probs);
+    fl_tensor_free(x);
+    fl_optim_free(opt);
+    fl_net_free(net);
+    return 0;
+}

@@ -1,0 +1,47 @@
+/* infer.h - offline evaluation (fleet-eval; seed 002's evaluation program): runs a saved model
+ * over a dataset and writes its output vectors (logits) as .npy, so that they can be compared
+ * with a deployed service's, with loss, top-1 and top-5 where the samples have labels.
+ *
+ * The model is an inference model (checkpoint.inference_model: the network description, i.e.
+ * the configuration keys the model is built from, plus every network tensor, batch-norm
+ * statistics included) or a training checkpoint (its training state is skipped). The data and
+ * the network are built by the same constructors fleet-train uses (src/train/train_setup.c),
+ * from a configuration assembled as: defaults, then the data configuration given (or, with
+ * none, the training configuration stored in the model), then the model's network keys, then
+ * the -o overrides. The validation split is read with the evaluation transforms, in order,
+ * unsharded, in batches of train.batch_size (the trainer's evaluation batches, so the logits
+ * are bit-identical to those its evaluation computes). */
+#ifndef FLEET_INFER_H
+#define FLEET_INFER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char        *model;       /* inference model file, or checkpoint (file or directory) */
+    const char        *config;      /* YAML with the data section; NULL: the model's own */
+    const char *const *overrides;   /* "key=value", applied last */
+    int                noverrides;
+    int                split;       /* 0: training set, 1: validation set */
+    const char        *out_npy;     /* logits (N, C) '<f4' are written here; NULL: not written */
+    const char        *inputs_npy;  /* the input samples (N, sample numel) too; NULL: not */
+} fl_infer_args;
+
+typedef struct {
+    int64_t samples, classes;
+    int     labelled;   /* every sample has a label in [0, classes) */
+    double  loss;       /* mean softmax cross-entropy (labelled only) */
+    double  top1, top5; /* accuracies (labelled only; top5 needs classes >= 5, else NaN) */
+} fl_infer_result;
+
+/* Runs the evaluation described above on this process (no communication). 0, or a negative
+ * status with a message naming the file, key or tensor at fault. */
+int fl_infer_run(const fl_infer_args *a, fl_infer_result *res);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEET_INFER_H */

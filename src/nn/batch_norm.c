@@ -1,0 +1,147 @@
+/* batch_norm.c - batch normalisation (Ioffe & Szegedy 2015, arXiv:1502.03167) over the channel
+ * dimension of (B, C, ...) inputs with PyTorch's BatchNorm2d semantics: batch statistics and a
+ * running-average update (momentum 0.1, unbiased running variance) in training, running
+ * statistics in inference, eps 1e-5; optionally with the following ReLU fused in. The per-batch
+ * mean and 1/std are kept (C doubles, allocated at create) for backward. */
+#include "nn_impl.h"
+
+#include "fleet/status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BN_MOMENTUM 0.1
+#define BN_EPS 1e-5
+
+typedef struct {
+    int64_t c, hw;
+    bool    relu, training; /* training: of the last forward */
+    double *mean, *invstd, *scale, *shift, *var; /* (C) each, one allocation */
+} bn_impl;
+
+static int bn_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
+                          int64_t *out_shape) {
+    bn_impl *bn = l->impl;
+    char buf[96];
+    if (in_ndim < 1 || in_shape[0] != bn->c)
+        return fl_fail(FL_ESHAPE, "%s: input %s does not have %lld channels first", l->name,
+                       fl_shape_str(in_ndim, in_shape, buf, sizeof buf), (long long)bn->c);
+    bn->hw = fl_shape_numel(in_ndim - 1, in_shape + 1);
+    *out_ndim = in_ndim;
+    memcpy(out_shape, in_shape, (size_t)in_ndim * sizeof *in_shape);
+    return FL_OK;
+}
+
+static void put(fl_dtype t, void *p, int64_t i, double v) {
+    if (t == FL_DTYPE_F32)
+        ((float *)p)[i] = (float)v;
+    else
+        ((double *)p)[i] = v;
+}
+
+static double get(fl_dtype t, const void *p, int64_t i) {
+    return t == FL_DTYPE_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+/* weight 1, bias 0, running_mean 0, running_var 1 (PyTorch's reset_parameters) */
+static void bn_init(fl_layer *l, fl_rng *rng) {
+    (void)rng;
+    bn_impl *bn = l->impl;
+    for (int64_t i = 0; i < bn->c; i++) {
+        put(l->dtype, l->params[0].value.data, i, 1.0);
+        put(l->dtype, l->params[1].value.data, i, 0.0);
+        put(l->dtype, l->params[2].value.data, i, 0.0);
+        put(l->dtype, l->params[3].value.data, i, 1.0);
+    }
+}
+
+static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
+    bn_impl *bn = l->impl;
+    int64_t b = x->shape[0], c = bn->c;
+    const void *gamma = l->params[0].value.data, *beta = l->params[1].value.data;
+    void *rm = l->params[2].value.data, *rv = l->params[3].value.data;
+    if (training) {
+        l->k->bn_stats(l->dtype, b, c, bn->hw, x->data, bn->mean, bn->var);
+        double cnt = (double)(b * bn->hw);
+        for (int64_t i = 0; i < c; i++) {
+            double unbiased = cnt > 1 ? bn->var[i] * cnt / (cnt - 1) : bn->var[i];
+            put(l->dtype, rm, i, (1 - BN_MOMENTUM) * get(l->dtype, rm, i) + BN_MOMENTUM * bn->mean[i]);
+            put(l->dtype, rv, i, (1 - BN_MOMENTUM) * get(l->dtype, rv, i) + BN_MOMENTUM * unbiased);
+            bn->invstd[i] = 1.0 / sqrt(bn->var[i] + BN_EPS);
+        }
+    } else {
+        for (int64_t i = 0; i < c; i++) {
+            bn->mean[i] = get(l->dtype, rm, i);
+            bn->invstd[i] = 1.0 / sqrt(get(l->dtype, rv, i) + BN_EPS);
+        }
+    }
+    for (int64_t i = 0; i < c; i++) {
+        bn->scale[i] = get(l->dtype, gamma, i) * bn->invstd[i];
+        bn->shift[i] = get(l->dtype, beta, i) - bn->mean[i] * bn->scale[i];
+    }
+    bn->training = training;
+    l->k->bn_apply(l->dtype, b, c, bn->hw, x->data, bn->scale, bn->shift, bn->relu, y->data);
+    return FL_OK;
+}
+
+static int bn_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y, const fl_tensor *dy,
+                       fl_tensor *dx, bool accumulate) {
+    bn_impl *bn = l->impl;
+    l->k->bn_backward(l->dtype, x->shape[0], bn->c, bn->hw, x->data, bn->relu ? y->data : NULL,
+                      dy->data, l->params[0].value.data, bn->mean, bn->invstd, bn->training,
+                      dx ? dx->data : NULL, l->params[0].grad.data, l->params[1].grad.data,
+                      accumulate);
+    return FL_OK;
+}
+
+static void bn_destroy(fl_layer *l) {
+    bn_impl *bn = l->impl;
+    free(bn->mean);
+    free(bn);
+}
+
+static const fl_layer_ops bn_ops = {
+    .type = "batch_norm",
+    .infer_shape = bn_infer_shape,
+    .init = bn_init,
+    .forward = bn_forward,
+    .backward = bn_backward,
+    .destroy = bn_destroy,
+};
+
+fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu) {
+    if (channels < 1) {
+        fl_fail(FL_EINVAL, "%s: batch_norm needs at least 1 channel (got %lld)", name,
+                (long long)channels);
+        return NULL;
+    }
+    bn_impl *bn = calloc(1, sizeof *bn);
+    double *mem = bn ? calloc((size_t)(5 * channels), sizeof *mem) : NULL;
+    if (!mem) {
+        free(bn);
+        fl_fail(FL_ENOMEM, "%s: out of memory", name);
+        return NULL;
+    }
+    bn->c = channels;
+    bn->relu = relu;
+    bn->mean = mem;
+    bn->invstd = mem + channels;
+    bn->scale = mem + 2 * channels;
+    bn->shift = mem + 3 * channels;
+    bn->var = mem + 4 * channels;
+    fl_layer *l = fl_layer_new(&bn_ops, name, bn);
+    if (!l) {
+        free(mem);
+        free(bn);
+        return NULL;
+    }
+    if (fl_layer_add_param(l, "weight", 1, &channels, true) < 0 ||
+        fl_layer_add_param(l, "bias", 1, &channels, true) < 0 ||
+        fl_layer_add_param(l, "running_mean", 1, &channels, false) < 0 ||
+        fl_layer_add_param(l, "running_var", 1, &channels, false) < 0) {
+        fl_layer_free(l);
+        return NULL;
+    }
+    return l;
+}

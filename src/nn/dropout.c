@@ -1,0 +1,113 @@
+/* dropout.c - inverted dropout (Srivastava et al. 2014, JMLR 15): in training each element is
+ * kept with probability 1 - p and scaled by 1 / (1 - p), so inference is the identity. The
+ * mask is drawn from Philox stream `step` of the layer's seed, element i from position i / 4
+ * (random access: threads and backward regenerate it instead of storing it). */
+#include "nn_impl.h"
+
+#include "fleet/status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    double   p;
+    uint64_t seed, step, last_step; /* step of the next training forward, and of the last */
+    bool     training;              /* of the last forward */
+} dropout_impl;
+
+static int dropout_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
+                               int64_t *out_shape) {
+    (void)l;
+    *out_ndim = in_ndim;
+    memcpy(out_shape, in_shape, (size_t)in_ndim * sizeof *in_shape);
+    return FL_OK;
+}
+
+/* out = in * mask / (1 - p) for the mask of `step` (in and out may alias) */
+#define STAMP_MASK(T, S)                                                                      \
+    static void mask_##S(const dropout_impl *d, uint64_t step, const T *in, T *out,           \
+                         int64_t n) {                                                         \
+        uint32_t key[2] = {(uint32_t)d->seed, (uint32_t)(d->seed >> 32)};                     \
+        uint32_t thresh = (uint32_t)(d->p * 4294967296.0);                                   \
+        T scale = (T)(1.0 / (1.0 - d->p));                                                    \
+        _Pragma("omp parallel for schedule(static) if (n >= (1 << 16))")                      \
+        for (int64_t q = 0; q < (n + 3) / 4; q++) {                                           \
+            uint32_t ctr[4] = {(uint32_t)q, (uint32_t)((uint64_t)q >> 32), (uint32_t)step,    \
+                               (uint32_t)(step >> 32)},                                       \
+                     r[4];                                                                    \
+            fl_philox4x32(ctr, key, r);                                                       \
+            for (int64_t j = 0; j < 4 && 4 * q + j < n; j++) {                                \
+                int64_t i = 4 * q + j;                                                        \
+                out[i] = r[j] >= thresh ? in[i] * scale : 0;                                  \
+            }                                                                                 \
+        }                                                                                     \
+    }
+STAMP_MASK(float, f32)
+STAMP_MASK(double, f64)
+
+static void apply(const fl_layer *l, uint64_t step, const void *in, void *out, int64_t n) {
+    if (l->dtype == FL_DTYPE_F32)
+        mask_f32(l->impl, step, in, out, n);
+    else
+        mask_f64(l->impl, step, in, out, n);
+}
+
+static int dropout_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
+    dropout_impl *d = l->impl;
+    d->training = training && d->p > 0;
+    if (!d->training) {
+        memcpy(y->data, x->data, fl_tensor_nbytes(x));
+        return FL_OK;
+    }
+    d->last_step = d->step++;
+    apply(l, d->last_step, x->data, y->data, x->numel);
+    return FL_OK;
+}
+
+static int dropout_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y,
+                            const fl_tensor *dy, fl_tensor *dx, bool accumulate) {
+    (void)x;
+    (void)y;
+    (void)accumulate;
+    dropout_impl *d = l->impl;
+    if (!dx)
+        return FL_OK;
+    if (!d->training)
+        memcpy(dx->data, dy->data, fl_tensor_nbytes(dy));
+    else
+        apply(l, d->last_step, dy->data, dx->data, dy->numel);
+    return FL_OK;
+}
+
+static void dropout_destroy(fl_layer *l) { free(l->impl); }
+
+static const fl_layer_ops dropout_ops = {
+    .type = "dropout",
+    .infer_shape = dropout_infer_shape,
+    .forward = dropout_forward,
+    .backward = dropout_backward,
+    .destroy = dropout_destroy,
+};
+
+fl_layer *fl_dropout_create(const char *name, double p, uint64_t seed) {
+    if (!(p >= 0 && p < 1)) {
+        fl_fail(FL_EINVAL, "%s: dropout probability %g is outside [0, 1)", name, p);
+        return NULL;
+    }
+    dropout_impl *d = calloc(1, sizeof *d);
+    if (!d) {
+        fl_fail(FL_ENOMEM, "%s: out of memory", name);
+        return NULL;
+    }
+    d->p = p;
+    d->seed = seed;
+    fl_layer *l = fl_layer_new(&dropout_ops, name, d);
+    if (!l)
+        free(d);
+    return l;
+}
+
+void fl_dropout_set_step(fl_layer *l, uint64_t step) {
+    FL_ASSERT(l && l->ops == &dropout_ops);
+    ((dropout_impl *)l->impl)->step = step;
+}

@@ -1,0 +1,14 @@
+/* optim_impl.h - private to src/optim: the LARS update that optim.c calls per parameter. */
+#ifndef FLEET_OPTIM_IMPL_H
+#define FLEET_OPTIM_IMPL_H
+
+#include "fleet/optim.h"
+
+/* FL_EINVAL naming the field when the LARS fields of c are out of range. */
+int lars_check_config(const fl_optim_config *c);
+/* One LARS momentum step of parameter p with velocity v (optim.h gives the formula). scratch
+ * holds at least p's bytes when c->weight_decay > 0 (it receives g + weight_decay * w). */
+void lars_update(const fl_kernel_ops *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
+                 void *v, void *scratch, double lr);
+
+#endif /* FLEET_OPTIM_IMPL_H */

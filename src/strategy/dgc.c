@@ -1,0 +1,476 @@
+/* dgc.c - the Deep Gradient Compression strategy (Lin et al. 2018, arXiv:1712.01887, as
+ * Paddle's DGCMomentumOptimizer does it): dense Momentum before rampup_begin_step (the dense
+ * strategy's buckets); then every tensor of at least min_compress_numel elements accumulates
+ * its momentum-corrected gradient locally and sends only the top (1 - s) of it as (index,
+ * value) pairs with one allgatherv per step, while the small tensors are averaged with one
+ * allreduce and stepped by Momentum. The arithmetic is in dgc_math.c; this file plans buffers,
+ * talks to the communicator and keeps the state (u, v per rank) checkpointable. */
+#include "dgc_math.h"
+#include "strategy_impl.h"
+
+#include "fleet/log.h"
+#include "fleet/status.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VEL_PREFIX "opt.velocity."
+
+typedef struct {
+    fl_param *p;    /* borrowed: the network's parameter */
+    fl_param *vel;  /* borrowed: its optimizer velocity */
+    fl_param  u, v; /* "dgc.u.<name>" (momentum), "dgc.v.<name>" (accumulator): views */
+} ctensor;
+
+typedef struct {
+    dense_state *dense;  /* the dense phase before rampup_begin_step */
+    ctensor     *ct;     /* (nct) compressed tensors, in parameter order */
+    int          nct;
+    int64_t     *start;  /* (nct + 1) their ranges in the compressed index space */
+    float      **gseg;   /* (nct) their gradients: the scatter-add target */
+    float      **wseg;   /* (nct) their values */
+    int64_t      cnumel; /* compressed elements */
+    float       *ublock, *vblock; /* (cnumel) the state's memory, u and v of every tensor */
+    fl_param   **dp;     /* (ndp) trainable tensors that stay dense */
+    fl_param   **dvel;   /* (ndp) their optimizer velocities (borrowed from the optimizer) */
+    int          ndp;
+    int64_t      dnumel;
+    float       *dstage;  /* (dnumel) their gradients packed for one allreduce */
+    fl_param   **vel_of;  /* (nparams) optimizer velocity of each parameter, or NULL */
+    float       *scratch; /* selection: largest tensor + its sample */
+    int32_t     *idx;     /* selection: largest tensor */
+    dgc_pair    *send;    /* (send_cap) this rank's pairs */
+    dgc_pair    *recv;    /* (world * send_cap) every rank's */
+    int64_t      send_cap;
+    int64_t     *counts64; /* (world) pairs per rank */
+    size_t      *counts;   /* (world) i32 elements per rank */
+    double       said;     /* sparsity whose dense fallback was last logged; -1: none */
+} dgc;
+
+static void destroy(fl_dist_optim *d) {
+    dgc *g = d->impl;
+    if (!g)
+        return;
+    fl_dense_state_free(g->dense);
+    free(g->ct);
+    free(g->start);
+    free(g->gseg);
+    free(g->wseg);
+    fl_free_aligned(g->ublock);
+    fl_free_aligned(g->vblock);
+    free(g->dp);
+    free(g->dvel);
+    fl_free_aligned(g->dstage);
+    free(g->vel_of);
+    fl_free_aligned(g->scratch);
+    fl_free_aligned(g->idx);
+    fl_free_aligned(g->send);
+    fl_free_aligned(g->recv);
+    free(g->counts64);
+    free(g->counts);
+    free(g);
+    d->impl = NULL;
+}
+
+/* The optimizer's velocity of each trainable parameter, by name ("opt.velocity.<name>"). */
+static int find_velocities(fl_dist_optim *d, dgc *g) {
+    int np = fl_net_num_params(d->net), nv = fl_optim_num_state(d->opt);
+    for (int i = 0; i < np; i++) {
+        fl_param *p = fl_net_param(d->net, i);
+        if (!p->trainable)
+            continue;
+        for (int j = 0; j < nv && !g->vel_of[i]; j++) {
+            fl_param *v = fl_optim_state(d->opt, j);
+            if (strncmp(v->name, VEL_PREFIX, strlen(VEL_PREFIX)) == 0 &&
+                strcmp(v->name + strlen(VEL_PREFIX), p->name) == 0)
+                g->vel_of[i] = v;
+        }
+        if (!g->vel_of[i])
+            return fl_fail(FL_ESTATE, "strategy.dgc: the optimizer has no velocity for '%s' (is "
+                                      "it the network's Momentum optimizer?)",
+                           p->name);
+    }
+    return FL_OK;
+}
+
+static void *alloc_or_fail(size_t bytes, int *rc, const char *what) {
+    void *p = fl_alloc_aligned(bytes ? bytes : 1);
+    if (!p && *rc == FL_OK)
+        *rc = fl_fail(FL_ENOMEM, "strategy.dgc: cannot allocate %zu bytes for %s", bytes, what);
+    return p;
+}
+
+/* The most pairs a rank sends in one step: k at the lowest sparsity that runs sparse. */
+static int64_t plan_send_cap(const fl_dist_optim *d, const dgc *g) {
+    const fl_cfg_double_list *sl = &d->s.dgc_configs.sparsity;
+    double smin = 2;
+    for (int i = 0; i < sl->n; i++)
+        if (!d->s.dgc_configs.dense_fallback || dgc_sparse_pays(d->world, sl->v[i]))
+            smin = sl->v[i] < smin ? sl->v[i] : smin;
+    if (smin > 1)
+        return 0; /* every step falls back to dense */
+    int64_t cap = 0;
+    for (int c = 0; c < g->nct; c++)
+        cap += dgc_k(g->ct[c].p->value.numel, smin);
+    return cap;
+}
+
+static int name_state(fl_param *st, const char *what, const fl_param *p, float *mem) {
+    int len = snprintf(st->name, sizeof st->name, "dgc.%s.%s", what, p->name);
+    if (len < 0 || (size_t)len >= sizeof st->name)
+        return fl_fail(FL_EINVAL, "strategy.dgc: state name 'dgc.%s.%s' is longer than %zu "
+                                  "characters",
+                       what, p->name, sizeof st->name - 1);
+    fl_tensor_view(&st->value, FL_DTYPE_F32, p->value.ndim, p->value.shape, mem);
+    fl_tensor_view(&st->grad, FL_DTYPE_F32, p->value.ndim, p->value.shape, NULL);
+    st->trainable = false;
+    return FL_OK;
+}
+
+static int setup(fl_dist_optim *d) {
+    int rc = FL_OK;
+    const fl_strategy *s = &d->s;
+    dgc *g = calloc(1, sizeof *g);
+    if (!g)
+        return fl_fail(FL_ENOMEM, "strategy.dgc: out of memory");
+    d->impl = g;
+    g->said = -1;
+    if (fl_net_dtype(d->net) != FL_DTYPE_F32) {
+        rc = fl_fail(FL_EUNSUPPORTED, "strategy.dgc: needs an f32 network (this one computes in "
+                                      "%s)",
+                     fl_dtype_name(fl_net_dtype(d->net)));
+        goto fail;
+    }
+    if ((rc = fl_dense_state_create(d, &g->dense)) < 0)
+        goto fail;
+    int np = fl_net_num_params(d->net);
+    size_t nps = (size_t)(np ? np : 1);
+    g->vel_of = calloc(nps, sizeof *g->vel_of);
+    g->ct = calloc(nps, sizeof *g->ct);
+    g->start = calloc(nps + 1, sizeof *g->start);
+    g->gseg = calloc(nps, sizeof *g->gseg);
+    g->wseg = calloc(nps, sizeof *g->wseg);
+    g->dp = calloc(nps, sizeof *g->dp);
+    g->dvel = calloc(nps, sizeof *g->dvel);
+    g->counts64 = calloc((size_t)d->world, sizeof *g->counts64);
+    g->counts = calloc((size_t)d->world, sizeof *g->counts);
+    if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->dp || !g->dvel ||
+        !g->counts64 || !g->counts) {
+        rc = fl_fail(FL_ENOMEM, "strategy.dgc: out of memory planning %d parameters", np);
+        goto fail;
+    }
+    if ((rc = find_velocities(d, g)) < 0)
+        goto fail;
+
+    /* which tensors are compressed (Paddle: 16384 elements or more), which stay dense */
+    int64_t max_numel = 0;
+    for (int i = 0; i < np; i++) {
+        fl_param *p = fl_net_param(d->net, i);
+        if (!p->trainable || !p->grad.data)
+            continue;
+        if (p->value.numel >= s->dgc_configs.min_compress_numel) {
+            g->start[g->nct + 1] = g->start[g->nct] + p->value.numel;
+            g->gseg[g->nct] = p->grad.data;
+            g->wseg[g->nct] = p->value.data;
+            g->ct[g->nct].vel = g->vel_of[i];
+            g->ct[g->nct++].p = p;
+            max_numel = p->value.numel > max_numel ? p->value.numel : max_numel;
+        } else {
+            g->dvel[g->ndp] = g->vel_of[i];
+            g->dp[g->ndp++] = p;
+            g->dnumel += p->value.numel;
+        }
+    }
+    g->cnumel = g->start[g->nct];
+    if (g->cnumel > INT32_MAX) {
+        rc = fl_fail(FL_EUNSUPPORTED, "strategy.dgc: %lld compressed values exceed the %d an "
+                                      "int32 index holds (raise dgc_configs.min_compress_numel "
+                                      "or use the dense strategy)",
+                     (long long)g->cnumel, INT32_MAX);
+        goto fail;
+    }
+    g->ublock = alloc_or_fail((size_t)g->cnumel * sizeof(float), &rc, "the momentum u");
+    g->vblock = alloc_or_fail((size_t)g->cnumel * sizeof(float), &rc, "the accumulator v");
+    g->dstage = alloc_or_fail((size_t)g->dnumel * sizeof(float), &rc, "the dense gradients");
+    int64_t sample = max_numel / 100 > 4096 ? max_numel / 100 : 4096;
+    g->scratch = alloc_or_fail((size_t)(max_numel + sample) * sizeof(float), &rc, "selection");
+    g->idx = alloc_or_fail((size_t)max_numel * sizeof(int32_t), &rc, "selection");
+    g->send_cap = plan_send_cap(d, g);
+    g->send = alloc_or_fail((size_t)g->send_cap * sizeof(dgc_pair), &rc, "the pairs sent");
+    g->recv = alloc_or_fail((size_t)(g->send_cap * d->world) * sizeof(dgc_pair), &rc,
+                            "the pairs received");
+    if (rc < 0)
+        goto fail;
+    memset(g->ublock, 0, (size_t)g->cnumel * sizeof(float));
+    memset(g->vblock, 0, (size_t)g->cnumel * sizeof(float));
+    for (int c = 0; c < g->nct; c++) {
+        ctensor *t = &g->ct[c];
+        if ((rc = name_state(&t->u, "u", t->p, g->ublock + g->start[c])) < 0 ||
+            (rc = name_state(&t->v, "v", t->p, g->vblock + g->start[c])) < 0)
+            goto fail;
+    }
+    char sched[256];
+    int off = 0;
+    for (int i = 0; i < s->dgc_configs.sparsity.n && off < (int)sizeof sched - 16; i++)
+        off += snprintf(sched + off, sizeof sched - (size_t)off, "%s%g", i ? ", " : "",
+                        s->dgc_configs.sparsity.v[i]);
+    FL_INFO("strategy dgc: %d tensors (%lld values) compressed, %d (%lld values) dense (< %lld "
+            "elements); dense until step %lld, then sparsity [%s] over %lld steps%s; %s top-k",
+            g->nct, (long long)g->cnumel, g->ndp, (long long)g->dnumel,
+            (long long)s->dgc_configs.min_compress_numel,
+            (long long)s->dgc_configs.rampup_begin_step, sched,
+            (long long)s->dgc_configs.rampup_step, s->dgc_configs.warmup ? "" : " (warm-up off)",
+            s->dgc_configs.selection ? "exact" : "sampled");
+    return FL_OK;
+fail:
+    destroy(d);
+    return rc;
+}
+
+static void grad_ready(void *ctx, fl_param *p) {
+    fl_dist_optim *d = ctx;
+    dgc *g = d->impl;
+    if (DIST_STEP(d) < d->s.dgc_configs.rampup_begin_step)
+        fl_dense_state_grad_ready(d, g->dense, p);
+}
+
+static void abandon(fl_dist_optim *d) {
+    dgc *g = d->impl;
+    fl_dense_state_abandon(d, g->dense);
+}
+
+/* The dense phase ends: each rank's u starts from the common velocity, so that the sum of the
+ * ranks' u over N is the dense Momentum's velocity and training goes on without a jump. */
+static void start_compression(dgc *g) {
+    for (int c = 0; c < g->nct; c++)
+        memcpy(g->ct[c].u.value.data, g->ct[c].vel->value.data,
+               (size_t)g->ct[c].p->value.numel * sizeof(float));
+}
+
+static void dense_pack(dgc *g, bool unpack) {
+    int64_t off = 0;
+    for (int i = 0; i < g->ndp; i++) {
+        fl_param *p = g->dp[i];
+        size_t bytes = (size_t)p->value.numel * sizeof(float);
+        if (unpack)
+            memcpy(p->grad.data, g->dstage + off, bytes);
+        else
+            memcpy(g->dstage + off, p->grad.data, bytes);
+        off += p->value.numel;
+    }
+}
+
+/* Sends this rank's pairs and receives every rank's; returns their number in *total. */
+static int exchange(fl_dist_optim *d, dgc *g, int64_t nsend, int64_t *total) {
+    if (d->world == 1) {
+        memcpy(g->recv, g->send, (size_t)nsend * sizeof *g->send);
+        *total = nsend;
+        return FL_OK;
+    }
+    int rc = fl_comm_allgather(d->comm, &nsend, g->counts64, 1, FL_DTYPE_I64);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "strategy dgc: step %lld: exchanging pair counts",
+                              (long long)DIST_STEP(d));
+    int64_t sum = 0;
+    for (int r = 0; r < d->world; r++) {
+        if (g->counts64[r] < 0 || g->counts64[r] > g->send_cap)
+            return fl_fail(FL_EPEER, "strategy dgc: step %lld: rank %d sends %lld pairs, more "
+                                      "than the %lld planned (do all ranks run the same "
+                                      "strategy.dgc_configs?)",
+                           (long long)DIST_STEP(d), r, (long long)g->counts64[r],
+                           (long long)g->send_cap);
+        g->counts[r] = (size_t)g->counts64[r] * 2;
+        sum += g->counts64[r];
+    }
+    rc = fl_comm_allgatherv(d->comm, g->send, g->recv, g->counts, FL_DTYPE_I32);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "strategy dgc: step %lld: allgatherv of %lld pairs",
+                              (long long)DIST_STEP(d), (long long)sum);
+    *total = sum;
+    return FL_OK;
+}
+
+static int update(fl_dist_optim *d, double lr) {
+    dgc *g = d->impl;
+    const fl_strategy *s = &d->s;
+    const fl_optim_config *oc = fl_optim_get_config(d->opt);
+    const fl_kernel_ops *k = fl_net_kernels(d->net);
+    int64_t step = DIST_STEP(d);
+    double sp = dgc_sparsity_at(step, s->dgc_configs.rampup_begin_step, s->dgc_configs.rampup_step,
+                                s->dgc_configs.sparsity.v, s->dgc_configs.sparsity.n,
+                                s->dgc_configs.warmup);
+    if (sp < 0) { /* warm-up's dense phase: the dense strategy */
+        FL_TRY(fl_dense_state_finish(d, g->dense));
+        return fl_optim_step(d->opt, lr, NULL);
+    }
+    if (!(lr >= 0) || !isfinite(lr))
+        return fl_fail(FL_EINVAL, "strategy dgc: learning rate %g is not a finite number >= 0",
+                       lr);
+    if (step == s->dgc_configs.rampup_begin_step)
+        start_compression(g);
+    int rc = FL_OK;
+    fl_request *req = NULL;
+    const bool corr = s->dgc_configs.momentum_correction;
+    const bool wdc = s->dgc_configs.weight_decay_correction;
+    const double lambda = oc->weight_decay, m = oc->momentum;
+
+    /* the local gradient: gradient merge's 1/k, then local clipping at clip_norm / sqrt(N) */
+    if (d->grad_scale != 1.0)
+        k->scale(FL_DTYPE_F32, fl_net_numel(d->net), d->grad_scale, fl_net_flat_grads(d->net));
+    if (oc->clip_norm > 0 && s->dgc_configs.local_clipping)
+        fl_clip_grad_norm(k, FL_DTYPE_F32, fl_net_param(d->net, 0), fl_net_num_params(d->net),
+                          dgc_local_clip_norm(oc->clip_norm, d->world));
+
+    /* the small tensors' average travels while the large ones are accumulated and selected */
+    if (d->world > 1 && g->dnumel > 0) {
+        dense_pack(g, false);
+        rc = fl_comm_iallreduce(d->comm, g->dstage, (size_t)g->dnumel, FL_DTYPE_F32,
+                                FL_REDOP_AVG, &req);
+        if (rc < 0) {
+            req = NULL;
+            rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
+                                (long long)step);
+            goto done;
+        }
+    }
+    dgc_accum_args acc = {.clip_scale = 1, .decay = wdc ? lambda : 0, .momentum = m,
+                          .nesterov = oc->nesterov, .correction = corr};
+    if (s->dgc_configs.dense_fallback && !dgc_sparse_pays(d->world, sp)) {
+        for (int c = 0; c < g->nct; c++)
+            dgc_accumulate(g->ct[c].p->value.numel, g->gseg[c], g->wseg[c],
+                           g->ct[c].u.value.data, g->ct[c].v.value.data, &acc);
+        /* every entry would be sent: one dense allreduce of v is cheaper and exact */
+        if (g->said != sp) {
+            FL_INFO("strategy dgc: step %lld: sparsity %g with %d workers: N * (1 - s) * 2 = %g "
+                    ">= 1, a sparse allgather would send more than a dense allreduce; steps at "
+                    "this sparsity use dense allreduce",
+                    (long long)step, sp, d->world, d->world * (1 - sp) * 2);
+            g->said = sp;
+        }
+        if (d->world > 1 && g->cnumel > 0) {
+            rc = fl_request_wait(req);
+            req = NULL;
+            if (rc < 0) {
+                rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
+                                    (long long)step);
+                goto done;
+            }
+            rc = fl_comm_allreduce(d->comm, g->vblock, (size_t)g->cnumel, FL_DTYPE_F32,
+                                   FL_REDOP_AVG);
+            if (rc < 0) {
+                rc = fl_fail_prefix(rc, "strategy dgc: step %lld: dense fallback allreduce of "
+                                        "%lld values",
+                                    (long long)step, (long long)g->cnumel);
+                goto done;
+            }
+        }
+        for (int c = 0; c < g->nct; c++)
+            dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->ct[c].v.value.data,
+                            corr ? NULL : g->ct[c].u.value.data, lr, 1.0, m, oc->nesterov,
+                            wdc ? 0 : lambda);
+    } else {
+        int64_t nsend = 0, total = 0;
+        bool mask = s->dgc_configs.momentum_masking && corr;
+        for (int c = 0; c < g->nct; c++) {
+            ctensor *t = &g->ct[c];
+            int64_t n = t->p->value.numel, kk = dgc_k(n, sp), cnt;
+            if (nsend + kk > g->send_cap) { /* a sparsity outside the planned schedule */
+                rc = fl_fail(FL_ESTATE, "strategy dgc: step %lld: %lld pairs exceed the %lld "
+                                        "planned",
+                             (long long)step, (long long)(nsend + kk), (long long)g->send_cap);
+                goto done;
+            }
+            float *v = t->v.value.data, *u = t->u.value.data;
+            if (s->dgc_configs.selection) {
+                dgc_accumulate(n, g->gseg[c], g->wseg[c], u, v, &acc);
+                cnt = dgc_select_exact(n, v, kk, g->idx, g->scratch);
+            } else { /* accumulation and candidate gathering in one pass */
+                cnt = dgc_accumulate_select(n, g->gseg[c], g->wseg[c], u, v, &acc, kk, g->idx,
+                                            g->scratch, (uint64_t)step * 1000003u + (uint64_t)c,
+                                            NULL);
+            }
+            dgc_encode(g->idx, cnt, g->start[c], v, mask ? t->u.value.data : NULL,
+                       g->send + nsend);
+            nsend += cnt;
+        }
+        rc = fl_request_wait(req); /* one collective at a time */
+        req = NULL;
+        if (rc < 0) {
+            rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
+                                (long long)step);
+            goto done;
+        }
+        if ((rc = exchange(d, g, nsend, &total)) < 0)
+            goto done;
+        int64_t bad = dgc_check_pairs(g->recv, total, g->cnumel);
+        if (bad >= 0) {
+            int r = 0;
+            for (int64_t seen = g->counts64[0]; r + 1 < d->world && bad >= seen;)
+                seen += g->counts64[++r];
+            rc = fl_fail(FL_EPEER, "strategy dgc: step %lld: rank %d sent index %d outside the "
+                                   "%lld compressed values",
+                         (long long)step, d->world > 1 ? r : 0, g->recv[bad].index,
+                         (long long)g->cnumel);
+            goto done;
+        }
+        if (corr && wdc) { /* the paper's step: the pairs, as plain SGD */
+            dgc_apply_pairs(g->recv, total, g->nct, g->start, g->wseg, lr / (double)d->world);
+        } else { /* the ablations: a whole-tensor step on the aggregate */
+            for (int c = 0; c < g->nct; c++)
+                memset(g->gseg[c], 0, (size_t)g->ct[c].p->value.numel * sizeof(float));
+            dgc_scatter_add(g->recv, total, g->nct, g->start, g->gseg);
+            for (int c = 0; c < g->nct; c++)
+                dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->gseg[c],
+                                corr ? NULL : g->ct[c].u.value.data, lr, 1.0 / d->world, m,
+                                oc->nesterov, wdc ? 0 : lambda);
+        }
+    }
+
+    /* the small tensors: their average, then Momentum with the optimizer's velocity */
+    rc = fl_request_wait(req);
+    req = NULL;
+    if (rc < 0) {
+        rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
+                            (long long)step);
+        goto done;
+    }
+    if (d->world > 1 && g->dnumel > 0)
+        dense_pack(g, true);
+    for (int i = 0; i < g->ndp; i++)
+        k->momentum_update(FL_DTYPE_F32, g->dp[i]->value.numel, g->dp[i]->value.data,
+                           g->dp[i]->grad.data, g->dvel[i]->value.data, lr, m, lambda,
+                           oc->nesterov);
+done:
+    if (req) { /* after a failure: wait, keeping the first message */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", fl_errmsg());
+        fl_request_wait(req);
+        rc = fl_fail(rc, "%s", msg);
+    }
+    return rc;
+}
+
+static int num_state(const fl_dist_optim *d) {
+    const dgc *g = d->impl;
+    return 2 * g->nct;
+}
+
+static fl_param *state(fl_dist_optim *d, int i) {
+    dgc *g = d->impl;
+    if (i < 0 || i >= 2 * g->nct)
+        return NULL;
+    return i % 2 ? &g->ct[i / 2].v : &g->ct[i / 2].u;
+}
+
+const struct strategy_ops fl_dgc_ops = {
+    .name = "dgc",
+    .setup = setup,
+    .grad_ready = grad_ready,
+    .update = update,
+    .abandon = abandon,
+    .destroy = destroy,
+    .num_state = num_state,
+    .state = state,
+};
