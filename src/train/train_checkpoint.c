@@ -168,9 +168,9 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
     bool per_rank = cfg->checkpoint.per_rank || !uniform;
     if (rc >= 0 && per_rank && !cfg->checkpoint.per_rank && t->rank == 0 && !warned) {
         warned = true;
-        FL_WARN("checkpoint: the state differs between ranks (as with DGC, or Local SGD between "
-                "synchronisations): every rank saves its own file (checkpoint.per_rank: true "
-                "says so up front)");
+        FL_WARN("checkpoint: the state differs between ranks (as with DGC, Local SGD between "
+                "synchronisations, or batch-norm statistics between evaluations): every rank "
+                "saves its own file (checkpoint.per_rank: true says so up front)");
     }
     /* 1. every file of the step, each atomically; the other layout's leftovers removed */
     if (rc >= 0)
