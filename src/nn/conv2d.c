@@ -3,10 +3,11 @@
  * place and the column matrix stays in cache; images are spread over OpenMP threads in fixed
  * slots (measured on ResNet-20, batch 64, 1 thread: batching 4 to 64 images into one wider
  * gemm cost 5-30% more CPU time, the copies to and from NCHW and the cache misses outweighing
- * the wider gemm). 1x1 stride-1 unpadded convolutions skip im2col (the image is its own column
- * matrix); for other stride-1 convolutions the input gradient is itself a convolution (of dy
- * with the flipped kernel), strided ones use col2im. Scratch (column matrices, weight-gradient
- * partials, the flipped kernel) comes from the network. */
+ * the wider gemm); with one group the column matrix is built and consumed a few output rows
+ * at a time so that it stays in L2. 1x1 stride-1 unpadded convolutions skip im2col (the image
+ * is its own column matrix); for other stride-1 convolutions the input gradient is itself a
+ * convolution (of dy with the flipped kernel), strided ones use col2im. Scratch (column
+ * matrices, weight-gradient partials, the flipped kernel) comes from the network. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -36,25 +37,24 @@ typedef struct {
     /* groups = 1: the column matrix is built and used TR output rows at a time (TRT rows of dx
      * for the transposed input gradient), so that it stays in the L2 cache */
     int64_t        tr, trt;
-    /* stride 1, dilation 1, one group, OW = W, W >= SHIFT_MIN_W: the forward runs as KH KW
-     * shifted gemms over a zero-padded copy of the image (see conv_forward_shifted) */
-    bool           shifted;
 } conv_impl;
 
-/* Narrowest image for the shifted forward: it computes (W + 2 PW) / W of the outputs (the
- * padding columns are computed and dropped), 6% more on 32-wide planes, 25% on 8-wide ones */
-#define SHIFT_MIN_W 16
-
-/* Bytes of column matrix per tile: well within a 512 KiB L2 beside the gemm's packed panels.
- * Measured on ResNet-20, batch 64, 1 thread: whole-image column matrices (590 KiB on the
- * 32x32 layers) spill to L3 and the copies and the gemm's packing of them slow down. */
+/* Bytes of column matrix per tile: well within a 512 KiB L2 beside the gemm's packed panels,
+ * where a whole-image column matrix (590 KiB on ResNet-20's 16x32x32 layers, 7 MiB on
+ * ResNet-50's 64x56x56 ones) is not. Measured (ResNet-20 batch 64 and ResNet-50 batch 8,
+ * 1 thread): tiles of 96 KiB to 384 KiB and whole images all within the noise (+-3%) of one
+ * another, so the tiles are kept for the smaller scratch (per slot, 8 slots). */
 #define TILE_BYTES (192 * 1024)
 
+/* Fewest columns per tile: narrower gemms lose more than the cache gains (ResNet-50's 3x3
+ * layers, K = 576-4608, would otherwise get one output row, 7-56 columns, per gemm). */
+#define TILE_MIN_COLS 256
+
 /* Output rows per tile for a column matrix of k rows and ow columns per output row: tiles of
- * equal height, each at most TILE_BYTES when a row allows it. */
+ * equal height, each at most TILE_BYTES or else TILE_MIN_COLS columns wide. */
 static int64_t tile_rows(int64_t k, int64_t ow, int64_t oh, size_t es) {
-    int64_t max = (int64_t)((getenv("XTILE") ? (size_t)atol(getenv("XTILE")) : TILE_BYTES) / es) / (k * ow);
-    max = max < 1 ? 1 : max;
+    int64_t max = (int64_t)(TILE_BYTES / es) / (k * ow), min = (TILE_MIN_COLS + ow - 1) / ow;
+    max = max < min ? min : max;
     int64_t tiles = (oh + max - 1) / max;
     return (oh + tiles - 1) / tiles;
 }
@@ -84,9 +84,6 @@ static int conv_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, i
     c->gt = gt;
     size_t es = fl_dtype_size(l->dtype);
     c->tr = c->o.groups == 1 ? tile_rows(c->kg, g.ow, g.oh, es) : g.oh;
-    c->shifted = !c->direct && c->o.groups == 1 && g.sh == 1 && g.sw == 1 && g.dh == 1 &&
-                 g.dw == 1 && g.ow == g.w && g.oh + g.kh - 1 <= g.h + 2 * g.ph &&
-                 g.w >= (getenv("XSHIFT") ? atol(getenv("XSHIFT")) : SHIFT_MIN_W);
     c->trt = c->transposed ? tile_rows(c->o.out_channels * g.kh * g.kw, g.w, g.h, es) : g.h;
     *out_ndim = 3;
     out_shape[0] = c->o.out_channels;
@@ -107,16 +104,10 @@ static size_t conv_scratch_bytes(fl_layer *l, int64_t max_batch) {
     if (c->transposed && round64((size_t)(kt * c->trt * c->g.w) * es) > col)
         col = round64((size_t)(kt * c->trt * c->g.w) * es); // dy's column matrix shares it
     size_t wbytes = round64(fl_tensor_nbytes(&l->params[0].value));
-    if (c->shifted) { // the padded image (and one row of slack), then the padded-width output
-        int64_t wp = c->g.w + 2 * c->o.pw, hp = c->g.h + 2 * c->o.ph;
-        size_t sb = round64((size_t)(c->o.in_channels * hp * wp + wp) * es) +
-                    round64((size_t)(c->o.out_channels * c->g.oh * wp) * es);
-        col = sb > col ? sb : col;
-    }
     c->slot = col + wbytes;
-    /* slots, then the flipped kernel (transposed) or the tap-major kernel (shifted) */
+    /* slots, then the flipped kernel (transposed) */
     return c->slot * (size_t)(max_batch < SLOTS ? max_batch : SLOTS) +
-           (c->transposed || c->shifted ? wbytes : 0);
+           (c->transposed ? wbytes : 0);
 }
 
 /* torchvision ResNet: kaiming_normal_(mode="fan_out", nonlinearity="relu"), bias 0 */
@@ -154,23 +145,6 @@ static void fill_bias(fl_layer *l, void *y, int64_t b, int64_t oc, int64_t hw) {
             double *p = (double *)y + r * hw;
             for (int64_t i = 0; i < hw; i++)
                 p[i] = v;
-        }
-    }
-}
-
-/* y (OC, HW) += bias[oc] */
-static void add_bias(fl_layer *l, void *y, int64_t oc, int64_t hw) {
-    const void *bias = l->params[1].value.data;
-    for (int64_t o = 0; o < oc; o++) {
-        double v = get(l->dtype, bias, o);
-        if (l->dtype == FL_DTYPE_F32) {
-            float *p = (float *)y + o * hw;
-            for (int64_t i = 0; i < hw; i++)
-                p[i] += (float)v;
-        } else {
-            double *p = (double *)y + o * hw;
-            for (int64_t i = 0; i < hw; i++)
-                p[i] += v;
         }
     }
 }
@@ -225,64 +199,9 @@ static void slot_range(int64_t b, int nslots, int s, int64_t *lo, int64_t *hi) {
     *hi = b * (s + 1) / nslots;
 }
 
-/* The forward of a stride-1 "same-width" convolution without a column matrix: with the image
- * zero-padded to (C, HP, WP) and the output laid out (OC, OH, WP), tap (i, j) adds
- * W[:, :, i, j] (OC, C) times the padded image shifted by i WP + j (C, OH WP, row stride HP WP)
- * to the output; the WP - OW extra columns per row are garbage, dropped when the output is
- * copied out. One gemm per tap whose big operand the gemm packs straight from the image:
- * the data is copied once (by the packing) instead of twice (im2col, then packing). The
- * padded image and output (144 KiB on ResNet-20's 16x32x32 layers) stay in L2. */
-static void conv_forward_shifted(fl_layer *l, const fl_tensor *x, fl_tensor *y) {
-    conv_impl *c = l->impl;
-    const fl_conv_geom *g = &c->g;
-    int64_t b = x->shape[0], ic = c->o.in_channels, oc = c->o.out_channels, kk = g->kh * g->kw;
-    int64_t wp = g->w + 2 * g->pw, hp = g->h + 2 * g->ph, hw = g->h * g->w, ohw = g->oh * g->ow;
-    size_t es = fl_dtype_size(l->dtype);
-    int nslots = (int)(b < SLOTS ? b : SLOTS);
-    /* wr[t][o][ci] = W[o][ci][t]: each tap's (OC, IC) matrix contiguous */
-    char *wr = (char *)l->scratch + c->slot * (size_t)nslots;
-    const char *w = l->params[0].value.data;
-    for (int64_t o = 0; o < oc; o++)
-        for (int64_t ci = 0; ci < ic; ci++)
-            for (int64_t t = 0; t < kk; t++)
-                memcpy(wr + (size_t)((t * oc + o) * ic + ci) * es,
-                       w + (size_t)((o * ic + ci) * kk + t) * es, es);
-    size_t xpb = round64((size_t)(ic * hp * wp + wp) * es);
-#pragma omp parallel for schedule(static) if (nslots > 1 && worth_threads(c, b))
-    for (int s = 0; s < nslots; s++) {
-        int64_t lo, hi;
-        slot_range(b, nslots, s, &lo, &hi);
-        char *xp = (char *)l->scratch + c->slot * (size_t)s, *yp = xp + xpb;
-        memset(xp, 0, xpb); // the borders stay zero; each image overwrites the interior
-        for (int64_t n = lo; n < hi; n++) {
-            const char *xn = (const char *)x->data + (size_t)(n * ic * hw) * es;
-            char *yn = (char *)y->data + (size_t)(n * oc * ohw) * es;
-            for (int64_t ci = 0; ci < ic; ci++)
-                for (int64_t r = 0; r < g->h; r++)
-                    memcpy(xp + (size_t)((ci * hp + r + g->ph) * wp + g->pw) * es,
-                           xn + (size_t)((ci * g->h + r) * g->w) * es, (size_t)g->w * es);
-            for (int64_t t = 0; t < kk; t++)
-                l->k->gemm(l->dtype, false, false, oc, g->oh * wp, ic, 1.0,
-                           wr + (size_t)(t * oc * ic) * es, ic,
-                           xp + (size_t)((t / g->kw) * wp + t % g->kw) * es, hp * wp,
-                           t ? 1.0 : 0.0, yp, g->oh * wp);
-            for (int64_t o = 0; o < oc; o++)
-                for (int64_t r = 0; r < g->oh; r++)
-                    memcpy(yn + (size_t)((o * g->oh + r) * g->ow) * es,
-                           yp + (size_t)((o * g->oh + r) * wp) * es, (size_t)g->ow * es);
-            if (c->o.bias)
-                add_bias(l, yn, oc, ohw);
-        }
-    }
-}
-
 static int conv_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
     (void)training;
     conv_impl *c = l->impl;
-    if (c->shifted) {
-        conv_forward_shifted(l, x, y);
-        return FL_OK;
-    }
     const fl_conv_geom *g = &c->g;
     int64_t b = x->shape[0], ic = c->o.in_channels, oc = c->o.out_channels;
     int64_t hw = g->h * g->w, ohw = g->oh * g->ow, groups = c->o.groups;

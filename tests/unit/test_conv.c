@@ -181,6 +181,44 @@ static void test_threads(void) {
         free(res[t][0]), free(res[t][1]);
 }
 
+/* Backward through two bias-free convolutions a then b, y = b(a(x)): y is linear in each
+ * weight, so sum(dy y) = sum(dW_a W_a) = sum(dW_b W_b); this checks dW of both and dx of b
+ * (which dW_a is made from) on column matrices built in several tiles of rows, geometries
+ * too big for the finite-difference check. */
+static void check_backward_identity(const char *what, fl_conv2d_opts a, fl_conv2d_opts b,
+                                    int64_t batch, int64_t h, int64_t w) {
+    fl_net *net = fl_net_create(FL_DTYPE_F64, fl_kernels_cpu());
+    CHECK_OK(fl_net_add(net, fl_conv2d_create("a", &a)));
+    CHECK_OK(fl_net_add(net, fl_conv2d_create("b", &b)));
+    CHECK_OK(fl_net_build(net, 3, (int64_t[]){a.in_channels, h, w}, batch, 9));
+    int64_t out[3];
+    fl_net_out_shape(net, out);
+    fl_tensor *x = fl_tensor_create(FL_DTYPE_F64, 4, (int64_t[]){batch, a.in_channels, h, w});
+    fl_tensor *dy = fl_tensor_create(FL_DTYPE_F64, 4, (int64_t[]){batch, out[0], out[1], out[2]});
+    for (int64_t i = 0; i < x->numel; i++)
+        ((double *)x->data)[i] = fl_rng_uniform(&rng) - 0.5;
+    for (int64_t i = 0; i < dy->numel; i++)
+        ((double *)dy->data)[i] = fl_rng_uniform(&rng) - 0.5;
+    const fl_tensor *y;
+    CHECK_OK(fl_net_forward(net, x, true, &y));
+    CHECK_OK(fl_net_backward(net, dy, NULL, NULL));
+    double ref = 0;
+    for (int64_t i = 0; i < y->numel; i++)
+        ref += ((const double *)y->data)[i] * ((const double *)dy->data)[i];
+    for (int p = 0; p < 2; p++) {
+        const fl_param *pp = fl_net_param(net, p);
+        double s = 0;
+        for (int64_t i = 0; i < pp->value.numel; i++)
+            s += ((const double *)pp->value.data)[i] * ((const double *)pp->grad.data)[i];
+        if (!(fabs(s - ref) <= 1e-9 * (1 + fabs(ref))))
+            fprintf(stderr, "%s: sum(dW W) of %s %.12g, sum(dy y) %.12g\n", what,
+                    p ? "b" : "a", s, ref);
+        CHECK(fabs(s - ref) <= 1e-9 * (1 + fabs(ref)));
+    }
+    fl_tensor_free(x), fl_tensor_free(dy);
+    fl_net_free(net);
+}
+
 static void test_errors(void) {
     fl_conv2d_opts o = {.in_channels = 4, .out_channels = 6, .kh = 3, .kw = 3, .groups = 4};
     CHECK(fl_conv2d_create("c", &o) == NULL);
@@ -213,6 +251,27 @@ int main(void) {
     check_conv("3x3 batch 11", fl_kernels_cpu(), FL_DTYPE_F32,
                (fl_conv2d_opts){.in_channels = 3, .out_channels = 8, .kh = 3, .kw = 3, .ph = 1,
                                 .pw = 1, .bias = true}, 11, 12, 10);
+    /* column matrices built a few rows at a time (64 channels: a 576-row column matrix; on
+     * 32-wide images also the contiguous-copy im2col), both dtypes */
+    for (int t = 0; t < 2; t++) {
+        fl_dtype dt = t ? FL_DTYPE_F64 : FL_DTYPE_F32;
+        check_conv("3x3 pad 1, 32 wide bias", fl_kernels_cpu(), dt,
+                   (fl_conv2d_opts){.in_channels = 3, .out_channels = 5, .kh = 3, .kw = 3,
+                                    .ph = 1, .pw = 1, .bias = true}, 2, 5, 32);
+        check_conv("3x3 pad 1, 64 channels (column matrix in tiles)", fl_kernels_cpu(), dt,
+                   (fl_conv2d_opts){.in_channels = 64, .out_channels = 8, .kh = 3, .kw = 3,
+                                    .ph = 1, .pw = 1}, 2, 12, 16);
+        check_conv("3x3 stride 2 pad 1, 64 channels (tiles)", fl_kernels_cpu(), dt,
+                   (fl_conv2d_opts){.in_channels = 64, .out_channels = 4, .kh = 3, .kw = 3,
+                                    .sh = 2, .sw = 2, .ph = 1, .pw = 1}, 2, 20, 20);
+    }
+    fl_conv2d_opts c3 = {.in_channels = 64, .out_channels = 64, .kh = 3, .kw = 3, .ph = 1,
+                         .pw = 1};
+    fl_conv2d_opts s2 = c3;
+    s2.sh = s2.sw = 2;
+    check_backward_identity("64 channels, 32 wide", c3, c3, 2, 6, 32);
+    check_backward_identity("64 channels, 16 wide", c3, c3, 3, 7, 16);
+    check_backward_identity("stride 2 after stride 1", c3, s2, 2, 9, 16);
     test_threads();
     test_adjoint();
     test_errors();
