@@ -34,7 +34,9 @@ static inline void valid_range(int64_t n, int64_t s, int64_t off, int64_t out, i
  * channel plane shifted by off = (i DH - PH) W + (j DW - PW), so it is one contiguous copy of
  * the plane; then the entries whose window left the image (rows iy outside [0, H), columns
  * outside [lo, hi), which the shifted copy filled from neighbouring rows) are set to zero.
- * Several times faster than gathering row by row on 8-32-wide planes. */
+ * About twice as fast as gathering row by row on 8-32-wide planes (ResNet-20, batch 64:
+ * im2col 25% -> 14% of the training step). The side zeroes are volatile stores so that GCC
+ * does not turn each one-value loop into a memset call. */
 static inline bool im2col_shift_ok(const fl_conv_geom *g) {
     return g->sh == 1 && g->sw == 1 && g->ow == g->w;
 }
@@ -57,7 +59,7 @@ static inline bool im2col_shift_ok(const fl_conv_geom *g) {
             memset(row + y1 * g->ow, 0, (size_t)((g->oh - y1) * g->ow) * sizeof(T));          \
         if (lo == 0 && hi == g->ow)                                                           \
             return;                                                                           \
-        for (int64_t oy = y0; oy < y1; oy++) { /* usually one entry each: no memset calls */  \
+        for (int64_t oy = y0; oy < y1; oy++) { /* usually one entry per row */                \
             T *r = row + oy * g->ow;                                                          \
             for (int64_t ox = 0; ox < lo; ox++)                                               \
                 ((volatile T *)r)[ox] = 0;                                                    \
