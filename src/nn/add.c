@@ -6,6 +6,8 @@
 
 #include "fleet/status.h"
 
+#include "kernels/relu_mask.h"
+
 #include <string.h>
 
 static int add_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
@@ -14,25 +16,6 @@ static int add_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, in
     *out_ndim = in_ndim;
     memcpy(out_shape, in_shape, (size_t)in_ndim * sizeof *in_shape);
     return FL_OK;
-}
-
-/* d where y > 0, else 0, for y >= 0: an integer mask on the bits, which GCC at -O2
- * vectorises (a float compare-and-select it does not) */
-static inline float keep_f32(float y, float d) {
-    int32_t yi, di;
-    memcpy(&yi, &y, sizeof yi);
-    memcpy(&di, &d, sizeof di);
-    di &= -(int32_t)(yi > 0);
-    memcpy(&d, &di, sizeof d);
-    return d;
-}
-static inline double keep_f64(double y, double d) {
-    int64_t yi, di;
-    memcpy(&yi, &y, sizeof yi);
-    memcpy(&di, &d, sizeof di);
-    di &= -(int64_t)(yi > 0);
-    memcpy(&d, &di, sizeof d);
-    return d;
 }
 
 /* y = a + b [relu]; and da = db = dy [where y > 0]: one pass each */

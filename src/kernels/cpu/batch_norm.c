@@ -5,26 +5,9 @@
  * over OpenMP threads, so results do not depend on the thread count. */
 #include "cpu_impl.h"
 
-#include <string.h>
+#include "kernels/relu_mask.h"
 
-/* d where y > 0, else 0, for y >= 0 (a ReLU's output): an integer mask on the bits, since
- * GCC at -O2 does not vectorise a float compare-and-select (y > 0 iff its bits are > 0). */
-static inline float keep_f32(float y, float d) {
-    int32_t yi, di;
-    memcpy(&yi, &y, sizeof yi);
-    memcpy(&di, &d, sizeof di);
-    di &= -(int32_t)(yi > 0);
-    memcpy(&d, &di, sizeof d);
-    return d;
-}
-static inline double keep_f64(double y, double d) {
-    int64_t yi, di;
-    memcpy(&yi, &y, sizeof yi);
-    memcpy(&di, &d, sizeof di);
-    di &= -(int64_t)(yi > 0);
-    memcpy(&d, &di, sizeof d);
-    return d;
-}
+#include <string.h>
 
 #define STAMP_BN(T, S)                                                                        \
     static void bn_stats_channel_##S(int64_t n, int64_t c, int64_t hw, const T *x, int64_t ch, \
