@@ -27,22 +27,11 @@ steps=${STEPS:-45} interval=${INTERVAL:-5} skip=${SKIP:-1} rounds=${ROUNDS:-5}
 config=${CONFIG:-$here/dense_mlp.yaml}
 max_other=${GUARD_MAX_OTHER:-10} retries=${GUARD_RETRIES:-3}
 ddp_py=$here/ddp_mlp.py
-work=$(mktemp -d /tmp/ddp_throughput.XXXXXX)
 # shellcheck source=dense_lib.sh
 source "$here/dense_lib.sh"
-# shellcheck source=cpu_guard.sh
-source "$here/cpu_guard.sh"
-for f in "$fleetrun" "$fleet_train"; do
-  [[ -x $f ]] || { echo "ddp_throughput.sh: $f not built (make build)" >&2; exit 1; }
-done
+bench_start
 /usr/bin/python3 -c 'import torch' 2>/dev/null || {
   echo "ddp_throughput.sh: PyTorch not importable by /usr/bin/python3 (scripts/install-deps.sh --bench)" >&2; exit 1; }
-cleanup() { stop_jobs; rm -rf "$work"; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-raw=$work/raw
-: >"$raw"
 maxhosts=0
 for w in $workers_list; do ((w > maxhosts)) && maxhosts=$w; done
 

@@ -4,12 +4,16 @@
 # emulated host (or, with LOOPBACK=1, as local processes on 127.0.0.1: a dry run of the script
 # with no lab, whose timings mean nothing).
 #
-# Callers set: here (bench/), build (the build directory), work (a scratch directory).
+# Callers set here (bench/) and build (the build directory), source this file, then call
+# bench_start, which makes the scratch directory $work and the empty record file $raw.
 #   LAB_WAIT_S=1800   how long lab_wait_free waits for another lab (fl-* namespaces) or another
 #                     network benchmark to go away before giving up
 #   LAB_QUIET_S=60    how long the machine must have been free of them, polled every 10 s
 # Jobs run in the background and are waited for, so that SIGINT/SIGTERM stop a script at once
 # (its EXIT trap takes the lab down, which stops what runs in it).
+
+# shellcheck source=cpu_guard.sh
+source "$here/cpu_guard.sh"
 
 netlab=$here/netlab
 fleetrun=$build/tools/fleetrun
@@ -150,3 +154,20 @@ window_ms() {
 
 # buckets OUT: "B buckets" from a run with FLEET_LOG_LEVEL=debug
 buckets() { sed -n 's/.*strategy dense: \([0-9]*\) buckets of at most \([0-9.]*\) MiB.*/\1 buckets of <= \2 MiB/p' "$1" | head -1; }
+
+# bench_start: the common start of a driver: fleetrun and fleet-train must be built; $work (a
+# scratch directory) and $raw (an empty file in it) exist; on exit the jobs are stopped, the
+# lab taken down if it is ours and $work removed; SIGINT / SIGTERM exit at once (130 / 143).
+bench_start() {
+  local name f
+  name=$(basename "$0" .sh)
+  for f in "$fleetrun" "$fleet_train"; do
+    [[ -x $f ]] || { echo "$name.sh: $f not built (make build)" >&2; exit 1; }
+  done
+  work=$(mktemp -d "/tmp/$name.XXXXXX")
+  trap 'stop_jobs; rm -rf "$work"' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  raw=$work/raw
+  : >"$raw"
+}

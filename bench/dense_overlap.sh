@@ -33,20 +33,9 @@ steps=${STEPS:-45} interval=${INTERVAL:-5} skip=${SKIP:-1} rounds=${ROUNDS:-5}
 config=${CONFIG:-$here/dense_mlp.yaml}
 read -r -a extra <<<"${EXTRA:-}"
 max_other=${GUARD_MAX_OTHER:-10} retries=${GUARD_RETRIES:-3}
-work=$(mktemp -d /tmp/dense_overlap.XXXXXX)
 # shellcheck source=dense_lib.sh
 source "$here/dense_lib.sh"
-# shellcheck source=cpu_guard.sh
-source "$here/cpu_guard.sh"
-for f in "$fleetrun" "$fleet_train"; do
-  [[ -x $f ]] || { echo "dense_overlap.sh: $f not built (make build)" >&2; exit 1; }
-done
-cleanup() { stop_jobs; rm -rf "$work"; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-raw=$work/raw
-: >"$raw"
+bench_start
 maxhosts=0
 for h in $hosts_list; do ((h > maxhosts)) && maxhosts=$h; done
 

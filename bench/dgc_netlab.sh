@@ -71,20 +71,9 @@ if [[ $dry == 1 ]]; then
   exit 0
 fi
 
-work=$(mktemp -d /tmp/dgc_netlab.XXXXXX)
 # shellcheck source=dense_lib.sh
 source "$here/dense_lib.sh"
-# shellcheck source=cpu_guard.sh
-source "$here/cpu_guard.sh"
-for f in "$fleetrun" "$fleet_train"; do
-  [[ -x $f ]] || { echo "dgc_netlab.sh: $f not built (make build)" >&2; exit 1; }
-done
-cleanup() { stop_jobs; rm -rf "$work"; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-raw=$work/raw
-: >"$raw"
+bench_start
 maxhosts=0
 for h in $hosts_list; do ((h > maxhosts)) && maxhosts=$h; done
 

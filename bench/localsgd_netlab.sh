@@ -60,20 +60,9 @@ if [[ -n $straggler && ! $straggler =~ ^[0-9.]+:[0-9.]+(:[0-9]+)?$ ]]; then
   exit 2
 fi
 [[ -z $only || $only == accuracy ]] || { echo "localsgd_netlab.sh: ONLY=$only: only 'accuracy'" >&2; exit 2; }
-work=$(mktemp -d /tmp/localsgd_netlab.XXXXXX)
 # shellcheck source=dense_lib.sh
 source "$here/dense_lib.sh"
-# shellcheck source=cpu_guard.sh
-source "$here/cpu_guard.sh"
-for f in "$fleetrun" "$fleet_train"; do
-  [[ -x $f ]] || { echo "localsgd_netlab.sh: $f not built (make build)" >&2; exit 1; }
-done
-cleanup() { stop_jobs; rm -rf "$work"; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-raw=$work/raw
-: >"$raw"
+bench_start
 
 cfgs=()
 for k in $ks; do cfgs+=("k$k"); done
