@@ -55,4 +55,8 @@ refused data.classes -o data.classes=12
 refused data.root -o data.type=cifar10
 refused data.train_list -o data.type=imagelist -o data.root=/tmp
 refused model.depth -o model.depth=21
+refused model.depth -o model.type=resnet -o model.depth=20
+refused model.type -o data.type=teacher
+refused data.classes -o data.type=cifar10 -o data.root=/tmp -o data.classes=8
+refused data.lower_ratio -o data.lower_ratio=2 -o data.upper_ratio=1.5
 exit $fail

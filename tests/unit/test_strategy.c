@@ -476,6 +476,16 @@ static void test_lars_optimizer(void) {
     CHECK(opt != NULL);
     fl_dist_optim *d = fl_distributed_optimizer(fleet, net, opt, &s);
     CHECK(d != NULL);
+    if (d) { /* the generic state and loss entry points */
+        CHECK_RC(fl_dist_set_loss(d, NAN), FL_EINVAL);
+        CHECK_MSG("the loss of update 0 is nan");
+        CHECK_OK(fl_dist_set_loss(d, 0.5));
+        CHECK(fl_dist_step(d) == 0);
+        CHECK(fl_dist_num_state(d) >= 1);
+        fl_param *c = fl_dist_state(d, 0);
+        CHECK(c && strcmp(c->name, "dist.counters") == 0 && c->value.numel == 2);
+        CHECK(fl_dist_state(d, -1) == NULL && fl_dist_state(d, fl_dist_num_state(d)) == NULL);
+    }
     fl_dist_optim_free(d);
     fl_optim_free(opt);
     fl_net_free(net);
