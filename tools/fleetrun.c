@@ -36,6 +36,8 @@
 #define LINEBUF_CAP   65536
 #define KILL_WAIT_S   5.0   /* after SIGKILL, how long to wait before giving up */
 #define DRAIN_WAIT_S  1.0   /* after every worker is gone, how long to wait for pipe EOFs */
+#define SETTLE_S      0.5   /* after the first failure, how long to gather others before naming
+                               the cause (a killed rank's peers may be reaped before it) */
 
 static const char usage_text[] =
     "usage: fleetrun [--ips IP1,IP2,...] [--nproc_per_node N | --gpus 0,1,...] [--log_dir DIR]\n"
@@ -62,7 +64,9 @@ static const char usage_text[] =
     "\n"
     "Several nodes need the same FLEET_JOB_TOKEN exported on each. Workers' stdin is /dev/null.\n"
     "Programs that bind their endpoint themselves (not fleet's) need --started_port.\n"
-    "Exit status: 0 when every worker succeeded; the first failed worker's code (128+signal);\n"
+    "Exit status: 0 when every worker succeeded; else the failed worker's code (128+signal):\n"
+    "a worker killed by a signal is named as the cause before peers that exited on its loss;\n"
+    "\n"
     "130/143 after SIGINT/SIGTERM; 2 for bad arguments.\n";
 
 typedef struct {
@@ -88,7 +92,9 @@ typedef struct {
     int    listen_fd;                 /* fleetrun's copy until the fork; -1 after */
     int    child_listen_fd;           /* the number the worker sees in FLEET_LISTEN_FD; -1: none */
     bool   reaped;
+    bool   reported;                  /* its failure has been told */
     int    status;                    /* wait status once reaped */
+    int    reap_order;                /* 1, 2, ... in the order failures were reaped; 0: none */
     char   log_path[PATH_MAX];
     char   gpu[16];
 } worker;
@@ -112,7 +118,10 @@ typedef struct {
     size_t      nline;
     enum phase  phase;
     double      deadline;             /* of the current phase (monotonic seconds) */
-    int         exit_code;            /* first failure's code; -1 while none */
+    int         exit_code;            /* the failure named as the cause: its code; -1 while none */
+    int         nfailed;              /* failures reaped so far */
+    double      settle_until;         /* > 0 while gathering failures before naming the cause */
+    int         failed_unsignalled;   /* failures reaped before fleetrun signalled; -1: none sent */
     int         signal_seen;          /* SIGINT/SIGTERM/SIGHUP received, 0 if none */
 } job;
 
@@ -919,6 +928,8 @@ static void report_secondary(job *j, int i) {
 static void enter_phase(job *j, enum phase p, double seconds) {
     j->phase = p;
     j->deadline = now_s() + seconds;
+    if ((p == PHASE_TERM || p == PHASE_KILL) && j->failed_unsignalled < 0)
+        j->failed_unsignalled = j->nfailed;
     if (p == PHASE_TERM)
         signal_groups(j, SIGTERM);
     else if (p == PHASE_KILL)
@@ -931,13 +942,43 @@ static void on_exit_status(job *j, int i, int st) {
     w->status = st;
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
         return;
+    w->reap_order = ++j->nfailed;
     if (j->phase == PHASE_RUN && !j->signal_seen) {
-        j->exit_code = status_code(st);
-        report_failure(j, i);
+        /* the cause is named after SETTLE_S: when a rank is killed its peers see the reset
+         * and may exit (and be reaped) before the killed one */
+        j->settle_until = now_s() + SETTLE_S;
         enter_phase(j, PHASE_GRACE, j->o.grace);
-    } else if (j->phase == PHASE_GRACE) {
+    } else if (j->phase == PHASE_GRACE && j->settle_until == 0) {
         report_secondary(j, i);
+        w->reported = true;
     }
+}
+
+/* End of the settle window: the cause is the first worker killed by a signal, else the first
+ * failure reaped; it is reported in full, the others gathered so far one line each. */
+static void name_cause(job *j) {
+    int cause = -1;
+    for (int pass = 0; pass < 2 && cause < 0; pass++)
+        for (int i = 0; i < j->nstarted; i++) {
+            worker *w = &j->w[i];
+            bool ours = j->failed_unsignalled >= 0 && w->reap_order > j->failed_unsignalled;
+            if (!w->reap_order || (pass == 0 && (!WIFSIGNALED(w->status) || ours)))
+                continue;
+            if (cause < 0 || w->reap_order < j->w[cause].reap_order)
+                cause = i;
+        }
+    j->settle_until = 0;
+    if (cause < 0)
+        return;
+    j->exit_code = status_code(j->w[cause].status);
+    report_failure(j, cause);
+    j->w[cause].reported = true;
+    for (int order = 1; order <= j->nfailed; order++)
+        for (int i = 0; i < j->nstarted; i++)
+            if (j->w[i].reap_order == order && !j->w[i].reported) {
+                report_secondary(j, i);
+                j->w[i].reported = true;
+            }
 }
 
 static void reap(job *j) {
@@ -968,12 +1009,16 @@ static void on_signal(job *j, int sig) {
 static void run_loop(job *j) {
     double drain_until = -1;
     for (;;) {
+        if (j->settle_until > 0 && now_s() >= j->settle_until)
+            name_cause(j);
         int alive = groups_alive(j);
         int open_pipes = 0;
         for (int i = 0; i < j->nstarted; i++)
             open_pipes += j->w[i].out_fd >= 0;
         double t = now_s();
         if (alive == 0) {
+            if (j->settle_until > 0)
+                name_cause(j);
             if (drain_until < 0)
                 drain_until = t + DRAIN_WAIT_S;
             if (open_pipes == 0 || t >= drain_until)
@@ -1077,7 +1122,7 @@ static void job_free(job *j) {
 }
 
 int main(int argc, char **argv) {
-    job j = {.sig_fd = -1, .term_fd = 1, .exit_code = -1};
+    job j = {.sig_fd = -1, .term_fd = 1, .exit_code = -1, .failed_unsignalled = -1};
     int rc;
     ensure_std_fds();
     /* signals wait in the signalfd from the start: a Ctrl-C during set-up stops the workers
@@ -1137,6 +1182,8 @@ int main(int argc, char **argv) {
             break;
         }
     run_loop(&j);
+    if (j.settle_until > 0)
+        name_cause(&j);
     if (j.signal_seen)
         rc = 128 + j.signal_seen;
     else

@@ -51,7 +51,7 @@ timeout_s=10
 FLEET_COMM_TIMEOUT=$timeout_s "$run" --nproc_per_node 4 --grace 20 --log_dir "$tmp/kill" \
   "$check_prog" --loop 120 -v >"$tmp/kill.out" 2>&1 &
 job=$!
-check "all 4 ranks looping" wait_for 30 grep -q 'iteration 3 ok' "$tmp/kill/workerlog.0"
+check "all 4 ranks looping" wait_for 30 grep -qs 'iteration 3 ok' "$tmp/kill/workerlog.0"
 victim=$(rank_pid 2)
 victim_ep=$(endpoints "$tmp/kill.out" | awk '{ print $3 }')
 kill -9 "$victim"
@@ -73,7 +73,7 @@ check "no worker left behind" test "$(count_left)" -eq 0
 # --- 2. strangers on the worker ports while the loop runs
 "$run" --nproc_per_node 3 --log_dir "$tmp/strangers" "$check_prog" --loop 8 -v >"$tmp/str.out" 2>&1 &
 job=$!
-check "3 ranks looping" wait_for 30 grep -q 'iteration 2 ok' "$tmp/strangers/workerlog.0"
+check "3 ranks looping" wait_for 30 grep -qs 'iteration 2 ok' "$tmp/strangers/workerlog.0"
 eps=$(endpoints "$tmp/str.out")
 "$py" - $eps <<'PY'
 import socket, struct, sys, time, os

@@ -172,6 +172,18 @@ check "SIGKILLed worker: exit 137 (got $rc)" test $rc -eq 137
 check "SIGKILLed worker: named" grep -q 'worker 0 (rank 0) killed by signal 9' "$tmp/outk"
 check "SIGKILLed worker: no worker left" none_left
 
+# 7b. a rank's peers exit on its loss and are reaped before it: the killed rank is the cause
+cat >"$tmp/order.sh" <<EOF
+if [ "\$PADDLE_TRAINER_ID" = 1 ]; then sleep 0.3; echo "peer lost"; exit 1; fi
+echo "rank 0 dies"; sleep 0.45; kill -KILL \$\$
+EOF
+timeout 60 "$run" --nproc_per_node 2 --grace 2 --log_dir "$tmp/logo" sh "$tmp/order.sh" >"$tmp/outo" 2>&1
+rc=$?
+check "killed after a peer's exit: exit 137 (got $rc)" test $rc -eq 137
+check "killed after a peer's exit: it is the cause" grep -q 'worker 0 (rank 0) killed by signal 9' "$tmp/outo"
+check "killed after a peer's exit: the peer on one line" grep -q 'worker 1 (rank 1) exited with code 1: peer lost' "$tmp/outo"
+check "killed after a peer's exit: tail of the cause only" bash -c "grep -q 'last 20 lines of $tmp/logo/workerlog.0' '$tmp/outo' && ! grep -q 'lines of $tmp/logo/workerlog.1' '$tmp/outo'"
+
 # 8. SIGINT to fleetrun: every worker stopped, exit 130 (job control on: a background job
 #    of a script would otherwise start with SIGINT ignored)
 set -m
