@@ -66,7 +66,6 @@ static const char usage_text[] =
     "Programs that bind their endpoint themselves (not fleet's) need --started_port.\n"
     "Exit status: 0 when every worker succeeded; else the failed worker's code (128+signal):\n"
     "a worker killed by a signal is named as the cause before peers that exited on its loss;\n"
-    "\n"
     "130/143 after SIGINT/SIGTERM; 2 for bad arguments.\n";
 
 typedef struct {
