@@ -187,6 +187,66 @@ int64_t dgc_select_sampled(int64_t n, const float *v, int64_t k, int32_t *idx, f
     return dgc_select_exact(n, v, k, idx, scratch);
 }
 
+/* The fused pass: accumulates v (and u) like dgc_accumulate and appends to idx the index of
+ * each new v with tau <= |v| (and v != 0), ascending; returns their number. Blocks of BLOCK
+ * entries are accumulated by loops the compiler vectorizes, with an any-hit flag; only the
+ * rare block holding a candidate is scanned again to gather it. */
+#define BLOCK 32
+
+static inline int64_t gather_block(int64_t i0, int64_t len, const float *v, float tau,
+                                   int32_t *idx, int64_t count) {
+    for (int64_t t = 0; t < len; t++) {
+        float mag = fabsf(v[i0 + t]);
+        if (mag >= tau && mag > 0)
+            idx[count++] = (int32_t)(i0 + t);
+    }
+    return count;
+}
+
+static int64_t gather_pass(int64_t n, const float *restrict grad, const float *restrict w,
+                           float *restrict u, float *restrict v, const dgc_accum_args *a,
+                           float tau, int32_t *restrict idx) {
+    const float c = (float)a->clip_scale, lam = (float)a->decay, mo = (float)a->momentum;
+    int64_t count = 0, i0 = 0;
+    for (; i0 + BLOCK <= n; i0 += BLOCK) {
+        const float *gb = grad + i0, *wb = w + i0;
+        float *ub = u + i0, *vb = v + i0;
+        int hit = 0;
+        if (!a->correction) {
+            for (int t = 0; t < BLOCK; t++) {
+                float vi = vb[t] + (c * gb[t] + lam * wb[t]);
+                vb[t] = vi;
+                hit |= fabsf(vi) >= tau;
+            }
+        } else if (a->nesterov) {
+            for (int t = 0; t < BLOCK; t++) {
+                float g = c * gb[t] + lam * wb[t];
+                float ui = mo * (ub[t] + g);
+                float vi = vb[t] + (ui + g);
+                ub[t] = ui;
+                vb[t] = vi;
+                hit |= fabsf(vi) >= tau;
+            }
+        } else {
+            for (int t = 0; t < BLOCK; t++) {
+                float g = c * gb[t] + lam * wb[t];
+                float ui = mo * ub[t] + g;
+                float vi = vb[t] + ui;
+                ub[t] = ui;
+                vb[t] = vi;
+                hit |= fabsf(vi) >= tau;
+            }
+        }
+        if (hit)
+            count = gather_block(i0, BLOCK, v, tau, idx, count);
+    }
+    if (i0 < n) { /* the tail: the plain pass, then gather */
+        dgc_accumulate(n - i0, grad + i0, w + i0, u + i0, v + i0, a);
+        count = gather_block(i0, n - i0, v, tau, idx, count);
+    }
+    return count;
+}
+
 int64_t dgc_accumulate_select(int64_t n, const float *grad, const float *w, float *u, float *v,
                               const dgc_accum_args *a, int64_t k, int32_t *idx, float *scratch,
                               uint64_t seed, int *passes) {
@@ -218,38 +278,7 @@ int64_t dgc_accumulate_select(int64_t n, const float *grad, const float *w, floa
     }
     float tau = threshold_for(scratch, m, n, 2.0 * (double)k);
     /* one pass: accumulate, and gather the entries at or above tau */
-    int64_t count = 0;
-    if (!a->correction) {
-        for (int64_t i = 0; i < n; i++) {
-            float vi = v[i] + (c * grad[i] + lam * w[i]);
-            v[i] = vi;
-            float mag = fabsf(vi);
-            if (mag >= tau && mag > 0)
-                idx[count++] = (int32_t)i;
-        }
-    } else if (a->nesterov) {
-        for (int64_t i = 0; i < n; i++) {
-            float g = c * grad[i] + lam * w[i];
-            float ui = mo * (u[i] + g);
-            float vi = v[i] + (ui + g);
-            u[i] = ui;
-            v[i] = vi;
-            float mag = fabsf(vi);
-            if (mag >= tau && mag > 0)
-                idx[count++] = (int32_t)i;
-        }
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            float g = c * grad[i] + lam * w[i];
-            float ui = mo * u[i] + g;
-            float vi = v[i] + ui;
-            u[i] = ui;
-            v[i] = vi;
-            float mag = fabsf(vi);
-            if (mag >= tau && mag > 0)
-                idx[count++] = (int32_t)i;
-        }
-    }
+    int64_t count = gather_pass(n, grad, w, u, v, a, tau, idx);
     if (count >= k || tau == 0)
         return refine(v, k, idx, count, scratch);
     int p = 0; /* the sample was off: select on the accumulated v */

@@ -226,13 +226,17 @@ static void test_accumulate_select(void) {
             fill(&r, w, n, 1);
             fill(&r, u, n, 1);
             fill(&r, v, n, 3);
-            for (int step = 0; step < 2; step++) {
+            for (int step = 0; step < 3; step++) {
                 fill(&r, g, n, 1);
+                /* step 2: heavy entries at block edges of the fused pass and in its tail */
+                const int64_t planted[] = {0, 31, 32, n / 2, n - 17, n - 1};
+                for (int j = 0; step == 2 && j < 6; j++)
+                    v[planted[j]] = (j % 2 ? -1e3f : 1e3f) * (float)(j + 1);
                 memcpy(g2, g, fb);
                 memcpy(u2, u, fb);
                 memcpy(v2, v, fb);
                 dgc_accumulate(n, g2, w, u2, v2, &a);
-                int64_t k = dgc_k(n, step ? 0.999 : 0.99);
+                int64_t k = dgc_k(n, step == 1 ? 0.999 : 0.99);
                 int passes = -1;
                 int64_t cnt = dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch,
                                                     (uint64_t)step, &passes);
@@ -243,6 +247,15 @@ static void test_accumulate_select(void) {
                 snprintf(what, sizeof what, "fused n %lld mode %d k %lld (%d extra passes)",
                          (long long)n, mode, (long long)k, passes);
                 check_selection(what, n, v, k, idx, cnt);
+                for (int j = 0; step == 2 && j < 6; j++) {
+                    bool found = false;
+                    for (int64_t q = 0; q < cnt; q++)
+                        found |= idx[q] == (int32_t)planted[j];
+                    if (!found)
+                        fprintf(stderr, "  %s: planted index %lld not chosen\n", what,
+                                (long long)planted[j]);
+                    CHECK(found);
+                }
             }
         }
         free(g), free(w), free(u), free(v), free(g2), free(u2), free(v2);
