@@ -2,9 +2,12 @@
  * Paddle's DGCMomentumOptimizer does it): dense Momentum before rampup_begin_step (the dense
  * strategy's buckets); then every tensor of at least min_compress_numel elements accumulates
  * its momentum-corrected gradient locally and sends only the top (1 - s) of it as (index,
- * value) pairs with one allgatherv per step, while the small tensors are averaged with one
- * allreduce and stepped by Momentum. The arithmetic is in dgc_math.c; this file plans buffers,
- * talks to the communicator and keeps the state (u, v per rank) checkpointable. */
+ * value) pairs, while the small tensors are averaged with one allreduce and stepped by
+ * Momentum. Each compressed tensor is accumulated, selected and sent from the gradient-ready
+ * hook as soon as backward has produced its gradient (one allgather per tensor: k is the same
+ * on every rank, so no counts travel), so its exchange overlaps the rest of backward. The
+ * arithmetic is in dgc_math.c; this file plans buffers, talks to the communicator and keeps
+ * the state (u, v per rank) checkpointable. */
 #include "dgc_math.h"
 #include "strategy_impl.h"
 
@@ -41,18 +44,30 @@ typedef struct {
     fl_param   **vel_of;  /* (nparams) optimizer velocity of each parameter, or NULL */
     float       *scratch; /* selection: largest tensor + its sample */
     int32_t     *idx;     /* selection: largest tensor */
-    dgc_pair    *send;    /* (send_cap) this rank's pairs */
-    dgc_pair    *recv;    /* (world * send_cap) every rank's */
+    int         *ct_of;   /* (nparams) compressed tensor of each parameter, or -1 */
+    dgc_pair    *send;    /* (send_cap) this rank's pairs: tensor c's kk[c] at soff[c] */
+    dgc_pair    *recv;    /* (world * send_cap) every rank's: tensor c's at world * soff[c] */
     int64_t      send_cap;
-    int64_t     *counts64; /* (world) pairs per rank */
-    size_t      *counts;   /* (world) i32 elements per rank */
     double       said;     /* sparsity whose dense fallback was last logged; -1: none */
+    /* the sparse step in flight, begun by the first hook or by update */
+    int64_t      step;     /* the update these describe; -1: none */
+    bool         early;    /* tensors are prepared by the hook (not with local clipping) */
+    int64_t     *kk;       /* (nct) pairs every rank sends for each tensor in this step */
+    int64_t     *soff;     /* (nct + 1) where they start in send */
+    bool        *prepared; /* (nct) accumulated, selected and encoded */
+    fl_request **req;      /* (nct) each tensor's allgather in flight, or NULL */
+    int          launched; /* tensors launched, in launch order: the last (c = nct - 1) first */
+    int          error;    /* first failure of the hook in this step */
+    char         errmsg[512];
 } dgc;
+
+static void wait_launched(dgc *g);
 
 static void destroy(fl_dist_optim *d) {
     dgc *g = d->impl;
     if (!g)
         return;
+    wait_launched(g);
     fl_dense_state_free(g->dense);
     free(g->ct);
     free(g->start);
@@ -68,8 +83,11 @@ static void destroy(fl_dist_optim *d) {
     fl_free_aligned(g->idx);
     fl_free_aligned(g->send);
     fl_free_aligned(g->recv);
-    free(g->counts64);
-    free(g->counts);
+    free(g->ct_of);
+    free(g->kk);
+    free(g->soff);
+    free(g->prepared);
+    free(g->req);
     free(g);
     d->impl = NULL;
 }
@@ -154,10 +172,14 @@ static int setup(fl_dist_optim *d) {
     g->wseg = calloc(nps, sizeof *g->wseg);
     g->dp = calloc(nps, sizeof *g->dp);
     g->dvel = calloc(nps, sizeof *g->dvel);
-    g->counts64 = calloc((size_t)d->world, sizeof *g->counts64);
-    g->counts = calloc((size_t)d->world, sizeof *g->counts);
+    g->ct_of = malloc(nps * sizeof *g->ct_of);
+    g->kk = calloc(nps, sizeof *g->kk);
+    g->soff = calloc(nps + 1, sizeof *g->soff);
+    g->prepared = calloc(nps, sizeof *g->prepared);
+    g->req = calloc(nps, sizeof *g->req);
+    g->step = -1;
     if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->dp || !g->dvel ||
-        !g->counts64 || !g->counts) {
+        !g->ct_of || !g->kk || !g->soff || !g->prepared || !g->req) {
         rc = fl_fail(FL_ENOMEM, "strategy.dgc: out of memory planning %d parameters", np);
         goto fail;
     }
@@ -168,9 +190,11 @@ static int setup(fl_dist_optim *d) {
     int64_t max_numel = 0;
     for (int i = 0; i < np; i++) {
         fl_param *p = fl_net_param(d->net, i);
+        g->ct_of[i] = -1;
         if (!p->trainable || !p->grad.data)
             continue;
         if (p->value.numel >= s->dgc_configs.min_compress_numel) {
+            g->ct_of[i] = g->nct;
             g->start[g->nct + 1] = g->start[g->nct] + p->value.numel;
             g->gseg[g->nct] = p->grad.data;
             g->wseg[g->nct] = p->value.data;
@@ -229,16 +253,22 @@ fail:
     return rc;
 }
 
-static void grad_ready(void *ctx, fl_param *p) {
-    fl_dist_optim *d = ctx;
-    dgc *g = d->impl;
-    if (DIST_STEP(d) < d->s.dgc_configs.rampup_begin_step)
-        fl_dense_state_grad_ready(d, g->dense, p);
+static void keep_error(dgc *g, int rc) {
+    if (g->error)
+        return;
+    g->error = rc;
+    snprintf(g->errmsg, sizeof g->errmsg, "%s", fl_errmsg());
 }
 
-static void abandon(fl_dist_optim *d) {
-    dgc *g = d->impl;
-    fl_dense_state_abandon(d, g->dense);
+/* Waits for every tensor's exchange in flight (after a failure: their results are dropped). */
+static void wait_launched(dgc *g) {
+    if (!g->req)
+        return;
+    for (int c = 0; c < g->nct; c++) {
+        fl_request_wait(g->req[c]);
+        g->req[c] = NULL;
+    }
+    g->launched = 0;
 }
 
 /* The dense phase ends: each rank's u starts from the common velocity, so that the sum of the
@@ -247,6 +277,123 @@ static void start_compression(dgc *g) {
     for (int c = 0; c < g->nct; c++)
         memcpy(g->ct[c].u.value.data, g->ct[c].vel->value.data,
                (size_t)g->ct[c].p->value.numel * sizeof(float));
+}
+
+/* Whether update `step` at sparsity sp exchanges pairs (else: dense, or the dense fallback). */
+static bool sparse_step(const fl_dist_optim *d, double sp) {
+    return sp >= 0 && !(d->s.dgc_configs.dense_fallback && !dgc_sparse_pays(d->world, sp));
+}
+
+static bool local_clipping(const fl_dist_optim *d) {
+    return fl_optim_get_config(d->opt)->clip_norm > 0 && d->s.dgc_configs.local_clipping;
+}
+
+/* Plans the sparse step `step` once (from the first hook or from update): k and the place of
+ * each tensor's pairs; the first compressed step copies the velocity into u. */
+static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) {
+    if (g->step == step)
+        return FL_OK;
+    g->step = step;
+    g->early = !local_clipping(d); /* clipping needs the norm of every gradient first */
+    for (int c = 0; c < g->nct; c++) {
+        g->kk[c] = dgc_k(g->ct[c].p->value.numel, sp);
+        g->soff[c + 1] = g->soff[c] + g->kk[c];
+        g->prepared[c] = false;
+    }
+    g->launched = 0;
+    if (step == d->s.dgc_configs.rampup_begin_step)
+        start_compression(g);
+    if (g->soff[g->nct] > g->send_cap) /* a sparsity outside the planned schedule */
+        return fl_fail(FL_ESTATE, "strategy dgc: step %lld: %lld pairs exceed the %lld planned",
+                       (long long)step, (long long)g->soff[g->nct], (long long)g->send_cap);
+    return FL_OK;
+}
+
+/* Tensor c's local work: accumulate (gradient times gscale, weight-decay correction, momentum
+ * correction), select its top kk[c], encode them into its place in send (masking u and v) and
+ * pad with zero-valued pairs, which change nothing, when v has fewer than kk[c] nonzeros. */
+static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
+    const fl_strategy *s = &d->s;
+    const fl_optim_config *oc = fl_optim_get_config(d->opt);
+    const bool corr = s->dgc_configs.momentum_correction;
+    dgc_accum_args acc = {.clip_scale = gscale,
+                          .decay = s->dgc_configs.weight_decay_correction ? oc->weight_decay : 0,
+                          .momentum = oc->momentum, .nesterov = oc->nesterov, .correction = corr};
+    ctensor *t = &g->ct[c];
+    int64_t n = t->p->value.numel, kk = g->kk[c], cnt;
+    float *v = t->v.value.data, *u = t->u.value.data;
+    if (s->dgc_configs.selection) {
+        dgc_accumulate(n, g->gseg[c], g->wseg[c], u, v, &acc);
+        cnt = dgc_select_exact(n, v, kk, g->idx, g->scratch);
+    } else { /* accumulation and candidate gathering in one pass */
+        cnt = dgc_accumulate_select(n, g->gseg[c], g->wseg[c], u, v, &acc, kk, g->idx, g->scratch,
+                                    (uint64_t)g->step * 1000003u + (uint64_t)c, NULL);
+    }
+    dgc_pair *out = g->send + g->soff[c];
+    dgc_encode(g->idx, cnt, g->start[c], v, s->dgc_configs.momentum_masking && corr ? u : NULL,
+               out);
+    for (int64_t j = cnt; j < kk; j++)
+        out[j] = (dgc_pair){.index = (int32_t)g->start[c], .value = 0.0f};
+    g->prepared[c] = true;
+}
+
+/* Starts the exchange of prepared tensors in launch order only (the last tensor first, as
+ * backward produces them): every rank issues the same collectives in the same order. */
+static int launch_ready(fl_dist_optim *d, dgc *g) {
+    while (g->launched < g->nct) {
+        int c = g->nct - 1 - g->launched;
+        if (!g->prepared[c])
+            break;
+        int64_t kk = g->kk[c];
+        dgc_pair *in = g->send + g->soff[c], *out = g->recv + d->world * g->soff[c];
+        if (d->world == 1) {
+            memcpy(out, in, (size_t)kk * sizeof *in);
+        } else if (kk > 0) {
+            int rc = fl_comm_iallgather(d->comm, in, out, (size_t)kk * 2, FL_DTYPE_I32,
+                                        &g->req[c]);
+            if (rc < 0) {
+                g->req[c] = NULL;
+                return fl_fail_prefix(rc, "strategy dgc: step %lld: allgather of %s's %lld pairs",
+                                      (long long)g->step, g->ct[c].p->name, (long long)kk);
+            }
+        }
+        g->launched++;
+    }
+    return FL_OK;
+}
+
+static void grad_ready(void *ctx, fl_param *p) {
+    fl_dist_optim *d = ctx;
+    dgc *g = d->impl;
+    int64_t step = DIST_STEP(d);
+    const fl_strategy *s = &d->s;
+    double sp = dgc_sparsity_at(step, s->dgc_configs.rampup_begin_step, s->dgc_configs.rampup_step,
+                                s->dgc_configs.sparsity.v, s->dgc_configs.sparsity.n,
+                                s->dgc_configs.warmup);
+    if (sp < 0) {
+        fl_dense_state_grad_ready(d, g->dense, p);
+        return;
+    }
+    ptrdiff_t i = p - fl_net_param(d->net, 0);
+    FL_ASSERT(i >= 0 && i < fl_net_num_params(d->net));
+    int c = g->ct_of[i];
+    if (c < 0 || g->error || !sparse_step(d, sp))
+        return;
+    int rc = begin_sparse_step(d, g, step, sp);
+    if (rc == FL_OK && g->early && !g->prepared[c]) {
+        prepare(d, g, c, d->grad_scale);
+        rc = launch_ready(d, g);
+    }
+    if (rc < 0)
+        keep_error(g, rc);
+}
+
+static void abandon(fl_dist_optim *d) {
+    dgc *g = d->impl;
+    fl_dense_state_abandon(d, g->dense);
+    wait_launched(g);
+    g->step = -1;
+    g->error = 0;
 }
 
 static void dense_pack(dgc *g, bool unpack) {
@@ -262,33 +409,90 @@ static void dense_pack(dgc *g, bool unpack) {
     }
 }
 
-/* Sends this rank's pairs and receives every rank's; returns their number in *total. */
-static int exchange(fl_dist_optim *d, dgc *g, int64_t nsend, int64_t *total) {
-    if (d->world == 1) {
-        memcpy(g->recv, g->send, (size_t)nsend * sizeof *g->send);
-        *total = nsend;
-        return FL_OK;
+/* The dense fallback's compressed tensors: every entry would be sent, so one dense allreduce
+ * of v (accumulated as usual) is cheaper and exact. */
+static int fallback_step(fl_dist_optim *d, dgc *g, double sp, double lr) {
+    const fl_optim_config *oc = fl_optim_get_config(d->opt);
+    const bool corr = d->s.dgc_configs.momentum_correction;
+    const bool wdc = d->s.dgc_configs.weight_decay_correction;
+    dgc_accum_args acc = {.clip_scale = 1, .decay = wdc ? oc->weight_decay : 0,
+                          .momentum = oc->momentum, .nesterov = oc->nesterov, .correction = corr};
+    int64_t step = DIST_STEP(d);
+    for (int c = 0; c < g->nct; c++)
+        dgc_accumulate(g->ct[c].p->value.numel, g->gseg[c], g->wseg[c], g->ct[c].u.value.data,
+                       g->ct[c].v.value.data, &acc);
+    if (g->said != sp) {
+        FL_INFO("strategy dgc: step %lld: sparsity %g with %d workers: N * (1 - s) * 2 = %g >= 1, "
+                "a sparse allgather would send more than a dense allreduce; steps at this "
+                "sparsity use dense allreduce",
+                (long long)step, sp, d->world, d->world * (1 - sp) * 2);
+        g->said = sp;
     }
-    int rc = fl_comm_allgather(d->comm, &nsend, g->counts64, 1, FL_DTYPE_I64);
-    if (rc < 0)
-        return fl_fail_prefix(rc, "strategy dgc: step %lld: exchanging pair counts",
-                              (long long)DIST_STEP(d));
-    int64_t sum = 0;
-    for (int r = 0; r < d->world; r++) {
-        if (g->counts64[r] < 0 || g->counts64[r] > g->send_cap)
-            return fl_fail(FL_EPEER, "strategy dgc: step %lld: rank %d sends %lld pairs, more "
-                                      "than the %lld planned (do all ranks run the same "
-                                      "strategy.dgc_configs?)",
-                           (long long)DIST_STEP(d), r, (long long)g->counts64[r],
-                           (long long)g->send_cap);
-        g->counts[r] = (size_t)g->counts64[r] * 2;
-        sum += g->counts64[r];
+    if (d->world > 1 && g->cnumel > 0) {
+        int rc = fl_comm_allreduce(d->comm, g->vblock, (size_t)g->cnumel, FL_DTYPE_F32,
+                                   FL_REDOP_AVG);
+        if (rc < 0)
+            return fl_fail_prefix(rc, "strategy dgc: step %lld: dense fallback allreduce of %lld "
+                                      "values",
+                                  (long long)step, (long long)g->cnumel);
     }
-    rc = fl_comm_allgatherv(d->comm, g->send, g->recv, g->counts, FL_DTYPE_I32);
+    for (int c = 0; c < g->nct; c++)
+        dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->ct[c].v.value.data,
+                        corr ? NULL : g->ct[c].u.value.data, lr, 1.0, oc->momentum, oc->nesterov,
+                        wdc ? 0 : oc->weight_decay);
+    return FL_OK;
+}
+
+/* The rest of the sparse step's sending: what the hooks did not prepare (overlap off, local
+ * clipping), then every exchange not yet started. */
+static int sparse_launch_rest(fl_dist_optim *d, dgc *g, double gscale) {
+    for (int j = 0; j < g->nct; j++) {
+        int c = g->nct - 1 - j;
+        if (!g->prepared[c])
+            prepare(d, g, c, gscale);
+    }
+    return launch_ready(d, g);
+}
+
+/* The sparse step's end: every rank's pairs received, checked and applied. */
+static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
+    const fl_optim_config *oc = fl_optim_get_config(d->opt);
+    const bool corr = d->s.dgc_configs.momentum_correction;
+    const bool wdc = d->s.dgc_configs.weight_decay_correction;
+    int64_t step = DIST_STEP(d);
+    int rc = FL_OK;
+    for (int c = g->nct - 1; c >= 0; c--) {
+        int rc1 = fl_request_wait(g->req[c]);
+        g->req[c] = NULL;
+        if (rc1 < 0 && rc == FL_OK)
+            rc = fl_fail_prefix(rc1, "strategy dgc: step %lld: allgather of %s's pairs",
+                                (long long)step, g->ct[c].p->name);
+    }
+    g->launched = 0;
     if (rc < 0)
-        return fl_fail_prefix(rc, "strategy dgc: step %lld: allgatherv of %lld pairs",
-                              (long long)DIST_STEP(d), (long long)sum);
-    *total = sum;
+        return rc;
+    int64_t total = d->world * g->soff[g->nct];
+    int64_t bad = dgc_check_pairs(g->recv, total, g->cnumel);
+    if (bad >= 0) {
+        int c = 0;
+        while (c + 1 < g->nct && bad >= d->world * g->soff[c + 1])
+            c++;
+        int64_t r = (bad - d->world * g->soff[c]) / (g->kk[c] ? g->kk[c] : 1);
+        return fl_fail(FL_EPEER, "strategy dgc: step %lld: rank %lld sent index %d outside the "
+                                 "%lld compressed values",
+                       (long long)step, (long long)r, g->recv[bad].index, (long long)g->cnumel);
+    }
+    if (corr && wdc) { /* the paper's step: the pairs, as plain SGD */
+        dgc_apply_pairs(g->recv, total, g->nct, g->start, g->wseg, lr / (double)d->world);
+    } else { /* the ablations: a whole-tensor step on the aggregate */
+        for (int c = 0; c < g->nct; c++)
+            memset(g->gseg[c], 0, (size_t)g->ct[c].p->value.numel * sizeof(float));
+        dgc_scatter_add(g->recv, total, g->nct, g->start, g->gseg);
+        for (int c = 0; c < g->nct; c++)
+            dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->gseg[c],
+                            corr ? NULL : g->ct[c].u.value.data, lr, 1.0 / d->world,
+                            oc->momentum, oc->nesterov, wdc ? 0 : oc->weight_decay);
+    }
     return FL_OK;
 }
 
@@ -305,151 +509,79 @@ static int update(fl_dist_optim *d, double lr) {
         FL_TRY(fl_dense_state_finish(d, g->dense));
         return fl_optim_step(d->opt, lr, NULL);
     }
-    if (!(lr >= 0) || !isfinite(lr))
+    int rc = g->error;
+    if (rc < 0) { /* a hook failed: its message, after waiting for what it started */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", g->errmsg);
+        abandon(d);
+        return fl_fail(rc, "%s", msg);
+    }
+    if (!(lr >= 0) || !isfinite(lr)) {
+        abandon(d);
         return fl_fail(FL_EINVAL, "strategy dgc: learning rate %g is not a finite number >= 0",
                        lr);
-    if (step == s->dgc_configs.rampup_begin_step)
-        start_compression(g);
-    int rc = FL_OK;
-    fl_request *req = NULL;
-    const bool corr = s->dgc_configs.momentum_correction;
-    const bool wdc = s->dgc_configs.weight_decay_correction;
-    const double lambda = oc->weight_decay, m = oc->momentum;
+    }
+    bool sparse = sparse_step(d, sp);
+    if (sparse && (rc = begin_sparse_step(d, g, step, sp)) < 0) {
+        abandon(d);
+        return rc;
+    }
+    /* the local gradient: gradient merge's 1/k (for tensors the hooks prepared: inside their
+     * accumulation), then local clipping at clip_norm / sqrt(N) */
+    double gscale = d->grad_scale;
+    if (!sparse || !g->early) {
+        if (gscale != 1.0)
+            k->scale(FL_DTYPE_F32, fl_net_numel(d->net), gscale, fl_net_flat_grads(d->net));
+        gscale = 1.0;
+        if (local_clipping(d))
+            fl_clip_grad_norm(k, FL_DTYPE_F32, fl_net_param(d->net, 0), fl_net_num_params(d->net),
+                              dgc_local_clip_norm(oc->clip_norm, d->world));
+    } else if (gscale != 1.0) {
+        for (int i = 0; i < g->ndp; i++)
+            k->scale(FL_DTYPE_F32, g->dp[i]->value.numel, gscale, g->dp[i]->grad.data);
+    }
 
-    /* the local gradient: gradient merge's 1/k, then local clipping at clip_norm / sqrt(N) */
-    if (d->grad_scale != 1.0)
-        k->scale(FL_DTYPE_F32, fl_net_numel(d->net), d->grad_scale, fl_net_flat_grads(d->net));
-    if (oc->clip_norm > 0 && s->dgc_configs.local_clipping)
-        fl_clip_grad_norm(k, FL_DTYPE_F32, fl_net_param(d->net, 0), fl_net_num_params(d->net),
-                          dgc_local_clip_norm(oc->clip_norm, d->world));
-
-    /* the small tensors' average travels while the large ones are accumulated and selected */
-    if (d->world > 1 && g->dnumel > 0) {
+    /* the compressed tensors' pairs go first, then the small tensors' average; the pairs are
+     * applied while that travels */
+    rc = sparse ? sparse_launch_rest(d, g, gscale) : FL_OK;
+    fl_request *dreq = NULL;
+    if (rc == FL_OK && d->world > 1 && g->dnumel > 0) {
         dense_pack(g, false);
         rc = fl_comm_iallreduce(d->comm, g->dstage, (size_t)g->dnumel, FL_DTYPE_F32,
-                                FL_REDOP_AVG, &req);
+                                FL_REDOP_AVG, &dreq);
         if (rc < 0) {
-            req = NULL;
+            dreq = NULL;
             rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
                                 (long long)step);
-            goto done;
         }
     }
-    dgc_accum_args acc = {.clip_scale = 1, .decay = wdc ? lambda : 0, .momentum = m,
-                          .nesterov = oc->nesterov, .correction = corr};
-    if (s->dgc_configs.dense_fallback && !dgc_sparse_pays(d->world, sp)) {
-        for (int c = 0; c < g->nct; c++)
-            dgc_accumulate(g->ct[c].p->value.numel, g->gseg[c], g->wseg[c],
-                           g->ct[c].u.value.data, g->ct[c].v.value.data, &acc);
-        /* every entry would be sent: one dense allreduce of v is cheaper and exact */
-        if (g->said != sp) {
-            FL_INFO("strategy dgc: step %lld: sparsity %g with %d workers: N * (1 - s) * 2 = %g "
-                    ">= 1, a sparse allgather would send more than a dense allreduce; steps at "
-                    "this sparsity use dense allreduce",
-                    (long long)step, sp, d->world, d->world * (1 - sp) * 2);
-            g->said = sp;
-        }
-        if (d->world > 1 && g->cnumel > 0) {
-            rc = fl_request_wait(req);
-            req = NULL;
-            if (rc < 0) {
-                rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
-                                    (long long)step);
-                goto done;
-            }
-            rc = fl_comm_allreduce(d->comm, g->vblock, (size_t)g->cnumel, FL_DTYPE_F32,
-                                   FL_REDOP_AVG);
-            if (rc < 0) {
-                rc = fl_fail_prefix(rc, "strategy dgc: step %lld: dense fallback allreduce of "
-                                        "%lld values",
-                                    (long long)step, (long long)g->cnumel);
-                goto done;
-            }
-        }
-        for (int c = 0; c < g->nct; c++)
-            dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->ct[c].v.value.data,
-                            corr ? NULL : g->ct[c].u.value.data, lr, 1.0, m, oc->nesterov,
-                            wdc ? 0 : lambda);
-    } else {
-        int64_t nsend = 0, total = 0;
-        bool mask = s->dgc_configs.momentum_masking && corr;
-        for (int c = 0; c < g->nct; c++) {
-            ctensor *t = &g->ct[c];
-            int64_t n = t->p->value.numel, kk = dgc_k(n, sp), cnt;
-            if (nsend + kk > g->send_cap) { /* a sparsity outside the planned schedule */
-                rc = fl_fail(FL_ESTATE, "strategy dgc: step %lld: %lld pairs exceed the %lld "
-                                        "planned",
-                             (long long)step, (long long)(nsend + kk), (long long)g->send_cap);
-                goto done;
-            }
-            float *v = t->v.value.data, *u = t->u.value.data;
-            if (s->dgc_configs.selection) {
-                dgc_accumulate(n, g->gseg[c], g->wseg[c], u, v, &acc);
-                cnt = dgc_select_exact(n, v, kk, g->idx, g->scratch);
-            } else { /* accumulation and candidate gathering in one pass */
-                cnt = dgc_accumulate_select(n, g->gseg[c], g->wseg[c], u, v, &acc, kk, g->idx,
-                                            g->scratch, (uint64_t)step * 1000003u + (uint64_t)c,
-                                            NULL);
-            }
-            dgc_encode(g->idx, cnt, g->start[c], v, mask ? t->u.value.data : NULL,
-                       g->send + nsend);
-            nsend += cnt;
-        }
-        rc = fl_request_wait(req); /* one collective at a time */
-        req = NULL;
-        if (rc < 0) {
-            rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
-                                (long long)step);
-            goto done;
-        }
-        if ((rc = exchange(d, g, nsend, &total)) < 0)
-            goto done;
-        int64_t bad = dgc_check_pairs(g->recv, total, g->cnumel);
-        if (bad >= 0) {
-            int r = 0;
-            for (int64_t seen = g->counts64[0]; r + 1 < d->world && bad >= seen;)
-                seen += g->counts64[++r];
-            rc = fl_fail(FL_EPEER, "strategy dgc: step %lld: rank %d sent index %d outside the "
-                                   "%lld compressed values",
-                         (long long)step, d->world > 1 ? r : 0, g->recv[bad].index,
-                         (long long)g->cnumel);
-            goto done;
-        }
-        if (corr && wdc) { /* the paper's step: the pairs, as plain SGD */
-            dgc_apply_pairs(g->recv, total, g->nct, g->start, g->wseg, lr / (double)d->world);
-        } else { /* the ablations: a whole-tensor step on the aggregate */
-            for (int c = 0; c < g->nct; c++)
-                memset(g->gseg[c], 0, (size_t)g->ct[c].p->value.numel * sizeof(float));
-            dgc_scatter_add(g->recv, total, g->nct, g->start, g->gseg);
-            for (int c = 0; c < g->nct; c++)
-                dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->gseg[c],
-                                corr ? NULL : g->ct[c].u.value.data, lr, 1.0 / d->world, m,
-                                oc->nesterov, wdc ? 0 : lambda);
-        }
+    if (rc == FL_OK && sparse) {
+        rc = sparse_apply(d, g, lr);
+    } else if (rc == FL_OK) {
+        if (step == s->dgc_configs.rampup_begin_step)
+            start_compression(g);
+        rc = fallback_step(d, g, sp, lr);
     }
+    int rcd = fl_request_wait(dreq);
+    if (rcd < 0 && rc == FL_OK)
+        rc = fl_fail_prefix(rcd, "strategy dgc: step %lld: allreduce of the dense tensors",
+                            (long long)step);
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", fl_errmsg());
+        abandon(d);
+        return fl_fail(rc, "%s", msg);
+    }
+    g->step = -1;
 
     /* the small tensors: their average, then Momentum with the optimizer's velocity */
-    rc = fl_request_wait(req);
-    req = NULL;
-    if (rc < 0) {
-        rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
-                            (long long)step);
-        goto done;
-    }
     if (d->world > 1 && g->dnumel > 0)
         dense_pack(g, true);
     for (int i = 0; i < g->ndp; i++)
         k->momentum_update(FL_DTYPE_F32, g->dp[i]->value.numel, g->dp[i]->value.data,
-                           g->dp[i]->grad.data, g->dvel[i]->value.data, lr, m, lambda,
-                           oc->nesterov);
-done:
-    if (req) { /* after a failure: wait, keeping the first message */
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", fl_errmsg());
-        fl_request_wait(req);
-        rc = fl_fail(rc, "%s", msg);
-    }
-    return rc;
+                           g->dp[i]->grad.data, g->dvel[i]->value.data, lr, oc->momentum,
+                           oc->weight_decay, oc->nesterov);
+    return FL_OK;
 }
 
 static int num_state(const fl_dist_optim *d) {

@@ -109,6 +109,26 @@ if train sparse999 2 "${mom[@]}" --dgc -o strategy.dgc_configs.min_compress_nume
     -o strategy.dgc_configs.selection=exact &&
     check "sparsity 0.999: sampled and exact selection give bit-identical parameters" \
       cmp -s "$tmp/sparse999.bin" "$tmp/exact999.bin"
+  # tensors are sent from the gradient-ready hooks during backward (overlap, the default) or
+  # all after backward: the same pairs in the same order, so the same parameters
+  train nooverlap999 2 "${mom[@]}" --dgc -o strategy.dgc_configs.min_compress_numel=1000 \
+    --overlap off &&
+    check "sparsity 0.999: sent during backward or after it: bit-identical parameters" \
+      cmp -s "$tmp/sparse999.bin" "$tmp/nooverlap999.bin"
+  # local clipping needs every gradient's norm first: the hooks leave the tensors to the update
+  train clip_ov 2 "${mom[@]}" --clip 0.05 --dgc -o strategy.dgc_configs.min_compress_numel=1000 &&
+    train clip_noov 2 "${mom[@]}" --clip 0.05 --dgc \
+      -o strategy.dgc_configs.min_compress_numel=1000 --overlap off &&
+    check "sparsity 0.999 with local clipping: overlap on and off bit-identical" \
+      cmp -s "$tmp/clip_ov.bin" "$tmp/clip_noov.bin" &&
+    check "sparsity 0.999: local clipping changed the result" \
+      bash -c "! cmp -s '$tmp/clip_ov.bin' '$tmp/sparse999.bin'"
+  # gradient merge: the hooks scale each compressed gradient by 1/k inside the accumulation
+  train merge999 2 "${mom[@]}" --merge 2 --dgc -o strategy.dgc_configs.min_compress_numel=1000 &&
+    train merge999_noov 2 "${mom[@]}" --merge 2 --dgc \
+      -o strategy.dgc_configs.min_compress_numel=1000 --overlap off &&
+    check "sparsity 0.999 with gradient merge: overlap on and off bit-identical" \
+      cmp -s "$tmp/merge999.bin" "$tmp/merge999_noov.bin"
 fi
 
 # 3. the fallback is said once: 10 steps at 0.75 (2 * 0.25 * 2 = 1), then 0.999

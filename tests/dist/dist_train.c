@@ -23,7 +23,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dist_train [options]          (under fleetrun, or alone)\n"
             "  --optimizer sgd|momentum  --momentum MU (0.9)  --weight-decay WD (0)  --nesterov\n"
-            "  --lr LR (0.05)\n"
+            "  --lr LR (0.05)  --clip NORM (global gradient-norm clipping; 0: off)\n"
             "  --batch B (16, per worker and micro-step)  --steps S (30 updates)  --seed N (1)\n"
             "  --data teacher|random  --data-size N (8192)  --threads N (1)\n"
             "  --fuse MB  --overlap on|off  --fp16-allreduce  --merge K  --merge-avg on|off\n"
@@ -108,7 +108,7 @@ static int write_params(fl_net *net, const char *path) {
 
 typedef struct {
     int         optimizer; /* fl_optim_type */
-    double      momentum, weight_decay, lr;
+    double      momentum, weight_decay, lr, clip_norm;
     bool        nesterov;
     int64_t     batch, steps, seed, data_size, threads;
     bool        random_data;
@@ -151,6 +151,8 @@ static int parse(int argc, char **argv, options *o) {
             o->momentum = atof(v);
         else if (!strcmp(a, "--weight-decay"))
             o->weight_decay = atof(v);
+        else if (!strcmp(a, "--clip"))
+            o->clip_norm = atof(v);
         else if (!strcmp(a, "--lr"))
             o->lr = atof(v);
         else if (!strcmp(a, "--batch"))
@@ -241,7 +243,7 @@ static int train(const options *o, const fl_strategy *strategy) {
     }
     fl_optim_config oc = {.type = (fl_optim_type)o->optimizer, .weight_decay = o->weight_decay,
                           .momentum = o->optimizer == FL_OPTIM_MOMENTUM ? o->momentum : 0,
-                          .nesterov = o->nesterov};
+                          .nesterov = o->nesterov, .clip_norm = o->clip_norm};
     opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net), FL_DTYPE_F32,
                           fl_net_kernels(net));
     if (!opt || !(dopt = fl_distributed_optimizer(fleet, net, opt, strategy))) {
