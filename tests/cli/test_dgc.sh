@@ -2,13 +2,14 @@
 # test_dgc.sh - Deep Gradient Compression over fleetrun on loopback, against what it must keep:
 # - at sparsity 0 with momentum masking off, DGC is dense Momentum (weight decay 1e-3): the
 #   parameters after 30 steps within 1e-5 of the dense strategy's, N = 2 and 4, through the
-#   sparse path (dense_fallback off: every entry goes through allgatherv as (index, value)
+#   sparse path (dense_fallback off: every entry goes through the allgather as (index, value)
 #   pairs) and through the dense fallback; Nesterov too; and with gradient merge (k = 4 of
 #   batch b against batch 4b), and with momentum correction off (weight-decay correction on and
 #   off);
 # - at sparsity 0.999 a rank sends under a tenth of dense's bytes per step on this small model
 #   (its biases and output layer stay dense), the parameters differ from dense's, and sampled
-#   and exact selection choose the same entries (bit-identical parameters);
+#   and exact selection choose the same entries (bit-identical parameters), and so do sending
+#   from the gradient-ready hooks and after backward (also with local clipping and merge);
 # - the fallback (N * (1 - s) * 2 >= 1) is said once in the log, not every step;
 # - configs/mlp_dgc.yaml trains on 2 workers with fleet-train;
 # - what cannot work is refused before training with the reason: DGC with fp16_allreduce, with
