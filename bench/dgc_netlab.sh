@@ -7,7 +7,9 @@
 # within 10% of no-comm at every rate, selection and state updates included (seed 000: DGC flat
 # at 0.375 s from 100G to 1G while dense grows 6.5x).
 #   dense    strategy.dgc=false: fused allreduce buckets overlapping backward
-#   dgc      strategy.dgc=true
+#   dgc      strategy.dgc=true (each tensor sent from the gradient-ready hook during backward)
+#   dgc-after  strategy.dgc=true, strategy.overlap=false: the same work after backward (an A/B of
+#            the overlap; not in the default set)
 #   no-comm  the same N processes at the same time on the same hosts, each a job of one (fleet
 #            has no "communication off" switch; a job of one sends nothing): same local batch,
 #            compute and CPU sharing, no communication
@@ -20,6 +22,7 @@
 #   HOSTS="2 4"  RATES="10gbit 1gbit 100mbit"  BATCH=128 (per worker)
 #   STEPS=16  INTERVAL=4  SKIP=1  ROUNDS=3
 #   CONFIG=bench/dgc_netlab.yaml  EXTRA="-o key=value ..." (more fleet-train overrides)
+#   CONFIGS="dense dgc no-comm"  the configurations to run (any of dense dgc dgc-after no-comm)
 #   RAW=FILE      also write every run's step time there
 #   DRY=1         print the plan (runs and their fleet-train arguments) and exit: no lab, no jobs
 #   LOOPBACK=1    dry run with jobs: local processes on 127.0.0.1, no lab (timings mean nothing)
@@ -43,7 +46,11 @@ config=${CONFIG:-$here/dgc_netlab.yaml}
 read -r -a extra <<<"${EXTRA:-}"
 max_other=${GUARD_MAX_OTHER:-10} retries=${GUARD_RETRIES:-3}
 dry=${DRY:-0}
-cfgs=(dense dgc no-comm)
+read -r -a cfgs <<<"${CONFIGS:-dense dgc no-comm}"
+for c in "${cfgs[@]}"; do
+  case $c in dense | dgc | dgc-after | no-comm) ;; *) echo "dgc_netlab: unknown configuration '$c' in CONFIGS" >&2; exit 2 ;; esac
+done
+ncfg=${#cfgs[@]}
 
 # args_of CFG N -> fleet-train arguments of one run, one per line
 args_of() {
@@ -53,6 +60,8 @@ args_of() {
   case $cfg in
   dense) printf '%s\n' -o "data.train_size=$((steps * n * batch))" -o strategy.dgc=false ;;
   dgc) printf '%s\n' -o "data.train_size=$((steps * n * batch))" -o strategy.dgc=true ;;
+  dgc-after) printf '%s\n' -o "data.train_size=$((steps * n * batch))" -o strategy.dgc=true \
+    -o strategy.overlap=false ;;
   no-comm) printf '%s\n' -o "data.train_size=$((steps * batch))" -o strategy.dgc=false ;;
   esac
 }
@@ -86,7 +95,7 @@ run_cfg() {
   local n=$1 cfg=$2 out=$work/$1.$2.$3.$4 port=$5 a
   mapfile -t a < <(args_of "$cfg" "$n")
   case $cfg in
-  dense | dgc)
+  dense | dgc | dgc-after)
     FLEET_LOG_LEVEL=info fleet_dist "$n" "$port" "$out" "${a[@]}" >&2
     window_ms "$skip" $((n * batch)) "$out" | median
     ;;
@@ -103,8 +112,8 @@ for rate in $rates; do
   lab_up "$maxhosts" "$rate"
   for ((r = 0; r < rounds; r++)); do
     for h in $hosts_list; do
-      for ((k = 0; k < 3; k++)); do
-        c=${cfgs[$(((r + k) % 3))]}
+      for ((k = 0; k < ncfg; k++)); do
+        c=${cfgs[$(((r + k) % ncfg))]}
         for ((try = 0; ; try++)); do
           guard_wait_idle
           guard_begin
@@ -124,7 +133,9 @@ for rate in $rates; do
 done
 
 # wire MB per step per rank, from rank 0's "comm X MB" (bytes sent during a window)
+has_cfg() { [[ " ${cfgs[*]} " == *" $1 "* ]]; }
 wire_mb() { # RATE N CFG
+  has_cfg "$3" || return 0
   local r files=()
   for ((r = 0; r < rounds; r++)); do files+=("$work/$2.$3.$1.$r"); done
   awk -v iv="$interval" -v skip="$skip" 'FNR == 1 { w = 0 }
@@ -135,16 +146,21 @@ cell() { awk -v rt="$1" -v h="$2" -v c="$3" '$1 == rt && $2 == h && $4 == c { pr
 
 echo
 echo "# step time (ms), median of $rounds rounds; speedup = dense / dgc (seed 000: 0.99, 1.47, 6.53" \
-  "at 100G, 10G, 1G); dgc/no-comm: goal <= 1.10; wire = MB a rank sent per step"
-printf '%8s %5s %9s %9s %9s %8s %12s %10s %10s\n' rate hosts dense dgc no-comm speedup \
-  dgc/no-comm "dense MB" "dgc MB"
+  "at 100G, 10G, 1G); dgc/no-comm: goal <= 1.10; wire = MB a rank sent per step; - = not run"
+printf '%8s %5s %9s %9s %9s %9s %8s %12s %12s %10s %10s\n' rate hosts dense dgc dgc-after \
+  no-comm speedup dgc/no-comm after/no-comm "dense MB" "dgc MB"
 for rate in $rates; do
   for h in $hosts_list; do
     awk -v rt="$rate" -v h="$h" -v d="$(cell "$rate" "$h" dense)" -v g="$(cell "$rate" "$h" dgc)" \
-      -v nc="$(cell "$rate" "$h" no-comm)" -v dw="$(wire_mb "$rate" "$h" dense)" \
-      -v gw="$(wire_mb "$rate" "$h" dgc)" 'BEGIN {
-        printf "%8s %5d %9.1f %9.1f %9.1f %8.2f %12.3f %10.2f %10.3f\n", rt, h, d, g, nc,
-          (g > 0 ? d / g : 0), (nc > 0 ? g / nc : 0), dw, gw }'
+      -v ga="$(cell "$rate" "$h" dgc-after)" -v nc="$(cell "$rate" "$h" no-comm)" \
+      -v dw="$(wire_mb "$rate" "$h" dense)" -v gw="$(wire_mb "$rate" "$h" dgc)" '
+      function none(x) { return x == "" || x == "nan" }
+      function ms(x) { return none(x) ? sprintf("%9s", "-") : sprintf("%9.1f", x) }
+      function ratio(a, b, w) { return (none(a) || none(b) || b == 0) ? sprintf("%" w "s", "-") : sprintf("%" w ".3f", a / b) }
+      function mb(x) { return none(x) ? sprintf("%10s", "-") : sprintf("%10.3f", x) }
+      BEGIN {
+        printf "%8s %5d %s %s %s %s %s %s %s %s %s\n", rt, h, ms(d), ms(g), ms(ga), ms(nc),
+          ratio(d, g, 8), ratio(g, nc, 12), ratio(ga, nc, 12), mb(dw), mb(gw) }'
   done
 done
 line="# runs over ${max_other}% other CPU after $retries retries:"
