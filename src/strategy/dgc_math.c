@@ -34,28 +34,40 @@ double dgc_local_clip_norm(double clip_norm, int world) {
     return clip_norm / sqrt((double)world);
 }
 
-void dgc_accumulate(int64_t n, const float *grad, const float *w, float *u, float *v,
-                    const dgc_accum_args *a) {
+/* dgc_accumulate over len entries; inlined with a constant len (BLOCK) the compiler vectorizes
+ * it (the arrays never overlap). */
+static inline void accumulate_span(int64_t len, const float *restrict grad,
+                                   const float *restrict w, float *restrict u, float *restrict v,
+                                   const dgc_accum_args *a) {
     const float c = (float)a->clip_scale, lam = (float)a->decay, m = (float)a->momentum;
     if (!a->correction) {
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < len; i++)
             v[i] += c * grad[i] + lam * w[i];
-        }
     } else if (a->nesterov) {
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < len; i++) {
             float g = c * grad[i] + lam * w[i];
             float ui = m * (u[i] + g);
             u[i] = ui;
             v[i] += ui + g;
         }
     } else {
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < len; i++) {
             float g = c * grad[i] + lam * w[i];
             float ui = m * u[i] + g;
             u[i] = ui;
             v[i] += ui;
         }
     }
+}
+
+#define BLOCK 32 /* entries per vectorized block of the accumulation passes */
+
+void dgc_accumulate(int64_t n, const float *grad, const float *w, float *u, float *v,
+                    const dgc_accum_args *a) {
+    int64_t i0 = 0;
+    for (; i0 + BLOCK <= n; i0 += BLOCK)
+        accumulate_span(BLOCK, grad + i0, w + i0, u + i0, v + i0, a);
+    accumulate_span(n - i0, grad + i0, w + i0, u + i0, v + i0, a);
 }
 
 /* The k-th largest (1-based, 1 <= k <= n) of a[0..n), by quickselect (Hoare partition around
@@ -188,13 +200,11 @@ int64_t dgc_select_sampled(int64_t n, const float *v, int64_t k, int32_t *idx, f
 }
 
 /* The fused pass: accumulates v (and u) like dgc_accumulate and appends to idx the index of
- * each new v with tau <= |v| (and v != 0), ascending; returns their number. Blocks of BLOCK
- * entries are accumulated by loops the compiler vectorizes, with an any-hit flag; only the
- * rare block holding a candidate is scanned again to gather it. */
-#define BLOCK 32
-
-static inline int64_t gather_block(int64_t i0, int64_t len, const float *v, float tau,
-                                   int32_t *idx, int64_t count) {
+ * each new v with tau <= |v| (and v != 0), ascending; returns their number. Each block of
+ * BLOCK entries is accumulated and tested for a candidate by vectorized loops; only the rare
+ * block holding one is scanned again to gather it. */
+static inline int64_t gather_span(int64_t i0, int64_t len, const float *v, float tau,
+                                  int32_t *idx, int64_t count) {
     for (int64_t t = 0; t < len; t++) {
         float mag = fabsf(v[i0 + t]);
         if (mag >= tau && mag > 0)
@@ -203,48 +213,20 @@ static inline int64_t gather_block(int64_t i0, int64_t len, const float *v, floa
     return count;
 }
 
-static int64_t gather_pass(int64_t n, const float *restrict grad, const float *restrict w,
-                           float *restrict u, float *restrict v, const dgc_accum_args *a,
-                           float tau, int32_t *restrict idx) {
-    const float c = (float)a->clip_scale, lam = (float)a->decay, mo = (float)a->momentum;
+static int64_t gather_pass(int64_t n, const float *grad, const float *w, float *u, float *v,
+                           const dgc_accum_args *a, float tau, int32_t *idx) {
     int64_t count = 0, i0 = 0;
     for (; i0 + BLOCK <= n; i0 += BLOCK) {
-        const float *gb = grad + i0, *wb = w + i0;
-        float *ub = u + i0, *vb = v + i0;
+        accumulate_span(BLOCK, grad + i0, w + i0, u + i0, v + i0, a);
+        const float *vb = v + i0;
         int hit = 0;
-        if (!a->correction) {
-            for (int t = 0; t < BLOCK; t++) {
-                float vi = vb[t] + (c * gb[t] + lam * wb[t]);
-                vb[t] = vi;
-                hit |= fabsf(vi) >= tau;
-            }
-        } else if (a->nesterov) {
-            for (int t = 0; t < BLOCK; t++) {
-                float g = c * gb[t] + lam * wb[t];
-                float ui = mo * (ub[t] + g);
-                float vi = vb[t] + (ui + g);
-                ub[t] = ui;
-                vb[t] = vi;
-                hit |= fabsf(vi) >= tau;
-            }
-        } else {
-            for (int t = 0; t < BLOCK; t++) {
-                float g = c * gb[t] + lam * wb[t];
-                float ui = mo * ub[t] + g;
-                float vi = vb[t] + ui;
-                ub[t] = ui;
-                vb[t] = vi;
-                hit |= fabsf(vi) >= tau;
-            }
-        }
+        for (int t = 0; t < BLOCK; t++)
+            hit |= fabsf(vb[t]) >= tau;
         if (hit)
-            count = gather_block(i0, BLOCK, v, tau, idx, count);
+            count = gather_span(i0, BLOCK, v, tau, idx, count);
     }
-    if (i0 < n) { /* the tail: the plain pass, then gather */
-        dgc_accumulate(n - i0, grad + i0, w + i0, u + i0, v + i0, a);
-        count = gather_block(i0, n - i0, v, tau, idx, count);
-    }
-    return count;
+    accumulate_span(n - i0, grad + i0, w + i0, u + i0, v + i0, a); /* the tail */
+    return gather_span(i0, n - i0, v, tau, idx, count);
 }
 
 int64_t dgc_accumulate_select(int64_t n, const float *grad, const float *w, float *u, float *v,
