@@ -461,16 +461,19 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
     const bool wdc = d->s.dgc_configs.weight_decay_correction;
     int64_t step = DIST_STEP(d);
     int rc = FL_OK;
+    char msg[512]; /* the first failure's message: later waits overwrite fl_errmsg */
     for (int c = g->nct - 1; c >= 0; c--) {
         int rc1 = fl_request_wait(g->req[c]);
         g->req[c] = NULL;
-        if (rc1 < 0 && rc == FL_OK)
+        if (rc1 < 0 && rc == FL_OK) {
             rc = fl_fail_prefix(rc1, "strategy dgc: step %lld: allgather of %s's pairs",
                                 (long long)step, g->ct[c].p->name);
+            snprintf(msg, sizeof msg, "%s", fl_errmsg());
+        }
     }
     g->launched = 0;
     if (rc < 0)
-        return rc;
+        return fl_fail(rc, "%s", msg);
     int64_t total = d->world * g->soff[g->nct];
     int64_t bad = dgc_check_pairs(g->recv, total, g->cnumel);
     if (bad >= 0) {
@@ -562,13 +565,16 @@ static int update(fl_dist_optim *d, double lr) {
             start_compression(g);
         rc = fallback_step(d, g, sp, lr);
     }
+    char msg[512]; /* the first failure's message, before waiting overwrites it */
+    if (rc < 0)
+        snprintf(msg, sizeof msg, "%s", fl_errmsg());
     int rcd = fl_request_wait(dreq);
-    if (rcd < 0 && rc == FL_OK)
+    if (rcd < 0 && rc == FL_OK) {
         rc = fl_fail_prefix(rcd, "strategy dgc: step %lld: allreduce of the dense tensors",
                             (long long)step);
-    if (rc < 0) {
-        char msg[512];
         snprintf(msg, sizeof msg, "%s", fl_errmsg());
+    }
+    if (rc < 0) {
         abandon(d);
         return fl_fail(rc, "%s", msg);
     }

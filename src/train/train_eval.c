@@ -91,7 +91,10 @@ int fl_train_eval(trainer *t, const fl_train_config *cfg, int64_t epoch, int64_t
     if (t->val_set)
         FL_TRY(eval_shard(t, cfg, t->val_set, sums + 3));
     /* sums of doubles up to 2^53 are exact counts; every rank gets the same result */
-    FL_TRY(fl_comm_allreduce(fl_fleet_comm(t->fleet), sums, 6, FL_DTYPE_F64, FL_REDOP_SUM));
+    int rc = fl_comm_allreduce(fl_fleet_comm(t->fleet), sums, 6, FL_DTYPE_F64, FL_REDOP_SUM);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "evaluation at step %lld: summing the metrics over ranks",
+                              (long long)step);
     res->train_loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
     res->train_acc1 = sums[2] > 0 ? sums[1] / sums[2] : NAN;
     res->val_loss = sums[5] > 0 ? sums[3] / sums[5] : NAN;

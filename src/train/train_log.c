@@ -18,7 +18,10 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     /* read before the allreduce below, whose few bytes count towards the next line */
     uint64_t bytes = fl_dist_bytes_sent(t->dopt);
     double sums[3] = {w->loss_sum, (double)w->correct, (double)w->samples};
-    FL_TRY(fl_comm_allreduce(fl_fleet_comm(t->fleet), sums, 3, FL_DTYPE_F64, FL_REDOP_SUM));
+    int rc = fl_comm_allreduce(fl_fleet_comm(t->fleet), sums, 3, FL_DTYPE_F64, FL_REDOP_SUM);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "step %lld: summing the progress line's loss over ranks",
+                              (long long)step);
     double now = fl_now();
     double loss = sums[2] > 0 ? sums[0] / sums[2] : NAN;
     double acc = sums[2] > 0 ? sums[1] / sums[2] : NAN;

@@ -190,4 +190,28 @@ check "kill: the job fails (got $rc)" test $rc -ne 0 -a $rc -ne 124
 check "kill: rank 0 names rank 1" grep -qE '^fleet-train: error: .*rank 1 \(127\.0\.0\.1:[0-9]+\)' "$tmp/logK/workerlog.0"
 check "kill: no worker left" test -z "$(pids_of_job)"
 
+# 7. the same with DGC, whose pairs travel from the gradient-ready hooks during backward: the
+# survivor's failed exchange is kept and reported with the dead peer's name and the step (the
+# first failure's message, not a later wait's), nothing hangs
+FLEET_COMM_TIMEOUT=10 timeout 120 "$run" --nproc_per_node 2 --grace 20 --log_dir "$tmp/logKD" \
+  "$bin" -c "$cfg" -o train.epochs=100000 -o train.log_dir="$tmp/mKD" -o strategy.dgc=true \
+  -o strategy.dgc_configs.min_compress_numel=1000 >"$tmp/KD.out" 2>&1 &
+job=$!
+for _ in $(seq 150); do
+  grep -q '^worker_index: 1, epoch 1,' "$tmp/logKD/workerlog.1" 2>/dev/null && break
+  sleep 0.2
+done
+victim=$(pids_of_job 1)
+check "kill under DGC: rank 1 found training" test -n "$victim"
+[ -n "$victim" ] && kill -9 $victim
+wait $job
+rc=$?
+check "kill under DGC: the job fails (got $rc)" test $rc -ne 0 -a $rc -ne 124
+check "kill under DGC: rank 0 names rank 1" \
+  grep -qE '^fleet-train: error: .*rank 1 \(127\.0\.0\.1:[0-9]+\)' "$tmp/logKD/workerlog.0"
+check "kill under DGC: the message says what rank 0 was doing (step N: ...)" \
+  grep -qE '^fleet-train: error: .*step [0-9]+: .*rank 1 \(' "$tmp/logKD/workerlog.0"
+check "kill under DGC: compressing when killed" grep -q 'strategy dgc: 2 tensors' "$tmp/logKD/workerlog.0"
+check "kill under DGC: no worker left" test -z "$(pids_of_job)"
+
 exit $fail
