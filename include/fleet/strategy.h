@@ -21,7 +21,8 @@ extern "C" {
 typedef struct fl_strategy {
     /* dense: average gradients with allreduce, fused into buckets */
     double fuse_grad_size_in_MB; /* bucket capacity in MiB (default 32); 0: one per parameter */
-    bool   overlap;              /* start a bucket's allreduce during backward (default true) */
+    bool   overlap;              /* start a bucket's allreduce (DGC: a tensor's pairs) during
+                                    backward (default true) */
     bool   fp16_allreduce;       /* send dense gradients as f16, pre-divided by N */
     bool   gradient_merge;       /* accumulate k micro-batches before communicating */
     struct {
