@@ -3,7 +3,9 @@
 # configs/shapes_resnet.yaml made small enough for CI (ResNet-8, 16x16 images, 2 epochs of 8192
 # images in global batches of 2 x 16: 512 steps) reaches >= 90% validation accuracy; with a
 # loader thread per worker the losses are those of the run without one (the threaded loader
-# makes the same batches); image keys that cannot work are refused naming the key.
+# makes the same batches); configs/shapes_resnet_dgc.yaml trains, made small, with the same losses
+# whether DGC sends from the gradient-ready hooks or after backward; image keys that cannot work
+# are refused naming the key.
 set -u
 bin="${FLEET_BIN:?}/fleet-train"
 run="${FLEET_BIN:?}/fleetrun"
@@ -41,6 +43,28 @@ losses() { grep "^worker_index: 0, epoch 0, step \(64\|128\), loss" "$1" | sed -
 losses "$tmp/A.out" >"$tmp/A.loss"
 losses "$tmp/B.out" >"$tmp/B.loss"
 check "threaded loader: the same losses" bash -c "test -s '$tmp/A.loss' && cmp -s '$tmp/A.loss' '$tmp/B.loss'"
+
+# 4. the CNN's DGC config, small: dense for 16 steps, the warm-up schedule over 32 (0.75 falls
+# back to dense on 2 workers), then 0.999 on the stage-3 convolutions; the residual network's
+# gradient-ready hooks send each compressed tensor during backward, and sending them all after
+# backward instead (overlap off) gives the same losses, bit for bit
+dgc_small=("${small[@]}" -o data.num_workers=0 -o train.max_steps=96 -o train.log_interval=32
+  -o strategy.dgc_configs.rampup_begin_step=16 -o strategy.dgc_configs.rampup_step=32)
+dcfg="${FLEET_SRC:?}/configs/shapes_resnet_dgc.yaml"
+FLEET_LOG_LEVEL=info timeout 300 "$run" --nproc_per_node 2 --log_dir "$tmp/logD" "$bin" \
+  -c "$dcfg" "${dgc_small[@]}" >"$tmp/D.out" 2>&1
+check "shapes_resnet_dgc.yaml: exit 0" test $? -eq 0
+check "shapes_resnet_dgc.yaml: stage-3 convolutions compressed" \
+  grep -qE 'strategy dgc: 2 tensors \(55296 values\) compressed' "$tmp/D.out"
+FLEET_LOG_LEVEL=info timeout 300 "$run" --nproc_per_node 2 --log_dir "$tmp/logE" "$bin" \
+  -c "$dcfg" "${dgc_small[@]}" -o strategy.overlap=false >"$tmp/E.out" 2>&1
+check "shapes_resnet_dgc.yaml, overlap off: exit 0" test $? -eq 0
+dlosses() { grep "^worker_index: 0, epoch 0, step \(32\|64\|96\), loss" "$1" | sed -E 's/, ips .*//'; }
+dlosses "$tmp/D.out" >"$tmp/D.loss"
+dlosses "$tmp/E.out" >"$tmp/E.loss"
+cat "$tmp/D.loss"
+check "DGC on the ResNet: the same losses with and without overlap" \
+  bash -c "test \$(wc -l <'$tmp/D.loss') -eq 3 && cmp -s '$tmp/D.loss' '$tmp/E.loss'"
 
 # 3. keys that cannot work stop before training, naming the key
 refused() { # refused KEY OVERRIDES...
