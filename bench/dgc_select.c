@@ -2,8 +2,10 @@
  * quickselect against the sampled threshold refined to the exact top k (src/strategy/
  * dgc_math.c), on tensors of 4M and 16M values at the sparsities of the warm-up schedule; the
  * per-element accumulation pass (momentum correction) that every step makes anyway, for scale;
- * and the fused accumulate + sampled select that the strategy runs (both jobs in one pass), so
- * that "fused - accumulate" is what selection adds to a step. The values are a DGC accumulator
+ * and the fused accumulate + sampled select (both jobs in one pass), so that "fused -
+ * accumulate" is what selection adds to a step; "hinted" is the fused pass given last step's
+ * k-th value as its threshold hint, as the strategy runs it from the second step at a sparsity
+ * (no sample drawn). The values are a DGC accumulator
  * after some steps: normal with a few heavy entries.
  * Prints the median of REPS runs per cell, in ms.
  *   build/bench/dgc_select [REPS (7)] [SIZES in M (4,16)] */
@@ -40,8 +42,8 @@ int main(int argc, char **argv) {
     }
     const double sparsities[] = {0.9, 0.99, 0.999};
     printf("# dgc_select: one thread, median of %d runs, ms\n", reps);
-    printf("%10s %9s %9s %10s %10s %8s %12s %10s\n", "numel", "sparsity", "k", "exact",
-           "sampled", "passes", "accumulate", "fused");
+    printf("%10s %9s %9s %10s %10s %8s %12s %10s %10s\n", "numel", "sparsity", "k", "exact",
+           "sampled", "passes", "accumulate", "fused", "hinted");
     char buf[64];
     snprintf(buf, sizeof buf, "%s", sizes_arg);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
@@ -68,6 +70,7 @@ int main(int argc, char **argv) {
         }
         double *te = malloc((size_t)reps * sizeof *te), *ts = malloc((size_t)reps * sizeof *ts);
         double *ta = malloc((size_t)reps * sizeof *ta), *tf = malloc((size_t)reps * sizeof *tf);
+        double *th = malloc((size_t)reps * sizeof *th);
         dgc_accum_args a = {.clip_scale = 1, .momentum = 0.9, .correction = true};
         for (int rep = 0; rep < reps; rep++) {
             double t0 = now_ms();
@@ -91,8 +94,18 @@ int main(int argc, char **argv) {
                 int fp = 0;
                 double t3 = now_ms();
                 int64_t cf = dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch,
-                                                   (uint64_t)rep, &fp);
+                                                   (uint64_t)rep, NULL, &fp);
                 tf[rep] = now_ms() - t3;
+                float hint = 0; /* the first call finds it, the second uses it */
+                dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch, (uint64_t)rep, &hint,
+                                      NULL);
+                double t4 = now_ms();
+                int64_t ch = dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch,
+                                                   (uint64_t)rep, &hint, NULL);
+                th[rep] = now_ms() - t4;
+                if (ch != k)
+                    fprintf(stderr, "dgc_select: hinted selected %lld, want %lld\n",
+                            (long long)ch, (long long)k);
                 if (cf != k)
                     fprintf(stderr, "dgc_select: fused selected %lld, want %lld\n",
                             (long long)cf, (long long)k);
@@ -100,14 +113,15 @@ int main(int argc, char **argv) {
             if (ce != k || cs != k)
                 fprintf(stderr, "dgc_select: selected %lld (exact) and %lld (sampled), want %lld\n",
                         (long long)ce, (long long)cs, (long long)k);
-            printf("%10lld %9g %9lld %10.2f %10.2f %8d %12.2f %10.2f\n", (long long)n,
+            printf("%10lld %9g %9lld %10.2f %10.2f %8d %12.2f %10.2f %10.2f\n", (long long)n,
                    sparsities[si], (long long)k, median(te, reps), median(ts, reps), passes, acc,
-                   median(tf, reps));
+                   median(tf, reps), median(th, reps));
         }
         free(te);
         free(ts);
         free(ta);
         free(tf);
+        free(th);
         free(v);
         free(u);
         free(g);

@@ -57,6 +57,8 @@ typedef struct {
     bool        *prepared; /* (nct) accumulated, selected and encoded */
     fl_request **req;      /* (nct) each tensor's allgather in flight, or NULL */
     int          launched; /* tensors launched, in launch order: the last (c = nct - 1) first */
+    float       *hint;     /* (nct) each tensor's k-th largest |v| at its last selection, or 0 */
+    int64_t     *hint_k;   /* (nct) the k it was for (a new k starts without one) */
     int          error;    /* first failure of the hook in this step */
     char         errmsg[512];
 } dgc;
@@ -88,6 +90,8 @@ static void destroy(fl_dist_optim *d) {
     free(g->soff);
     free(g->prepared);
     free(g->req);
+    free(g->hint);
+    free(g->hint_k);
     free(g);
     d->impl = NULL;
 }
@@ -177,9 +181,11 @@ static int setup(fl_dist_optim *d) {
     g->soff = calloc(nps + 1, sizeof *g->soff);
     g->prepared = calloc(nps, sizeof *g->prepared);
     g->req = calloc(nps, sizeof *g->req);
+    g->hint = calloc(nps, sizeof *g->hint);
+    g->hint_k = calloc(nps, sizeof *g->hint_k);
     g->step = -1;
     if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->dp || !g->dvel ||
-        !g->ct_of || !g->kk || !g->soff || !g->prepared || !g->req) {
+        !g->ct_of || !g->kk || !g->soff || !g->prepared || !g->req || !g->hint || !g->hint_k) {
         rc = fl_fail(FL_ENOMEM, "strategy.dgc: out of memory planning %d parameters", np);
         goto fail;
     }
@@ -326,8 +332,11 @@ static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
         dgc_accumulate(n, g->gseg[c], g->wseg[c], u, v, &acc);
         cnt = dgc_select_exact(n, v, kk, g->idx, g->scratch);
     } else { /* accumulation and candidate gathering in one pass */
+        if (g->hint_k[c] != kk) /* last step's k-th value says nothing about another k */
+            g->hint[c] = 0, g->hint_k[c] = kk;
         cnt = dgc_accumulate_select(n, g->gseg[c], g->wseg[c], u, v, &acc, kk, g->idx, g->scratch,
-                                    (uint64_t)g->step * 1000003u + (uint64_t)c, NULL);
+                                    (uint64_t)g->step * 1000003u + (uint64_t)c, &g->hint[c],
+                                    NULL);
     }
     dgc_pair *out = g->send + g->soff[c];
     dgc_encode(g->idx, cnt, g->start[c], v, s->dgc_configs.momentum_masking && corr ? u : NULL,

@@ -229,44 +229,65 @@ static int64_t gather_pass(int64_t n, const float *grad, const float *w, float *
     return gather_span(i0, n - i0, v, tau, idx, count);
 }
 
+/* The smallest magnitude among the chosen entries: the k-th largest when count = k. */
+static float smallest_chosen(const float *v, const int32_t *idx, int64_t count) {
+    float lo = INFINITY;
+    for (int64_t j = 0; j < count; j++)
+        lo = fabsf(v[idx[j]]) < lo ? fabsf(v[idx[j]]) : lo;
+    return lo;
+}
+
+#define HINT_MARGIN 0.9f /* the threshold from a hint: this much below last step's k-th value */
+
 int64_t dgc_accumulate_select(int64_t n, const float *grad, const float *w, float *u, float *v,
                               const dgc_accum_args *a, int64_t k, int32_t *idx, float *scratch,
-                              uint64_t seed, int *passes) {
+                              uint64_t seed, float *hint, int *passes) {
     if (passes)
         *passes = 0;
     if (k <= 0 || n <= 0 || k > n / 64 || n < 4 * SAMPLE_MIN) {
         dgc_accumulate(n, grad, w, u, v, a);
         if (passes)
             *passes = 1;
-        return dgc_select_exact(n, v, k, idx, scratch);
+        int64_t got = dgc_select_exact(n, v, k, idx, scratch);
+        if (hint)
+            *hint = got == k && k > 0 ? smallest_chosen(v, idx, got) : 0;
+        return got;
     }
-    /* the sample, from the values the accumulation is about to produce */
-    const float c = (float)a->clip_scale, lam = (float)a->decay, mo = (float)a->momentum;
-    int64_t m = sample_size(n) / CHUNK * CHUNK;
-    uint64_t st = seed;
-    for (int64_t j = 0; j < m; j += CHUNK) {
-        int64_t at = (int64_t)(splitmix64(&st) % (uint64_t)(n - CHUNK + 1));
-        for (int64_t t = 0; t < CHUNK; t++) {
-            int64_t i = at + t;
-            float g = c * grad[i] + lam * w[i], nv;
-            if (!a->correction)
-                nv = v[i] + g;
-            else if (a->nesterov)
-                nv = v[i] + (mo * (u[i] + g) + g);
-            else
-                nv = v[i] + (mo * u[i] + g);
-            scratch[j + t] = fabsf(nv);
+    float tau;
+    if (hint && *hint > 0 && isfinite(*hint)) {
+        tau = *hint * HINT_MARGIN;
+    } else { /* the sample, from the values the accumulation is about to produce */
+        const float c = (float)a->clip_scale, lam = (float)a->decay, mo = (float)a->momentum;
+        int64_t m = sample_size(n) / CHUNK * CHUNK;
+        uint64_t st = seed;
+        for (int64_t j = 0; j < m; j += CHUNK) {
+            int64_t at = (int64_t)(splitmix64(&st) % (uint64_t)(n - CHUNK + 1));
+            for (int64_t t = 0; t < CHUNK; t++) {
+                int64_t i = at + t;
+                float g = c * grad[i] + lam * w[i], nv;
+                if (!a->correction)
+                    nv = v[i] + g;
+                else if (a->nesterov)
+                    nv = v[i] + (mo * (u[i] + g) + g);
+                else
+                    nv = v[i] + (mo * u[i] + g);
+                scratch[j + t] = fabsf(nv);
+            }
         }
+        tau = threshold_for(scratch, m, n, 2.0 * (double)k);
     }
-    float tau = threshold_for(scratch, m, n, 2.0 * (double)k);
     /* one pass: accumulate, and gather the entries at or above tau */
-    int64_t count = gather_pass(n, grad, w, u, v, a, tau, idx);
-    if (count >= k || tau == 0)
-        return refine(v, k, idx, count, scratch);
-    int p = 0; /* the sample was off: select on the accumulated v */
-    int64_t got = dgc_select_sampled(n, v, k, idx, scratch, seed ^ 0x5bd1e995u, &p);
-    if (passes)
-        *passes = p;
+    int64_t count = gather_pass(n, grad, w, u, v, a, tau, idx), got;
+    if (count >= k || tau == 0) {
+        got = refine(v, k, idx, count, scratch);
+    } else { /* the threshold was too high: select on the accumulated v */
+        int p = 0;
+        got = dgc_select_sampled(n, v, k, idx, scratch, seed ^ 0x5bd1e995u, &p);
+        if (passes)
+            *passes = p;
+    }
+    if (hint)
+        *hint = got == k && k > 0 ? smallest_chosen(v, idx, got) : 0;
     return got;
 }
 

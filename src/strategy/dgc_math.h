@@ -78,16 +78,20 @@ int64_t dgc_select_sampled(int64_t n, const float *v, int64_t k, int32_t *idx, f
                            uint64_t seed, int *passes);
 
 /* dgc_accumulate, then the top k of the new v as dgc_select_sampled finds them, with the
- * candidate gathering fused into the accumulation pass: the sample is drawn first, its entries'
- * new values computed ahead (chunks of 16 at random offsets), so that one pass over the tensor
- * both accumulates and gathers the entries at or above the threshold. When that threshold
- * leaves fewer than k it falls back to dgc_select_sampled on the accumulated v. Same outputs as
- * dgc_select_sampled (the exact top k up to ties; zeros never chosen) and the same buffers;
- * *passes (may be NULL) receives the passes over v beyond the fused one (0 normally). Tensors
- * where sampling cannot pay are accumulated, then selected exactly (*passes 1). */
+ * candidate gathering fused into the accumulation pass: a threshold is drawn first — from
+ * *hint when it is > 0 (90% of it), else from a sample whose entries' new values are computed
+ * ahead (chunks of 16 at random offsets) — so that one pass over the tensor both accumulates
+ * and gathers the entries at or above it. When that threshold leaves fewer than k it falls back
+ * to dgc_select_sampled on the accumulated v. Same outputs as dgc_select_sampled (the exact top
+ * k up to ties, whatever the hint; zeros never chosen) and the same buffers. hint (may be NULL):
+ * in, last step's k-th largest magnitude of this tensor at the same k (0: none); out, this
+ * step's (0 when fewer than k were chosen) — the k-th value moves little between steps, so the
+ * hint saves the sample's scattered reads. *passes (may be NULL) receives the passes over v
+ * beyond the fused one (0 normally). Tensors where sampling cannot pay are accumulated, then
+ * selected exactly (*passes 1). */
 int64_t dgc_accumulate_select(int64_t n, const float *grad, const float *w, float *u, float *v,
                               const dgc_accum_args *a, int64_t k, int32_t *idx, float *scratch,
-                              uint64_t seed, int *passes);
+                              uint64_t seed, float *hint, int *passes);
 
 /* Writes pairs[i] = {base + idx[i], v[idx[i]]} for i < count, then zeroes v[idx[i]] (the sent
  * entries leave the accumulator) and, when u is not NULL, u[idx[i]] (momentum factor masking,

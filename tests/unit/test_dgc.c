@@ -208,7 +208,10 @@ static void test_select(void) {
 }
 
 /* The fused accumulate + select: the same u and v as dgc_accumulate, and the top k of the new
- * v, for each accumulation mode, on tensors where it samples and where it does not. */
+ * v, for each accumulation mode, on tensors where it samples and where it does not; and the
+ * same from every threshold hint: none, last step's k-th value (no sample, no extra pass), one
+ * far too high (too few candidates: the fallback pass) and one far too low (most entries are
+ * candidates). The hint returned is the k-th largest |v|. */
 static void test_accumulate_select(void) {
     const int64_t sizes[] = {1000, 70000, 262144};
     fl_rng r;
@@ -218,8 +221,9 @@ static void test_accumulate_select(void) {
         size_t fb = (size_t)n * sizeof(float);
         float *g = malloc(fb), *w = malloc(fb), *u = malloc(fb), *v = malloc(fb);
         float *g2 = malloc(fb), *u2 = malloc(fb), *v2 = malloc(fb);
+        float *u0 = malloc(fb), *v0 = malloc(fb);
         float *scratch = malloc(fb + (size_t)(n / 100 + 4096) * sizeof(float));
-        int32_t *idx = malloc((size_t)n * sizeof *idx);
+        int32_t *idx = malloc((size_t)n * sizeof *idx), *idx0 = malloc((size_t)n * sizeof *idx);
         for (int mode = 0; mode < 3; mode++) {
             dgc_accum_args a = {.clip_scale = 0.5, .decay = 1e-3, .momentum = 0.9,
                                 .nesterov = mode == 1, .correction = mode != 2};
@@ -236,31 +240,53 @@ static void test_accumulate_select(void) {
                 memcpy(u2, u, fb);
                 memcpy(v2, v, fb);
                 dgc_accumulate(n, g2, w, u2, v2, &a);
-                int64_t k = dgc_k(n, step == 1 ? 0.999 : 0.99);
-                int passes = -1;
-                int64_t cnt = dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch,
-                                                    (uint64_t)step, &passes);
-                CHECK(memcmp(u, u2, fb) == 0 && memcmp(v, v2, fb) == 0);
-                CHECK(memcmp(g, g2, fb) == 0); /* read only, as by dgc_accumulate */
-                CHECK(passes >= 0 && passes <= 4);
-                char what[96];
-                snprintf(what, sizeof what, "fused n %lld mode %d k %lld (%d extra passes)",
-                         (long long)n, mode, (long long)k, passes);
-                check_selection(what, n, v, k, idx, cnt);
-                for (int j = 0; step == 2 && j < 6; j++) {
-                    bool found = false;
-                    for (int64_t q = 0; q < cnt; q++)
-                        found |= idx[q] == (int32_t)planted[j];
-                    if (!found)
-                        fprintf(stderr, "  %s: planted index %lld not chosen\n", what,
-                                (long long)planted[j]);
-                    CHECK(found);
+                memcpy(u0, u, fb);
+                memcpy(v0, v, fb);
+                int64_t k = dgc_k(n, step == 1 ? 0.999 : 0.99), cnt0 = 0;
+                float kth = 0;
+                for (int hv = 0; hv < 4; hv++) { /* 0: none, 1: right, 2: too high, 3: too low */
+                    memcpy(u, u0, fb);
+                    memcpy(v, v0, fb);
+                    float hint = hv == 0 ? 0 : hv == 1 ? kth : hv == 2 ? kth * 10 : kth * 1e-3f;
+                    int passes = -1;
+                    int64_t cnt = dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch,
+                                                        (uint64_t)step, &hint, &passes);
+                    CHECK(memcmp(u, u2, fb) == 0 && memcmp(v, v2, fb) == 0);
+                    CHECK(memcmp(g, g2, fb) == 0); /* read only, as by dgc_accumulate */
+                    CHECK(passes >= 0 && passes <= 4);
+                    char what[128];
+                    snprintf(what, sizeof what, "fused n %lld mode %d k %lld hint %d (%d extra "
+                             "passes)", (long long)n, mode, (long long)k, hv, passes);
+                    check_selection(what, n, v, k, idx, cnt);
+                    if (hv == 0) { /* the reference for the hinted runs */
+                        kth = hint;
+                        cnt0 = cnt;
+                        memcpy(idx0, idx, (size_t)cnt * sizeof *idx);
+                        float lo = INFINITY;
+                        for (int64_t q = 0; q < cnt; q++)
+                            lo = fabsf(v[idx[q]]) < lo ? fabsf(v[idx[q]]) : lo;
+                        CHECK(cnt != k || hint == lo);
+                    } else { /* the same entries in the same order, and the same hint out */
+                        CHECK(cnt == cnt0 && memcmp(idx, idx0, (size_t)cnt * sizeof *idx) == 0);
+                        CHECK(hint == kth);
+                        if (n >= 4 * 4096 && k <= n / 64) /* where the fused path samples */
+                            CHECK(hv != 1 || passes == 0); /* a right hint: no extra pass */
+                    }
+                    for (int j = 0; step == 2 && j < 6; j++) {
+                        bool found = false;
+                        for (int64_t q = 0; q < cnt; q++)
+                            found |= idx[q] == (int32_t)planted[j];
+                        if (!found)
+                            fprintf(stderr, "  %s: planted index %lld not chosen\n", what,
+                                    (long long)planted[j]);
+                        CHECK(found);
+                    }
                 }
             }
         }
-        free(g), free(w), free(u), free(v), free(g2), free(u2), free(v2);
+        free(g), free(w), free(u), free(v), free(g2), free(u2), free(v2), free(u0), free(v0);
         free(scratch);
-        free(idx);
+        free(idx), free(idx0);
     }
 }
 
