@@ -48,7 +48,10 @@ max_other=${GUARD_MAX_OTHER:-10} retries=${GUARD_RETRIES:-3}
 dry=${DRY:-0}
 read -r -a cfgs <<<"${CONFIGS:-dense dgc no-comm}"
 for c in "${cfgs[@]}"; do
-  case $c in dense | dgc | dgc-after | no-comm) ;; *) echo "dgc_netlab: unknown configuration '$c' in CONFIGS" >&2; exit 2 ;; esac
+  case $c in
+  dense | dgc | dgc-after | no-comm) ;;
+  *) echo "dgc_netlab: unknown configuration '$c' in CONFIGS" >&2; exit 2 ;;
+  esac
 done
 ncfg=${#cfgs[@]}
 
@@ -156,7 +159,8 @@ for rate in $rates; do
       -v dw="$(wire_mb "$rate" "$h" dense)" -v gw="$(wire_mb "$rate" "$h" dgc)" '
       function none(x) { return x == "" || x == "nan" }
       function ms(x) { return none(x) ? sprintf("%9s", "-") : sprintf("%9.1f", x) }
-      function ratio(a, b, w) { return (none(a) || none(b) || b == 0) ? sprintf("%" w "s", "-") : sprintf("%" w ".3f", a / b) }
+      function ratio(a, b, w) {
+        return (none(a) || none(b) || b == 0) ? sprintf("%" w "s", "-") : sprintf("%" w ".3f", a / b) }
       function mb(x) { return none(x) ? sprintf("%10s", "-") : sprintf("%10.3f", x) }
       BEGIN {
         printf "%8s %5d %s %s %s %s %s %s %s %s %s\n", rt, h, ms(d), ms(g), ms(ga), ms(nc),

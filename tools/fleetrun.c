@@ -1121,7 +1121,8 @@ static void job_free(job *j) {
 }
 
 int main(int argc, char **argv) {
-    job j = {.sig_fd = -1, .term_fd = 1, .exit_code = -1, .failed_unsignalled = -1};
+    job j = {.sig_fd = -1, .term_fd = 1, .exit_code = -1,
+             .failed_unsignalled = -1};
     int rc;
     ensure_std_fds();
     /* signals wait in the signalfd from the start: a Ctrl-C during set-up stops the workers

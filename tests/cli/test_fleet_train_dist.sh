@@ -172,46 +172,42 @@ else
   fi
 fi
 
-# 6. a peer killed mid-run: the survivor fails with an error naming it (fleetrun's grace lets
-# rank 0 notice before it is stopped)
-FLEET_COMM_TIMEOUT=10 timeout 120 "$run" --nproc_per_node 2 --grace 20 --log_dir "$tmp/logK" \
-  "$bin" -c "$cfg" -o train.epochs=100000 -o train.log_dir="$tmp/mK" >"$tmp/K.out" 2>&1 &
-job=$!
-for _ in $(seq 150); do
-  grep -q '^worker_index: 1, epoch 1,' "$tmp/logK/workerlog.1" 2>/dev/null && break
-  sleep 0.2
-done
-victim=$(pids_of_job 1)
-check "kill: rank 1 found training" test -n "$victim"
-[ -n "$victim" ] && kill -9 $victim
-wait $job
-rc=$?
-check "kill: the job fails (got $rc)" test $rc -ne 0 -a $rc -ne 124
-check "kill: rank 0 names rank 1" grep -qE '^fleet-train: error: .*rank 1 \(127\.0\.0\.1:[0-9]+\)' "$tmp/logK/workerlog.0"
-check "kill: no worker left" test -z "$(pids_of_job)"
+# kill_rank1 NAME WHAT OVERRIDES...: a 2-worker run killed (rank 1, SIGKILL) once it trains its
+# second epoch; the survivor must fail with an error naming rank 1 and its endpoint (fleetrun's
+# grace lets rank 0 notice before it is stopped), and no worker may be left. Rank 0's log stays
+# in $tmp/logNAME for further checks.
+kill_rank1() {
+  local name=$1 what=$2 victim rc job
+  shift 2
+  FLEET_COMM_TIMEOUT=10 timeout 120 "$run" --nproc_per_node 2 --grace 20 \
+    --log_dir "$tmp/log$name" "$bin" -c "$cfg" -o train.epochs=100000 \
+    -o train.log_dir="$tmp/m$name" "$@" >"$tmp/$name.out" 2>&1 &
+  job=$!
+  for _ in $(seq 150); do
+    grep -q '^worker_index: 1, epoch 1,' "$tmp/log$name/workerlog.1" 2>/dev/null && break
+    sleep 0.2
+  done
+  victim=$(pids_of_job 1)
+  check "$what: rank 1 found training" test -n "$victim"
+  [ -n "$victim" ] && kill -9 $victim
+  wait $job
+  rc=$?
+  check "$what: the job fails (got $rc)" test $rc -ne 0 -a $rc -ne 124
+  check "$what: rank 0 names rank 1" \
+    grep -qE '^fleet-train: error: .*rank 1 \(127\.0\.0\.1:[0-9]+\)' "$tmp/log$name/workerlog.0"
+  check "$what: no worker left" test -z "$(pids_of_job)"
+}
+
+# 6. a peer killed mid-run
+kill_rank1 K kill
 
 # 7. the same with DGC, whose pairs travel from the gradient-ready hooks during backward: the
-# survivor's failed exchange is kept and reported with the dead peer's name and the step (the
-# first failure's message, not a later wait's), nothing hangs
-FLEET_COMM_TIMEOUT=10 timeout 120 "$run" --nproc_per_node 2 --grace 20 --log_dir "$tmp/logKD" \
-  "$bin" -c "$cfg" -o train.epochs=100000 -o train.log_dir="$tmp/mKD" -o strategy.dgc=true \
-  -o strategy.dgc_configs.min_compress_numel=1000 >"$tmp/KD.out" 2>&1 &
-job=$!
-for _ in $(seq 150); do
-  grep -q '^worker_index: 1, epoch 1,' "$tmp/logKD/workerlog.1" 2>/dev/null && break
-  sleep 0.2
-done
-victim=$(pids_of_job 1)
-check "kill under DGC: rank 1 found training" test -n "$victim"
-[ -n "$victim" ] && kill -9 $victim
-wait $job
-rc=$?
-check "kill under DGC: the job fails (got $rc)" test $rc -ne 0 -a $rc -ne 124
-check "kill under DGC: rank 0 names rank 1" \
-  grep -qE '^fleet-train: error: .*rank 1 \(127\.0\.0\.1:[0-9]+\)' "$tmp/logKD/workerlog.0"
+# survivor's failed exchange is reported with the step (the first failure's message, not a
+# later wait's)
+kill_rank1 KD "kill under DGC" -o strategy.dgc=true -o strategy.dgc_configs.min_compress_numel=1000
 check "kill under DGC: the message says what rank 0 was doing (step N: ...)" \
   grep -qE '^fleet-train: error: .*step [0-9]+: .*rank 1 \(' "$tmp/logKD/workerlog.0"
-check "kill under DGC: compressing when killed" grep -q 'strategy dgc: 2 tensors' "$tmp/logKD/workerlog.0"
-check "kill under DGC: no worker left" test -z "$(pids_of_job)"
+check "kill under DGC: compressing when killed" \
+  grep -q 'strategy dgc: 2 tensors' "$tmp/logKD/workerlog.0"
 
 exit $fail

@@ -182,7 +182,10 @@ rc=$?
 check "killed after a peer's exit: exit 137 (got $rc)" test $rc -eq 137
 check "killed after a peer's exit: it is the cause" grep -q 'worker 0 (rank 0) killed by signal 9' "$tmp/outo"
 check "killed after a peer's exit: the peer on one line" grep -q 'worker 1 (rank 1) exited with code 1: peer lost' "$tmp/outo"
-check "killed after a peer's exit: tail of the cause only" bash -c "grep -q 'last 20 lines of $tmp/logo/workerlog.0' '$tmp/outo' && ! grep -q 'lines of $tmp/logo/workerlog.1' '$tmp/outo'"
+check "killed after a peer's exit: the cause's log tail" \
+  grep -q "last 20 lines of $tmp/logo/workerlog.0" "$tmp/outo"
+check "killed after a peer's exit: not the peer's" \
+  bash -c "! grep -q 'lines of $tmp/logo/workerlog.1' '$tmp/outo'"
 
 # 8. SIGINT to fleetrun: every worker stopped, exit 130 (job control on: a background job
 #    of a script would otherwise start with SIGINT ignored)
