@@ -285,6 +285,14 @@ static void start_compression(dgc *g) {
                (size_t)g->ct[c].p->value.numel * sizeof(float));
 }
 
+/* The sparsity of update `step` (-1: the dense phase before rampup_begin_step). */
+static double sparsity_of(const fl_dist_optim *d, int64_t step) {
+    const fl_strategy *s = &d->s;
+    return dgc_sparsity_at(step, s->dgc_configs.rampup_begin_step, s->dgc_configs.rampup_step,
+                           s->dgc_configs.sparsity.v, s->dgc_configs.sparsity.n,
+                           s->dgc_configs.warmup);
+}
+
 /* Whether update `step` at sparsity sp exchanges pairs (else: dense, or the dense fallback). */
 static bool sparse_step(const fl_dist_optim *d, double sp) {
     return sp >= 0 && !(d->s.dgc_configs.dense_fallback && !dgc_sparse_pays(d->world, sp));
@@ -315,16 +323,22 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
     return FL_OK;
 }
 
+/* The accumulation's arguments for this job's options, the gradient times gscale. */
+static dgc_accum_args accum_args(const fl_dist_optim *d, double gscale) {
+    const fl_optim_config *oc = fl_optim_get_config(d->opt);
+    return (dgc_accum_args){
+        .clip_scale = gscale,
+        .decay = d->s.dgc_configs.weight_decay_correction ? oc->weight_decay : 0,
+        .momentum = oc->momentum, .nesterov = oc->nesterov,
+        .correction = d->s.dgc_configs.momentum_correction};
+}
+
 /* Tensor c's local work: accumulate (gradient times gscale, weight-decay correction, momentum
  * correction), select its top kk[c], encode them into its place in send (masking u and v) and
  * pad with zero-valued pairs, which change nothing, when v has fewer than kk[c] nonzeros. */
 static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
     const fl_strategy *s = &d->s;
-    const fl_optim_config *oc = fl_optim_get_config(d->opt);
-    const bool corr = s->dgc_configs.momentum_correction;
-    dgc_accum_args acc = {.clip_scale = gscale,
-                          .decay = s->dgc_configs.weight_decay_correction ? oc->weight_decay : 0,
-                          .momentum = oc->momentum, .nesterov = oc->nesterov, .correction = corr};
+    dgc_accum_args acc = accum_args(d, gscale);
     ctensor *t = &g->ct[c];
     int64_t n = t->p->value.numel, kk = g->kk[c], cnt;
     float *v = t->v.value.data, *u = t->u.value.data;
@@ -339,8 +353,8 @@ static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
                                     NULL);
     }
     dgc_pair *out = g->send + g->soff[c];
-    dgc_encode(g->idx, cnt, g->start[c], v, s->dgc_configs.momentum_masking && corr ? u : NULL,
-               out);
+    bool mask = s->dgc_configs.momentum_masking && acc.correction;
+    dgc_encode(g->idx, cnt, g->start[c], v, mask ? u : NULL, out);
     for (int64_t j = cnt; j < kk; j++)
         out[j] = (dgc_pair){.index = (int32_t)g->start[c], .value = 0.0f};
     g->prepared[c] = true;
@@ -375,10 +389,7 @@ static void grad_ready(void *ctx, fl_param *p) {
     fl_dist_optim *d = ctx;
     dgc *g = d->impl;
     int64_t step = DIST_STEP(d);
-    const fl_strategy *s = &d->s;
-    double sp = dgc_sparsity_at(step, s->dgc_configs.rampup_begin_step, s->dgc_configs.rampup_step,
-                                s->dgc_configs.sparsity.v, s->dgc_configs.sparsity.n,
-                                s->dgc_configs.warmup);
+    double sp = sparsity_of(d, step);
     if (sp < 0) {
         fl_dense_state_grad_ready(d, g->dense, p);
         return;
@@ -424,8 +435,7 @@ static int fallback_step(fl_dist_optim *d, dgc *g, double sp, double lr) {
     const fl_optim_config *oc = fl_optim_get_config(d->opt);
     const bool corr = d->s.dgc_configs.momentum_correction;
     const bool wdc = d->s.dgc_configs.weight_decay_correction;
-    dgc_accum_args acc = {.clip_scale = 1, .decay = wdc ? oc->weight_decay : 0,
-                          .momentum = oc->momentum, .nesterov = oc->nesterov, .correction = corr};
+    dgc_accum_args acc = accum_args(d, 1.0);
     int64_t step = DIST_STEP(d);
     for (int c = 0; c < g->nct; c++)
         dgc_accumulate(g->ct[c].p->value.numel, g->gseg[c], g->wseg[c], g->ct[c].u.value.data,
@@ -514,9 +524,7 @@ static int update(fl_dist_optim *d, double lr) {
     const fl_optim_config *oc = fl_optim_get_config(d->opt);
     const fl_kernel_ops *k = fl_net_kernels(d->net);
     int64_t step = DIST_STEP(d);
-    double sp = dgc_sparsity_at(step, s->dgc_configs.rampup_begin_step, s->dgc_configs.rampup_step,
-                                s->dgc_configs.sparsity.v, s->dgc_configs.sparsity.n,
-                                s->dgc_configs.warmup);
+    double sp = sparsity_of(d, step);
     if (sp < 0) { /* warm-up's dense phase: the dense strategy */
         FL_TRY(fl_dense_state_finish(d, g->dense));
         return fl_optim_step(d->opt, lr, NULL);
