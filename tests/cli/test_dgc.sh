@@ -24,26 +24,12 @@ config="${FLEET_SRC:?}/configs/mlp_dgc.yaml"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
+train_env=(FLEET_LOG_LEVEL=info FLEET_COMM_TIMEOUT=60)
+source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
 b=16
 check() { # check DESCRIPTION COMMAND...
   local what=$1; shift
   if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
-train() { # train NAME NPROC ARGS...: parameters to $tmp/NAME.bin, output to $tmp/NAME.log
-  local name=$1 n=$2; shift 2
-  FLEET_LOG_LEVEL=info FLEET_COMM_TIMEOUT=60 timeout 120 "$run" --nproc_per_node "$n" \
-    --log_dir "$tmp/log_$name" "$prog" "$@" --out "$tmp/$name.bin" >"$tmp/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ] || [ ! -s "$tmp/$name.bin" ]; then
-    echo "FAIL: $name exited $rc"; tail -5 "$tmp/$name.log"; fail=1; return 1
-  fi
-}
-compare() { # compare WHAT RTOL A B: prints the difference; fails above RTOL
-  local out
-  out=$("$prog" --compare "$tmp/$3.bin" "$tmp/$4.bin" --rtol "$2")
-  local rc=$?
-  echo "$1: $out"
-  [ $rc -eq 0 ] || { echo "FAIL: $1"; fail=1; }
 }
 field() { # field NAME KEY: the value after KEY on dist_train's summary line
   sed -nE "s/^dist_train: .* $2 ([0-9.]+).*/\1/p" "$tmp/$1.log" | tail -1
@@ -56,7 +42,7 @@ dgc0=(--dgc -o "strategy.dgc_configs.sparsity=[0]" -o strategy.dgc_configs.momen
 for n in 2 4; do
   train "dense_$n" "$n" "${mom[@]}" || continue
   if train "sparse0_$n" "$n" "${mom[@]}" "${dgc0[@]}" -o strategy.dgc_configs.dense_fallback=false; then
-    compare "DGC sparsity 0 (allgatherv of every entry), $n workers, vs dense Momentum" 1e-5 \
+    compare "DGC sparsity 0 (the allgather of every entry), $n workers, vs dense Momentum" 1e-5 \
       "sparse0_$n" "dense_$n"
     check "$n workers: 2 tensors (20480 values) compressed, 772 values dense" \
       grep -q 'strategy dgc: 2 tensors (20480 values) compressed, 4 (772 values) dense' \

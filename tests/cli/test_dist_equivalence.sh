@@ -17,26 +17,16 @@ prog="${FLEET_BUILD:?}/tests/dist/dist_train"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
+source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
+train_case() { # train_case NAME CASE ARGS...: CASE is the worker count, "4r" 4 on the ring
+  local name=$1 case=$2 n=${2%r}
+  shift 2
+  local train_env=(FLEET_LOG_LEVEL=debug FLEET_COMM_TIMEOUT=60)
+  [ "$case" != "$n" ] && train_env+=(FLEET_TCP_RD_MAX_BYTES=0) # the ring, whatever the size
+  train "$name" "$n" "$@"
+}
 b=16
 
-train() { # train NAME CASE ARGS...: parameters to $tmp/NAME.bin, output to $tmp/NAME.log
-  local name=$1 case=$2 n=${2%r} vars=(FLEET_LOG_LEVEL=debug FLEET_COMM_TIMEOUT=60)
-  shift 2
-  [ "$case" != "$n" ] && vars+=(FLEET_TCP_RD_MAX_BYTES=0) # "4r": the ring, whatever the size
-  env "${vars[@]}" timeout 120 "$run" --nproc_per_node "$n" --log_dir "$tmp/log_$name" \
-    "$prog" "$@" --out "$tmp/$name.bin" >"$tmp/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ] || [ ! -s "$tmp/$name.bin" ]; then
-    echo "FAIL: $name exited $rc"; tail -5 "$tmp/$name.log"; fail=1; return 1
-  fi
-}
-compare() { # compare WHAT A B: within 1e-5
-  local out
-  out=$("$prog" --compare "$tmp/$2.bin" "$tmp/$3.bin" --rtol 1e-5)
-  local rc=$?
-  echo "$1: $out"
-  [ $rc -eq 0 ] || { echo "FAIL: $1"; fail=1; }
-}
 
 for opt in sgd momentum; do
   args=(--optimizer "$opt")
@@ -50,9 +40,9 @@ for opt in sgd momentum; do
     for fuse in 32 0.02 0; do
       for overlap in on off; do
         name="${opt}_${case}_${fuse}_$overlap"
-        train "$name" "$case" "${args[@]}" --batch $b --fuse "$fuse" --overlap "$overlap" &&
+        train_case "$name" "$case" "${args[@]}" --batch $b --fuse "$fuse" --overlap "$overlap" &&
           compare "$opt, $case workers x batch $b, fuse $fuse MiB, overlap $overlap vs 1 x $((n * b))" \
-            "$name" "$ref"
+            1e-5 "$name" "$ref"
         want=$(case $fuse in 32) echo 1;; 0.02) echo 3;; 0) echo 6;; esac)
         grep -q "strategy dense: $want buckets of at most $fuse MiB" "$tmp/$name.log" ||
           { echo "FAIL: $name: not $want buckets"; grep 'strategy dense' "$tmp/$name.log"; fail=1; }

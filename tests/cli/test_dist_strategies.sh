@@ -17,27 +17,11 @@ example="${FLEET_BUILD:?}/examples/mlp_dist"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
+source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
 b=16
 check() { # check DESCRIPTION COMMAND...
   local what=$1; shift
   if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
-train() { # train NAME NPROC ARGS...: parameters to $tmp/NAME.bin, output to $tmp/NAME.log
-  local name=$1 n=$2; shift 2
-  FLEET_COMM_TIMEOUT=60 timeout 120 "$run" --nproc_per_node "$n" --log_dir "$tmp/log_$name" \
-    "$prog" "$@" --out "$tmp/$name.bin" >"$tmp/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ] || [ ! -s "$tmp/$name.bin" ]; then
-    echo "FAIL: $name exited $rc"; tail -5 "$tmp/$name.log"; fail=1; return 1
-  fi
-}
-compare() { # compare WHAT RTOL A B [--base C --factor F]
-  local what=$1 rtol=$2 a=$3 b=$4; shift 4
-  local out
-  out=$("$prog" --compare "$tmp/$a.bin" "$tmp/$b.bin" --rtol "$rtol" "$@")
-  local rc=$?
-  echo "$what: $out"
-  [ $rc -eq 0 ] || { echo "FAIL: $what"; fail=1; }
 }
 field() { # field NAME KEY: the value after KEY on dist_train's summary line
   sed -nE "s/^dist_train: .* $2 ([0-9.]+).*/\1/p" "$tmp/$1.log" | tail -1

@@ -18,24 +18,8 @@ prog="${FLEET_BUILD:?}/tests/dist/dist_train"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
+source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
 
-train() { # train NAME N ARGS...: parameters to $tmp/NAME.bin, rank 0's output to $tmp/NAME.log
-  local name=$1 n=$2
-  shift 2
-  FLEET_COMM_TIMEOUT=60 timeout 120 "$run" --nproc_per_node "$n" --log_dir "$tmp/log_$name" \
-    "$prog" "$@" --out "$tmp/$name.bin" >"$tmp/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ] || [ ! -s "$tmp/$name.bin" ]; then
-    echo "FAIL: $name exited $rc"; tail -5 "$tmp/$name.log"; fail=1; return 1
-  fi
-}
-compare() { # compare WHAT A B: within 1e-5
-  local out
-  out=$("$prog" --compare "$tmp/$2.bin" "$tmp/$3.bin" --rtol 1e-5)
-  local rc=$?
-  echo "$1: $out"
-  [ $rc -eq 0 ] || { echo "FAIL: $1"; fail=1; }
-}
 field() { # field NAME KEY: the value after KEY on dist_train's summary line
   sed -n "s/.*dist_train: world .* $2 \([0-9.]*\).*/\1/p" "$tmp/$1.log"
 }
@@ -49,7 +33,7 @@ for n in 2 4; do
     [ "$opt" = momentum ] && args+=(--momentum 0.9 --weight-decay 1e-3)
     train "dense_${opt}_$n" "$n" "${args[@]}" || continue
     train "local_${opt}_$n" "$n" "${args[@]}" -o strategy.localsgd=true || continue
-    compare "$opt, $n workers: Local SGD k=1 vs dense" "local_${opt}_$n" "dense_${opt}_$n"
+    compare "$opt, $n workers: Local SGD k=1 vs dense" 1e-5 "local_${opt}_$n" "dense_${opt}_$n"
   done
 done
 
