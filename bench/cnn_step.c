@@ -10,6 +10,7 @@
 #include "fleet/optim.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
+#include "bench_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,17 +18,6 @@
 #include <time.h>
 
 /* CPU seconds of the whole process (all threads): less disturbed by other jobs than wall time */
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 int main(int argc, char **argv) {
     if (argc != 5) {
         fprintf(stderr, "usage: cnn_step MODEL BATCH ITERS REPEATS\n");
@@ -75,7 +65,7 @@ int main(int argc, char **argv) {
     double times[64], cpu[64];
     double loss = 0;
     for (int rep = -1; rep < repeats; rep++) { /* rep -1 warms up */
-        double t0 = fl_now(), c0 = cpu_now();
+        double t0 = fl_now(), c0 = bench_cpu_s();
         for (int it = 0; it < iters; it++) {
             const fl_tensor *logits;
             if (fl_net_forward(net, x, true, &logits) < 0 ||
@@ -88,11 +78,11 @@ int main(int argc, char **argv) {
         }
         if (rep >= 0) {
             times[rep] = (fl_now() - t0) * 1e3 / iters;
-            cpu[rep] = (cpu_now() - c0) * 1e3 / iters;
+            cpu[rep] = (bench_cpu_s() - c0) * 1e3 / iters;
         }
     }
-    qsort(times, (size_t)repeats, sizeof times[0], cmp_double);
-    qsort(cpu, (size_t)repeats, sizeof cpu[0], cmp_double);
+    qsort(times, (size_t)repeats, sizeof times[0], bench_cmp_double);
+    qsort(cpu, (size_t)repeats, sizeof cpu[0], bench_cmp_double);
     printf("%.4f\n", times[repeats / 2]);
     fprintf(stderr, "cnn_step: %s final loss %.4f, cpu %.1f ms per step\n", argv[1], loss,
             cpu[repeats / 2]);

@@ -11,27 +11,12 @@
  *   build/bench/dgc_select [REPS (7)] [SIZES in M (4,16)] */
 #include "fleet/rng.h"
 #include "strategy/dgc_math.h"
+#include "bench_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return v[n / 2];
-}
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
@@ -73,36 +58,36 @@ int main(int argc, char **argv) {
         double *th = malloc((size_t)reps * sizeof *th);
         dgc_accum_args a = {.clip_scale = 1, .momentum = 0.9, .correction = true};
         for (int rep = 0; rep < reps; rep++) {
-            double t0 = now_ms();
+            double t0 = 1e3 * bench_wall_s();
             dgc_accumulate(n, g, w, u, v, &a); /* g, w zero: v unchanged */
-            ta[rep] = now_ms() - t0;
+            ta[rep] = 1e3 * bench_wall_s() - t0;
         }
-        double acc = median(ta, reps);
+        double acc = bench_median(ta, reps);
         for (size_t si = 0; si < sizeof sparsities / sizeof sparsities[0]; si++) {
             int64_t k = dgc_k(n, sparsities[si]);
             int passes = 0;
             int64_t ce = 0, cs = 0;
             for (int rep = 0; rep < reps; rep++) {
-                double t0 = now_ms();
+                double t0 = 1e3 * bench_wall_s();
                 ce = dgc_select_exact(n, v, k, idx, scratch);
-                double t1 = now_ms();
+                double t1 = 1e3 * bench_wall_s();
                 cs = dgc_select_sampled(n, v, k, idx, scratch, (uint64_t)rep, &passes);
-                double t2 = now_ms();
+                double t2 = 1e3 * bench_wall_s();
                 te[rep] = t1 - t0;
                 ts[rep] = t2 - t1;
                 /* g and w are zero: the accumulation leaves v as it is, run after run */
                 int fp = 0;
-                double t3 = now_ms();
+                double t3 = 1e3 * bench_wall_s();
                 int64_t cf = dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch,
                                                    (uint64_t)rep, NULL, &fp);
-                tf[rep] = now_ms() - t3;
+                tf[rep] = 1e3 * bench_wall_s() - t3;
                 float hint = 0; /* the first call finds it, the second uses it */
                 dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch, (uint64_t)rep, &hint,
                                       NULL);
-                double t4 = now_ms();
+                double t4 = 1e3 * bench_wall_s();
                 int64_t ch = dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch,
                                                    (uint64_t)rep, &hint, NULL);
-                th[rep] = now_ms() - t4;
+                th[rep] = 1e3 * bench_wall_s() - t4;
                 if (ch != k)
                     fprintf(stderr, "dgc_select: hinted selected %lld, want %lld\n",
                             (long long)ch, (long long)k);
@@ -114,8 +99,9 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "dgc_select: selected %lld (exact) and %lld (sampled), want %lld\n",
                         (long long)ce, (long long)cs, (long long)k);
             printf("%10lld %9g %9lld %10.2f %10.2f %8d %12.2f %10.2f %10.2f\n", (long long)n,
-                   sparsities[si], (long long)k, median(te, reps), median(ts, reps), passes, acc,
-                   median(tf, reps), median(th, reps));
+                   sparsities[si], (long long)k, bench_median(te, reps),
+                   bench_median(ts, reps), passes, acc, bench_median(tf, reps),
+                   bench_median(th, reps));
         }
         free(te);
         free(ts);

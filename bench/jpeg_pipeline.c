@@ -10,6 +10,7 @@
 #include "fleet/image.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
+#include "bench_time.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -18,12 +19,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* A photo-like image: smooth colour fields, a few soft-edged blobs, and sensor-like noise, so
  * the files are about the size of ImageNet's at quality 90. */
@@ -51,12 +46,6 @@ static void make_image(fl_image *im, int i) {
                 im->data[((size_t)y * im->w + x) * 3 + c] = (uint8_t)v;
             }
         }
-}
-
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Wall-clock and CPU rates of the last measurement. */
@@ -111,22 +100,22 @@ static void *decode_range(void *arg) {
 static double decode_only(uint8_t **bufs, size_t *lens, int n, int threads) {
     pthread_t th[16];
     decode_job jobs[16];
-    double t0 = now(), c0 = cpu_now();
+    double t0 = bench_wall_s(), c0 = bench_cpu_s();
     for (int t = 0; t < threads; t++) {
         jobs[t] = (decode_job){bufs, lens, n * t / threads, n * (t + 1) / threads};
         pthread_create(&th[t], NULL, decode_range, &jobs[t]);
     }
     for (int t = 0; t < threads; t++)
         pthread_join(th[t], NULL);
-    cpu_rate = n / (cpu_now() - c0);
-    return n / (now() - t0);
+    cpu_rate = n / (bench_cpu_s() - c0);
+    return n / (bench_wall_s() - t0);
 }
 
 /* The full training pipeline through the loader: workers = 0 makes samples on this thread. */
 static double pipeline(fl_dataset *ds, int workers, int64_t epoch) {
     fl_prefetch_config pc = {.base = {.batch_size = 25, .shuffle = true, .seed = 1, .world = 1},
                              .num_workers = workers, .prefetch = 4};
-    double t0 = now(), c0 = cpu_now();
+    double t0 = bench_wall_s(), c0 = bench_cpu_s();
     fl_prefetch *p = fl_prefetch_create(ds, &pc);
     if (!p || fl_prefetch_seek(p, epoch, 0) < 0) {
         fprintf(stderr, "jpeg_pipeline: %s\n", fl_errmsg());
@@ -144,18 +133,13 @@ static double pipeline(fl_dataset *ds, int workers, int64_t epoch) {
         exit(1);
     }
     fl_prefetch_free(p);
-    cpu_rate = n / (cpu_now() - c0);
-    return n / (now() - t0);
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    cpu_rate = n / (bench_cpu_s() - c0);
+    return n / (bench_wall_s() - t0);
 }
 
 static void report(const char *what, int threads, double *v, double *cpu, int rounds) {
-    qsort(v, (size_t)rounds, sizeof *v, cmp);
-    qsort(cpu, (size_t)rounds, sizeof *cpu, cmp);
+    qsort(v, (size_t)rounds, sizeof *v, bench_cmp_double);
+    qsort(cpu, (size_t)rounds, sizeof *cpu, bench_cmp_double);
     printf("%s %d %.1f %.1f %.1f %.1f\n", what, threads, v[rounds / 2], v[0], v[rounds - 1],
            cpu[rounds / 2]);
     fflush(stdout);

@@ -20,6 +20,7 @@
 #include "fleet/optim.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
+#include "bench_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,16 +40,6 @@ static void on_ready(void *ctx, fl_param *p) {
     ptrdiff_t i = p - fl_net_param(h->net, 0);
     if (i >= 0 && i < MAX_PARAMS)
         h->ready[i] = fl_now() - h->t0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
 }
 
 int main(int argc, char **argv) {
@@ -123,14 +114,14 @@ int main(int argc, char **argv) {
         for (int p = 0; p < np; p++)
             ready[p][it] = h.ready[p] * 1e3 * scale;
     }
-    double f = median(fwd, iters), b = median(bwd, iters), u = median(upd, iters);
+    double f = bench_median(fwd, iters), b = bench_median(bwd, iters), u = bench_median(upd, iters);
     printf("# mlp_phases: batch %lld, %d steps, compute times x %.3f\n", (long long)batch, iters,
            scale);
     printf("forward_ms %.2f backward_ms %.2f update_ms %.2f step_ms %.2f\n", f, b, u, f + b + u);
     double ready_ms[MAX_PARAMS];
     for (int p = np - 1; p >= 0; p--) {
         fl_param *pp = fl_net_param(net, p);
-        ready_ms[p] = pp->trainable ? median(ready[p], iters) : 0;
+        ready_ms[p] = pp->trainable ? bench_median(ready[p], iters) : 0;
         if (pp->trainable)
             printf("ready %-12s %9lld values at %7.2f ms of backward\n", pp->name,
                    (long long)pp->grad.numel, ready_ms[p]);

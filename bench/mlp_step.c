@@ -8,15 +8,11 @@
 #include "fleet/optim.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
+#include "bench_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 int main(int argc, char **argv) {
     if (argc != 8) {
@@ -73,7 +69,7 @@ int main(int argc, char **argv) {
         if (rep >= 0)
             times[rep] = (fl_now() - t0) * 1e3 / iters;
     }
-    qsort(times, (size_t)repeats, sizeof times[0], cmp_double);
+    qsort(times, (size_t)repeats, sizeof times[0], bench_cmp_double);
     printf("%.4f\n", times[repeats / 2]);
     fprintf(stderr, "mlp_step: final loss %.4f\n", loss);
     free(labels);

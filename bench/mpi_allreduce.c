@@ -10,18 +10,14 @@
  * The buffer holds zeros (sums stay in range however many iterations run).
  * Output (rank 0): comment lines starting with '#', then one row per size:
  *   bytes  iters  time_us  algbw_GBps  busbw_GBps */
+#include "bench_time.h"
+
 #include <mpi.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int parse_size(const char *s, size_t *out) {
     char *end;
@@ -38,11 +34,6 @@ static int parse_size(const char *s, size_t *out) {
         return -1;
     *out = (size_t)v;
     return 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static void usage(void) {
@@ -104,14 +95,14 @@ int main(int argc, char **argv) {
             MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         for (int r = 0; r < reps; r++) {
             MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = now_s();
+            double t0 = bench_wall_s();
             for (int it = 0; it < iters; it++)
                 MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            double dt = (now_s() - t0) / iters;
+            double dt = (bench_wall_s() - t0) / iters;
             MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             rep_t[r] = dt;
         }
-        qsort(rep_t, (size_t)reps, sizeof(double), cmp_double);
+        qsort(rep_t, (size_t)reps, sizeof(double), bench_cmp_double);
         double t = rep_t[(reps - 1) / 2];
         double algbw = (double)bytes / t / 1e9;
         double busbw = algbw * 2.0 * (n - 1) / n;
