@@ -33,9 +33,9 @@ typedef struct fl_strategy {
     /* Deep Gradient Compression (docs/dgc.md; Lin et al. 2018, arXiv:1712.01887): Momentum
      * only; dense allreduce before rampup_begin_step, then each tensor of at least
      * min_compress_numel elements sends its top (1 - sparsity) entries of the momentum-corrected
-     * accumulator as (index, value) pairs with allgatherv; smaller tensors stay dense. The five
-     * technique switches exist for ablation (all on by default). Not with fp16_allreduce or
-     * lars. */
+     * accumulator as (index, value) pairs, one allgather per tensor; smaller tensors stay
+     * dense. The five technique switches exist for ablation (all on by default). Not with
+     * fp16_allreduce or lars. */
     bool dgc;
     struct {
         int64_t            rampup_begin_step;  /* dense steps first (default 0) */
