@@ -36,7 +36,7 @@ int main(int argc, char **argv) {
         net = fl_model_resnet(FL_DTYPE_F32, depth, classes);
     } else if (depth > 0) { /* CIFAR: 20, 32, 44, 56, 110 */
         size = 32, classes = 10;
-        net = fl_model_resnet_cifar(FL_DTYPE_F32, depth, classes, 'A');
+        net = fl_model_resnet_cifar(FL_DTYPE_F32, depth, 3, classes, 'A');
     }
     int64_t in_shape[3] = {3, size, size};
     if (!net || fl_net_build(net, 3, in_shape, batch, 1) < 0) {

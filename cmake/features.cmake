@@ -45,6 +45,10 @@ message(STATUS "fleet: YAML    found: libyaml ${YAML_VERSION}")
 pkg_check_modules(JPEG REQUIRED IMPORTED_TARGET libjpeg)
 message(STATUS "fleet: JPEG    found: libjpeg ${JPEG_VERSION}")
 
+# --- zlib (required: gzip-compressed IDX files of MNIST-format sets; checkpoint checksums)
+pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)
+message(STATUS "fleet: zlib    found: zlib ${ZLIB_VERSION}")
+
 # --- optional: MPI (mpi backend of the communicator)
 find_package(MPI QUIET COMPONENTS C)
 if(MPI_C_FOUND)

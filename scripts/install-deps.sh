@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# install-deps.sh - installs the Debian packages fleet needs to build and test; with --bench
-# also those its benchmarks compare against (PyTorch 1.13, NumPy). Idempotent and quiet when
-# everything is already there.
+# install-deps.sh - installs the Debian packages fleet needs to build and test (the libraries,
+# the real data set Fashion-MNIST, gnuplot for fleet-plot, NumPy for the tests that read fleet's
+# files from Python); with --bench also what its benchmarks compare against (PyTorch 1.13).
+# Idempotent and quiet when everything is already there.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjpeg62-turbo-dev
-      libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev)
+      libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev zlib1g-dev
+      dataset-fashion-mnist gnuplot-nox python3-numpy)
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(python3-torch python3-numpy)
+  pkgs+=(python3-torch)
 fi
 
 missing=()

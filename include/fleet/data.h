@@ -168,6 +168,54 @@ int fl_dataset_imagelist_stats(const fl_dataset *ds, fl_imagelist_stats *stats);
  * (e << 40 | i) of `seed` as the image list does. The files are read into memory at open. */
 fl_dataset *fl_dataset_cifar10_create(const char *dir, bool train, bool augment, uint64_t seed);
 
+/* ---- MNIST-format sets (idx.c, mnist.c) --------------------------------------------------- */
+
+#define FL_IDX_MAX_DIMS 4
+
+/* One IDX file (the format of MNIST and Fashion-MNIST): unsigned-byte elements only. */
+typedef struct {
+    int      ndim;
+    int64_t  dims[FL_IDX_MAX_DIMS];
+    uint8_t *data; /* prod(dims) bytes, row-major; owned, freed by fl_idx_free */
+} fl_idx;
+
+/* Reads path, gzip-compressed or plain (zlib's gzread reads both), into *out. Checks the magic
+ * (two zero bytes, element type 0x08, 1 to FL_IDX_MAX_DIMS dimensions), that no dimension is 0
+ * and that the file holds exactly the elements its header announces: a short file is refused
+ * as "truncated", a longer one as "longer than its header says", a corrupt gzip stream with
+ * zlib's reason; every message starts with the path. On failure *out is empty. */
+int  fl_idx_read(const char *path, fl_idx *out);
+/* Frees out's data and empties it; an empty fl_idx is a no-op. */
+void fl_idx_free(fl_idx *idx);
+
+/* Where Debian's dataset-fashion-mnist package installs the set. */
+#define FL_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+typedef struct {
+    const char *dir;     /* holds {train,t10k}-{images-idx3,labels-idx1}-ubyte, each plain or .gz */
+    bool        train;   /* the training split (train-*), else the test split (t10k-*) */
+    bool        augment; /* a random crop of the image zero-padded by crop_padding (and a flip) */
+    int         crop_padding; /* [0, 64] */
+    bool        flip;    /* with augment: mirror left-right with probability 1/2 */
+    double      mean, std; /* normalisation in [0, 1] pixel units; NaN: this split's own pixels'
+                            * (give the training split's values to the test split) */
+    int         classes; /* labels must lie in [0, classes) */
+    uint64_t    seed;    /* augmentation seed */
+} fl_mnist_config;
+
+/* Fashion-MNIST's directory, training split, no augmentation (padding 2, flip off when on),
+ * statistics from the split's own pixels, 10 classes. */
+fl_mnist_config fl_mnist_config_default(void);
+
+/* An MNIST-format dataset: samples (1, rows, cols) f32, (pixel / 255 - mean) / std, labels from
+ * the label file. Both files are read at open and must agree: images (count, rows, cols) and
+ * labels (count), the same count, every label below classes; otherwise NULL with a message
+ * naming the file and what is wrong. With augment, sample i of epoch e draws its crop (and flip)
+ * from Philox stream (e << 40 | i) of seed, as the other image sets do. */
+fl_dataset *fl_dataset_mnist_create(const fl_mnist_config *cfg);
+/* The mean and std the dataset normalises with. FL_EINVAL if ds is not an MNIST-format set. */
+int fl_dataset_mnist_stats(const fl_dataset *ds, double *mean, double *std);
+
 /* A learnable synthetic image task: class c draws shape c % 5 (disk, square, triangle, ring,
  * cross) in a colour of palette c / 5 (warm, cool) at a random position and size on a noisy
  * background, with pixel noise, from (seed, index) alone. classes in [2, 10], images

@@ -111,6 +111,19 @@ fl_param *fl_dist_state(fl_dist_optim *d, int i);
  * not the initial broadcast; all collectives, also those the caller issues itself). */
 uint64_t fl_dist_bytes_sent(const fl_dist_optim *d);
 
+/* What the strategy has been doing, for progress lines, metrics and plots. */
+typedef struct {
+    int64_t updates;  /* updates completed (fl_dist_step) */
+    int64_t synced;   /* of the updates this object completed, those that sent anything: every
+                       * one for dense and DGC, the averaging steps for Local SGD (not restored
+                       * by a checkpoint: after a resume it counts from there) */
+    int64_t interval; /* Local SGD: the interval k now in force (adaptive: the last one chosen);
+                       * 0 for the other strategies */
+    double  sparsity; /* DGC: the sparsity the last update sent at (0 while dense: before the
+                       * warm-up or in the dense fallback); NaN for the other strategies */
+} fl_dist_stats;
+void fl_dist_get_stats(const fl_dist_optim *d, fl_dist_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

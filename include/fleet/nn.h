@@ -261,13 +261,15 @@ fl_net *fl_model_mlp(fl_dtype t, int64_t in_features, const int64_t *hidden, int
  * ReLUs are fused into the batch norms and adds. resnet50 with 1000 classes has 25,557,032
  * trainable parameters, resnet18 11,689,512. NULL with a message for other depths. */
 fl_net *fl_model_resnet(fl_dtype t, int layers, int64_t classes);
-/* The CIFAR ResNet of He et al. sec. 4.2 for (3, 32, 32) inputs: depth = 6n + 2 (20, 32, 44,
+/* The CIFAR ResNet of He et al. sec. 4.2 for (in_channels, 32, 32) inputs (3 for CIFAR, 1 for
+ * the 28 x 28 grey images of MNIST-format sets; any side the two stride-2 stages fit): depth = 6n + 2 (20, 32, 44,
  * 56, 110, ...), a 3x3 16-channel stem, three stages of n basic blocks with 16, 32, 64
  * channels (stride 2 at stages 2 and 3), global average pooling, fc. Shortcuts where the
  * shape changes: option 'A' (fl_shortcut_pad_create, no parameters, as the paper) or 'B'
  * (1x1 convolution + batch norm, "layerK.0.downsample.0/1"). Names follow the torchvision
  * scheme. ResNet-20 with option A and 10 classes has 269,722 trainable parameters. */
-fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t classes, char shortcut);
+fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t in_channels, int64_t classes,
+                              char shortcut);
 
 #ifdef __cplusplus
 }

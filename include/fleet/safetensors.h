@@ -29,8 +29,8 @@
 extern "C" {
 #endif
 
-/* CRC-32 (reflected polynomial 0xEDB88320, as zlib's crc32): start with crc = 0 and feed the
- * previous result to continue. */
+/* CRC-32 (reflected polynomial 0xEDB88320): zlib's crc32. Start with crc = 0 and feed the
+ * previous result to continue; n = 0 returns crc (data may then be NULL). */
 uint32_t fl_crc32(uint32_t crc, const void *data, size_t n);
 
 /* The format's dtype names: "F32", "F64", "F16", "BF16", "I32", "I64", "U8". */

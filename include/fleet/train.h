@@ -25,6 +25,7 @@ typedef enum {
     FL_DATA_SHAPES = 2,    /* synthetic images (fl_dataset_shapes_create) */
     FL_DATA_CIFAR10 = 3,   /* CIFAR-10 binary batches in data.root */
     FL_DATA_IMAGELIST = 4, /* seed 002's file lists of JPEGs under data.root */
+    FL_DATA_MNIST = 5,     /* MNIST-format IDX files (Fashion-MNIST by default) in data.root */
 } fl_data_type;
 typedef enum { FL_SHORTCUT_A = 0, FL_SHORTCUT_B = 1 } fl_shortcut_type;
 /* comm.backend: auto is mpi when started by mpirun (and mpi is built), else tcp */
@@ -53,13 +54,16 @@ typedef struct fl_train_config {
         int64_t  teacher_hidden;
         int64_t  seed;       /* the dataset's (teacher's) seed */
         int64_t  image_size; /* shapes: side of the square images */
-        char     root[256];  /* cifar10: the batches' directory; imagelist: the images' root */
+        char     root[256];  /* cifar10: the batches' directory; imagelist: the images' root;
+                              * mnist: the IDX files' directory ("": Fashion-MNIST's) */
         char     train_list[256]; /* imagelist */
         char     val_list[256];   /* imagelist; "" for none */
         int64_t  crop_size;          /* imagelist */
         int64_t  resize_short_size;  /* imagelist, evaluation */
         double   lower_scale, lower_ratio, upper_ratio; /* imagelist, training */
         bool     augment;    /* image sets: random crops and flips when training */
+        int64_t  crop_padding; /* mnist: zero padding of the random crop */
+        bool     flip;         /* mnist: random horizontal flips when augmenting */
         int      bad_images; /* fl_bad_image_policy */
         int64_t  num_workers; /* loader threads (0: batches made on the training thread) */
         int64_t  prefetch;    /* batches made ahead */

@@ -126,11 +126,13 @@ fl_net *fl_model_resnet(fl_dtype t, int layers, int64_t classes) {
     return net;
 }
 
-fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t classes, char shortcut) {
-    if (depth < 8 || (depth - 2) % 6 != 0 || classes < 1 || (shortcut != 'A' && shortcut != 'B')) {
+fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t in_channels, int64_t classes,
+                              char shortcut) {
+    if (depth < 8 || (depth - 2) % 6 != 0 || classes < 1 || in_channels < 1 ||
+        (shortcut != 'A' && shortcut != 'B')) {
         fl_fail(FL_EINVAL, "resnet_cifar: depth %d is not 6n + 2 with n >= 1 (20, 32, 44, 56, "
-                "110), or classes %lld < 1, or shortcut '%c' is not A or B", depth,
-                (long long)classes, shortcut ? shortcut : '?');
+                "110), or in_channels %lld or classes %lld < 1, or shortcut '%c' is not A or B",
+                depth, (long long)in_channels, (long long)classes, shortcut ? shortcut : '?');
         return NULL;
     }
     fl_net *net = fl_net_create(t, NULL);
@@ -138,7 +140,7 @@ fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t classes, char short
         return NULL;
     int n = (depth - 2) / 6, blocks[3] = {n, n, n};
     int64_t ch = 16;
-    int cur = conv_bn(net, "conv1", "bn1", -2, 3, 16, 3, 1, true);
+    int cur = conv_bn(net, "conv1", "bn1", -2, in_channels, 16, 3, 1, true);
     if (cur >= 0)
         cur = stages(net, cur, &ch, 3, blocks, 16, 1, shortcut);
     if (cur >= 0)

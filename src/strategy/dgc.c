@@ -619,6 +619,15 @@ static fl_param *state(fl_dist_optim *d, int i) {
     return i % 2 ? &g->ct[i / 2].v : &g->ct[i / 2].u;
 }
 
+static void stats(const fl_dist_optim *d, fl_dist_stats *out) {
+    if (DIST_STEP(d) == 0) {
+        out->sparsity = 0;
+        return;
+    }
+    double sp = sparsity_of(d, DIST_STEP(d) - 1); /* the last update's */
+    out->sparsity = sparse_step(d, sp) ? sp : 0;
+}
+
 const struct strategy_ops fl_dgc_ops = {
     .name = "dgc",
     .setup = setup,
@@ -628,4 +637,5 @@ const struct strategy_ops fl_dgc_ops = {
     .destroy = destroy,
     .num_state = num_state,
     .state = state,
+    .stats = stats,
 };

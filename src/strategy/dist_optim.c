@@ -101,6 +101,7 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
         return FL_OK;
     }
     fl_grad_ready_fn hook = d->s.overlap ? d->ops->grad_ready : NULL;
+    uint64_t sent_before = fl_dist_bytes_sent(d); /* the strategy's bytes: what this update sends */
     int rc;
     rc = fl_net_backward(d->net, dout, hook, d);
     if (rc < 0) {
@@ -116,6 +117,8 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
     d->loss = NAN;
     if (rc < 0)
         return rc;
+    if (fl_dist_bytes_sent(d) != sent_before)
+        d->synced++;
     if (updated)
         *updated = true;
     return FL_OK;
@@ -154,4 +157,12 @@ uint64_t fl_dist_bytes_sent(const fl_dist_optim *d) {
     fl_comm_stats st;
     fl_comm_get_stats(d->comm, &st);
     return st.bytes_sent - d->bytes_base;
+}
+
+void fl_dist_get_stats(const fl_dist_optim *d, fl_dist_stats *out) {
+    FL_ASSERT(d && out);
+    *out = (fl_dist_stats){.updates = DIST_STEP(d), .synced = d->synced, .interval = 0,
+                           .sparsity = NAN};
+    if (d->ops && d->ops->stats)
+        d->ops->stats(d, out);
 }

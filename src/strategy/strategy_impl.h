@@ -38,6 +38,9 @@ struct strategy_ops {
      * restores the strategy exactly. */
     int (*num_state)(const fl_dist_optim *d);
     fl_param *(*state)(fl_dist_optim *d, int i);
+    /* Optional: fills the strategy's own fields of fl_dist_stats (interval, sparsity), which
+     * fl_dist_get_stats has set to "not this strategy" (0, NaN) before. */
+    void (*stats)(const fl_dist_optim *d, fl_dist_stats *out);
 };
 
 struct fl_dist_optim {
@@ -53,6 +56,7 @@ struct fl_dist_optim {
     double                     grad_scale; /* 1/k under gradient merge with avg, else 1 */
     uint64_t                   bytes_base; /* fl_comm_stats.bytes_sent once created */
     double                     loss;       /* local loss of the current update, NaN if unset */
+    int64_t                    synced;     /* updates that sent bytes (fl_dist_stats) */
     /* "dist.counters", i64 (2): [0] updates done (the 0-based index of the next one), [1]
      * micro-batches done in the current update. The live counters, checkpointed as they are. */
     fl_param                   counters;

@@ -1,6 +1,7 @@
 /* train_config.c - the trainer's configuration schema: every key with its type, range, default
  * and help line in one table (the trainer's keys, the strategy section embedded from
  * fl_strategy_schema, comm.backend), plus the checks that involve several keys. */
+#include "fleet/data.h"
 #include "fleet/kernels.h"
 #include "fleet/optim.h"
 #include "fleet/status.h"
@@ -35,9 +36,10 @@ static const fl_cfg_key own_keys[] = {
      "resnet_cifar shortcuts where the shape changes: A zero-padding, B 1x1 conv + bn"},
 
     {"data.type", FL_CFG_ENUM, OFF(data.type), 0, 0, 0,
-     "random|teacher|shapes|cifar10|imagelist", true,
+     "random|teacher|shapes|cifar10|imagelist|mnist", true,
      "random: the seed's gen_data (not learnable); teacher: labels from a random teacher net; "
-     "shapes: synthetic images; cifar10: CIFAR-10 binary batches; imagelist: JPEG file lists"},
+     "shapes: synthetic images; cifar10: CIFAR-10 binary batches; imagelist: JPEG file lists; "
+     "mnist: MNIST-format IDX files (gzip or plain), Fashion-MNIST by default"},
     {"data.features", FL_CFG_INT, OFF(data.features), 0, 1, 1e7, NULL, false,
      "features per sample"},
     {"data.classes", FL_CFG_INT, OFF(data.classes), 0, 2, 1e6, NULL, false, "number of classes"},
@@ -52,7 +54,8 @@ static const fl_cfg_key own_keys[] = {
     {"data.image_size", FL_CFG_INT, OFF(data.image_size), 0, 8, 256, NULL, false,
      "shapes: side of the square images"},
     {"data.root", FL_CFG_STRING, OFF(data.root), sizeof(((fl_train_config *)0)->data.root), 0, 0,
-     NULL, false, "cifar10: directory of data_batch_*.bin; imagelist: root of the lists' paths"},
+     NULL, false, "cifar10: directory of data_batch_*.bin; imagelist: root of the lists' paths; "
+     "mnist: directory of {train,t10k}-*-ubyte[.gz] (empty: " FL_FASHION_MNIST_DIR ")"},
     {"data.train_list", FL_CFG_STRING, OFF(data.train_list),
      sizeof(((fl_train_config *)0)->data.train_list), 0, 0, NULL, false,
      "imagelist: training list, 'relative/path.jpeg label' per line"},
@@ -71,6 +74,10 @@ static const fl_cfg_key own_keys[] = {
      "imagelist training: largest aspect ratio of the random resized crop"},
     {"data.augment", FL_CFG_BOOL, OFF(data.augment), 0, 0, 0, NULL, false,
      "image sets: random crops and horizontal flips for training"},
+    {"data.crop_padding", FL_CFG_INT, OFF(data.crop_padding), 0, 0, 64, NULL, false,
+     "mnist training with data.augment: zero padding on each side before the random crop"},
+    {"data.flip", FL_CFG_BOOL, OFF(data.flip), 0, 0, 0, NULL, false,
+     "mnist training with data.augment: mirror left-right with probability 1/2"},
     {"data.bad_images", FL_CFG_ENUM, OFF(data.bad_images), 0, 0, 0, "skip|fail", false,
      "imagelist: a missing or corrupt image is skipped and counted, or fails naming it"},
     {"data.num_workers", FL_CFG_INT, OFF(data.num_workers), 0, 0, 256, NULL, false,
@@ -195,6 +202,7 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->data.lower_ratio = 3.0 / 4.0;
     cfg->data.upper_ratio = 4.0 / 3.0;
     cfg->data.augment = true;
+    cfg->data.crop_padding = 2;
     cfg->data.prefetch = 2;
     cfg->train.eval_train = true;
     cfg->optimizer.type = FL_OPTIM_SGD;
@@ -221,12 +229,13 @@ static int check_cross_keys(const fl_train_config *cfg) {
                        "optimizer.lr.values: %d values for %d boundaries (need boundaries + 1)",
                        cfg->optimizer.lr.values.n, cfg->optimizer.lr.boundaries.n);
     bool images = cfg->data.type >= FL_DATA_SHAPES;
-    if (cfg->model.type == FL_MODEL_MLP && images)
-        return fl_fail(FL_ECONFIG, "model.type: mlp takes feature vectors (data.type random or "
-                                   "teacher); use resnet or resnet_cifar for images");
+    /* an mlp flattens the small grey images of MNIST-format sets, as their baselines do */
+    if (cfg->model.type == FL_MODEL_MLP && images && cfg->data.type != FL_DATA_MNIST)
+        return fl_fail(FL_ECONFIG, "model.type: mlp takes feature vectors (data.type random, "
+                                   "teacher or mnist); use resnet or resnet_cifar for images");
     if (cfg->model.type != FL_MODEL_MLP && !images)
-        return fl_fail(FL_ECONFIG, "model.type: a resnet takes images (data.type shapes, cifar10 "
-                                   "or imagelist)");
+        return fl_fail(FL_ECONFIG, "model.type: a resnet takes images (data.type shapes, cifar10, "
+                                   "imagelist or mnist)");
     int64_t d = cfg->model.depth;
     if (cfg->model.type == FL_MODEL_RESNET && d && d != 18 && d != 34 && d != 50 && d != 101 &&
         d != 152)
@@ -250,7 +259,8 @@ static int check_cross_keys(const fl_train_config *cfg) {
     if (cfg->data.lower_ratio > cfg->data.upper_ratio)
         return fl_fail(FL_ECONFIG, "data.lower_ratio: %g is above data.upper_ratio %g",
                        cfg->data.lower_ratio, cfg->data.upper_ratio);
-    if (cfg->model.input_size && cfg->model.input_size != cfg->data.features)
+    if (cfg->model.input_size && cfg->data.type != FL_DATA_MNIST &&
+        cfg->model.input_size != cfg->data.features)
         return fl_fail(FL_ECONFIG, "model.input_size: %lld, but data.features is %lld",
                        (long long)cfg->model.input_size, (long long)cfg->data.features);
     if (cfg->model.classes && cfg->model.classes != cfg->data.classes)

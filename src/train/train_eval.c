@@ -99,10 +99,16 @@ int fl_train_eval(trainer *t, const fl_train_config *cfg, int64_t epoch, int64_t
     res->train_acc1 = sums[2] > 0 ? sums[1] / sums[2] : NAN;
     res->val_loss = sums[5] > 0 ? sums[3] / sums[5] : NAN;
     res->val_acc1 = sums[5] > 0 ? sums[4] / sums[5] : NAN;
-    printf("worker_index: %d, epoch %lld, step %lld, eval train_loss %.4f, train_acc1 %.4f, "
-           "val_loss %.4f, val_acc1 %.4f\n",
-           t->rank, (long long)epoch, (long long)step, res->train_loss, res->train_acc1,
-           res->val_loss, res->val_acc1);
+    /* only what was measured: no train_* without train.eval_train, no val_* without a set */
+    bool train = cfg->train.eval_train, val = t->val_set != NULL;
+    printf("worker_index: %d, epoch %lld, step %lld, eval", t->rank, (long long)epoch,
+           (long long)step);
+    if (train)
+        printf(" train_loss %.4f, train_acc1 %.4f%s", res->train_loss, res->train_acc1,
+               val ? "," : "");
+    if (val)
+        printf(" val_loss %.4f, val_acc1 %.4f", res->val_loss, res->val_acc1);
+    printf("\n");
     FL_TRY(report_skipped(t, cfg, epoch));
     fflush(stdout);
     if (!t->metrics)
@@ -111,9 +117,14 @@ int fl_train_eval(trainer *t, const fl_train_config *cfg, int64_t epoch, int64_t
     fl_metrics_str(t->metrics, "phase", "eval");
     fl_metrics_int(t->metrics, "epoch", epoch);
     fl_metrics_int(t->metrics, "step", step);
-    fl_metrics_num(t->metrics, "train_loss", res->train_loss);
-    fl_metrics_num(t->metrics, "train_acc1", res->train_acc1);
-    fl_metrics_num(t->metrics, "val_loss", res->val_loss);
-    fl_metrics_num(t->metrics, "val_acc1", res->val_acc1);
+    fl_metrics_num(t->metrics, "time", fl_now() - t->start_time);
+    if (train) {
+        fl_metrics_num(t->metrics, "train_loss", res->train_loss);
+        fl_metrics_num(t->metrics, "train_acc1", res->train_acc1);
+    }
+    if (val) {
+        fl_metrics_num(t->metrics, "val_loss", res->val_loss);
+        fl_metrics_num(t->metrics, "val_acc1", res->val_acc1);
+    }
     return fl_metrics_end(t->metrics);
 }

@@ -24,6 +24,7 @@ typedef struct {
     int64_t        merge_k;   /* micro-batches (loader batches) per optimizer update */
     int64_t        total_steps; /* optimizer updates the run will take */
     double         label_smoothing; /* optimizer.label_smoothing */
+    double         start_time; /* fl_now() when training began: metrics' "time" */
 } trainer;
 
 /* What happened since the previous progress line, on this rank. */
@@ -31,7 +32,8 @@ typedef struct {
     double   loss_sum;   /* sum over samples of the training loss */
     int64_t  correct;
     int64_t  samples;
-    double   start;      /* fl_now() at the previous line */
+    double   start;      /* fl_now() at the previous line (moved on by evaluations) */
+    int64_t  updates;    /* optimizer updates since the previous line */
     uint64_t bytes_sent; /* fl_dist_bytes_sent at the previous line */
 } train_window;
 
@@ -62,10 +64,11 @@ typedef struct {
     int64_t step, epoch, batch;
 } train_pos;
 
-/* The dataset (split 0 train, 1 validation) and the untrained model cfg describes; the same
+/* The dataset (split 0 train, 1 validation) and the untrained model cfg describes for samples
+ * shaped as ds's (borrowed: the mlp's input features, the resnets' input channels); the same
  * constructors fleet-train and fleet-eval build from (train_setup.c). NULL with fl_errmsg. */
 fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split);
-fl_net     *fl_train_make_model(const fl_train_config *cfg);
+fl_net     *fl_train_make_model(const fl_train_config *cfg, const fl_dataset *ds);
 /* Whether cfg has a validation set (val_size > 0, a val_list, CIFAR-10's test batch). */
 bool        fl_train_has_val(const fl_train_config *cfg);
 

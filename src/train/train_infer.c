@@ -210,7 +210,7 @@ int fl_infer_run(const fl_infer_args *a, fl_infer_result *res) {
                                                         : "data.val_size is 0");
     if (rc >= 0 && !(ds = fl_train_make_dataset(&cfg, a->split)))
         rc = fl_fail_prefix(FL_EINVAL, "data");
-    if (rc >= 0 && !(net = fl_train_make_model(&cfg)))
+    if (rc >= 0 && !(net = fl_train_make_model(&cfg, ds)))
         rc = fl_fail_prefix(FL_ECONFIG, "model");
     if (rc >= 0)
         rc = fl_net_build(net, ds->ndim, ds->shape, cfg.train.batch_size, 0);

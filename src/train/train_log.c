@@ -11,6 +11,7 @@ void fl_train_window_reset(trainer *t, train_window *w) {
     w->correct = w->samples = 0;
     w->start = fl_now();
     w->bytes_sent = fl_dist_bytes_sent(t->dopt);
+    w->updates = 0;
 }
 
 int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t step, double lr,
@@ -27,6 +28,7 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     double acc = sums[2] > 0 ? sums[1] / sums[2] : NAN;
     double ips = now > w->start ? sums[2] / (now - w->start) : 0.0;
     double comm_mb = (double)(bytes - w->bytes_sent) / 1e6;
+    double step_ms = w->updates > 0 ? (now - w->start) * 1e3 / (double)w->updates : NAN;
     printf("worker_index: %d, epoch %lld, step %lld, loss %.4f, acc1 %.4f, lr %.4f, "
            "ips %.1f img/s, comm %.1f MB\n",
            t->rank, (long long)epoch, (long long)step, loss, acc, lr, ips, comm_mb);
@@ -36,8 +38,11 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     w->correct = w->samples = 0;
     w->start = now;
     w->bytes_sent = bytes;
+    w->updates = 0;
     if (!t->metrics)
         return FL_OK;
+    fl_dist_stats st;
+    fl_dist_get_stats(t->dopt, &st);
     fl_metrics_begin(t->metrics);
     fl_metrics_str(t->metrics, "phase", "train");
     fl_metrics_int(t->metrics, "epoch", epoch);
@@ -48,5 +53,13 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     fl_metrics_num(t->metrics, "ips", ips);
     fl_metrics_num(t->metrics, "comm_mb", comm_mb);
     fl_metrics_int(t->metrics, "workers", t->world);
+    fl_metrics_num(t->metrics, "time", now - t->start_time);
+    fl_metrics_num(t->metrics, "step_ms", step_ms);
+    fl_metrics_int(t->metrics, "bytes_sent", (int64_t)bytes);
+    fl_metrics_int(t->metrics, "synced_steps", st.synced);
+    if (st.interval > 0)
+        fl_metrics_int(t->metrics, "localsgd_k", st.interval);
+    if (!isnan(st.sparsity))
+        fl_metrics_num(t->metrics, "dgc_sparsity", st.sparsity);
     return fl_metrics_end(t->metrics);
 }

@@ -26,7 +26,38 @@ static fl_dataset *make_imagelist(const fl_train_config *cfg, int split) {
     return fl_dataset_imagelist_create(&ic);
 }
 
-static fl_dataset *make_dataset(const fl_train_config *cfg, int split) {
+/* The test split is normalised with the training split's statistics: read from train_set when
+ * the caller has it, else from the training images (fleet-eval's test split). */
+static fl_dataset *make_mnist(const fl_train_config *cfg, int split, const fl_dataset *train_set) {
+    fl_mnist_config mc = fl_mnist_config_default();
+    if (cfg->data.root[0])
+        mc.dir = cfg->data.root;
+    mc.train = split == 0;
+    mc.augment = split == 0 && cfg->data.augment;
+    mc.crop_padding = (int)cfg->data.crop_padding;
+    mc.flip = cfg->data.flip;
+    mc.classes = (int)cfg->data.classes;
+    mc.seed = (uint64_t)cfg->data.seed;
+    if (split == 1) {
+        fl_dataset *own = NULL;
+        if (!train_set) {
+            fl_mnist_config tc = mc;
+            tc.train = true;
+            tc.augment = false;
+            if (!(own = fl_dataset_mnist_create(&tc)))
+                return NULL;
+            train_set = own;
+        }
+        int rc = fl_dataset_mnist_stats(train_set, &mc.mean, &mc.std);
+        fl_dataset_free(own);
+        if (rc < 0)
+            return NULL;
+    }
+    return fl_dataset_mnist_create(&mc);
+}
+
+static fl_dataset *make_dataset(const fl_train_config *cfg, int split,
+                                const fl_dataset *train_set) {
     int64_t size = split == 0 ? cfg->data.train_size : cfg->data.val_size;
     switch ((fl_data_type)cfg->data.type) {
     case FL_DATA_RANDOM: /* each split its own seed: disjoint samples */
@@ -45,6 +76,8 @@ static fl_dataset *make_dataset(const fl_train_config *cfg, int split) {
                                          (uint64_t)cfg->data.seed);
     case FL_DATA_IMAGELIST:
         return make_imagelist(cfg, split);
+    case FL_DATA_MNIST:
+        return make_mnist(cfg, split, train_set);
     }
     fl_fail(FL_ECONFIG, "data.type: %d is not a data type", cfg->data.type);
     return NULL;
@@ -54,6 +87,7 @@ static fl_dataset *make_dataset(const fl_train_config *cfg, int split) {
 bool fl_train_has_val(const fl_train_config *cfg) {
     switch ((fl_data_type)cfg->data.type) {
     case FL_DATA_CIFAR10:
+    case FL_DATA_MNIST:
         return true;
     case FL_DATA_IMAGELIST:
         return cfg->data.val_list[0] != '\0';
@@ -62,17 +96,24 @@ bool fl_train_has_val(const fl_train_config *cfg) {
     }
 }
 
-static fl_net *make_model(const fl_train_config *cfg) {
+/* ds (the training set) gives the input: the mlp's features, the resnets' channels */
+static fl_net *make_model(const fl_train_config *cfg, const fl_dataset *ds) {
     int64_t depth = cfg->model.depth;
+    int64_t features = ds->sample_numel;
     switch ((fl_model_type)cfg->model.type) {
     case FL_MODEL_MLP:
-        return fl_model_mlp(FL_DTYPE_F32, cfg->data.features, cfg->model.hidden.v,
-                            cfg->model.hidden.n, (fl_act)cfg->model.activation,
-                            cfg->data.classes);
+        if (cfg->model.input_size && cfg->model.input_size != features) {
+            fl_fail(FL_ECONFIG, "model.input_size: %lld, but the data's samples have %lld values",
+                    (long long)cfg->model.input_size, (long long)features);
+            return NULL;
+        }
+        return fl_model_mlp(FL_DTYPE_F32, features, cfg->model.hidden.v, cfg->model.hidden.n,
+                            (fl_act)cfg->model.activation, cfg->data.classes);
     case FL_MODEL_RESNET:
         return fl_model_resnet(FL_DTYPE_F32, depth ? (int)depth : 50, cfg->data.classes);
     case FL_MODEL_RESNET_CIFAR:
-        return fl_model_resnet_cifar(FL_DTYPE_F32, depth ? (int)depth : 20, cfg->data.classes,
+        return fl_model_resnet_cifar(FL_DTYPE_F32, depth ? (int)depth : 20,
+                                     ds->ndim == 3 ? ds->shape[0] : 3, cfg->data.classes,
                                      cfg->model.shortcut == FL_SHORTCUT_B ? 'B' : 'A');
     }
     fl_fail(FL_ECONFIG, "model.type: %d is not a model", cfg->model.type);
@@ -136,11 +177,11 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     t->rank = fl_worker_index(t->fleet);
     t->world = fl_worker_num(t->fleet);
 
-    t->train_set = make_dataset(cfg, 0);
+    t->train_set = make_dataset(cfg, 0, NULL);
     if (!t->train_set)
         return fl_fail_prefix(FL_EINVAL, "data");
     if (fl_train_has_val(cfg)) {
-        t->val_set = make_dataset(cfg, 1);
+        t->val_set = make_dataset(cfg, 1, t->train_set);
         if (!t->val_set)
             return fl_fail_prefix(FL_EINVAL, "data");
     }
@@ -154,7 +195,7 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     if (!t->loader)
         return fl_fail_prefix(FL_ECONFIG, "train.batch_size (x %d workers)", t->world);
 
-    t->net = make_model(cfg);
+    t->net = make_model(cfg, t->train_set);
     if (!t->net)
         return fl_fail_prefix(FL_ECONFIG, "model");
     FL_TRY(fl_net_build(t->net, t->train_set->ndim, t->train_set->shape, cfg->train.batch_size,
@@ -195,10 +236,12 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
 }
 
 fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split) {
-    return make_dataset(cfg, split);
+    return make_dataset(cfg, split, NULL);
 }
 
-fl_net *fl_train_make_model(const fl_train_config *cfg) { return make_model(cfg); }
+fl_net *fl_train_make_model(const fl_train_config *cfg, const fl_dataset *ds) {
+    return make_model(cfg, ds);
+}
 
 void fl_train_teardown(trainer *t) {
     fl_metrics_close(t->metrics);

@@ -34,6 +34,7 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
     int64_t max_steps = cfg->train.max_steps;
     int64_t step = 0, last_epoch = 0, local_samples = 0, batch = 0;
     double run_start = fl_now();
+    t->start_time = run_start;
     train_window w;
     const fl_tensor *x;
     const int32_t *labels;
@@ -78,6 +79,7 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
             if (!updated)
                 continue;
             step++;
+            w.updates++;
             if (step % cfg->train.log_interval == 0 || (max_steps > 0 && step == max_steps))
                 FL_TRY(fl_train_log_progress(t, &w, epoch, step, lr, res));
             if (fl_train_ckpt_due(cfg, step)) {
@@ -88,8 +90,11 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
                 break;
         }
         FL_TRY(rc);
-        if (epoch + 1 < cfg->train.epochs && !(max_steps > 0 && step >= max_steps))
+        if (epoch + 1 < cfg->train.epochs && !(max_steps > 0 && step >= max_steps)) {
+            double eval_start = fl_now();
             FL_TRY(fl_train_eval(t, cfg, epoch, step, res));
+            w.start += fl_now() - eval_start; /* step times and ips leave evaluations out */
+        }
     }
     res->steps = step;
     /* drop_last: every rank sees the same number of samples */

@@ -23,7 +23,7 @@ typedef struct {
 } model;
 
 static int make(model *m) {
-    m->net = fl_model_resnet_cifar(FL_DTYPE_F32, 8, 10, 'B');
+    m->net = fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, 10, 'B');
     if (!m->net)
         return -1;
     int64_t in[3] = {3, 16, 16};

@@ -369,7 +369,7 @@ static void test_graph_api(void) {
     fl_net_free(net);
 
     /* accumulate doubles the gradient; the hook sees every trainable parameter once */
-    net = fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, 'B');
+    net = fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, 3, 'B');
     CHECK(net != NULL);
     CHECK_OK(fl_net_build(net, 3, (int64_t[]){3, 8, 8}, 2, 1));
     float xd[2 * 3 * 8 * 8], dyd[2 * 3];

@@ -43,15 +43,15 @@ static void test_counts(void) {
     CHECK(fl_model_resnet(FL_DTYPE_F32, 42, 10) == NULL);
     CHECK_MSG("layers 42 is not one of 18, 34, 50, 101, 152");
 
-    fl_net *a = fl_model_resnet_cifar(FL_DTYPE_F32, 20, 10, 'A');
-    fl_net *b = fl_model_resnet_cifar(FL_DTYPE_F32, 20, 10, 'B');
-    fl_net *c = fl_model_resnet_cifar(FL_DTYPE_F32, 56, 10, 'A');
+    fl_net *a = fl_model_resnet_cifar(FL_DTYPE_F32, 20, 3, 10, 'A');
+    fl_net *b = fl_model_resnet_cifar(FL_DTYPE_F32, 20, 3, 10, 'B');
+    fl_net *c = fl_model_resnet_cifar(FL_DTYPE_F32, 56, 3, 10, 'A');
     CHECK(a && b && c);
     CHECK(trainable(a) == 269722); /* He et al. report 0.27M */
     CHECK(trainable(b) == 269722 + 16 * 32 + 2 * 32 + 32 * 64 + 2 * 64);
     CHECK(trainable(c) == 853018); /* 0.85M */
     fl_net_free(a), fl_net_free(b), fl_net_free(c);
-    CHECK(fl_model_resnet_cifar(FL_DTYPE_F32, 21, 10, 'A') == NULL);
+    CHECK(fl_model_resnet_cifar(FL_DTYPE_F32, 21, 3, 10, 'A') == NULL);
     CHECK_MSG("depth 21 is not 6n + 2");
 }
 
@@ -121,7 +121,7 @@ static double loss_of(fl_net *net, const fl_tensor *x, const int32_t *labels, do
 
 static void test_gradcheck(char shortcut) {
     enum { B = 3, C = 4, S = 6 };
-    fl_net *net = fl_model_resnet_cifar(FL_DTYPE_F64, 8, C, shortcut);
+    fl_net *net = fl_model_resnet_cifar(FL_DTYPE_F64, 8, 3, C, shortcut);
     CHECK_OK(fl_net_build(net, 3, (int64_t[]){3, S, S}, B, 5));
     double xd[B * 3 * S * S], pm[B * C];
     int32_t labels[B] = {1, 3, 0};
@@ -164,7 +164,7 @@ static void test_gradcheck(char shortcut) {
 /* A depth-8 CIFAR ResNet memorises 32 random 16x16 images with random labels of 4 classes. */
 static void test_training(void) {
     enum { N = 32, C = 4, S = 16, STEPS = 40 };
-    fl_net *net = fl_model_resnet_cifar(FL_DTYPE_F32, 8, C, 'A');
+    fl_net *net = fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, C, 'A');
     CHECK_OK(fl_net_build(net, 3, (int64_t[]){3, S, S}, N, 9));
     fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-4};
     fl_optim *opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net),
