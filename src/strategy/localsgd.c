@@ -30,8 +30,8 @@ typedef struct {
     int64_t   begin_step;  /* synchronous steps first */
     int64_t   init_k;      /* adaptive: init_k_steps */
     /* "localsgd.counters", i64 (2): [0] last step (1-based) that averaged, [1] the interval k.
-     * "localsgd.adaptive", f64 (2): [0] loss0, [1] lr0 (rank-averaged loss and learning rate of
-     * step 1; adaptive only, zeros otherwise). Live values: checkpoints write them back. */
+     * "localsgd.adaptive", f64 (2): [0] loss0 (rank-averaged loss of step 1), [1] lr0 (the
+     * largest learning rate so far: fl_localsgd_rule_lr0); adaptive only, zeros otherwise. Live values: checkpoints write them back. */
     fl_param  counters, rule;
     int64_t   counter_mem[2];
     double    rule_mem[2];
@@ -189,13 +189,10 @@ static int update(fl_dist_optim *d, double lr) {
         fl_net_kernels(d->net)->scale(fl_net_dtype(d->net), ls->numel, d->grad_scale,
                                       fl_net_flat_grads(d->net));
     FL_TRY(fl_optim_step(d->opt, lr, NULL));
-    if (ls->adaptive && step == 1) {
-        FL_TRY(mean_loss(d, ls, step, &LOSS0(ls)));
-        LR0(ls) = lr;
-        if (!(lr > 0) && d->rank == 0)
-            FL_WARN("strategy.adaptive_localsgd: the learning rate of step 1 is 0 (a warm-up "
-                    "from 0?), so the interval rule gives k = 1 until the rate is 0 again; "
-                    "start the warm-up above 0 (optimizer.lr.warmup_start)");
+    if (ls->adaptive) {
+        if (step == 1)
+            FL_TRY(mean_loss(d, ls, step, &LOSS0(ls)));
+        LR0(ls) = fl_localsgd_rule_lr0(LR0(ls), lr); /* the same rates on every rank */
     }
     if (!fl_localsgd_rule_due(step, ls->begin_step, LAST_SYNC(ls), K(ls)))
         return FL_OK;
@@ -217,6 +214,11 @@ static void abandon(fl_dist_optim *d) {
 static void destroy(fl_dist_optim *d) {
     free_state(d->impl);
     d->impl = NULL;
+}
+
+static void stats(const fl_dist_optim *d, fl_dist_stats *out) {
+    const localsgd *ls = d->impl;
+    out->interval = K(ls);
 }
 
 static int num_state(const fl_dist_optim *d) {
@@ -244,4 +246,5 @@ const struct strategy_ops fl_localsgd_ops = {
     .destroy = destroy,
     .num_state = num_state,
     .state = state,
+    .stats = stats,
 };

@@ -11,6 +11,10 @@ bool fl_localsgd_rule_due(int64_t step, int64_t begin_step, int64_t last_sync, i
     return step - last_sync == k;
 }
 
+double fl_localsgd_rule_lr0(double lr0, double lr) {
+    return lr > lr0 ? lr : lr0; /* a NaN lr compares false: lr0 stays */
+}
+
 int64_t fl_localsgd_rule_next_k(double lr0, double loss0, double lr, double loss,
                                 int64_t init_k) {
     double x = lr0 * loss / (lr * loss0) * (double)init_k;

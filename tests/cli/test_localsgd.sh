@@ -10,6 +10,8 @@
 # - post-local SGD (begin_step 10, k 8) averages at steps 1..10, 18, 26; adaptive runs on the
 #   real loss and averages at steps 1..begin_step and fewer than every step after;
 # - configs/mlp_localsgd.yaml and mlp_adaptive_localsgd.yaml train on 2 workers (fleet-train);
+#   adaptive with a warm-up from 0 synchronises fewer steps than it takes (lr0 is the running
+#   maximum of the rate, not step 1's);
 # - refusals: fp16_allreduce with localsgd, a bad FLEET_BENCH_SLOW; adaptive without a loss is
 #   covered by the unit test.
 set -u
@@ -98,6 +100,27 @@ if train_cfg postlocal_cfg mlp_localsgd.yaml; then
   fi
 fi
 train_cfg adaptive_cfg mlp_adaptive_localsgd.yaml
+
+# adaptive under a warm-up from 0 (lr0 is the largest rate so far, not step 1's): after the
+# warm-up of 64 steps the interval leaves 1, so fewer than the 128 updates synchronise, and
+# metrics.jsonl reports the interval (localsgd_k) and the synchronised steps
+FLEET_COMM_TIMEOUT=60 timeout 300 "$run" --nproc_per_node 2 --log_dir "$tmp/log_ada0" \
+  "${FLEET_BIN}/fleet-train" -c "${FLEET_SRC}/configs/mlp_adaptive_localsgd.yaml" \
+  -o train.max_steps=128 -o optimizer.lr.warmup_start=0 \
+  -o strategy.adaptive_localsgd_configs.begin_step=1 -o "train.log_dir=$tmp/ada0" \
+  >"$tmp/ada0.log" 2>&1
+rc=$?
+last=$(grep '"phase":"train"' "$tmp/ada0/metrics.jsonl" 2>/dev/null | tail -1)
+synced=$(sed -n 's/.*"synced_steps":\([0-9]*\).*/\1/p' <<<"$last")
+k=$(sed -n 's/.*"localsgd_k":\([0-9]*\).*/\1/p' <<<"$last")
+step=$(sed -n 's/.*"step":\([0-9]*\).*/\1/p' <<<"$last")
+if [ $rc -eq 0 ] && [ "$step" = 128 ] && [ -n "$synced" ] && [ "$synced" -lt 100 ] &&
+  [ -n "$k" ] && [ "$k" -ge 2 ]; then
+  echo "adaptive, warm-up from 0: $synced of 128 updates synchronised, interval now $k"
+else
+  echo "FAIL: adaptive, warm-up from 0: exit $rc, step '$step', synced '$synced' (want < 100), k '$k' (want >= 2)"
+  tail -5 "$tmp/ada0.log"; fail=1
+fi
 
 # the benchmark's straggler option refuses a bad value, naming the variable
 FLEET_BENCH_SLOW=2:5 "${FLEET_BIN}/fleet-train" -c "${FLEET_SRC}/configs/quickstart.yaml" \

@@ -11,6 +11,7 @@
 #include "strategy/localsgd_rule.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -98,6 +99,71 @@ static void test_adaptive_rule(void) {
         if (k != trace[i].want) {
             fprintf(stderr, "adaptive rule, case %zu: k %lld, want %lld\n", i, (long long)k,
                     (long long)trace[i].want);
+            test_failures++;
+        }
+    }
+}
+
+/* lr0 is the running maximum of the rates: under a warm-up from 0 (linear over 200 steps to
+ * 0.1, then a cosine decay to 0 at step 2000, and a loss that falls from 2.3 towards 0.3) the
+ * interval leaves 1 after the warm-up and grows as the rate decays; with lr0 taken at step 1
+ * (the rule before) it was 1 throughout. Piecewise decay: the interval grows by about
+ * sqrt(10) at each tenfold drop. (The falling loss keeps k at 2 through mid-run: the rule
+ * weighs the loss as much as the rate.) */
+static double warmup_cosine_lr(int64_t s) {
+    if (s <= 200)
+        return 0.1 * (double)(s - 1) / 200.0;
+    return 0.05 * (1.0 + cos(acos(-1.0) * (double)(s - 200) / 1800.0));
+}
+
+static double falling_loss(int64_t s) { return 0.3 + 2.0 * exp(-(double)s / 400.0); }
+
+static void test_adaptive_lr0(void) {
+    CHECK(fl_localsgd_rule_lr0(0.0, 0.0) == 0.0);
+    CHECK(fl_localsgd_rule_lr0(0.0, 0.01) == 0.01);
+    CHECK(fl_localsgd_rule_lr0(0.1, 0.05) == 0.1);
+    CHECK(fl_localsgd_rule_lr0(0.1, NAN) == 0.1);
+    /* the schedule through the rule as localsgd.c drives it: init_k 4, begin_step 1 */
+    double lr0 = 0, loss0 = falling_loss(1);
+    int64_t last = 0, k = 4, syncs = 0, k_at_900 = 0, k_max = 0, k_warm = 0;
+    for (int64_t s = 1; s <= 1990; s++) {
+        double lr = warmup_cosine_lr(s);
+        lr0 = fl_localsgd_rule_lr0(lr0, lr);
+        if (!fl_localsgd_rule_due(s, 1, last, k))
+            continue;
+        syncs++;
+        last = s;
+        if (s > 1)
+            k = fl_localsgd_rule_next_k(lr0, loss0, lr, falling_loss(s), 4);
+        if (s > 1 && s <= 200 && k > k_warm)
+            k_warm = k;
+        if (s <= 900)
+            k_at_900 = k;
+        if (k > k_max)
+            k_max = k;
+    }
+    /* in the warm-up lr0 = lr: k = ceil(sqrt(4 * loss / loss0)) <= 2 */
+    if (k_warm != 2 || k_at_900 < 2 || k_max != FL_LOCALSGD_MAX_K || syncs > 1990 / 2) {
+        fprintf(stderr, "adaptive under warm-up + cosine: k %lld in the warm-up, %lld at step "
+                        "900, %lld at most, %lld averages in 1990 steps\n",
+                (long long)k_warm, (long long)k_at_900, (long long)k_max, (long long)syncs);
+        test_failures++;
+    }
+    /* step 1's rate as lr0 (0 here) would keep k = 1: NaN ratio during the warm-up, then
+     * lr0 / lr = 0 */
+    CHECK(fl_localsgd_rule_next_k(warmup_cosine_lr(1), loss0, warmup_cosine_lr(900),
+                                  falling_loss(900), 4) == 1);
+    /* piecewise: 0.1 for 1000 steps, 0.01, 0.001; a flat loss: k = 2, then ceil(sqrt(40)),
+     * then ceil(sqrt(400)) clamped */
+    const double rates[] = {0.1, 0.01, 0.001};
+    const int64_t want[] = {2, 7, 16};
+    lr0 = 0;
+    for (int i = 0; i < 3; i++) {
+        lr0 = fl_localsgd_rule_lr0(lr0, rates[i]);
+        int64_t got = fl_localsgd_rule_next_k(lr0, 1.0, rates[i], 1.0, 4);
+        if (got != want[i]) {
+            fprintf(stderr, "adaptive, piecewise rate %g: k %lld, want %lld\n", rates[i],
+                    (long long)got, (long long)want[i]);
             test_failures++;
         }
     }
@@ -566,6 +632,7 @@ static void test_single_worker(void) {
 int main(void) {
     test_schedule();
     test_adaptive_rule();
+    test_adaptive_lr0();
     test_single_worker();
     if (!getenv("PADDLE_TRAINERS_NUM")) {
         test_workers(2);
