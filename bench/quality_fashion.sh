@@ -100,7 +100,7 @@ fi
 last() { grep "\"phase\":\"$2\"" "$1" | tail -1 | sed -nE "s/.*\"$3\":(null|[-0-9.eE+]*).*/\1/p"; }
 # "epoch:k" of the last train record of each epoch
 intervals() {
-  awk '/"phase":"train"/ { match($0, /"epoch":[0-9]*/); e = substr($0, RSTART + 8, RLENGTH - 8)
+  awk '/"phase":"train"/ { match($0, /"epoch":[0-9]*/); e = substr($0, RSTART + 8, RLENGTH - 8) + 0
                            if (match($0, /"localsgd_k":[0-9]*/)) k[e] = substr($0, RSTART + 13, RLENGTH - 13)
                            if (e > m) m = e }
        END { for (i = 0; i <= m; i++) printf "%s%s", (i ? " " : ""), (i in k ? k[i] : "-"); print "" }' "$1"
