@@ -65,6 +65,8 @@ row_args() { # ROW MODEL EPOCH_STEPS
       "-o strategy.localsgd_configs.begin_step=$s" ;;
     adaptive) echo "-o strategy.adaptive_localsgd=true" \
       "-o strategy.adaptive_localsgd_configs.init_k_steps=16" ;;
+    adacomm) echo "-o strategy.adaptive_localsgd=true -o strategy.adaptive_localsgd_configs.rule=adacomm" \
+      "-o strategy.adaptive_localsgd_configs.init_k_steps=${ADACOMM_K:-8}" ;;
     *) echo "quality_fashion.sh: unknown row '$1'" >&2; exit 2 ;;
   esac
 }

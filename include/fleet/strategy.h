@@ -18,6 +18,9 @@
 extern "C" {
 #endif
 
+/* adaptive_localsgd_configs.rule: where init_k_steps enters the interval rule */
+enum { FL_LOCALSGD_RULE_PADDLE = 0, FL_LOCALSGD_RULE_ADACOMM = 1 };
+
 typedef struct fl_strategy {
     /* dense: average gradients with allreduce, fused into buckets */
     double fuse_grad_size_in_MB; /* bucket capacity in MiB (default 32); 0: one per parameter */
@@ -61,12 +64,15 @@ typedef struct fl_strategy {
         int64_t begin_step; /* averaged every step up to and including this one (default 1) */
     } localsgd_configs;
     /* Adaptive communication: after each average past begin_step the interval becomes
-     * ceil(sqrt(lr0 * loss / (lr * loss0) * init_k_steps)) in [1, 16] (loss averaged over the
-     * workers at that step, loss0 and lr0 at step 1). Needs fl_dist_set_loss every update. */
+     * ceil(sqrt(lr0 * loss / (lr * loss0) * init_k_steps)) (rule "paddle") or
+     * ceil(sqrt(lr0 * loss / (lr * loss0)) * init_k_steps) (rule "adacomm", Wang & Joshi's
+     * form), in [1, 16]: loss averaged over the workers at that step, loss0 at step 1, lr0 the
+     * largest rate so far. Needs fl_dist_set_loss every update. */
     bool adaptive_localsgd;
     struct {
         int64_t init_k_steps; /* the interval until the first adaptive choice (default 1) */
         int64_t begin_step;   /* averaged every step up to and including this one (default 1) */
+        int     rule;         /* FL_LOCALSGD_RULE_PADDLE (default) or FL_LOCALSGD_RULE_ADACOMM */
     } adaptive_localsgd_configs;
 
     /* LARS (You et al. 2017, arXiv:1708.03888; Paddle's LarsMomentumOptimizer): the Momentum

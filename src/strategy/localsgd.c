@@ -29,6 +29,7 @@ typedef struct {
     bool      adaptive;    /* strategy.adaptive_localsgd (else strategy.localsgd) */
     int64_t   begin_step;  /* synchronous steps first */
     int64_t   init_k;      /* adaptive: init_k_steps */
+    bool      adacomm;     /* adaptive: Wang & Joshi's form of the rule (else Paddle's) */
     /* "localsgd.counters", i64 (2): [0] last step (1-based) that averaged, [1] the interval k.
      * "localsgd.adaptive", f64 (2): [0] loss0 (rank-averaged loss of step 1), [1] lr0 (the
      * largest learning rate so far: fl_localsgd_rule_lr0); adaptive only, zeros otherwise. Live values: checkpoints write them back. */
@@ -67,6 +68,7 @@ static int setup(fl_dist_optim *d) {
     ls->begin_step = ls->adaptive ? d->s.adaptive_localsgd_configs.begin_step
                                   : d->s.localsgd_configs.begin_step;
     ls->init_k = d->s.adaptive_localsgd_configs.init_k_steps;
+    ls->adacomm = d->s.adaptive_localsgd_configs.rule == FL_LOCALSGD_RULE_ADACOMM;
     K(ls) = ls->adaptive ? ls->init_k : d->s.localsgd_configs.k_steps;
     LAST_SYNC(ls) = ls->begin_step; /* Paddle's last_step starts at begin_step */
     if (ls->begin_step < 1 || K(ls) < 1) {
@@ -200,7 +202,9 @@ static int update(fl_dist_optim *d, double lr) {
     if (ls->adaptive && step > ls->begin_step) {
         double loss;
         FL_TRY(mean_loss(d, ls, step, &loss));
-        K(ls) = fl_localsgd_rule_next_k(LR0(ls), LOSS0(ls), lr, loss, ls->init_k);
+        K(ls) = ls->adacomm
+                    ? fl_localsgd_rule_next_k_adacomm(LR0(ls), LOSS0(ls), lr, loss, ls->init_k)
+                    : fl_localsgd_rule_next_k(LR0(ls), LOSS0(ls), lr, loss, ls->init_k);
         FL_DEBUG("strategy localsgd: step %lld: loss %g, lr %g: next average in %lld steps",
                  (long long)step, loss, lr, (long long)K(ls));
     }

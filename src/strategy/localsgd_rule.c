@@ -26,3 +26,13 @@ int64_t fl_localsgd_rule_next_k(double lr0, double loss0, double lr, double loss
         return FL_LOCALSGD_MAX_K;
     return (int64_t)ceil(sqrt(x));
 }
+
+int64_t fl_localsgd_rule_next_k_adacomm(double lr0, double loss0, double lr, double loss,
+                                        int64_t init_k) {
+    double x = sqrt(lr0 * loss / (lr * loss0)) * (double)init_k;
+    if (!(x > 1)) /* NaN too */
+        return 1;
+    if (x > (double)(FL_LOCALSGD_MAX_K - 1))
+        return FL_LOCALSGD_MAX_K;
+    return (int64_t)ceil(x);
+}

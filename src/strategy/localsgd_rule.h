@@ -36,4 +36,12 @@ double fl_localsgd_rule_lr0(double lr0, double lr);
 int64_t fl_localsgd_rule_next_k(double lr0, double loss0, double lr, double loss,
                                 int64_t init_k);
 
+/* The same in Wang & Joshi's form, tau_0 = init_k outside the root:
+ *     k = ceil(sqrt(lr0 * loss / (lr * loss0)) * init_k), clamped to [1, FL_LOCALSGD_MAX_K]
+ * At the start (both ratios 1) it is init_k, as in the paper; Paddle's form starts at
+ * ceil(sqrt(init_k)) and reacts to the ratios with the square root of init_k as its scale. The
+ * edge cases are those of fl_localsgd_rule_next_k. */
+int64_t fl_localsgd_rule_next_k_adacomm(double lr0, double loss0, double lr, double loss,
+                                        int64_t init_k);
+
 #endif /* FLEET_LOCALSGD_RULE_H */

@@ -72,6 +72,10 @@ static const fl_cfg_key keys[] = {
      "initial local steps (the interval is capped at 16)"},
     {"adaptive_localsgd_configs.begin_step", FL_CFG_INT, OFF(adaptive_localsgd_configs.begin_step),
      0, 1, BIG, NULL, false, "synchronous steps before adaptive Local SGD starts"},
+    {"adaptive_localsgd_configs.rule", FL_CFG_ENUM, OFF(adaptive_localsgd_configs.rule), 0, 0, 0,
+     "paddle|adacomm", false,
+     "interval rule: paddle ceil(sqrt(ratio * init_k_steps)), adacomm (Wang & Joshi) "
+     "ceil(sqrt(ratio) * init_k_steps)"},
 
     {"lars", FL_CFG_BOOL, OFF(lars), 0, 0, 0, NULL, false,
      "LARS layer-wise learning rates: Momentum becomes LARS momentum (You et al. 2017)"},

@@ -71,6 +71,20 @@ if train adaptive 2 --optimizer momentum -o strategy.adaptive_localsgd=true \
   fi
 fi
 
+# the same in Wang & Joshi's form (init_k outside the root): the first interval after
+# begin_step is about init_k, so it averages less often than Paddle's form with the same init_k
+if train adacomm 2 --optimizer momentum -o strategy.adaptive_localsgd=true \
+  -o strategy.adaptive_localsgd_configs.rule=adacomm \
+  -o strategy.adaptive_localsgd_configs.init_k_steps=4 \
+  -o strategy.adaptive_localsgd_configs.begin_step=5; then
+  sent_ac=$(field adacomm sending_calls)
+  if [ -n "$sent_ac" ] && [ -n "$sent" ] && [ "$sent_ac" -ge 6 ] && [ "$sent_ac" -lt "$sent" ]; then
+    echo "adaptive, rule adacomm (init 4, begin 5): $sent_ac of 30 calls sent"
+  else
+    echo "FAIL: adaptive, rule adacomm: $sent_ac of 30 calls sent, want 6 .. $((sent - 1))"; fail=1
+  fi
+fi
+
 # refused with the reason
 "$prog" -o strategy.localsgd=true --fp16-allreduce >"$tmp/fp16.log" 2>&1
 rc=$?

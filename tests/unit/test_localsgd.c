@@ -104,6 +104,34 @@ static void test_adaptive_rule(void) {
     }
 }
 
+static void test_adacomm_rule(void) {
+    /* k = ceil(sqrt(lr0 * loss / (lr * loss0)) * init_k) clamped to [1, 16], by hand */
+    const struct {
+        double  lr0, loss0, lr, loss;
+        int64_t init_k, want;
+    } trace[] = {
+        {0.1, 2.0, 0.1, 2.0, 8, 8},       /* ratio 1: init_k, as in the paper */
+        {0.1, 2.0, 0.1, 0.5, 8, 4},       /* sqrt(1/4) * 8 */
+        {0.1, 2.0, 0.1, 0.4, 8, 4},       /* sqrt(0.2) * 8 = 3.58 */
+        {0.1, 1.0, 0.01, 1.0, 4, 13},     /* sqrt(10) * 4 = 12.65 */
+        {0.1, 1.0, 0.001, 1.0, 4, 16},    /* sqrt(100) * 4 = 40 clamped */
+        {1, 1, 1, 225, 1, 15},            /* exactly 15 */
+        {1, 1, 1, 226, 1, 16},            /* 15.03 */
+        {0.1, 2.0, 0.1, 0.02, 2, 1},      /* sqrt(0.01) * 2 = 0.2 */
+        {0.1, 2.0, 0.0, 1.0, 2, 16},      /* lr = 0: +inf */
+        {0.0, 2.0, 0.0, 1.0, 2, 1},       /* 0/0 */
+    };
+    for (size_t i = 0; i < sizeof trace / sizeof trace[0]; i++) {
+        int64_t k = fl_localsgd_rule_next_k_adacomm(trace[i].lr0, trace[i].loss0, trace[i].lr,
+                                                    trace[i].loss, trace[i].init_k);
+        if (k != trace[i].want) {
+            fprintf(stderr, "adacomm rule, case %zu: k %lld, want %lld\n", i, (long long)k,
+                    (long long)trace[i].want);
+            test_failures++;
+        }
+    }
+}
+
 /* lr0 is the running maximum of the rates: under a warm-up from 0 (linear over 200 steps to
  * 0.1, then a cosine decay to 0 at step 2000, and a loss that falls from 2.3 towards 0.3) the
  * interval leaves 1 after the warm-up and grows as the rate decays; with lr0 taken at step 1
@@ -633,6 +661,7 @@ int main(void) {
     test_schedule();
     test_adaptive_rule();
     test_adaptive_lr0();
+    test_adacomm_rule();
     test_single_worker();
     if (!getenv("PADDLE_TRAINERS_NUM")) {
         test_workers(2);
