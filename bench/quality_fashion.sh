@@ -3,13 +3,15 @@
 # (Debian's dataset-fashion-mnist), 4 workers under fleetrun on this machine, the same recipe,
 # steps and seeds for every strategy: dense, DGC (sparsity 0.999 after seed 000's warm-up),
 # Local SGD k = 4 and 16, post-local SGD (synchronous first epoch, then k = 16) and adaptive
-# Local SGD, for an MLP (configs/fashion_mlp.yaml) and a small CIFAR-style ResNet
-# (configs/fashion_resnet.yaml). Prints one table row per (model, strategy): final test accuracy
+# Local SGD (Paddle's rule with init_k_steps 16, and `adacomm`: Wang & Joshi's rule with
+# tau_0 = ADACOMM_K, default 8), for an MLP (configs/fashion_mlp.yaml) and a small CIFAR-style
+# ResNet (configs/fashion_resnet.yaml); an optional row dgc_small is DGC that also compresses
+# the tensors of 2048..16383 values that Paddle's min_compress_numel keeps dense. Prints one table row per (model, strategy): final test accuracy
 # (mean over seeds, and min..max), bytes each worker sent, updates that communicated, and for
 # adaptive Local SGD the interval it chose per epoch (rank 0's metrics.jsonl, seed 1).
 #
 # Usage: bench/quality_fashion.sh [BUILD_DIR]
-#   MODELS="mlp resnet"   ROWS="dense dgc k4 k16 postlocal adaptive"   SEEDS="1 2 3"
+#   MODELS="mlp resnet"   ROWS="dense dgc k4 k16 postlocal adaptive adacomm"   SEEDS="1 2 3"
 #   NPROC=4   EXTRA="-o key=value ..." (every run)   KEEP=DIR (keep logs and metrics there; a
 #   run whose metrics.jsonl is already complete in DIR is not run again, so an interrupted
 #   table resumes, and ROWS can be run in batches)   SUMMARY_ONLY=1 (with KEEP: only the table)
@@ -19,7 +21,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
 read -r -a models <<<"${MODELS:-mlp resnet}"
-read -r -a rows <<<"${ROWS:-dense dgc k4 k16 postlocal adaptive}"
+read -r -a rows <<<"${ROWS:-dense dgc k4 k16 postlocal adaptive adacomm}"
 read -r -a seeds <<<"${SEEDS:-1 2 3}"
 read -r -a extra <<<"${EXTRA:-}"
 nproc=${NPROC:-4}
@@ -59,6 +61,7 @@ row_args() { # ROW MODEL EPOCH_STEPS
     dgc) echo "-o strategy.dgc=true -o strategy.dgc_configs.rampup_begin_step=$begin" \
       "-o strategy.dgc_configs.rampup_step=$ramp" \
       "-o strategy.dgc_configs.sparsity=[0.75,0.9375,0.984375,0.996,0.999]" ;;
+    dgc_small) echo "$(row_args dgc "$2" "$3") -o strategy.dgc_configs.min_compress_numel=2048" ;;
     k4) echo "-o strategy.localsgd=true -o strategy.localsgd_configs.k_steps=4" ;;
     k16) echo "-o strategy.localsgd=true -o strategy.localsgd_configs.k_steps=16" ;;
     postlocal) echo "-o strategy.localsgd=true -o strategy.localsgd_configs.k_steps=16" \
@@ -141,8 +144,8 @@ for model in "${models[@]}"; do
   done
   for row in "${rows[@]}"; do
     m=$work/$model.$row.s${seeds[0]}/metrics.jsonl
-    [[ $row == adaptive && -s $m ]] || continue
+    [[ ($row == adaptive || $row == adacomm) && -s $m ]] || continue
     echo
-    echo "adaptive Local SGD, seed ${seeds[0]}: the interval k at the end of each epoch: $(intervals "$m")"
+    echo "$row, seed ${seeds[0]}: the interval k at the end of each epoch: $(intervals "$m")"
   done
 done

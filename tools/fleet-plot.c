@@ -291,9 +291,10 @@ static int write_script(FILE *f, const char *out, bool svg, int width, int heigh
         fprintf(f, " title ");
         put_quoted(f, title);
     }
-    /* a margin above and below, so that a constant line (k = 16) is not hidden by the border */
-    fprintf(f, "\nset grid\nset key top right opaque samplen 2 spacing 0.9\n"
-               "set offsets 0, 0, graph 0.05, graph 0.05\n");
+    /* the key under each panel, off the lines; a margin above, so that a constant line (k = 16)
+     * is not hidden by the border */
+    fprintf(f, "\nset grid\nset key below horizontal samplen 2\n"
+               "set offsets 0, 0, graph 0.05, 0\n");
     fprintf(f, "set xlabel \"%s\"\n", !strcmp(xfield, "time") ? "seconds" : "step");
     for (int pi = 0; pi < npanels; pi++) {
         const metric *m = panels[pi];
