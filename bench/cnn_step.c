@@ -1,10 +1,11 @@
 /* cnn_step.c - times one training step (forward, softmax cross-entropy, backward, Momentum
  * update) of a ResNet, the workload of bench/cnn_step_torch.py, for the comparison that
- * bench/cnn_step.sh prints. Usage: cnn_step MODEL BATCH ITERS REPEATS, MODEL one of resnet20
- * (CIFAR, option A, 3x32x32, 10 classes) or resnet18/34/50/101/152 (3x224x224, 1000 classes).
- * Prints the median over REPEATS of the mean step time of ITERS steps, in ms (and on stderr
- * the median CPU time per step, all threads together). */
-#include "fleet/kernels.h"
+ * bench/cnn_step.sh prints. Usage: cnn_step MODEL BATCH ITERS REPEATS [BACKEND], MODEL one of
+ * resnet20 (CIFAR, option A, 3x32x32, 10 classes) or resnet18/34/50/101/152 (3x224x224, 1000
+ * classes), BACKEND auto (default), onednn, cpu or ref. Prints the median over REPEATS of the
+ * mean step time of ITERS steps, in ms (and on stderr the median CPU time per step, all threads
+ * together, and the process's peak resident memory). */
+#include "fleet/backend.h"
 #include "fleet/log.h"
 #include "fleet/nn.h"
 #include "fleet/optim.h"
@@ -13,14 +14,15 @@
 #include "bench_time.h"
 
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 /* CPU seconds of the whole process (all threads): less disturbed by other jobs than wall time */
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: cnn_step MODEL BATCH ITERS REPEATS\n");
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: cnn_step MODEL BATCH ITERS REPEATS [auto|onednn|cpu|ref]\n");
         return 2;
     }
     int64_t batch = atoll(argv[2]);
@@ -39,13 +41,20 @@ int main(int argc, char **argv) {
         net = fl_model_resnet_cifar(FL_DTYPE_F32, depth, 3, classes, 'A');
     }
     int64_t in_shape[3] = {3, size, size};
+    const fl_backend *be = fl_backend_by_name(argc == 6 ? argv[5] : "auto");
+    if (!be) {
+        fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
+        return 2;
+    }
+    if (net)
+        fl_net_set_backend(net, be);
     if (!net || fl_net_build(net, 3, in_shape, batch, 1) < 0) {
         fprintf(stderr, "cnn_step: %s: %s\n", argv[1], fl_errmsg());
         return 1;
     }
     fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-4};
     fl_optim *opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net),
-                                    FL_DTYPE_F32, fl_net_kernels(net));
+                                    FL_DTYPE_F32, fl_net_backend(net));
     fl_tensor *x = fl_tensor_create(FL_DTYPE_F32, 4, (int64_t[]){batch, 3, size, size});
     fl_tensor *probs = fl_tensor_create(FL_DTYPE_F32, 2, (int64_t[]){batch, classes});
     int32_t *labels = malloc(sizeof(int32_t) * (size_t)batch);
@@ -61,7 +70,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < batch; i++)
         labels[i] = (int32_t)fl_rng_below(&r, (uint64_t)classes);
 
-    const fl_kernel_ops *k = fl_net_kernels(net);
+    const fl_backend *k = fl_net_backend(net);
     double times[64], cpu[64];
     double loss = 0;
     for (int rep = -1; rep < repeats; rep++) { /* rep -1 warms up */
@@ -84,8 +93,11 @@ int main(int argc, char **argv) {
     qsort(times, (size_t)repeats, sizeof times[0], bench_cmp_double);
     qsort(cpu, (size_t)repeats, sizeof cpu[0], bench_cmp_double);
     printf("%.4f\n", times[repeats / 2]);
-    fprintf(stderr, "cnn_step: %s final loss %.4f, cpu %.1f ms per step\n", argv[1], loss,
-            cpu[repeats / 2]);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(stderr, "cnn_step: %s (%s, %s) final loss %.4f, cpu %.1f ms per step, maxrss %.1f MB\n",
+            argv[1], be->name, fl_layout_name(fl_net_layout(net)), loss, cpu[repeats / 2],
+            (double)ru.ru_maxrss / 1024.0);
     free(labels);
     fl_tensor_free(probs);
     fl_tensor_free(x);

@@ -6,6 +6,7 @@ ResNet with option-A shortcuts (channels zero-padded in the middle) and torchvis
 Usage: /usr/bin/python3 cnn_step_torch.py MODEL BATCH ITERS REPEATS THREADS
 Prints the median over REPEATS of the mean step time of ITERS steps, in ms (and on stderr the
 median CPU time per step, all threads together)."""
+import resource
 import statistics
 import sys
 import time
@@ -130,8 +131,9 @@ def main():
             times.append((time.perf_counter() - t0) * 1e3 / iters)
             cpu.append((time.process_time() - c0) * 1e3 / iters)
     print("%.4f" % statistics.median(times))
-    print("cnn_step_torch: %s cpu %.1f ms per step" % (name, statistics.median(cpu)),
-          file=sys.stderr)
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print("cnn_step_torch: %s cpu %.1f ms per step, maxrss %.1f MB"
+          % (name, statistics.median(cpu), maxrss), file=sys.stderr)
 
 
 if __name__ == "__main__":

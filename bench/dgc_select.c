@@ -10,6 +10,7 @@
  * Prints the median of REPS runs per cell, in ms.
  *   build/bench/dgc_select [REPS (7)] [SIZES in M (4,16)] */
 #include "fleet/rng.h"
+#include "kernels/cpu/dgc_kernels.h"
 #include "strategy/dgc_math.h"
 #include "bench_time.h"
 

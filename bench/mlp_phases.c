@@ -14,7 +14,7 @@
  * step: compute slowed by CPU sharing).
  * Usage: mlp_phases IN H1,H2,... ACT CLASSES BATCH ITERS FUSE_MB [COMM_MS [SCALE]]
  * Every time is the median over ITERS steps after a warm-up step. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/log.h"
 #include "fleet/nn.h"
 #include "fleet/optim.h"
@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     }
     fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9};
     fl_optim *opt = fl_optim_create(&oc, fl_net_param(net, 0), np, FL_DTYPE_F32,
-                                    fl_net_kernels(net));
+                                    fl_net_backend(net));
     fl_tensor *x = fl_tensor_create(FL_DTYPE_F32, 2, (int64_t[]){batch, in});
     fl_tensor *probs = fl_tensor_create(FL_DTYPE_F32, 2, (int64_t[]){batch, classes});
     int32_t *labels = malloc(sizeof(int32_t) * (size_t)batch);
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < batch; i++)
         labels[i] = (int32_t)fl_rng_below(&r, (uint64_t)classes);
 
-    const fl_kernel_ops *k = fl_net_kernels(net);
+    const fl_backend *k = fl_net_backend(net);
     static double fwd[MAX_ITERS], bwd[MAX_ITERS], upd[MAX_ITERS], ready[MAX_PARAMS][MAX_ITERS];
     hook_ctx h = {.net = net};
     double loss = 0;

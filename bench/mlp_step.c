@@ -2,7 +2,7 @@
  * update) of an MLP, the workload of bench/mlp_step_torch.py, for the comparison that
  * bench/mlp_step.sh prints. Usage: mlp_step IN H1,H2,... ACT CLASSES BATCH ITERS REPEATS
  * Prints the median over REPEATS of the mean step time of ITERS steps, in ms. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/log.h"
 #include "fleet/nn.h"
 #include "fleet/optim.h"
@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
     }
     fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9};
     fl_optim *opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net),
-                                    FL_DTYPE_F32, fl_net_kernels(net));
+                                    FL_DTYPE_F32, fl_net_backend(net));
     fl_tensor *x = fl_tensor_create(FL_DTYPE_F32, 2, (int64_t[]){batch, in});
     fl_tensor *probs = fl_tensor_create(FL_DTYPE_F32, 2, (int64_t[]){batch, classes});
     int32_t *labels = malloc(sizeof(int32_t) * (size_t)batch);
@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < batch; i++)
         labels[i] = (int32_t)fl_rng_below(&r, (uint64_t)classes);
 
-    const fl_kernel_ops *k = fl_net_kernels(net);
+    const fl_backend *k = fl_net_backend(net);
     double times[64];
     double loss = 0;
     for (int rep = -1; rep < repeats; rep++) { /* rep -1 warms up */

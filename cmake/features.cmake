@@ -45,6 +45,26 @@ message(STATUS "fleet: YAML    found: libyaml ${YAML_VERSION}")
 pkg_check_modules(JPEG REQUIRED IMPORTED_TARGET libjpeg)
 message(STATUS "fleet: JPEG    found: libjpeg ${JPEG_VERSION}")
 
+# --- oneDNN (optional: the onednn backend's convolution, batch norm and pooling). Debian's
+# libdnnl-dev (2.x, OpenMP runtime) has no pkg-config file: header and library are looked up.
+# FLEET_ONEDNN=OFF builds without it (the cpu backend's im2col path then runs everything).
+option(FLEET_ONEDNN "build the onednn backend when oneDNN is found" ON)
+set(FL_ONEDNN_FOUND OFF)
+if(FLEET_ONEDNN)
+  find_path(FL_DNNL_INC NAMES oneapi/dnnl/dnnl.h)
+  find_library(FL_DNNL_LIB NAMES dnnl)
+  if(FL_DNNL_INC AND FL_DNNL_LIB)
+    set(FL_ONEDNN_FOUND ON)
+  endif()
+endif()
+if(FL_ONEDNN_FOUND)
+  message(STATUS "fleet: oneDNN  found: ${FL_DNNL_LIB}: onednn backend built")
+elseif(NOT FLEET_ONEDNN)
+  message(STATUS "fleet: oneDNN  off (FLEET_ONEDNN=OFF): onednn backend not built")
+else()
+  message(STATUS "fleet: oneDNN  not found: onednn backend not built (libdnnl-dev)")
+endif()
+
 # --- zlib (required: gzip-compressed IDX files of MNIST-format sets; checkpoint checksums)
 pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)
 message(STATUS "fleet: zlib    found: zlib ${ZLIB_VERSION}")

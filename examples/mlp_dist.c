@@ -37,7 +37,7 @@ int main(int argc, char **argv) {
         goto fail;
     fl_optim_config oc = {.type = FL_OPTIM_SGD};
     opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net), FL_DTYPE_F32,
-                          fl_net_kernels(net));
+                          fl_net_backend(net));
     if (!opt)
         goto fail;
 
@@ -58,8 +58,8 @@ int main(int argc, char **argv) {
         if (fl_loader_next(loader, &x, &y) != 1 || fl_net_forward(net, x, true, &logits) < 0)
             goto fail;
         fl_tensor_view(&probs, FL_DTYPE_F32, 2, logits->shape, probs_mem);
-        if (fl_softmax_xent_forward(fl_net_kernels(net), logits, y, &probs, &cost) < 0 ||
-            fl_softmax_xent_backward(fl_net_kernels(net), &probs, y, &probs) < 0 ||
+        if (fl_softmax_xent_forward(fl_net_backend(net), logits, y, &probs, &cost) < 0 ||
+            fl_softmax_xent_backward(fl_net_backend(net), &probs, y, &probs) < 0 ||
             fl_dist_minimize(dopt, &probs, 0.01, NULL) < 0)
             goto fail;
         if (step % 10 == 0)
@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     /* Step 4: save on rank 0 only (checkpoint files come with a later version: a checksum) */
     if (rank == 0)
         printf("worker_index: 0, saved: parameter checksum %.9g over %lld values\n",
-               fl_net_kernels(net)->sum(FL_DTYPE_F32, fl_net_flat_params(net), fl_net_numel(net)),
+               fl_net_backend(net)->sum(FL_DTYPE_F32, fl_net_flat_params(net), fl_net_numel(net)),
                (long long)fl_net_numel(net));
     rc = 0;
 fail:

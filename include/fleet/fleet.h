@@ -26,7 +26,7 @@
 #include "fleet/config.h"
 #include "fleet/data.h"
 #include "fleet/image.h"
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/log.h"
 #include "fleet/metrics.h"
 #include "fleet/nn.h"

@@ -18,8 +18,8 @@
  *     double loss;
  *     fl_net_forward(net, x, true, &logits);
  *     fl_tensor_view(&probs, FL_DTYPE_F32, 2, logits->shape, probs_mem);
- *     fl_softmax_xent_forward(fl_net_kernels(net), logits, labels, &probs, &loss);
- *     fl_softmax_xent_backward(fl_net_kernels(net), &probs, labels, &probs); // in place
+ *     fl_softmax_xent_forward(fl_net_backend(net), logits, labels, &probs, &loss);
+ *     fl_softmax_xent_backward(fl_net_backend(net), &probs, labels, &probs); // in place
  *     fl_net_backward(net, &probs, NULL, NULL);             // fills fl_net_flat_grads(net)
  *     ... optimizer step over fl_net_param(net, 0 .. fl_net_num_params(net) - 1) ...
  *     fl_net_free(net);
@@ -48,7 +48,7 @@
 #ifndef FLEET_NN_H
 #define FLEET_NN_H
 
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/rng.h"
 #include "fleet/tensor.h"
 
@@ -83,7 +83,8 @@ typedef struct fl_layer_ops {
     void (*destroy)(fl_layer *l);
     /* Optional: bytes of scratch the layer needs for a batch of max_batch, asked after
      * infer_shape; the network lends l->scratch (64-byte aligned, shared by all layers, contents
-     * not kept between calls) during forward and backward. NULL: none. */
+     * not kept between calls) during forward and backward. NULL: none. SIZE_MAX: the layer
+     * cannot run (fl_errmsg says why); fl_net_build fails naming it. */
     size_t (*scratch_bytes)(fl_layer *l, int64_t max_batch);
     /* Two-input layers (fl_net_add2) set these instead of forward/backward; both inputs have
      * the same shape, which infer_shape receives. da, db are written (not added to); either
@@ -92,13 +93,20 @@ typedef struct fl_layer_ops {
                     bool training);
     int (*backward2)(fl_layer *l, const fl_tensor *a, const fl_tensor *b, const fl_tensor *y,
                      const fl_tensor *dy, fl_tensor *da, fl_tensor *db, bool accumulate);
+    /* The layer runs on spatial (C, H, W) activations in either layout (l->layout); a network
+     * uses its backend's NHWC layout only when every layer reading a spatial input sets this
+     * (elementwise layers, convolution, batch norm, pooling; not fc, which would flatten in
+     * the layout's order). */
+    bool nhwc;
 } fl_layer_ops;
 
 struct fl_layer {
     const fl_layer_ops  *ops;
     char                 name[64]; /* prefix of its parameters' names: "fc1" */
     fl_dtype             dtype;    /* set by fl_net_add */
-    const fl_kernel_ops *k;        /* set by fl_net_add */
+    const fl_backend    *k;        /* set by fl_net_add */
+    fl_layout            layout;   /* of spatial activations; set by fl_net_build before
+                                    * infer_shape */
     int                  nparams;
     fl_param            *params;   /* declared at create; memory placed by fl_net_build */
     void                *impl;
@@ -154,7 +162,7 @@ fl_layer *fl_conv2d_create(const char *name, const fl_conv2d_opts *o);
  * after it (y = max(0, bn(x)); no parameter changes). */
 fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu);
 /* Max or average pooling (B, C, H, W) -> (B, C, OH, OW), kernel k, stride s (0: k), padding p,
- * both dimensions alike; semantics as the kernels (fl_kernel_ops.pool_forward). */
+ * both dimensions alike; semantics as the kernels (fl_backend.pool_forward). */
 fl_layer *fl_pool2d_create(const char *name, fl_pool pool, int64_t k, int64_t s, int64_t p);
 /* Global average pooling: (B, C, H, W) -> (B, C) (the mean of each plane). */
 fl_layer *fl_global_avg_pool_create(const char *name);
@@ -177,9 +185,12 @@ typedef void (*fl_grad_ready_fn)(void *ctx, fl_param *p);
 
 typedef struct fl_net fl_net;
 
-/* An empty network computing in dtype (F32, or F64 for gradient checks) with kernel table k
- * (NULL: fl_kernels_cpu()). */
-fl_net *fl_net_create(fl_dtype dtype, const fl_kernel_ops *k);
+/* An empty network computing in dtype (F32, or F64 for gradient checks) on backend k
+ * (NULL: fl_backend_cpu()); the network's memory is the backend's. */
+fl_net *fl_net_create(fl_dtype dtype, const fl_backend *k);
+/* Moves an unbuilt network (and its layers) to backend k (NULL: fl_backend_cpu()); the zoo's
+ * constructors build on the cpu backend, fleet-train then sets train.backend's. */
+void fl_net_set_backend(fl_net *net, const fl_backend *k);
 /* Frees the network, its layers and all planned memory. NULL is a no-op. */
 void fl_net_free(fl_net *net);
 /* Appends a layer reading the previous layer's output (the network input for the first); the
@@ -208,7 +219,11 @@ void fl_net_set_accumulate(fl_net *net, bool on);
 void fl_net_zero_grad(fl_net *net);
 
 fl_dtype             fl_net_dtype(const fl_net *net);
-const fl_kernel_ops *fl_net_kernels(const fl_net *net);
+const fl_backend *fl_net_backend(const fl_net *net);
+/* Layout of the network's spatial activations (valid after build): NHWC where the backend
+ * prefers it and every layer supports it (fl_layer_ops.nhwc), else NCHW. Input and output
+ * are NCHW either way; the network reorders its input. */
+fl_layout            fl_net_layout(const fl_net *net);
 int                  fl_net_num_layers(const fl_net *net);
 fl_layer            *fl_net_layer(fl_net *net, int i);
 /* All parameters in order (trainable ones first within each layer); borrowed. They form one
@@ -231,18 +246,18 @@ void      fl_net_summary(const fl_net *net, FILE *out);
 /* Mean softmax cross-entropy over the batch: probs (B, C) receives softmax(logits);
  * *loss = mean over rows of -log p[label]. Labels outside [0, C) fail with FL_EINVAL naming
  * the row. */
-int fl_softmax_xent_forward(const fl_kernel_ops *k, const fl_tensor *logits,
+int fl_softmax_xent_forward(const fl_backend *k, const fl_tensor *logits,
                             const int32_t *labels, fl_tensor *probs, double *loss);
 /* dlogits = (probs - onehot) / B: the gradient of the mean loss. dlogits may be probs. */
-int fl_softmax_xent_backward(const fl_kernel_ops *k, const fl_tensor *probs,
+int fl_softmax_xent_backward(const fl_backend *k, const fl_tensor *probs,
                              const int32_t *labels, fl_tensor *dlogits);
 /* Label smoothing (Szegedy et al. 2016, arXiv:1512.00567, sec. 7): the same with the target
  * q = (1 - epsilon) onehot + epsilon / C, i.e. loss = mean over rows of -sum_j q_j log p_j, and
  * dlogits = (probs - q) / B. epsilon in [0, 1) (else FL_EINVAL); 0 gives the plain functions. */
-int fl_softmax_xent_smooth_forward(const fl_kernel_ops *k, const fl_tensor *logits,
+int fl_softmax_xent_smooth_forward(const fl_backend *k, const fl_tensor *logits,
                                    const int32_t *labels, double epsilon, fl_tensor *probs,
                                    double *loss);
-int fl_softmax_xent_smooth_backward(const fl_kernel_ops *k, const fl_tensor *probs,
+int fl_softmax_xent_smooth_backward(const fl_backend *k, const fl_tensor *probs,
                                     const int32_t *labels, double epsilon, fl_tensor *dlogits);
 /* Number of rows whose label is among the k largest logits (ties counted against). */
 int64_t fl_topk_correct(const fl_tensor *logits, const int32_t *labels, int k);

@@ -17,7 +17,7 @@
 #ifndef FLEET_OPTIM_H
 #define FLEET_OPTIM_H
 
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/tensor.h"
 
 #include <stdbool.h>
@@ -52,7 +52,7 @@ typedef struct fl_optim fl_optim;
  * with LARS, weight_decay < 0, lars_coeff <= 0, lars_weight_decay or epsilon < 0) or on
  * parameters whose value or gradient is not of `dtype` (f32 or f64). */
 fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, fl_dtype dtype,
-                          const fl_kernel_ops *k);
+                          const fl_backend *k);
 void fl_optim_free(fl_optim *opt);
 /* One update with learning rate lr (finite, >= 0; else FL_EINVAL and nothing changes). If
  * grad_norm is not NULL it receives the global L2 norm of the gradients before clipping.
@@ -66,7 +66,7 @@ fl_param *fl_optim_state(fl_optim *opt, int i);
 /* Global L2 norm of the trainable gradients of params[0..n), and, when max_norm > 0, scales
  * them by max_norm / max(norm, max_norm) (Paddle's ClipGradByGlobalNorm). Returns the norm
  * before scaling; a NaN or infinite norm is returned and the gradients are left as they are. */
-double fl_clip_grad_norm(const fl_kernel_ops *k, fl_dtype t, fl_param *params, int n,
+double fl_clip_grad_norm(const fl_backend *k, fl_dtype t, fl_param *params, int n,
                          double max_norm);
 
 /* Whether a parameter name contains one of the comma-separated fragments of list (spaces

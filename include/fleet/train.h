@@ -18,6 +18,14 @@
 extern "C" {
 #endif
 
+/* train.backend: the compute backend (fl_backend_by_name; auto = onednn where built) */
+typedef enum {
+    FL_TRAIN_COMPUTE_AUTO = 0,
+    FL_TRAIN_COMPUTE_CPU,
+    FL_TRAIN_COMPUTE_ONEDNN,
+    FL_TRAIN_COMPUTE_REF
+} fl_train_compute;
+
 typedef enum { FL_MODEL_MLP = 0, FL_MODEL_RESNET = 1, FL_MODEL_RESNET_CIFAR = 2 } fl_model_type;
 typedef enum {
     FL_DATA_RANDOM = 0,
@@ -94,6 +102,7 @@ typedef struct fl_train_config {
         int64_t log_interval; /* steps between log lines */
         int64_t seed;         /* initialisation and shuffling */
         int64_t threads;      /* compute threads; 0: leave OpenMP's default */
+        int     backend;      /* fl_train_compute: the compute backend (docs/backends.md) */
         char    log_dir[256]; /* rank 0 writes metrics.jsonl here; "" for none */
         bool    eval_train;   /* also evaluate over the whole training set after each epoch */
     } train;

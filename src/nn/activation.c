@@ -41,7 +41,7 @@ static void act_destroy(fl_layer *l) { free(l->impl); }
 #define ACT_OPS(name_)                                                                   \
     {                                                                                    \
         .type = name_, .infer_shape = act_infer_shape, .forward = act_forward,           \
-        .backward = act_backward, .destroy = act_destroy,                                \
+        .backward = act_backward, .destroy = act_destroy, .nhwc = true,                  \
     }
 static const fl_layer_ops act_ops[] = {
     [FL_ACT_NONE] = ACT_OPS("identity"),

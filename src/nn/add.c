@@ -71,6 +71,7 @@ static int add_backward(fl_layer *l, const fl_tensor *a, const fl_tensor *b, con
 }
 
 static const fl_layer_ops add_ops = {
+    .nhwc = true,
     .type = "add",
     .infer_shape = add_infer_shape,
     .forward2 = add_forward,

@@ -1,8 +1,10 @@
 /* batch_norm.c - batch normalisation (Ioffe & Szegedy 2015, arXiv:1502.03167) over the channel
  * dimension of (B, C, ...) inputs with PyTorch's BatchNorm2d semantics: batch statistics and a
  * running-average update (momentum 0.1, unbiased running variance) in training, running
- * statistics in inference, eps 1e-5; optionally with the following ReLU fused in. The per-batch
- * mean and 1/std are kept (C doubles, allocated at create) for backward. */
+ * statistics in inference, eps 1e-5; optionally with the following ReLU fused in. The
+ * computation is the backend's (bn_forward, bn_backward); the layer keeps the mean and
+ * variance a forward used (C doubles each, allocated at create) for backward, and updates the
+ * running statistics. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -15,9 +17,10 @@
 #define BN_EPS 1e-5
 
 typedef struct {
-    int64_t c, hw;
-    bool    relu, training; /* training: of the last forward */
-    double *mean, *invstd, *scale, *shift, *var; /* (C) each, one allocation */
+    int64_t   c, hw;
+    fl_layout layout;         /* of the input: the network's for (C, H, W), else NCHW */
+    bool      relu, training; /* training: of the last forward */
+    double   *mean, *var;     /* (C) each, one allocation: what the last forward used */
 } bn_impl;
 
 static int bn_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
@@ -28,6 +31,7 @@ static int bn_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int
         return fl_fail(FL_ESHAPE, "%s: input %s does not have %lld channels first", l->name,
                        fl_shape_str(in_ndim, in_shape, buf, sizeof buf), (long long)bn->c);
     bn->hw = fl_shape_numel(in_ndim - 1, in_shape + 1);
+    bn->layout = in_ndim == 3 ? l->layout : FL_LAYOUT_NCHW;
     *out_ndim = in_ndim;
     memcpy(out_shape, in_shape, (size_t)in_ndim * sizeof *in_shape);
     return FL_OK;
@@ -61,37 +65,32 @@ static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
     int64_t b = x->shape[0], c = bn->c;
     const void *gamma = l->params[0].value.data, *beta = l->params[1].value.data;
     void *rm = l->params[2].value.data, *rv = l->params[3].value.data;
+    if (!training)
+        for (int64_t i = 0; i < c; i++) {
+            bn->mean[i] = get(l->dtype, rm, i);
+            bn->var[i] = get(l->dtype, rv, i);
+        }
+    l->k->bn_forward(l->dtype, bn->layout, b, c, bn->hw, x->data, gamma, beta, BN_EPS, training,
+                     bn->mean, bn->var, bn->relu, y->data);
     if (training) {
-        l->k->bn_stats(l->dtype, b, c, bn->hw, x->data, bn->mean, bn->var);
         double cnt = (double)(b * bn->hw);
         for (int64_t i = 0; i < c; i++) {
             double unbiased = cnt > 1 ? bn->var[i] * cnt / (cnt - 1) : bn->var[i];
             put(l->dtype, rm, i, (1 - BN_MOMENTUM) * get(l->dtype, rm, i) + BN_MOMENTUM * bn->mean[i]);
             put(l->dtype, rv, i, (1 - BN_MOMENTUM) * get(l->dtype, rv, i) + BN_MOMENTUM * unbiased);
-            bn->invstd[i] = 1.0 / sqrt(bn->var[i] + BN_EPS);
         }
-    } else {
-        for (int64_t i = 0; i < c; i++) {
-            bn->mean[i] = get(l->dtype, rm, i);
-            bn->invstd[i] = 1.0 / sqrt(get(l->dtype, rv, i) + BN_EPS);
-        }
-    }
-    for (int64_t i = 0; i < c; i++) {
-        bn->scale[i] = get(l->dtype, gamma, i) * bn->invstd[i];
-        bn->shift[i] = get(l->dtype, beta, i) - bn->mean[i] * bn->scale[i];
     }
     bn->training = training;
-    l->k->bn_apply(l->dtype, b, c, bn->hw, x->data, bn->scale, bn->shift, bn->relu, y->data);
     return FL_OK;
 }
 
 static int bn_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y, const fl_tensor *dy,
                        fl_tensor *dx, bool accumulate) {
     bn_impl *bn = l->impl;
-    l->k->bn_backward(l->dtype, x->shape[0], bn->c, bn->hw, x->data, bn->relu ? y->data : NULL,
-                      dy->data, l->params[0].value.data, bn->mean, bn->invstd, bn->training,
-                      dx ? dx->data : NULL, l->params[0].grad.data, l->params[1].grad.data,
-                      accumulate);
+    l->k->bn_backward(l->dtype, bn->layout, x->shape[0], bn->c, bn->hw, x->data,
+                      bn->relu ? y->data : NULL, dy->data, l->params[0].value.data, bn->mean,
+                      bn->var, BN_EPS, bn->training, dx ? dx->data : NULL,
+                      l->params[0].grad.data, l->params[1].grad.data, accumulate);
     return FL_OK;
 }
 
@@ -108,6 +107,7 @@ static const fl_layer_ops bn_ops = {
     .forward = bn_forward,
     .backward = bn_backward,
     .destroy = bn_destroy,
+    .nhwc = true,
 };
 
 fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu) {
@@ -117,7 +117,7 @@ fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu) {
         return NULL;
     }
     bn_impl *bn = calloc(1, sizeof *bn);
-    double *mem = bn ? calloc((size_t)(5 * channels), sizeof *mem) : NULL;
+    double *mem = bn ? calloc((size_t)(2 * channels), sizeof *mem) : NULL;
     if (!mem) {
         free(bn);
         fl_fail(FL_ENOMEM, "%s: out of memory", name);
@@ -126,10 +126,7 @@ fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu) {
     bn->c = channels;
     bn->relu = relu;
     bn->mean = mem;
-    bn->invstd = mem + channels;
-    bn->scale = mem + 2 * channels;
-    bn->shift = mem + 3 * channels;
-    bn->var = mem + 4 * channels;
+    bn->var = mem + channels;
     fl_layer *l = fl_layer_new(&bn_ops, name, bn);
     if (!l) {
         free(mem);

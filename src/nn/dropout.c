@@ -82,6 +82,7 @@ static int dropout_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y,
 static void dropout_destroy(fl_layer *l) { free(l->impl); }
 
 static const fl_layer_ops dropout_ops = {
+    .nhwc = true,
     .type = "dropout",
     .infer_shape = dropout_infer_shape,
     .forward = dropout_forward,

@@ -42,10 +42,10 @@ static int check_labels(const int32_t *labels, int64_t rows, int64_t classes) {
     return FL_OK;
 }
 
-int fl_softmax_xent_forward(const fl_kernel_ops *k, const fl_tensor *logits,
+int fl_softmax_xent_forward(const fl_backend *k, const fl_tensor *logits,
                             const int32_t *labels, fl_tensor *probs, double *loss) {
     if (!k)
-        k = fl_kernels_cpu();
+        k = fl_backend_cpu();
     FL_TRY(check_pair("logits", logits, "probs", probs));
     int64_t b = logits->shape[0], c = logits->shape[1];
     FL_TRY(check_labels(labels, b, c));
@@ -54,10 +54,10 @@ int fl_softmax_xent_forward(const fl_kernel_ops *k, const fl_tensor *logits,
     return FL_OK;
 }
 
-int fl_softmax_xent_backward(const fl_kernel_ops *k, const fl_tensor *probs,
+int fl_softmax_xent_backward(const fl_backend *k, const fl_tensor *probs,
                              const int32_t *labels, fl_tensor *dlogits) {
     if (!k)
-        k = fl_kernels_cpu();
+        k = fl_backend_cpu();
     FL_TRY(check_pair("probs", probs, "dlogits", dlogits));
     int64_t b = probs->shape[0], c = probs->shape[1];
     FL_TRY(check_labels(labels, b, c));
@@ -97,7 +97,7 @@ static int check_epsilon(double e) {
     return FL_OK;
 }
 
-int fl_softmax_xent_smooth_forward(const fl_kernel_ops *k, const fl_tensor *logits,
+int fl_softmax_xent_smooth_forward(const fl_backend *k, const fl_tensor *logits,
                                    const int32_t *labels, double epsilon, fl_tensor *probs,
                                    double *loss) {
     FL_TRY(check_epsilon(epsilon));
@@ -109,7 +109,7 @@ int fl_softmax_xent_smooth_forward(const fl_kernel_ops *k, const fl_tensor *logi
     return FL_OK;
 }
 
-int fl_softmax_xent_smooth_backward(const fl_kernel_ops *k, const fl_tensor *probs,
+int fl_softmax_xent_smooth_backward(const fl_backend *k, const fl_tensor *probs,
                                     const int32_t *labels, double epsilon, fl_tensor *dlogits) {
     FL_TRY(check_epsilon(epsilon));
     FL_TRY(fl_softmax_xent_backward(k, probs, labels, dlogits));

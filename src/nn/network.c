@@ -8,12 +8,13 @@
 
 #include "fleet/status.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct fl_net {
     fl_dtype             dtype;
-    const fl_kernel_ops *k;
+    const fl_backend *k;
     fl_layer           **layers;
     int                  nlayers;
     /* Every layer's parameters, in layer order, trainable first within a layer; each layer's
@@ -38,9 +39,14 @@ struct fl_net {
     void      *scratch;  /* lent to layers (ops->scratch_bytes), scratch_size bytes */
     size_t     scratch_size;
     void      *sum_mem[2]; /* input gradients of outputs read twice, summed into dout */
+    /* activation layout: the backend's preferred one where every layer reading a spatial
+     * (C, H, W) activation runs on it (ops->nhwc), else NCHW; an NHWC network reorders its
+     * NCHW input into x_nhwc, its only edge (a network whose output is spatial stays NCHW) */
+    fl_layout  layout;
+    void      *x_nhwc;
 };
 
-fl_net *fl_net_create(fl_dtype dtype, const fl_kernel_ops *k) {
+fl_net *fl_net_create(fl_dtype dtype, const fl_backend *k) {
     if (dtype != FL_DTYPE_F32 && dtype != FL_DTYPE_F64) {
         fl_fail(FL_EINVAL, "net: dtype %s is not supported (f32 or f64)", fl_dtype_name(dtype));
         return NULL;
@@ -51,18 +57,27 @@ fl_net *fl_net_create(fl_dtype dtype, const fl_kernel_ops *k) {
         return NULL;
     }
     net->dtype = dtype;
-    net->k = k ? k : fl_kernels_cpu();
+    net->k = k ? k : fl_backend_cpu();
     return net;
+}
+
+void fl_net_set_backend(fl_net *net, const fl_backend *k) {
+    FL_ASSERT(net && !net->built);
+    net->k = k ? k : fl_backend_cpu();
+    for (int i = 0; i < net->nlayers; i++)
+        net->layers[i]->k = net->k;
 }
 
 /* Frees what fl_net_build allocated and returns the network to its unbuilt state. */
 static void unplan(fl_net *net) {
-    fl_free_aligned(net->flat_params);
-    fl_free_aligned(net->flat_grads);
-    fl_free_aligned(net->act_mem);
-    fl_free_aligned(net->scratch);
-    fl_free_aligned(net->sum_mem[0]);
-    fl_free_aligned(net->sum_mem[1]);
+    net->k->free(net->flat_params);
+    net->k->free(net->flat_grads);
+    net->k->free(net->act_mem);
+    net->k->free(net->scratch);
+    net->k->free(net->sum_mem[0]);
+    net->k->free(net->sum_mem[1]);
+    net->k->free(net->x_nhwc);
+    net->x_nhwc = NULL;
     free(net->out);
     free(net->dout);
     free(net->consumers);
@@ -229,8 +244,14 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         goto fail;
     }
     size_t act_bytes = 0, scratch = 0, sum_bytes = 0;
+    /* pass 0 infers the shapes in NCHW and settles the layout; pass 1 infers them again in
+     * that layout (layers plan their kernels for it) and sizes the memory */
+    fl_layout best = net->k->preferred_layout(net->dtype);
+    net->layout = FL_LAYOUT_NCHW;
+    for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < net->nlayers; i++) {
         fl_layer *l = net->layers[i];
+        l->layout = net->layout;
         /* the input sample shape: the network's or an earlier layer's output */
         int ndim = in_ndim;
         const int64_t *shape = in_shape;
@@ -238,7 +259,7 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
             int from = l->inputs[k];
             int kndim = from < 0 ? in_ndim : net->out[from].ndim - 1;
             const int64_t *kshape = from < 0 ? in_shape : net->out[from].shape + 1;
-            if (from >= 0)
+            if (from >= 0 && pass == 1)
                 net->consumers[from]++;
             if (k == 0) {
                 ndim = kndim;
@@ -251,11 +272,18 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
                 goto fail;
             }
         }
+        if (pass == 0 && ndim == 3 && !l->ops->nhwc)
+            best = FL_LAYOUT_NCHW; // it would read a spatial activation in NCHW order
         int ondim = 0;
         int64_t oshape[FL_MAX_DIMS];
         rc = l->ops->infer_shape(l, ndim, shape, &ondim, oshape);
         if (rc < 0)
             goto fail;
+        if (pass == 0 && i == net->nlayers - 1) {
+            if (ondim == 3)
+                best = FL_LAYOUT_NCHW; // the caller reads the output in NCHW order
+            net->layout = best;
+        }
         if (ondim < 0 || ondim > FL_MAX_DIMS - 1) {
             rc = fl_fail(FL_ESHAPE, "%s: output has %d dimensions (at most %d)", l->name, ondim,
                          FL_MAX_DIMS - 1);
@@ -271,11 +299,17 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         }
         fl_tensor_view(&net->out[i], net->dtype, ondim + 1, full, NULL);
         fl_tensor_view(&net->dout[i], net->dtype, ondim + 1, full, NULL);
+        if (pass == 0)
+            continue;
         act_bytes += round64(fl_tensor_nbytes(&net->out[i]));
         if (i < net->nlayers - 1) // the last output's gradient is the caller's dout
             act_bytes += round64(fl_tensor_nbytes(&net->dout[i]));
         if (l->ops->scratch_bytes) {
             size_t want = l->ops->scratch_bytes(l, max_batch);
+            if (want == SIZE_MAX) {
+                rc = fl_fail(FL_EINVAL, "%s: %s", l->name, fl_errmsg());
+                goto fail;
+            }
             scratch = want > scratch ? want : scratch;
         }
     }
@@ -288,18 +322,24 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         if (net->consumers[i] > 1 && fl_tensor_nbytes(&net->out[i]) > sum_bytes)
             sum_bytes = fl_tensor_nbytes(&net->out[i]);
     }
-    net->act_mem = fl_alloc_aligned(act_bytes);
+    if (net->layout == FL_LAYOUT_NHWC && in_ndim == 3 &&
+        !(net->x_nhwc = net->k->alloc((size_t)(max_batch * fl_shape_numel(in_ndim, in_shape)) *
+                                      esize))) {
+        rc = fl_fail(FL_ENOMEM, "net: cannot allocate the NHWC input");
+        goto fail;
+    }
+    net->act_mem = net->k->alloc(act_bytes);
     if (!net->act_mem) {
         rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of activations", act_bytes);
         goto fail;
     }
-    if (scratch > 0 && !(net->scratch = fl_alloc_aligned(scratch))) {
+    if (scratch > 0 && !(net->scratch = net->k->alloc(scratch))) {
         rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of layer scratch", scratch);
         goto fail;
     }
     net->scratch_size = scratch;
     for (int k = 0; k < 2 && sum_bytes > 0; k++) {
-        if (!(net->sum_mem[k] = fl_alloc_aligned(sum_bytes))) {
+        if (!(net->sum_mem[k] = net->k->alloc(sum_bytes))) {
             rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of gradient sums", sum_bytes);
             goto fail;
         }
@@ -323,15 +363,13 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         if (net->params[i].trainable)
             net->numel += net->params[i].value.numel;
     }
-    net->flat_params = fl_alloc_aligned((size_t)net->numel_all * esize);
-    net->flat_grads = fl_alloc_aligned((size_t)net->numel * esize);
+    net->flat_params = net->k->alloc((size_t)net->numel_all * esize);
+    net->flat_grads = net->k->alloc((size_t)net->numel * esize);
     if (!net->flat_params || !net->flat_grads) {
         rc = fl_fail(FL_ENOMEM, "net: cannot allocate %lld parameters",
                      (long long)net->numel_all);
         goto fail;
     }
-    memset(net->flat_params, 0, (size_t)net->numel_all * esize);
-    memset(net->flat_grads, 0, (size_t)net->numel * esize);
     int64_t off = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < net->nparams; i++) {
@@ -384,6 +422,13 @@ int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tens
                        (long long)b, (long long)net->max_batch);
     FL_ASSERT(x->data || x->numel == 0);
     net->have_forward = false;
+    fl_tensor xl = *x; // the input in the network's layout
+    if (net->x_nhwc) {
+        net->k->reorder(net->dtype, true, b, net->in_shape[0],
+                        net->in_shape[1] * net->in_shape[2], x->data, net->x_nhwc);
+        xl.data = net->x_nhwc;
+    }
+    x = &xl;
     for (int i = 0; i < net->nlayers; i++) {
         fl_layer *l = net->layers[i];
         set_batch(&net->out[i], b);
@@ -460,7 +505,8 @@ void fl_net_zero_grad(fl_net *net) {
 }
 
 fl_dtype fl_net_dtype(const fl_net *net) { return net->dtype; }
-const fl_kernel_ops *fl_net_kernels(const fl_net *net) { return net->k; }
+const fl_backend *fl_net_backend(const fl_net *net) { return net->k; }
+fl_layout fl_net_layout(const fl_net *net) { return net->layout; }
 int fl_net_num_layers(const fl_net *net) { return net->nlayers; }
 
 fl_layer *fl_net_layer(fl_net *net, int i) {

@@ -1,6 +1,7 @@
-/* pool.c - max and average pooling layers over (B, C, H, W), and global average pooling
- * (B, C, H, W) -> (B, C), which is average pooling with an H x W window. The loops are the
- * kernel table's pool_forward / pool_backward over the B C planes. */
+/* pool.c - max and average pooling layers over (B, C, H, W) in the network's layout, and
+ * global average pooling (B, C, H, W) -> (B, C), which is average pooling with an H x W window
+ * (its (B, C, 1, 1) output is the same in either layout). The computation is the backend's
+ * pool_forward / pool_backward. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -11,7 +12,7 @@ typedef struct {
     fl_pool      pool;
     int64_t      k, s, p;
     bool         global;
-    fl_conv_geom g; /* per plane; c is set per call to B C */
+    fl_conv_geom g; /* per image: c channels */
 } pool_impl;
 
 static int pool_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
@@ -51,9 +52,7 @@ static int pool_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, i
 static int pool_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
     (void)training;
     pool_impl *pi = l->impl;
-    fl_conv_geom g = pi->g;
-    g.c = x->shape[0] * x->shape[1];
-    l->k->pool_forward(l->dtype, pi->pool, &g, x->data, y->data);
+    l->k->pool_forward(l->dtype, l->layout, pi->pool, x->shape[0], &pi->g, x->data, y->data);
     return FL_OK;
 }
 
@@ -64,9 +63,8 @@ static int pool_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y,
     pool_impl *pi = l->impl;
     if (!dx)
         return FL_OK;
-    fl_conv_geom g = pi->g;
-    g.c = x->shape[0] * x->shape[1];
-    l->k->pool_backward(l->dtype, pi->pool, &g, x->data, dy->data, dx->data);
+    l->k->pool_backward(l->dtype, l->layout, pi->pool, x->shape[0], &pi->g, x->data, dy->data,
+                        dx->data);
     return FL_OK;
 }
 
@@ -77,6 +75,7 @@ static const fl_layer_ops pool_ops = {
     .infer_shape = pool_infer_shape,
     .forward = pool_forward,
     .backward = pool_backward,
+    .nhwc = true,
     .destroy = pool_destroy,
 };
 
@@ -85,6 +84,7 @@ static const fl_layer_ops gap_ops = {
     .infer_shape = pool_infer_shape,
     .forward = pool_forward,
     .backward = pool_backward,
+    .nhwc = true,
     .destroy = pool_destroy,
 };
 

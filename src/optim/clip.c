@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-double fl_clip_grad_norm(const fl_kernel_ops *k, fl_dtype t, fl_param *params, int n,
+double fl_clip_grad_norm(const fl_backend *k, fl_dtype t, fl_param *params, int n,
                          double max_norm) {
     FL_ASSERT(k && (params || n == 0));
     /* parameter order is fixed and sumsq is deterministic, so every rank gets the same norm

@@ -50,7 +50,7 @@ bool fl_optim_name_excluded(const char *name, const char *list) {
     return false;
 }
 
-void lars_update(const fl_kernel_ops *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
+void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
                  void *v, void *scratch, double lr) {
     int64_t n = p->value.numel;
     void *w = p->value.data;

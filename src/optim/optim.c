@@ -21,7 +21,7 @@ struct fl_optim {
     fl_param            *params; /* (n) borrowed */
     int                  n;
     fl_dtype             dtype;
-    const fl_kernel_ops *k;
+    const fl_backend *k;
     int                  nstate;
     fl_param            *state;       /* (nstate) velocities, Momentum only */
     int                 *velocity_of; /* (n) index into state, or -1 */
@@ -75,7 +75,7 @@ static size_t padded_bytes(const fl_param *p) {
 }
 
 fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, fl_dtype dtype,
-                          const fl_kernel_ops *k) {
+                          const fl_backend *k) {
     FL_ASSERT(cfg && k && n >= 0 && (params || n == 0));
     fl_optim *opt = NULL;
     if (check_config(cfg) < 0)

@@ -8,7 +8,7 @@
 int lars_check_config(const fl_optim_config *c);
 /* One LARS momentum step of parameter p with velocity v (optim.h gives the formula). scratch
  * holds at least p's bytes when c->weight_decay > 0 (it receives g + weight_decay * w). */
-void lars_update(const fl_kernel_ops *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
+void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
                  void *v, void *scratch, double lr);
 
 #endif /* FLEET_OPTIM_IMPL_H */

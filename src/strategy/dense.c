@@ -29,6 +29,10 @@ struct dense_state {
     int       error;       /* first failure of the current step */
     char      errmsg[512]; /* and its message (grad_ready cannot return it) */
     uint16_t *staging;     /* (numel) f16 gradients on the wire: fp16_allreduce only */
+    /* (numel) host copies of the gradients for comm where the backend's memory is a device's
+     * (fl_backend_stage_out / _in); NULL on the CPU backends, whose gradients comm sends in
+     * place */
+    void     *host;
 };
 typedef struct dense_state dense;
 
@@ -90,6 +94,7 @@ void fl_dense_state_free(dense_state *ds) {
     free(ds->buckets);
     free(ds->bucket_of);
     fl_free_aligned(ds->staging);
+    fl_free_aligned(ds->host);
     free(ds);
 }
 
@@ -116,6 +121,14 @@ int fl_dense_state_create(fl_dist_optim *d, dense_state **out) {
             goto fail;
         }
     }
+    if (!fl_net_backend(d->net)->host_memory && d->world > 1) {
+        size_t bytes = (size_t)fl_net_numel(d->net) * fl_dtype_size(fl_net_dtype(d->net));
+        if (!(ds->host = fl_alloc_aligned(bytes ? bytes : 1))) {
+            rc = fl_fail(FL_ENOMEM, "strategy dense: cannot allocate %zu bytes of host gradients",
+                         bytes);
+            goto fail;
+        }
+    }
     *out = ds;
     return FL_OK;
 fail:
@@ -127,6 +140,14 @@ static void *range_of(fl_dist_optim *d, const bucket *b) {
     return (char *)fl_net_flat_grads(d->net) + (size_t)b->off * fl_dtype_size(fl_net_dtype(d->net));
 }
 
+/* Where bucket b travels: its gradients themselves on a host-memory backend, else its part of
+ * the host copy. */
+static void *wire_of(fl_dist_optim *d, dense *ds, const bucket *b) {
+    size_t es = fl_dtype_size(fl_net_dtype(d->net));
+    return fl_backend_stage_buf(fl_net_backend(d->net), range_of(d, b),
+                                ds->host ? (char *)ds->host + (size_t)b->off * es : NULL);
+}
+
 static int launch(fl_dist_optim *d, dense *ds, bucket *b) {
     fl_dtype t = fl_net_dtype(d->net);
     void *g = range_of(d, b);
@@ -134,12 +155,16 @@ static int launch(fl_dist_optim *d, dense *ds, bucket *b) {
     if (d->s.fp16_allreduce) {
         /* divided by N (and k) in f32 before the cast, so that the f16 sum over N workers
          * overflows only where the average itself would */
-        fl_net_kernels(d->net)->scale(t, b->n, d->grad_scale / d->world, g);
+        fl_net_backend(d->net)->scale(t, b->n, d->grad_scale / d->world, g);
         fl_f32_to_f16_n(g, ds->staging + b->off, (size_t)b->n);
         rc = fl_comm_iallreduce(d->comm, ds->staging + b->off, (size_t)b->n, FL_DTYPE_F16,
                                 FL_REDOP_SUM, &b->req);
     } else {
-        rc = fl_comm_iallreduce(d->comm, g, (size_t)b->n, t, FL_REDOP_AVG, &b->req);
+        /* staged: a device-to-host copy on a GPU backend, nothing on the CPU */
+        void *wire = wire_of(d, ds, b);
+        fl_backend_stage_out(fl_net_backend(d->net), g, wire, (size_t)b->n * fl_dtype_size(t),
+                             NULL);
+        rc = fl_comm_iallreduce(d->comm, wire, (size_t)b->n, t, FL_REDOP_AVG, &b->req);
     }
     if (rc < 0)
         return fl_fail_prefix(rc, "strategy dense: allreduce of the bucket %s .. %s",
@@ -192,8 +217,11 @@ static void complete(fl_dist_optim *d, dense *ds, bool keep) {
         void *g = range_of(d, b);
         if (d->s.fp16_allreduce)
             fl_f16_to_f32_n(ds->staging + b->off, g, (size_t)b->n);
-        else if (d->grad_scale != 1.0)
-            fl_net_kernels(d->net)->scale(fl_net_dtype(d->net), b->n, d->grad_scale, g);
+        else
+            fl_backend_stage_in(fl_net_backend(d->net), g, wire_of(d, ds, b),
+                                (size_t)b->n * fl_dtype_size(fl_net_dtype(d->net)), NULL);
+        if (!d->s.fp16_allreduce && d->grad_scale != 1.0)
+            fl_net_backend(d->net)->scale(fl_net_dtype(d->net), b->n, d->grad_scale, g);
     }
     for (int i = 0; i < ds->nbuckets; i++)
         ds->buckets[i].ready = 0;
@@ -203,7 +231,7 @@ static void complete(fl_dist_optim *d, dense *ds, bool keep) {
 int fl_dense_state_finish(fl_dist_optim *d, dense_state *ds) {
     if (d->world == 1) { /* nothing to average with; only gradient merge's 1/k */
         if (d->grad_scale != 1.0)
-            fl_net_kernels(d->net)->scale(fl_net_dtype(d->net), fl_net_numel(d->net),
+            fl_net_backend(d->net)->scale(fl_net_dtype(d->net), fl_net_numel(d->net),
                                           d->grad_scale, fl_net_flat_grads(d->net));
         return FL_OK;
     }

@@ -337,24 +337,25 @@ static dgc_accum_args accum_args(const fl_dist_optim *d, double gscale) {
  * correction), select its top kk[c], encode them into its place in send (masking u and v) and
  * pad with zero-valued pairs, which change nothing, when v has fewer than kk[c] nonzeros. */
 static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
+    const fl_backend *be = fl_net_backend(d->net);
     const fl_strategy *s = &d->s;
     dgc_accum_args acc = accum_args(d, gscale);
     ctensor *t = &g->ct[c];
     int64_t n = t->p->value.numel, kk = g->kk[c], cnt;
     float *v = t->v.value.data, *u = t->u.value.data;
     if (s->dgc_configs.selection) {
-        dgc_accumulate(n, g->gseg[c], g->wseg[c], u, v, &acc);
-        cnt = dgc_select_exact(n, v, kk, g->idx, g->scratch);
+        be->dgc_accumulate(n, g->gseg[c], g->wseg[c], u, v, &acc);
+        cnt = be->dgc_select_exact(n, v, kk, g->idx, g->scratch);
     } else { /* accumulation and candidate gathering in one pass */
         if (g->hint_k[c] != kk) /* last step's k-th value says nothing about another k */
             g->hint[c] = 0, g->hint_k[c] = kk;
-        cnt = dgc_accumulate_select(n, g->gseg[c], g->wseg[c], u, v, &acc, kk, g->idx, g->scratch,
+        cnt = be->dgc_accumulate_select(n, g->gseg[c], g->wseg[c], u, v, &acc, kk, g->idx, g->scratch,
                                     (uint64_t)g->step * 1000003u + (uint64_t)c, &g->hint[c],
                                     NULL);
     }
     dgc_pair *out = g->send + g->soff[c];
     bool mask = s->dgc_configs.momentum_masking && acc.correction;
-    dgc_encode(g->idx, cnt, g->start[c], v, mask ? u : NULL, out);
+    be->dgc_encode(g->idx, cnt, g->start[c], v, mask ? u : NULL, out);
     for (int64_t j = cnt; j < kk; j++)
         out[j] = (dgc_pair){.index = (int32_t)g->start[c], .value = 0.0f};
     g->prepared[c] = true;
@@ -432,13 +433,14 @@ static void dense_pack(dgc *g, bool unpack) {
 /* The dense fallback's compressed tensors: every entry would be sent, so one dense allreduce
  * of v (accumulated as usual) is cheaper and exact. */
 static int fallback_step(fl_dist_optim *d, dgc *g, double sp, double lr) {
+    const fl_backend *be = fl_net_backend(d->net);
     const fl_optim_config *oc = fl_optim_get_config(d->opt);
     const bool corr = d->s.dgc_configs.momentum_correction;
     const bool wdc = d->s.dgc_configs.weight_decay_correction;
     dgc_accum_args acc = accum_args(d, 1.0);
     int64_t step = DIST_STEP(d);
     for (int c = 0; c < g->nct; c++)
-        dgc_accumulate(g->ct[c].p->value.numel, g->gseg[c], g->wseg[c], g->ct[c].u.value.data,
+        be->dgc_accumulate(g->ct[c].p->value.numel, g->gseg[c], g->wseg[c], g->ct[c].u.value.data,
                        g->ct[c].v.value.data, &acc);
     if (g->said != sp) {
         FL_INFO("strategy dgc: step %lld: sparsity %g with %d workers: N * (1 - s) * 2 = %g >= 1, "
@@ -456,7 +458,7 @@ static int fallback_step(fl_dist_optim *d, dgc *g, double sp, double lr) {
                                   (long long)step, (long long)g->cnumel);
     }
     for (int c = 0; c < g->nct; c++)
-        dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->ct[c].v.value.data,
+        be->dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->ct[c].v.value.data,
                         corr ? NULL : g->ct[c].u.value.data, lr, 1.0, oc->momentum, oc->nesterov,
                         wdc ? 0 : oc->weight_decay);
     return FL_OK;
@@ -475,6 +477,7 @@ static int sparse_launch_rest(fl_dist_optim *d, dgc *g, double gscale) {
 
 /* The sparse step's end: every rank's pairs received, checked and applied. */
 static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
+    const fl_backend *be = fl_net_backend(d->net);
     const fl_optim_config *oc = fl_optim_get_config(d->opt);
     const bool corr = d->s.dgc_configs.momentum_correction;
     const bool wdc = d->s.dgc_configs.weight_decay_correction;
@@ -505,13 +508,13 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
                        (long long)step, (long long)r, g->recv[bad].index, (long long)g->cnumel);
     }
     if (corr && wdc) { /* the paper's step: the pairs, as plain SGD */
-        dgc_apply_pairs(g->recv, total, g->nct, g->start, g->wseg, lr / (double)d->world);
+        be->dgc_apply_pairs(g->recv, total, g->nct, g->start, g->wseg, lr / (double)d->world);
     } else { /* the ablations: a whole-tensor step on the aggregate */
         for (int c = 0; c < g->nct; c++)
             memset(g->gseg[c], 0, (size_t)g->ct[c].p->value.numel * sizeof(float));
-        dgc_scatter_add(g->recv, total, g->nct, g->start, g->gseg);
+        be->dgc_scatter_add(g->recv, total, g->nct, g->start, g->gseg);
         for (int c = 0; c < g->nct; c++)
-            dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->gseg[c],
+            be->dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->gseg[c],
                             corr ? NULL : g->ct[c].u.value.data, lr, 1.0 / d->world,
                             oc->momentum, oc->nesterov, wdc ? 0 : oc->weight_decay);
     }
@@ -522,7 +525,7 @@ static int update(fl_dist_optim *d, double lr) {
     dgc *g = d->impl;
     const fl_strategy *s = &d->s;
     const fl_optim_config *oc = fl_optim_get_config(d->opt);
-    const fl_kernel_ops *k = fl_net_kernels(d->net);
+    const fl_backend *k = fl_net_backend(d->net);
     int64_t step = DIST_STEP(d);
     double sp = sparsity_of(d, step);
     if (sp < 0) { /* warm-up's dense phase: the dense strategy */

@@ -21,7 +21,9 @@
 #include <string.h>
 
 typedef struct {
+    const fl_backend *be;  /* the network's: snapshot is its memory */
     void     *snapshot;    /* (numel) trainable values at the last average, in the net's dtype */
+    void     *host;        /* (count) host staging of an average; NULL on the CPU backends */
     fl_param *snap;        /* (nsnap) "localsgd.snapshot.<param>": views into snapshot */
     int       nsnap;
     int64_t   numel;       /* trainable values: the first numel of the parameter block */
@@ -50,7 +52,9 @@ static const char *key(const localsgd *ls) {
 static void free_state(localsgd *ls) {
     if (!ls)
         return;
-    fl_free_aligned(ls->snapshot);
+    if (ls->be)
+        ls->be->free(ls->snapshot);
+    fl_free_aligned(ls->host);
     free(ls->snap);
     free(ls);
 }
@@ -87,7 +91,14 @@ static int setup(fl_dist_optim *d) {
         ls->count += fl_net_param(net, i)->value.numel;
         ls->nsnap += fl_net_param(net, i)->trainable;
     }
-    ls->snapshot = fl_alloc_aligned((size_t)(ls->numel ? ls->numel : 1) * es);
+    const fl_backend *be = ls->be = fl_net_backend(net);
+    ls->snapshot = be->alloc((size_t)ls->numel * es);
+    if (!be->host_memory &&
+        !(ls->host = fl_alloc_aligned((size_t)(ls->count ? ls->count : 1) * es))) {
+        rc = fl_fail(FL_ENOMEM, "%s: cannot allocate host staging of %lld values", key(ls),
+                     (long long)ls->count);
+        goto fail;
+    }
     ls->snap = calloc((size_t)(ls->nsnap ? ls->nsnap : 1), sizeof *ls->snap);
     if (!ls->snapshot || !ls->snap) {
         rc = fl_fail(FL_ENOMEM, "%s: cannot allocate the snapshot of %lld parameters", key(ls),
@@ -96,7 +107,7 @@ static int setup(fl_dist_optim *d) {
     }
     /* the replicas are identical here (rank 0's broadcast): that is the first snapshot */
     const char *params = fl_net_flat_params(net);
-    memcpy(ls->snapshot, params, (size_t)ls->numel * es);
+    be->copy(ls->snapshot, params, (size_t)ls->numel * es, FL_COPY_D2D, NULL);
     for (int i = 0, j = 0; i < np; i++) {
         fl_param *p = fl_net_param(net, i);
         if (!p->trainable)
@@ -132,35 +143,32 @@ fail:
     return rc;
 }
 
-/* p[i] = s[i] - p[i] over n values of dtype t */
-static void from_snapshot(fl_dtype t, int64_t n, const void *s, void *p) {
-    if (t == FL_DTYPE_F32) {
-        const float *a = s;
-        float *b = p;
-        for (int64_t i = 0; i < n; i++)
-            b[i] = a[i] - b[i];
-    } else {
-        const double *a = s;
-        double *b = p;
-        for (int64_t i = 0; i < n; i++)
-            b[i] = a[i] - b[i];
-    }
+/* p = s - p over n values, through the backend (-p, then + 1 s: the same rounding as s - p) */
+static void from_snapshot(const fl_backend *be, fl_dtype t, int64_t n, const void *s, void *p) {
+    be->scale(t, n, -1.0, p);
+    be->axpy(t, n, 1.0, s, p);
 }
 
 /* The average: one allreduce of the differences from the snapshot (and of the buffers' values).
  * A failed allreduce leaves the parameters undefined; the communicator is broken then anyway. */
 static int average(fl_dist_optim *d, localsgd *ls, int64_t step) {
     fl_dtype t = fl_net_dtype(d->net);
+    const fl_backend *be = fl_net_backend(d->net);
     void *p = fl_net_flat_params(d->net);
+    size_t es = fl_dtype_size(t);
     if (d->world > 1) {
-        from_snapshot(t, ls->numel, ls->snapshot, p);
-        int rc = fl_comm_allreduce(d->comm, p, (size_t)ls->count, t, FL_REDOP_AVG);
+        from_snapshot(be, t, ls->numel, ls->snapshot, p);
+        /* staged: a device-to-host copy and back on a GPU backend, nothing on the CPU */
+        void *wire = fl_backend_stage_buf(be, p, ls->host);
+        fl_backend_stage_out(be, p, wire, (size_t)ls->count * es, NULL);
+        int rc = fl_comm_allreduce(d->comm, wire, (size_t)ls->count, t, FL_REDOP_AVG);
         if (rc < 0)
             return fl_fail_prefix(rc, "%s: averaging the parameters at step %lld", key(ls),
                                   (long long)step);
-        from_snapshot(t, ls->numel, ls->snapshot, p);
+        fl_backend_stage_in(be, p, wire, (size_t)ls->count * es, NULL);
+        from_snapshot(be, t, ls->numel, ls->snapshot, p);
     }
-    memcpy(ls->snapshot, p, (size_t)ls->numel * fl_dtype_size(t));
+    be->copy(ls->snapshot, p, (size_t)ls->numel * es, FL_COPY_D2D, NULL);
     LAST_SYNC(ls) = step;
     return FL_OK;
 }
@@ -188,7 +196,7 @@ static int update(fl_dist_optim *d, double lr) {
                        (long long)DIST_STEP(d));
     /* the local step: this worker's own gradients, nothing sent */
     if (d->grad_scale != 1.0) /* gradient merge with avg */
-        fl_net_kernels(d->net)->scale(fl_net_dtype(d->net), ls->numel, d->grad_scale,
+        fl_net_backend(d->net)->scale(fl_net_dtype(d->net), ls->numel, d->grad_scale,
                                       fl_net_flat_grads(d->net));
     FL_TRY(fl_optim_step(d->opt, lr, NULL));
     if (ls->adaptive) {

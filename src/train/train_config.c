@@ -2,7 +2,7 @@
  * and help line in one table (the trainer's keys, the strategy section embedded from
  * fl_strategy_schema, comm.backend), plus the checks that involve several keys. */
 #include "fleet/data.h"
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/optim.h"
 #include "fleet/status.h"
 #include "fleet/train.h"
@@ -127,6 +127,9 @@ static const fl_cfg_key own_keys[] = {
      "seed of initialisation and shuffling"},
     {"train.threads", FL_CFG_INT, OFF(train.threads), 0, 0, 1024, NULL, false,
      "compute threads; 0: OpenMP's default (OMP_NUM_THREADS)"},
+    {"train.backend", FL_CFG_ENUM, OFF(train.backend), 0, 0, 0, "auto|cpu|onednn|ref", false,
+     "compute backend: onednn (oneDNN convolutions, NHWC), cpu (im2col + OpenBLAS), ref "
+     "(plain loops); auto: onednn where built, else cpu"},
     {"train.log_dir", FL_CFG_STRING, OFF(train.log_dir), sizeof(((fl_train_config *)0)->train.log_dir),
      0, 0, NULL, false, "directory for rank 0's metrics.jsonl; empty: none"},
     {"train.eval_train", FL_CFG_BOOL, OFF(train.eval_train), 0, 0, 0, NULL, false,

@@ -17,7 +17,7 @@ static int eval_shard(trainer *t, const fl_train_config *cfg, fl_dataset *ds, do
     fl_prefetch *l = fl_prefetch_create(ds, &lc);
     if (!l)
         return fl_fail_prefix(FL_EINVAL, "evaluation");
-    const fl_kernel_ops *k = fl_net_kernels(t->net);
+    const fl_backend *k = fl_net_backend(t->net);
     const fl_tensor *x, *logits;
     const int32_t *labels;
     int rc = fl_prefetch_seek(l, 0, 0);

@@ -135,7 +135,7 @@ static int run_eval(const fl_train_config *cfg, fl_dataset *ds, fl_net *net,
         rc = fl_fail_prefix(FL_EINVAL, "evaluation data");
         goto out;
     }
-    const fl_kernel_ops *k = fl_net_kernels(net);
+    const fl_backend *k = fl_net_backend(net);
     const fl_tensor *x, *out;
     const int32_t *labels;
     double loss_sum = 0, top1 = 0, top5 = 0;

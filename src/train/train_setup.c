@@ -97,7 +97,23 @@ bool fl_train_has_val(const fl_train_config *cfg) {
 }
 
 /* ds (the training set) gives the input: the mlp's features, the resnets' channels */
+static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds);
+
+/* The model on the backend train.backend names. */
 static fl_net *make_model(const fl_train_config *cfg, const fl_dataset *ds) {
+    static const char *const names[] = {"auto", "cpu", "onednn", "ref"};
+    const fl_backend *be = fl_backend_by_name(names[cfg->train.backend]);
+    if (!be) {
+        fl_fail_prefix(FL_ECONFIG, "train.backend");
+        return NULL;
+    }
+    fl_net *net = make_net(cfg, ds);
+    if (net)
+        fl_net_set_backend(net, be);
+    return net;
+}
+
+static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds) {
     int64_t depth = cfg->model.depth;
     int64_t features = ds->sample_numel;
     switch ((fl_model_type)cfg->model.type) {
@@ -209,7 +225,7 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
                           .clip_norm = cfg->optimizer.clip_norm};
     fl_strategy_optim_config(&cfg->strategy, &oc); /* strategy.lars: LARS momentum */
     t->opt = fl_optim_create(&oc, fl_net_param(t->net, 0), fl_net_num_params(t->net),
-                             FL_DTYPE_F32, fl_net_kernels(t->net));
+                             FL_DTYPE_F32, fl_net_backend(t->net));
     if (!t->opt)
         return fl_fail_prefix(FL_ECONFIG, "optimizer");
     /* checks the strategy again, broadcasts rank 0's parameters, plans the buckets */

@@ -17,7 +17,7 @@ static int train_step(trainer *t, const fl_tensor *x, const int32_t *labels, dou
     fl_tensor probs;
     int64_t pshape[2] = {x->shape[0], logits->shape[1]};
     fl_tensor_view(&probs, FL_DTYPE_F32, 2, pshape, t->probs->data);
-    const fl_kernel_ops *k = fl_net_kernels(t->net);
+    const fl_backend *k = fl_net_backend(t->net);
     double eps = t->label_smoothing;
     FL_TRY(fl_softmax_xent_smooth_forward(k, logits, labels, eps, &probs, loss));
     *correct = fl_topk_correct(logits, labels, 1);

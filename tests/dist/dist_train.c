@@ -245,7 +245,7 @@ static int train(const options *o, const fl_strategy *strategy) {
                           .momentum = o->optimizer == FL_OPTIM_MOMENTUM ? o->momentum : 0,
                           .nesterov = o->nesterov, .clip_norm = o->clip_norm};
     opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net), FL_DTYPE_F32,
-                          fl_net_kernels(net));
+                          fl_net_backend(net));
     if (!opt || !(dopt = fl_distributed_optimizer(fleet, net, opt, strategy))) {
         rc = FL_EINVAL;
         goto fail;
@@ -271,8 +271,8 @@ static int train(const options *o, const fl_strategy *strategy) {
             if (rc < 0 || (rc = fl_net_forward(net, x, true, &logits)) < 0)
                 goto fail;
             fl_tensor_view(&probs, FL_DTYPE_F32, 2, logits->shape, probs_mem);
-            if ((rc = fl_softmax_xent_forward(fl_net_kernels(net), logits, y, &probs, &cost)) < 0 ||
-                (rc = fl_softmax_xent_backward(fl_net_kernels(net), &probs, y, &probs)) < 0)
+            if ((rc = fl_softmax_xent_forward(fl_net_backend(net), logits, y, &probs, &cost)) < 0 ||
+                (rc = fl_softmax_xent_backward(fl_net_backend(net), &probs, y, &probs)) < 0)
                 goto fail;
             /* the update's mean loss so far: adaptive Local SGD follows it */
             if ((rc = fl_dist_set_loss(dopt, (losses[s] * (double)k + cost) / (double)(j + 1))) < 0)

@@ -31,7 +31,7 @@ static int make(model *m) {
         return -1;
     fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-4};
     m->opt = fl_optim_create(&oc, fl_net_param(m->net, 0), fl_net_num_params(m->net),
-                             FL_DTYPE_F32, fl_net_kernels(m->net));
+                             FL_DTYPE_F32, fl_net_backend(m->net));
     return m->opt ? 0 : -1;
 }
 
@@ -57,7 +57,7 @@ static int train(model *m, int first, int n) {
         fl_tensor_view(&pt, FL_DTYPE_F32, 2, ps, probs);
         const fl_tensor *logits;
         double loss;
-        const fl_kernel_ops *k = fl_net_kernels(m->net);
+        const fl_backend *k = fl_net_backend(m->net);
         if (fl_net_forward(m->net, &xt, true, &logits) < 0 ||
             fl_softmax_xent_forward(k, logits, labels, &pt, &loss) < 0 ||
             fl_softmax_xent_backward(k, &pt, labels, &pt) < 0 ||

@@ -2,7 +2,7 @@
  * dilation, groups, bias, the 1x1 path, more images than slots), with both kernel tables and
  * both dtypes; bit-identical results with 1 and 2 threads; im2col/col2im adjointness; shape
  * errors naming the layer. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/nn.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
@@ -36,7 +36,7 @@ static void direct_conv(const fl_conv2d_opts *o, int64_t b, int64_t h, int64_t w
                 }
 }
 
-static void check_conv(const char *what, const fl_kernel_ops *k, fl_dtype t, fl_conv2d_opts o,
+static void check_conv(const char *what, const fl_backend *k, fl_dtype t, fl_conv2d_opts o,
                        int64_t b, int64_t h, int64_t w) {
     o.sh = o.sh ? o.sh : 1, o.sw = o.sw ? o.sw : 1, o.dh = o.dh ? o.dh : 1;
     o.dw = o.dw ? o.dw : 1, o.groups = o.groups ? o.groups : 1;
@@ -89,7 +89,7 @@ static void check_conv(const char *what, const fl_kernel_ops *k, fl_dtype t, fl_
     fl_net_free(net);
 }
 
-static void test_forward(const fl_kernel_ops *k, fl_dtype t) {
+static void test_forward(const fl_backend *k, fl_dtype t) {
     check_conv("3x3 pad 1", k, t, (fl_conv2d_opts){.in_channels = 3, .out_channels = 4, .kh = 3,
                .kw = 3, .ph = 1, .pw = 1}, 2, 7, 6);
     check_conv("3x3 stride 2 pad 1 bias", k, t, (fl_conv2d_opts){.in_channels = 4,
@@ -126,7 +126,7 @@ static void test_adjoint(void) {
         x[i] = fl_rng_uniform_f64(&rng);
     for (int64_t i = 0; i < nc; i++)
         c[i] = i % ld < g.oh * g.ow ? fl_rng_uniform_f64(&rng) : 0;
-    const fl_kernel_ops *k = fl_kernels_cpu();
+    const fl_backend *k = fl_backend_cpu();
     k->im2col(FL_DTYPE_F64, &g, x, c2, ld);
     k->col2im(FL_DTYPE_F64, &g, c, ld, x2);
     double a = 0, b = 0;
@@ -187,7 +187,7 @@ static void test_threads(void) {
  * too big for the finite-difference check. */
 static void check_backward_identity(const char *what, fl_conv2d_opts a, fl_conv2d_opts b,
                                     int64_t batch, int64_t h, int64_t w) {
-    fl_net *net = fl_net_create(FL_DTYPE_F64, fl_kernels_cpu());
+    fl_net *net = fl_net_create(FL_DTYPE_F64, fl_backend_cpu());
     CHECK_OK(fl_net_add(net, fl_conv2d_create("a", &a)));
     CHECK_OK(fl_net_add(net, fl_conv2d_create("b", &b)));
     CHECK_OK(fl_net_build(net, 3, (int64_t[]){a.in_channels, h, w}, batch, 9));
@@ -242,26 +242,26 @@ static void test_errors(void) {
 
 int main(void) {
     fl_rng_init(&rng, 7, 3);
-    const fl_kernel_ops *tables[] = {fl_kernels_cpu(), fl_kernels_ref()};
+    const fl_backend *tables[] = {fl_backend_cpu(), fl_backend_ref()};
     for (int i = 0; i < 2; i++) {
         test_forward(tables[i], FL_DTYPE_F32);
         test_forward(tables[i], FL_DTYPE_F64);
     }
     /* more images than slots (8): uneven slots of 1 and 2 images */
-    check_conv("3x3 batch 11", fl_kernels_cpu(), FL_DTYPE_F32,
+    check_conv("3x3 batch 11", fl_backend_cpu(), FL_DTYPE_F32,
                (fl_conv2d_opts){.in_channels = 3, .out_channels = 8, .kh = 3, .kw = 3, .ph = 1,
                                 .pw = 1, .bias = true}, 11, 12, 10);
     /* column matrices built a few rows at a time (64 channels: a 576-row column matrix; on
      * 32-wide images also the contiguous-copy im2col), both dtypes */
     for (int t = 0; t < 2; t++) {
         fl_dtype dt = t ? FL_DTYPE_F64 : FL_DTYPE_F32;
-        check_conv("3x3 pad 1, 32 wide bias", fl_kernels_cpu(), dt,
+        check_conv("3x3 pad 1, 32 wide bias", fl_backend_cpu(), dt,
                    (fl_conv2d_opts){.in_channels = 3, .out_channels = 5, .kh = 3, .kw = 3,
                                     .ph = 1, .pw = 1, .bias = true}, 2, 5, 32);
-        check_conv("3x3 pad 1, 64 channels (column matrix in tiles)", fl_kernels_cpu(), dt,
+        check_conv("3x3 pad 1, 64 channels (column matrix in tiles)", fl_backend_cpu(), dt,
                    (fl_conv2d_opts){.in_channels = 64, .out_channels = 8, .kh = 3, .kw = 3,
                                     .ph = 1, .pw = 1}, 2, 12, 16);
-        check_conv("3x3 stride 2 pad 1, 64 channels (tiles)", fl_kernels_cpu(), dt,
+        check_conv("3x3 stride 2 pad 1, 64 channels (tiles)", fl_backend_cpu(), dt,
                    (fl_conv2d_opts){.in_channels = 64, .out_channels = 4, .kh = 3, .kw = 3,
                                     .sh = 2, .sw = 2, .ph = 1, .pw = 1}, 2, 20, 20);
     }

@@ -9,6 +9,7 @@
  * (names, and writing it back restores training exactly). */
 #include "fleet/fleet.h"
 #include "fleet/rng.h"
+#include "kernels/cpu/dgc_kernels.h"
 #include "strategy/dgc_math.h"
 #include "test.h"
 
@@ -449,7 +450,7 @@ static int job_create(job *j, const fl_strategy *s, double clip_norm) {
     fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-3,
                           .clip_norm = clip_norm};
     j->opt = fl_optim_create(&oc, fl_net_param(j->net, 0), fl_net_num_params(j->net),
-                             FL_DTYPE_F32, fl_net_kernels(j->net));
+                             FL_DTYPE_F32, fl_net_backend(j->net));
     if (!j->opt)
         return -1;
     j->d = fl_distributed_optimizer(j->fleet, j->net, j->opt, s);
@@ -480,8 +481,8 @@ static int job_steps(job *j, int64_t from, int64_t count) {
         fl_tensor_view(&xt, FL_DTYPE_F32, 2, xs, x);
         FL_TRY(fl_net_forward(j->net, &xt, true, &logits));
         fl_tensor_view(&pt, FL_DTYPE_F32, 2, logits->shape, probs);
-        FL_TRY(fl_softmax_xent_forward(fl_net_kernels(j->net), logits, y, &pt, &cost));
-        FL_TRY(fl_softmax_xent_backward(fl_net_kernels(j->net), &pt, y, &pt));
+        FL_TRY(fl_softmax_xent_forward(fl_net_backend(j->net), logits, y, &pt, &cost));
+        FL_TRY(fl_softmax_xent_backward(fl_net_backend(j->net), &pt, y, &pt));
         FL_TRY(fl_dist_minimize(j->d, &pt, 0.1, NULL));
     }
     return 0;

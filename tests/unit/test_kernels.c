@@ -1,7 +1,7 @@
-/* test_kernels.c - every kernel of fl_kernels_cpu() against the plain loops of fl_kernels_ref(),
+/* test_kernels.c - every kernel of fl_backend_cpu() against the plain loops of fl_backend_ref(),
  * in f32 and f64, over sizes 0, 1, odd, and above the OpenMP threshold; plus reductions that
  * must be bit-identical for any thread count, softmax on huge logits, and the small helpers. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
 #include "fleet/tensor.h"
@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 static const fl_dtype dtypes[] = {FL_DTYPE_F32, FL_DTYPE_F64};
-static const fl_kernel_ops *cpu, *ref;
+static const fl_backend *cpu, *ref;
 static fl_rng rng;
 
 /* Tolerances that fit the dtype: f32 kernels differ from the double-accumulating reference by
@@ -410,8 +410,8 @@ static void test_helpers(void) {
 }
 
 int main(void) {
-    cpu = fl_kernels_cpu();
-    ref = fl_kernels_ref();
+    cpu = fl_backend_cpu();
+    ref = fl_backend_ref();
     fl_rng_init(&rng, 1234, 0);
     test_helpers();
     for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {

@@ -2,7 +2,7 @@
  * lars_momentum kernel (trust ratio, excluded names with a plain momentum step, zero weights,
  * L2 decay folded into the gradient, epsilon), with both kernel tables and both dtypes; the
  * name-fragment matching; configuration errors. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/optim.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
@@ -38,7 +38,7 @@ static void ref_step(const fl_optim_config *c, double lr, double w[NP][MAXN],
     }
 }
 
-static void run(const fl_kernel_ops *k, fl_dtype t, double l2, double eps) {
+static void run(const fl_backend *k, fl_dtype t, double l2, double eps) {
     fl_rng rng;
     fl_rng_init(&rng, 11, 2);
     fl_optim_config c = {.type = FL_OPTIM_LARS, .momentum = 0.9, .weight_decay = l2,
@@ -109,23 +109,23 @@ static void test_errors(void) {
     fl_param p;
     memset(&p, 0, sizeof p);
     fl_optim_config c = {.type = FL_OPTIM_LARS, .momentum = 0.9, .lars_coeff = 0};
-    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_kernels_cpu()) == NULL);
+    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_backend_cpu()) == NULL);
     CHECK_MSG("lars_coeff 0 is not a finite number > 0");
     c.lars_coeff = 0.001;
     c.lars_weight_decay = -1;
-    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_kernels_cpu()) == NULL);
+    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_backend_cpu()) == NULL);
     CHECK_MSG("lars_weight_decay -1");
     c.lars_weight_decay = 0;
     c.epsilon = -1;
-    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_kernels_cpu()) == NULL);
+    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_backend_cpu()) == NULL);
     CHECK_MSG("LARS epsilon -1");
     c.epsilon = 0;
     c.nesterov = true;
-    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_kernels_cpu()) == NULL);
+    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_backend_cpu()) == NULL);
     CHECK_MSG("nesterov needs type momentum");
     c.nesterov = false;
     c.momentum = 1;
-    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_kernels_cpu()) == NULL);
+    CHECK(fl_optim_create(&c, &p, 0, FL_DTYPE_F32, fl_backend_cpu()) == NULL);
     CHECK_MSG("momentum 1 outside [0, 1)");
 }
 
@@ -140,7 +140,7 @@ static void test_names(void) {
 }
 
 int main(void) {
-    const fl_kernel_ops *tables[] = {fl_kernels_cpu(), fl_kernels_ref()};
+    const fl_backend *tables[] = {fl_backend_cpu(), fl_backend_ref()};
     for (int i = 0; i < 2; i++) {
         run(tables[i], FL_DTYPE_F64, 0, 0);
         run(tables[i], FL_DTYPE_F64, 1e-4, 1e-3);

@@ -230,8 +230,8 @@ static int backward_of(worker *w, fl_net *net, fl_tensor *probs) {
     fl_tensor_view(&x, FL_DTYPE_F32, 2, shape, w->xs);
     FL_TRY(fl_net_forward(net, &x, true, &logits));
     fl_tensor_view(probs, FL_DTYPE_F32, 2, logits->shape, w->probs_mem);
-    FL_TRY(fl_softmax_xent_forward(fl_net_kernels(net), logits, w->ys, probs, &loss));
-    return fl_softmax_xent_backward(fl_net_kernels(net), probs, w->ys, probs);
+    FL_TRY(fl_softmax_xent_forward(fl_net_backend(net), logits, w->ys, probs, &loss));
+    return fl_softmax_xent_backward(fl_net_backend(net), probs, w->ys, probs);
 }
 
 static fl_net *model(void) {
@@ -263,10 +263,10 @@ static int worker_start(worker *w, const fl_strategy *s, fl_optim_type type) {
     if (!w->net || !w->shadow)
         return FL_ENOMEM;
     w->opt = fl_optim_create(&oc, fl_net_param(w->net, 0), fl_net_num_params(w->net),
-                             FL_DTYPE_F32, fl_net_kernels(w->net));
+                             FL_DTYPE_F32, fl_net_backend(w->net));
     w->shadow_opt = fl_optim_create(&oc, fl_net_param(w->shadow, 0),
                                     fl_net_num_params(w->shadow), FL_DTYPE_F32,
-                                    fl_net_kernels(w->shadow));
+                                    fl_net_backend(w->shadow));
     if (!w->opt || !w->shadow_opt)
         return FL_EINVAL;
     /* make the replicas differ before the broadcast */

@@ -1,7 +1,7 @@
 /* test_network.c - the network's contracts: names, shapes and flat placement of the seed MLP's
  * parameters, forward shapes and refusals, build errors naming the layer, the gradient-ready hook,
  * accumulation, seeded initialisation, top-k counting and the cross-entropy's label check. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/nn.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
@@ -192,8 +192,8 @@ static double step(fl_net *net, const fl_tensor *x, const int32_t *labels, fl_gr
     fl_tensor probs;
     fl_tensor_view(&probs, FL_DTYPE_F32, 2, logits->shape, probs_mem);
     double loss = NAN;
-    CHECK_OK(fl_softmax_xent_forward(fl_net_kernels(net), logits, labels, &probs, &loss));
-    CHECK_OK(fl_softmax_xent_backward(fl_net_kernels(net), &probs, labels, &probs));
+    CHECK_OK(fl_softmax_xent_forward(fl_net_backend(net), logits, labels, &probs, &loss));
+    CHECK_OK(fl_softmax_xent_backward(fl_net_backend(net), &probs, labels, &probs));
     CHECK_OK(fl_net_backward(net, &probs, hook, ctx));
     return loss;
 }

@@ -5,7 +5,7 @@
  * tables; batch-norm running statistics, dropout statistics and reproducibility; label
  * smoothing against its definition and finite differences; the graph API's errors, accumulate
  * mode and gradient-ready hook. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/nn.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
@@ -90,7 +90,7 @@ static void gradcheck(const char *what, fl_net *net, int in_ndim, const int64_t 
         g[nc] = grads[i];
         gnum[nc] = numeric(net, &x, r, w, i);
     }
-    snprintf(label, sizeof label, "%s [%s] d/dparams", what, fl_net_kernels(net)->name);
+    snprintf(label, sizeof label, "%s [%s] d/dparams", what, fl_net_backend(net)->name);
     CHECK_CLOSE(label, g, gnum, nc, ATOL, RTOL);
     if (fl_net_num_layers(net) == 1) {
         fl_layer *l = fl_net_layer(net, 0);
@@ -103,7 +103,7 @@ static void gradcheck(const char *what, fl_net *net, int in_ndim, const int64_t 
         CHECK_OK(l->ops->backward(l, &x, y, &dy, &dx, false));
         for (int64_t i = 0; i < nx; i++)
             dxnum[i] = numeric(net, &x, r, xd, i);
-        snprintf(label, sizeof label, "%s [%s] d/dx", what, fl_net_kernels(net)->name);
+        snprintf(label, sizeof label, "%s [%s] d/dx", what, fl_net_backend(net)->name);
         CHECK_CLOSE(label, dxd, dxnum, nx, ATOL, RTOL);
         free(dxd), free(dxnum);
     }
@@ -111,14 +111,14 @@ static void gradcheck(const char *what, fl_net *net, int in_ndim, const int64_t 
     fl_net_free(net);
 }
 
-static fl_net *one(const fl_kernel_ops *k, fl_layer *l) {
+static fl_net *one(const fl_backend *k, fl_layer *l) {
     fl_net *net = fl_net_create(FL_DTYPE_F64, k);
     CHECK(l != NULL);
     CHECK_OK(fl_net_add(net, l));
     return net;
 }
 
-static void test_conv(const fl_kernel_ops *k) {
+static void test_conv(const fl_backend *k) {
     int64_t s1[] = {3, 6, 5}, s2[] = {4, 7, 7};
     gradcheck("conv 3x3 pad 1 bias", one(k, fl_conv2d_create("conv", &(fl_conv2d_opts){
               .in_channels = 3, .out_channels = 2, .kh = 3, .kw = 3, .ph = 1, .pw = 1,
@@ -148,7 +148,7 @@ static void test_conv(const fl_kernel_ops *k) {
               (int64_t[]){2, 2, 3}, 10, 1);
 }
 
-static void test_bn(const fl_kernel_ops *k) {
+static void test_bn(const fl_backend *k) {
     int64_t s[] = {3, 4, 5}, flat[] = {4};
     gradcheck("batch_norm train", one(k, fl_batch_norm_create("bn", 3, false)), 3, s, 3, 1);
     gradcheck("batch_norm train relu", one(k, fl_batch_norm_create("bn", 3, true)), 3, s, 3, 1);
@@ -160,7 +160,7 @@ static void test_bn(const fl_kernel_ops *k) {
     train_mode = true;
 }
 
-static void test_pool(const fl_kernel_ops *k) {
+static void test_pool(const fl_backend *k) {
     int64_t s[] = {2, 7, 6};
     gradcheck("max_pool 3 stride 2 pad 1", one(k, fl_pool2d_create("p", FL_POOL_MAX, 3, 2, 1)),
               3, s, 2, 1);
@@ -170,7 +170,7 @@ static void test_pool(const fl_kernel_ops *k) {
     gradcheck("global_avg_pool", one(k, fl_global_avg_pool_create("gap")), 3, s, 3, 1);
 }
 
-static void test_misc(const fl_kernel_ops *k) {
+static void test_misc(const fl_backend *k) {
     int64_t s[] = {2, 5, 4}, s3[] = {3, 5, 5};
     fl_layer *d = fl_dropout_create("drop", 0.4, 99);
     pinned_dropout = d;
@@ -212,7 +212,7 @@ static void test_misc(const fl_kernel_ops *k) {
 /* running statistics, inference mode, dropout statistics */
 static void test_bn_stats(void) {
     enum { B = 4, C = 2, HW = 6 };
-    fl_net *net = one(fl_kernels_cpu(), fl_batch_norm_create("bn", C, false));
+    fl_net *net = one(fl_backend_cpu(), fl_batch_norm_create("bn", C, false));
     CHECK_OK(fl_net_build(net, 2, (int64_t[]){C, HW}, B, 1));
     double xd[B * C * HW];
     for (int i = 0; i < B * C * HW; i++)
@@ -249,7 +249,7 @@ static void test_bn_stats(void) {
      * another step another mask, inference the identity */
     enum { N = 20000 };
     fl_layer *d = fl_dropout_create("drop", 0.3, 5);
-    net = one(fl_kernels_cpu(), d);
+    net = one(fl_backend_cpu(), d);
     CHECK_OK(fl_net_build(net, 1, (int64_t[]){N}, 1, 1));
     float *xf = malloc(N * sizeof *xf), *first = malloc(N * sizeof *first);
     for (int i = 0; i < N; i++)
@@ -288,7 +288,7 @@ static void test_bn_stats(void) {
 }
 
 /* label smoothing: loss = mean -sum q log p; gradient vs finite differences */
-static void test_label_smoothing(const fl_kernel_ops *k) {
+static void test_label_smoothing(const fl_backend *k) {
     enum { B = 3, C = 5 };
     double lg[B * C], pr[B * C], d[B * C], dnum[B * C];
     int32_t labels[B] = {4, 0, 2};
@@ -405,7 +405,7 @@ static void test_graph_api(void) {
 
 int main(void) {
     fl_rng_init(&rng, 2026, 9);
-    const fl_kernel_ops *tables[] = {fl_kernels_cpu(), fl_kernels_ref()};
+    const fl_backend *tables[] = {fl_backend_cpu(), fl_backend_ref()};
     for (int t = 0; t < 2; t++) {
         test_conv(tables[t]);
         test_bn(tables[t]);

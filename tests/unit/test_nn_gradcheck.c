@@ -1,7 +1,7 @@
 /* test_nn_gradcheck.c - every layer's backward against central finite differences in f64, with
  * both kernel tables: single layers under a random projection loss (arbitrary dy, input gradient
  * included), softmax cross-entropy, and whole MLPs (tanh, relu, sigmoid) through the mean loss. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/nn.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
@@ -50,7 +50,7 @@ static double numeric(fl_net *net, const fl_tensor *x, const double *r, double *
 }
 
 /* Builds a one-layer f64 network around layer and checks d L / d params and d L / d x. */
-static void gradcheck_layer(const char *what, const fl_kernel_ops *k, fl_layer *layer,
+static void gradcheck_layer(const char *what, const fl_backend *k, fl_layer *layer,
                             int in_ndim, const int64_t *in_shape, int64_t batch, double lo,
                             double hi, bool away_from_zero) {
     char label[128];
@@ -114,7 +114,7 @@ static void gradcheck_layer(const char *what, const fl_kernel_ops *k, fl_layer *
     fl_net_free(net);
 }
 
-static void test_layers(const fl_kernel_ops *k) {
+static void test_layers(const fl_backend *k) {
     int64_t in5[] = {5}, in234[] = {2, 3, 4};
     gradcheck_layer("fc 5->4 bias", k, fl_fc_create("fc", 5, 4, true), 1, in5, 3, -1, 1, false);
     gradcheck_layer("fc 5->4 no bias", k, fl_fc_create("fc", 5, 4, false), 1, in5, 3, -1, 1,
@@ -131,14 +131,14 @@ static void test_layers(const fl_kernel_ops *k) {
 }
 
 /* mean softmax cross-entropy of logits (B, C) */
-static double xent(const fl_kernel_ops *k, const fl_tensor *logits, const int32_t *labels,
+static double xent(const fl_backend *k, const fl_tensor *logits, const int32_t *labels,
                    fl_tensor *probs) {
     double loss = NAN;
     CHECK_OK(fl_softmax_xent_forward(k, logits, labels, probs, &loss));
     return loss;
 }
 
-static void test_softmax_xent(const fl_kernel_ops *k) {
+static void test_softmax_xent(const fl_backend *k) {
     enum { B = 4, C = 5 };
     double lg[B * C], pr[B * C], d[B * C], dnum[B * C];
     int32_t labels[B] = {0, 4, 2, 2};
@@ -173,10 +173,10 @@ static double net_loss(fl_net *net, const fl_tensor *x, const int32_t *labels, d
     if (!logits)
         return NAN;
     fl_tensor_view(probs, FL_DTYPE_F64, 2, logits->shape, probs_mem);
-    return xent(fl_net_kernels(net), logits, labels, probs);
+    return xent(fl_net_backend(net), logits, labels, probs);
 }
 
-static void test_mlp(const fl_kernel_ops *k, fl_act act) {
+static void test_mlp(const fl_backend *k, fl_act act) {
     enum { B = 5, IN = 6, C = 3 };
     int64_t hidden[] = {8, 7}, in_shape[] = {IN};
     /* the zoo's layer sequence, on a network that uses kernel table k */
@@ -196,7 +196,7 @@ static void test_mlp(const fl_kernel_ops *k, fl_act act) {
     fl_tensor_view(&x, FL_DTYPE_F64, 2, xshape, xd);
 
     net_loss(net, &x, labels, probs_mem, &probs);
-    CHECK_OK(fl_softmax_xent_backward(fl_net_kernels(net), &probs, labels, &probs));
+    CHECK_OK(fl_softmax_xent_backward(fl_net_backend(net), &probs, labels, &probs));
     CHECK_OK(fl_net_backward(net, &probs, NULL, NULL));
     int64_t np = fl_net_numel(net);
     CHECK(np == IN * 8 + 8 + 8 * 7 + 7 + 7 * C + C); // fc1, fc2, fc3
@@ -261,7 +261,7 @@ static void test_zoo_mlp(fl_act act) {
 
 int main(void) {
     fl_rng_init(&rng, 2024, 1);
-    const fl_kernel_ops *tables[] = {fl_kernels_cpu(), fl_kernels_ref()};
+    const fl_backend *tables[] = {fl_backend_cpu(), fl_backend_ref()};
     for (int t = 0; t < 2; t++) {
         test_layers(tables[t]);
         test_softmax_xent(tables[t]);

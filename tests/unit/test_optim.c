@@ -66,7 +66,7 @@ static void expected_update(fl_optim_type type, bool nesterov, double wd, double
     *w = *w - lr * (nesterov ? d + mu * *v : *v);
 }
 
-static void run_rule(const fl_kernel_ops *k, fl_optim_type type, bool nesterov, double wd) {
+static void run_rule(const fl_backend *k, fl_optim_type type, bool nesterov, double wd) {
     const double lr = 0.1, mu = 0.9;
     char what[128];
     snprintf(what, sizeof what, "%s %s%s wd=%g", k->name,
@@ -115,7 +115,7 @@ static void run_rule(const fl_kernel_ops *k, fl_optim_type type, bool nesterov, 
 
 /* Element 0 of fc.weight (w = 1, g = 0.5, 0.625, 0.75 over the three steps), lr 0.1, mu 0.9,
  * worked by hand: an anchor for the scalar rule above. */
-static void test_hand_values(const fl_kernel_ops *k) {
+static void test_hand_values(const fl_backend *k) {
     struct {
         fl_optim_type type;
         bool nesterov;
@@ -171,7 +171,7 @@ static void test_state(void) {
     small_net s;
     small_net_init(&s);
     fl_optim_config cfg = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .nesterov = true};
-    fl_optim *opt = fl_optim_create(&cfg, s.p, 3, FL_DTYPE_F64, fl_kernels_ref());
+    fl_optim *opt = fl_optim_create(&cfg, s.p, 3, FL_DTYPE_F64, fl_backend_ref());
     CHECK(opt != NULL);
     if (!opt)
         return;
@@ -192,7 +192,7 @@ static void test_state(void) {
     fl_optim_free(NULL);
 }
 
-static void test_clip(const fl_kernel_ops *k) {
+static void test_clip(const fl_backend *k) {
     /* two params: a (2) = grads (3, 0), b (1) = (4); norm 5. A frozen buffer's gradient is
      * neither counted nor scaled. */
     double va[2] = {1, 1}, ga[2] = {3, 0}, vb[1] = {1}, gb[1] = {4}, vc[1] = {0}, gc[1] = {12};
@@ -259,7 +259,7 @@ static void test_clip(const fl_kernel_ops *k) {
 static void test_bad_configs(void) {
     small_net s;
     small_net_init(&s);
-    const fl_kernel_ops *k = fl_kernels_ref();
+    const fl_backend *k = fl_backend_ref();
     struct {
         fl_optim_config cfg;
         const char *msg;
@@ -459,7 +459,7 @@ static void fill_uniform(float *x, int64_t n, fl_rng *r, float lo, float hi) {
 static double f32_tol(double terms) { return 3.0 * FLT_EPSILON * terms + 1e-30; }
 
 static void test_f32_cpu_vs_ref(void) {
-    const fl_kernel_ops *cpu = fl_kernels_cpu(), *ref = fl_kernels_ref();
+    const fl_backend *cpu = fl_backend_cpu(), *ref = fl_backend_ref();
     const int64_t sizes[] = {0, 1, 7, 1000, 100003};
     const double lr = 0.05, mu = 0.9, wd = 1e-4;
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
@@ -539,7 +539,7 @@ static void test_f32_cpu_vs_ref(void) {
 static void test_f32_optim_cpu_vs_ref(void) {
     enum { N = 5000 };
     static float w[2][N], gr[2][N];
-    const fl_kernel_ops *tables[2] = {fl_kernels_cpu(), fl_kernels_ref()};
+    const fl_backend *tables[2] = {fl_backend_cpu(), fl_backend_ref()};
     fl_param p[2][1];
     fl_optim *opt[2] = {0};
     int64_t shape[] = {50, 100};
@@ -577,7 +577,7 @@ out:
 }
 
 int main(void) {
-    const fl_kernel_ops *tables[] = {fl_kernels_ref(), fl_kernels_cpu()};
+    const fl_backend *tables[] = {fl_backend_ref(), fl_backend_cpu()};
     for (int k = 0; k < 2; k++) {
         for (int wdi = 0; wdi < 2; wdi++) {
             double wd = wdi ? 0.1 : 0.0;

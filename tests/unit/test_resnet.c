@@ -2,7 +2,7 @@
  * depth, the CIFAR ResNets' counts (options A and B), ResNet-50's forward on a 224x224 batch,
  * a whole small CIFAR ResNet's gradient against finite differences (f64, sampled parameters),
  * and a tiny CIFAR ResNet learning random labels (loss falls, inference mode works). */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/nn.h"
 #include "fleet/optim.h"
 #include "fleet/rng.h"
@@ -115,7 +115,7 @@ static double loss_of(fl_net *net, const fl_tensor *x, const int32_t *labels, do
     fl_tensor probs;
     fl_tensor_view(&probs, fl_net_dtype(net), 2, y->shape, pm);
     double loss = NAN;
-    CHECK_OK(fl_softmax_xent_forward(fl_net_kernels(net), y, labels, &probs, &loss));
+    CHECK_OK(fl_softmax_xent_forward(fl_net_backend(net), y, labels, &probs, &loss));
     return loss;
 }
 
@@ -168,7 +168,7 @@ static void test_training(void) {
     CHECK_OK(fl_net_build(net, 3, (int64_t[]){3, S, S}, N, 9));
     fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-4};
     fl_optim *opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net),
-                                    FL_DTYPE_F32, fl_net_kernels(net));
+                                    FL_DTYPE_F32, fl_net_backend(net));
     fl_tensor *x = fl_tensor_create(FL_DTYPE_F32, 4, (int64_t[]){N, 3, S, S});
     float pm[N * C];
     int32_t labels[N];

@@ -326,8 +326,8 @@ static void forward(fl_net *net, const fl_tensor *x, const int32_t *y, float *pr
     double loss;
     CHECK_OK(fl_net_forward(net, x, true, &logits));
     fl_tensor_view(probs, FL_DTYPE_F32, 2, logits->shape, probs_mem);
-    CHECK_OK(fl_softmax_xent_forward(fl_net_kernels(net), logits, y, probs, &loss));
-    CHECK_OK(fl_softmax_xent_backward(fl_net_kernels(net), probs, y, probs));
+    CHECK_OK(fl_softmax_xent_forward(fl_net_backend(net), logits, y, probs, &loss));
+    CHECK_OK(fl_softmax_xent_backward(fl_net_backend(net), probs, y, probs));
 }
 
 /* A job of one (no launcher environment): the Fleet API's queries, the optimizer's refusals,
@@ -353,7 +353,7 @@ static void test_single_worker(void) {
         nets[i] = fl_model_mlp(FL_DTYPE_F32, 6, hidden, 1, FL_ACT_TANH, 3);
         CHECK_OK(fl_net_build(nets[i], 1, in_shape, i == 0 ? B * K : B, 5));
         opts[i] = fl_optim_create(&oc, fl_net_param(nets[i], 0), fl_net_num_params(nets[i]),
-                                  FL_DTYPE_F32, fl_net_kernels(nets[i]));
+                                  FL_DTYPE_F32, fl_net_backend(nets[i]));
     }
     fl_strategy s;
     fl_strategy_defaults(&s);
@@ -370,7 +370,7 @@ static void test_single_worker(void) {
     fl_net *f64 = fl_model_mlp(FL_DTYPE_F64, 6, hidden, 1, FL_ACT_TANH, 3);
     CHECK_OK(fl_net_build(f64, 1, in_shape, B, 5));
     fl_optim *o64 = fl_optim_create(&oc, fl_net_param(f64, 0), fl_net_num_params(f64),
-                                    FL_DTYPE_F64, fl_net_kernels(f64));
+                                    FL_DTYPE_F64, fl_net_backend(f64));
     s.fp16_allreduce = true;
     CHECK(fl_distributed_optimizer(fleet, f64, o64, &s) == NULL);
     CHECK_MSG("strategy.fp16_allreduce: needs an f32 network");
@@ -466,14 +466,14 @@ static void test_lars_optimizer(void) {
     CHECK_OK(fl_net_build(net, 1, in_shape, 4, 1));
     fl_optim_config mom = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9};
     fl_optim *opt = fl_optim_create(&mom, fl_net_param(net, 0), fl_net_num_params(net),
-                                    FL_DTYPE_F32, fl_net_kernels(net));
+                                    FL_DTYPE_F32, fl_net_backend(net));
     CHECK(opt != NULL);
     CHECK(fl_distributed_optimizer(fleet, net, opt, &s) == NULL);
     CHECK_MSG("strategy.lars: the optimizer is Momentum, not LARS momentum");
     fl_optim_free(opt);
     fl_strategy_optim_config(&s, &mom);
     opt = fl_optim_create(&mom, fl_net_param(net, 0), fl_net_num_params(net), FL_DTYPE_F32,
-                          fl_net_kernels(net));
+                          fl_net_backend(net));
     CHECK(opt != NULL);
     fl_dist_optim *d = fl_distributed_optimizer(fleet, net, opt, &s);
     CHECK(d != NULL);

@@ -1,6 +1,6 @@
 /* act.c - activation names and fl_argmax: small helpers shared by every kernel table and by
  * the layers, configs and metrics that name activations or pick a class. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/status.h"
 
 #include <string.h>

@@ -7,6 +7,8 @@
 
 #include "kernels/relu_mask.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define STAMP_BN(T, S)                                                                        \
@@ -122,20 +124,36 @@
 STAMP_BN(float, f32)
 STAMP_BN(double, f64)
 
-void cpu_bn_stats(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x, double *mean,
-                  double *var) {
-    DISPATCH(t, bn_stats, n, c, hw, x, mean, var);
+/* y = [relu](x scale + shift), scale = gamma invstd, shift = beta - mean scale: the batch's
+ * statistics in training, the given (running) ones otherwise. NCHW only. */
+void cpu_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                    const void *x, const void *gamma, const void *beta, double eps,
+                    bool training, double *mean, double *var, bool relu, void *y) {
+    FL_ASSERT(layout == FL_LAYOUT_NCHW);
+    if (training)
+        DISPATCH(t, bn_stats, n, c, hw, x, mean, var);
+    double *sc = malloc((size_t)(2 * (c > 0 ? c : 1)) * sizeof *sc), *sh = sc + c;
+    FL_ASSERT(sc);
+    for (int64_t i = 0; i < c; i++) {
+        double g = t == FL_DTYPE_F32 ? ((const float *)gamma)[i] : ((const double *)gamma)[i];
+        double b = t == FL_DTYPE_F32 ? ((const float *)beta)[i] : ((const double *)beta)[i];
+        sc[i] = g / sqrt(var[i] + eps);
+        sh[i] = b - mean[i] * sc[i];
+    }
+    DISPATCH(t, bn_apply, n, c, hw, x, sc, sh, relu, y);
+    free(sc);
 }
 
-void cpu_bn_apply(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x,
-                  const double *scale, const double *shift, bool relu, void *y) {
-    DISPATCH(t, bn_apply, n, c, hw, x, scale, shift, relu, y);
-}
-
-void cpu_bn_backward(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x,
-                     const void *relu_y, const void *dy, const void *gamma, const double *mean,
-                     const double *invstd, bool training, void *dx, void *dgamma, void *dbeta,
-                     bool accumulate) {
+void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                     const void *x, const void *relu_y, const void *dy, const void *gamma,
+                     const double *mean, const double *var, double eps, bool training, void *dx,
+                     void *dgamma, void *dbeta, bool accumulate) {
+    FL_ASSERT(layout == FL_LAYOUT_NCHW);
+    double *invstd = malloc((size_t)(c > 0 ? c : 1) * sizeof *invstd);
+    FL_ASSERT(invstd);
+    for (int64_t i = 0; i < c; i++)
+        invstd[i] = 1.0 / sqrt(var[i] + eps);
     DISPATCH(t, bn_backward, n, c, hw, x, relu_y, dy, gamma, mean, invstd, training, dx, dgamma,
              dbeta, accumulate);
+    free(invstd);
 }

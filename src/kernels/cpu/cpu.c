@@ -1,9 +1,21 @@
-/* cpu.c - the fl_kernels_cpu() table: OpenBLAS gemm (gemm.c) and OpenMP loops
- * (elementwise.c, act_kernels.c, reduce.c, softmax.c), gathered behind fl_kernel_ops. */
+/* cpu.c - the fl_backend_cpu() table: OpenBLAS gemm (gemm.c) and OpenMP loops
+ * (elementwise.c, act_kernels.c, reduce.c, softmax.c), gathered behind fl_backend. */
 #include "cpu_impl.h"
+#include "dgc_kernels.h"
 
-static const fl_kernel_ops cpu_ops = {
+static fl_layout nchw_only(fl_dtype t) {
+    (void)t;
+    return FL_LAYOUT_NCHW;
+}
+
+static fl_conv_plan *cpu_conv_plan_create(const fl_conv_desc *d) {
+    return cpu_conv_plan_create_with(fl_backend_cpu(), d);
+}
+
+static const fl_backend cpu_ops = {
     .name = "cpu",
+    .preferred_layout = nchw_only,
+    CPU_BACKEND_MEMORY,
     .gemm = cpu_gemm,
     .add_bias = cpu_add_bias,
     .sum_rows = cpu_sum_rows,
@@ -17,13 +29,25 @@ static const fl_kernel_ops cpu_ops = {
     .softmax_xent_backward = cpu_softmax_xent_backward,
     .sgd_update = cpu_sgd_update,
     .momentum_update = cpu_momentum_update,
+    .dgc_accumulate = dgc_accumulate,
+    .dgc_select_exact = dgc_select_exact,
+    .dgc_accumulate_select = dgc_accumulate_select,
+    .dgc_encode = dgc_encode,
+    .dgc_scatter_add = dgc_scatter_add,
+    .dgc_apply_pairs = dgc_apply_pairs,
+    .dgc_apply_dense = dgc_apply_dense,
     .im2col = cpu_im2col,
     .col2im = cpu_col2im,
+    .conv_plan_create = cpu_conv_plan_create,
+    .conv_plan_free = cpu_conv_plan_free,
+    .conv_scratch_bytes = cpu_conv_scratch_bytes,
+    .conv_forward = cpu_conv_forward,
+    .conv_backward_data = cpu_conv_backward_data,
+    .conv_backward_filter = cpu_conv_backward_filter,
     .pool_forward = cpu_pool_forward,
     .pool_backward = cpu_pool_backward,
-    .bn_stats = cpu_bn_stats,
-    .bn_apply = cpu_bn_apply,
+    .bn_forward = cpu_bn_forward,
     .bn_backward = cpu_bn_backward,
 };
 
-const fl_kernel_ops *fl_kernels_cpu(void) { return &cpu_ops; }
+const fl_backend *fl_backend_cpu(void) { return &cpu_ops; }

@@ -1,10 +1,10 @@
 /* cpu_impl.h - private to the CPU kernels: the per-file entry points that cpu.c gathers into
- * fl_kernels_cpu(), the dtype dispatch, and the loop macros that decide between a plain
+ * fl_backend_cpu(), the dtype dispatch, and the loop macros that decide between a plain
  * vectorised loop and an OpenMP one (a parallel region costs microseconds; small loops skip it). */
 #ifndef FLEET_KERNELS_CPU_IMPL_H
 #define FLEET_KERNELS_CPU_IMPL_H
 
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 #include "fleet/status.h"
 
 #include <stdbool.h>
@@ -88,16 +88,46 @@ void cpu_softmax_xent_backward(fl_dtype t, const void *probs, const int32_t *lab
 /* im2col.c, pool.c, batch_norm.c (shared by the cpu and ref tables) */
 void cpu_im2col(fl_dtype t, const fl_conv_geom *g, const void *x, void *col, int64_t ldc);
 void cpu_col2im(fl_dtype t, const fl_conv_geom *g, const void *col, int64_t ldc, void *x);
-void cpu_pool_forward(fl_dtype t, fl_pool pool, const fl_conv_geom *g, const void *x, void *y);
-void cpu_pool_backward(fl_dtype t, fl_pool pool, const fl_conv_geom *g, const void *x,
-                       const void *dy, void *dx);
-void cpu_bn_stats(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x, double *mean,
-                  double *var);
-void cpu_bn_apply(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x,
-                  const double *scale, const double *shift, bool relu, void *y);
-void cpu_bn_backward(fl_dtype t, int64_t n, int64_t c, int64_t hw, const void *x,
-                     const void *relu_y, const void *dy, const void *gamma, const double *mean,
-                     const double *invstd, bool training, void *dx, void *dgamma, void *dbeta,
-                     bool accumulate);
+void cpu_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
+                      const fl_conv_geom *g, const void *x, void *y);
+void cpu_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
+                       const fl_conv_geom *g, const void *x, const void *dy, void *dx);
+void cpu_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                    const void *x, const void *gamma, const void *beta, double eps,
+                    bool training, double *mean, double *var, bool relu, void *y);
+void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                     const void *x, const void *relu_y, const void *dy, const void *gamma,
+                     const double *mean, const double *var, double eps, bool training, void *dx,
+                     void *dgamma, void *dbeta, bool accumulate);
+
+/* conv.c: the im2col convolution, running on the gemm / im2col / col2im / axpy / sum of be */
+fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc *d);
+void cpu_conv_plan_free(fl_conv_plan *p);
+size_t cpu_conv_scratch_bytes(const fl_conv_plan *p);
+void cpu_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
+                      const void *bias, void *y, void *scratch);
+void cpu_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const void *w,
+                            void *dx, void *scratch);
+void cpu_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
+                              void *dw, void *dbias, bool accumulate, void *scratch);
+
+/* memory.c: host memory, copies, the NCHW <-> NHWC reorder, stream and event tokens */
+void *cpu_alloc(size_t bytes);
+void cpu_free(void *p);
+void cpu_copy(void *dst, const void *src, size_t bytes, fl_copy_kind kind, fl_stream *s);
+void cpu_fill(fl_dtype t, void *x, int64_t n, double v);
+void cpu_reorder(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int64_t hw, const void *src,
+                 void *dst);
+fl_stream *cpu_stream_create(void);
+void cpu_stream_free(fl_stream *s);
+void cpu_stream_sync(fl_stream *s);
+fl_event *cpu_event_create(void);
+void cpu_event_free(fl_event *e);
+void cpu_event_record(fl_event *e, fl_stream *s);
+void cpu_event_wait(fl_stream *s, fl_event *e);
+void cpu_event_sync(fl_event *e);
+
+/* The fields every CPU table shares: host memory, token streams. */
+#define CPU_BACKEND_MEMORY                                                                        .host_memory = true, .alloc = cpu_alloc, .free = cpu_free, .copy = cpu_copy,                  .fill = cpu_fill, .reorder = cpu_reorder, .stream_create = cpu_stream_create,                 .stream_free = cpu_stream_free, .stream_sync = cpu_stream_sync,                               .event_create = cpu_event_create, .event_free = cpu_event_free,                               .event_record = cpu_event_record, .event_wait = cpu_event_wait,                               .event_sync = cpu_event_sync
 
 #endif /* FLEET_KERNELS_CPU_IMPL_H */

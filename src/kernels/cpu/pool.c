@@ -78,13 +78,21 @@
 STAMP_POOL(float, f32)
 STAMP_POOL(double, f64)
 
-void cpu_pool_forward(fl_dtype t, fl_pool pool, const fl_conv_geom *g, const void *x, void *y) {
+/* n images of g->c channels: n * c independent planes (NCHW only) */
+void cpu_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
+                      const fl_conv_geom *g, const void *x, void *y) {
     FL_ASSERT(pool == FL_POOL_MAX || pool == FL_POOL_AVG);
-    DISPATCH(t, pool_forward, pool, g, x, y);
+    FL_ASSERT(layout == FL_LAYOUT_NCHW);
+    fl_conv_geom planes = *g;
+    planes.c = n * g->c;
+    DISPATCH(t, pool_forward, pool, &planes, x, y);
 }
 
-void cpu_pool_backward(fl_dtype t, fl_pool pool, const fl_conv_geom *g, const void *x,
-                       const void *dy, void *dx) {
+void cpu_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
+                       const fl_conv_geom *g, const void *x, const void *dy, void *dx) {
     FL_ASSERT(pool == FL_POOL_MAX || pool == FL_POOL_AVG);
-    DISPATCH(t, pool_backward, pool, g, x, dy, dx);
+    FL_ASSERT(layout == FL_LAYOUT_NCHW);
+    fl_conv_geom planes = *g;
+    planes.c = n * g->c;
+    DISPATCH(t, pool_backward, pool, &planes, x, dy, dx);
 }

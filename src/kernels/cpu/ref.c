@@ -1,8 +1,9 @@
-/* ref.c - the fl_kernels_ref() table: the plainest loops that implement kernels.h, single-
+/* ref.c - the fl_backend_ref() table: the plainest loops that implement kernels.h, single-
  * threaded, naive triple-loop gemm, sums in double. Slow on purpose; it is what the tests
  * hold the fast table to, so every line should be obviously right. */
 #include "cpu_impl.h"
-#include "fleet/kernels.h"
+#include "dgc_kernels.h"
+#include "fleet/backend.h"
 #include "fleet/status.h"
 
 #include <math.h>
@@ -177,8 +178,19 @@ static void ref_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, v
     }
 }
 
-static const fl_kernel_ops ref_ops = {
+static fl_layout nchw_only(fl_dtype t) {
+    (void)t;
+    return FL_LAYOUT_NCHW;
+}
+
+static fl_conv_plan *ref_conv_plan_create(const fl_conv_desc *d) {
+    return cpu_conv_plan_create_with(fl_backend_ref(), d);
+}
+
+static const fl_backend ref_ops = {
     .name = "ref",
+    .preferred_layout = nchw_only,
+    CPU_BACKEND_MEMORY,
     .gemm = ref_gemm,
     .add_bias = ref_add_bias,
     .sum_rows = ref_sum_rows,
@@ -193,13 +205,25 @@ static const fl_kernel_ops ref_ops = {
     .sgd_update = ref_sgd_update,
     .momentum_update = ref_momentum_update,
     /* window and batch-norm loops: the same plain loops as the cpu table (cpu_impl.h) */
+    .dgc_accumulate = dgc_accumulate,
+    .dgc_select_exact = dgc_select_exact,
+    .dgc_accumulate_select = dgc_accumulate_select,
+    .dgc_encode = dgc_encode,
+    .dgc_scatter_add = dgc_scatter_add,
+    .dgc_apply_pairs = dgc_apply_pairs,
+    .dgc_apply_dense = dgc_apply_dense,
     .im2col = cpu_im2col,
     .col2im = cpu_col2im,
+    .conv_plan_create = ref_conv_plan_create,
+    .conv_plan_free = cpu_conv_plan_free,
+    .conv_scratch_bytes = cpu_conv_scratch_bytes,
+    .conv_forward = cpu_conv_forward,
+    .conv_backward_data = cpu_conv_backward_data,
+    .conv_backward_filter = cpu_conv_backward_filter,
     .pool_forward = cpu_pool_forward,
     .pool_backward = cpu_pool_backward,
-    .bn_stats = cpu_bn_stats,
-    .bn_apply = cpu_bn_apply,
+    .bn_forward = cpu_bn_forward,
     .bn_backward = cpu_bn_backward,
 };
 
-const fl_kernel_ops *fl_kernels_ref(void) { return &ref_ops; }
+const fl_backend *fl_backend_ref(void) { return &ref_ops; }

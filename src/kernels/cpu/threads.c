@@ -1,6 +1,6 @@
 /* threads.c - one knob for the CPU kernels' thread count. OpenBLAS is the OpenMP build, so
  * both follow the OpenMP setting; OpenBLAS is told as well because it caches its own count. */
-#include "fleet/kernels.h"
+#include "fleet/backend.h"
 
 #include <cblas.h>
 #include <omp.h>

@@ -1,0 +1,314 @@
+/* backend.h - the compute backend: one table of function pointers behind every layer, optimizer
+ * and strategy (the project's vtable pattern; docs/backends.md says how to add one).
+ *
+ * A backend owns tensor memory (alloc / free / copy / fill, host<->device copies), a stream and
+ * event notion (no-ops on the CPU), and whole operations: convolution forward, backward-data and
+ * backward-filter, batch norm (training and inference, forward and backward), pooling, softmax
+ * cross-entropy, the optimizer updates, elementwise ops and GEMM. Layers, optimizers and
+ * strategies call only these; none knows which backend runs it.
+ *
+ * Backends: fl_backend_cpu() (OpenBLAS gemm, OpenMP loops, convolution as im2col + gemm),
+ * fl_backend_ref() (plain single-threaded loops; the reference tests compare against), and
+ * fl_backend_onednn() (oneDNN 2.x convolution, batch norm and pooling on channels-last
+ * activations, the rest from the cpu table; NULL when fleet was built without oneDNN). A CUDA
+ * backend joins behind the same table.
+ *
+ * Every kernel takes a dtype, FL_DTYPE_F32 or FL_DTYPE_F64 (f64 exists so gradient checks can use
+ * finite differences), and raw pointers into the backend's memory; sizes may be 0. The cpu and
+ * ref tables sum in fixed-size chunks in a fixed order, so results do not depend on the thread
+ * count; docs/backends.md says where oneDNN differs. All kernels are thread-safe except gemm:
+ * OpenBLAS keeps its thread count in globals, so concurrent gemm calls from several threads must
+ * be serialised by the caller (fleet runs them on the training thread only). */
+#ifndef FLEET_BACKEND_H
+#define FLEET_BACKEND_H
+
+#include "fleet/tensor.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FL_ACT_NONE = 0, FL_ACT_RELU, FL_ACT_TANH, FL_ACT_SIGMOID } fl_act;
+
+/* Parses "relu", "tanh", "sigmoid", "none"; returns 0 or FL_EINVAL. */
+int fl_act_parse(const char *name, fl_act *out);
+const char *fl_act_name(fl_act a);
+
+/* Geometry of a 2-D window operation on one (C, H, W) image: convolution (im2col/col2im) or
+ * pooling (then c counts the planes, N * C, pooled independently). Output size as PyTorch:
+ * OH = (H + 2 PH - DH (KH - 1) - 1) / SH + 1, likewise OW. */
+typedef struct fl_conv_geom {
+    int64_t c, h, w;          /* input channels (planes), height, width */
+    int64_t kh, kw;           /* window */
+    int64_t sh, sw;           /* stride */
+    int64_t ph, pw;           /* zero (conv) or -inf (max pool) padding on each side */
+    int64_t dh, dw;           /* dilation (1: dense window) */
+    int64_t oh, ow;           /* output height, width (fl_conv_geom_out fills them) */
+} fl_conv_geom;
+
+/* Fills g->oh, g->ow from the rest; returns false when the window does not fit (OH or OW < 1)
+ * or a field is out of range (sizes < 1, padding < 0). */
+bool fl_conv_geom_out(fl_conv_geom *g);
+
+typedef enum { FL_POOL_MAX = 0, FL_POOL_AVG = 1 } fl_pool;
+
+/* Memory order of activations with spatial dimensions, (N, C, H, W) logically: NCHW (planes of
+ * one channel; PyTorch's default, the cpu and ref backends' only layout) or NHWC (channels
+ * last: one pixel's channels together; what oneDNN's direct convolutions run fastest on).
+ * Tensors of 1 or 2 dimensions, parameters and everything outside the network are in their
+ * plain row-major order whatever the layout. */
+typedef enum { FL_LAYOUT_NCHW = 0, FL_LAYOUT_NHWC = 1 } fl_layout;
+const char *fl_layout_name(fl_layout l);
+
+/* One convolution as a backend plans it (cuDNN's descriptor, oneDNN's primitive descriptor):
+ * x (N, IC, H, W) -> y (N, OC, OH, OW) in `layout`, weight (OC, IC / groups, KH, KW) and bias
+ * (OC) always in PyTorch's order, N <= max_batch. g holds IC (g.c), the input size, kernel,
+ * stride, padding and dilation, and the output size (fl_conv_geom_out). */
+typedef struct fl_conv_desc {
+    fl_dtype     dtype;
+    fl_layout    layout;
+    int64_t      max_batch;
+    int64_t      oc, groups;
+    bool         bias;
+    fl_conv_geom g;
+} fl_conv_desc;
+
+/* A backend's prepared convolution (algorithm, tiles, primitives); opaque, owned by the layer
+ * that created it, used from one thread at a time. */
+typedef struct fl_conv_plan fl_conv_plan;
+
+/* Deep Gradient Compression (Lin et al. 2018, arXiv:1712.01887): one selected entry on the
+ * wire, its index in the compressed index space (the compressed tensors one after the other)
+ * and its value, 8 bytes; and the arguments of the accumulation. */
+typedef struct fl_dgc_pair {
+    int32_t index;
+    float   value;
+} fl_dgc_pair;
+
+typedef struct fl_dgc_accum_args {
+    double clip_scale; /* multiplies the gradient: local clipping's factor (1: none) */
+    double decay;      /* lambda of the weight-decay correction, added as decay * w (0: none) */
+    double momentum;   /* m */
+    bool   nesterov;
+    bool   correction; /* momentum correction; false: v accumulates the gradient itself */
+} fl_dgc_accum_args;
+
+/* Kinds of copy between a backend's memory and the host's. */
+typedef enum { FL_COPY_H2H = 0, FL_COPY_H2D, FL_COPY_D2H, FL_COPY_D2D } fl_copy_kind;
+
+/* Streams order a backend's work, events mark points in a stream (CUDA's notions); on the CPU
+ * every call runs to completion before it returns, so both are tokens and every stream and
+ * event function is a no-op. NULL is the backend's default stream. */
+typedef struct fl_stream fl_stream;
+typedef struct fl_event  fl_event;
+
+typedef struct fl_backend {
+    const char *name; /* "cpu", "ref", "onednn", "cuda" */
+    /* Memory the kernels read and write is host memory (the CPU backends): copies between it
+     * and the host are plain memcpy, and the comm staging below is free. */
+    bool host_memory;
+    /* The activation layout the backend runs fastest on for dtype t; a network uses it where
+     * every layer reading a spatial activation supports it (fl_net_build), else NCHW. Every
+     * backend supports NCHW. */
+    fl_layout (*preferred_layout)(fl_dtype t);
+
+    /* --- memory --- */
+    /* bytes of the backend's memory, 64-byte aligned, zero-filled; NULL on failure (fl_errmsg
+     * set). alloc(0) returns a valid pointer that free accepts. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p); /* NULL: no-op */
+    /* dst = src, bytes; on a device, asynchronous in stream (NULL: the default stream). */
+    void (*copy)(void *dst, const void *src, size_t bytes, fl_copy_kind kind, fl_stream *s);
+    /* x[0 .. n) = v */
+    void (*fill)(fl_dtype t, void *x, int64_t n, double v);
+    /* Reorders n images of c channels and hw pixels between NCHW and NHWC (either direction:
+     * to_nhwc); src and dst do not overlap. The network calls it at its edges. */
+    void (*reorder)(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int64_t hw, const void *src,
+                    void *dst);
+
+    /* --- streams and events (no-ops on the CPU) --- */
+    fl_stream *(*stream_create)(void);
+    void (*stream_free)(fl_stream *s);
+    void (*stream_sync)(fl_stream *s);               /* wait for all work queued in s */
+    fl_event *(*event_create)(void);
+    void (*event_free)(fl_event *e);
+    void (*event_record)(fl_event *e, fl_stream *s); /* e marks what s has queued so far */
+    void (*event_wait)(fl_stream *s, fl_event *e);   /* s's later work waits for e */
+    void (*event_sync)(fl_event *e);                 /* the host waits for e */
+
+    /* C (M, N) = alpha * op(A) op(B) + beta * C, row-major; op(A) is (M, K): A is (M, K) with
+     * lda >= K, or (K, M) with lda >= M when trans_a. Likewise B (K, N) or (N, K). */
+    void (*gemm)(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                 double beta, void *c, int64_t ldc);
+
+    /* y (ROWS, COLS) += bias (COLS) broadcast over rows. */
+    void (*add_bias)(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols);
+    /* db (COLS) = (accumulate ? db : 0) + sum over rows of dy (ROWS, COLS). */
+    void (*sum_rows)(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t cols,
+                     bool accumulate);
+
+    /* y = act(x), n elements; y may alias x. */
+    void (*act_forward)(fl_dtype t, fl_act act, const void *x, void *y, int64_t n);
+    /* dx = dy * act'(x): relu uses x, tanh and sigmoid use y = act(x); dx may alias dy. */
+    void (*act_backward)(fl_dtype t, fl_act act, const void *x, const void *y, const void *dy,
+                         void *dx, int64_t n);
+
+    /* y += a * x */
+    void (*axpy)(fl_dtype t, int64_t n, double a, const void *x, void *y);
+    /* x *= a */
+    void (*scale)(fl_dtype t, int64_t n, double a, void *x);
+    /* sum of x, and sum of x^2, accumulated in double */
+    double (*sum)(fl_dtype t, const void *x, int64_t n);
+    double (*sumsq)(fl_dtype t, const void *x, int64_t n);
+
+    /* Fused softmax cross-entropy, numerically stable (max subtracted before exp).
+     * logits, probs (ROWS, CLASSES); labels (ROWS) in [0, CLASSES). Writes probs = softmax and
+     * returns the sum over rows of -log p[label] (computed as logsumexp - logit[label]). */
+    double (*softmax_xent_forward)(fl_dtype t, const void *logits, const int32_t *labels,
+                                   void *probs, int64_t rows, int64_t classes);
+    /* dlogits = scale * (probs - onehot(labels)); dlogits may alias probs. */
+    void (*softmax_xent_backward)(fl_dtype t, const void *probs, const int32_t *labels,
+                                  void *dlogits, int64_t rows, int64_t classes, double scale);
+
+    /* Optimizer updates over n elements (w, g, v of the same dtype):
+     * sgd:      w -= lr * (g + wd * w)
+     * momentum: d = g + wd * w;  v = mu * v + d;  w -= lr * (nesterov ? d + mu * v : v)
+     * (Paddle's Momentum / PyTorch SGD(momentum, dampening=0), L2 decay folded into d). */
+    void (*sgd_update)(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd);
+    void (*momentum_update)(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
+                            double mu, double wd, bool nesterov);
+
+    /* --- convolution: a plan per layer and shape, then forward and the two backwards --- */
+    /* Prepares d (checked: FL_ESHAPE / FL_EINVAL through fl_errmsg, NULL returned, when the
+     * backend cannot run it). The layer frees it with conv_plan_free. */
+    fl_conv_plan *(*conv_plan_create)(const fl_conv_desc *d);
+    void (*conv_plan_free)(fl_conv_plan *p);
+    /* Scratch bytes forward and backward need for max_batch images; the caller lends that
+     * much (64-byte aligned, contents not kept between calls) as `scratch`. */
+    size_t (*conv_scratch_bytes)(const fl_conv_plan *p);
+    /* y = conv(x, w) + bias (bias NULL when the plan has none); n <= max_batch images. */
+    void (*conv_forward)(fl_conv_plan *p, int64_t n, const void *x, const void *w,
+                         const void *bias, void *y, void *scratch);
+    /* dx = the gradient w.r.t. x given dy (overwrites dx). */
+    void (*conv_backward_data)(fl_conv_plan *p, int64_t n, const void *dy, const void *w,
+                               void *dx, void *scratch);
+    /* dw (and dbias, unless NULL) = the gradients w.r.t. the weight and bias given x and dy,
+     * added to what they hold when accumulate. */
+    void (*conv_backward_filter)(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
+                                 void *dw, void *dbias, bool accumulate, void *scratch);
+
+    /* --- pooling: n images of g->c channels (H, W) -> (OH, OW), in layout --- */
+    /* Max or mean over each window. Max pool pads with -inf; average pool divides by KH KW,
+     * padding included (PyTorch's count_include_pad = True). */
+    void (*pool_forward)(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
+                         const fl_conv_geom *g, const void *x, void *y);
+    /* dx = gradient of the pooling given dy (overwrites dx); max pool sends each window's
+     * gradient to its first largest x, as PyTorch's CPU kernel does. */
+    void (*pool_backward)(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
+                          const fl_conv_geom *g, const void *x, const void *dy, void *dx);
+
+    /* --- batch norm over the channels of x (N, C, HW) in layout (Ioffe & Szegedy 2015) --- */
+    /* y = [relu](gamma (x - mean) / sqrt(var + eps) + beta). training: mean and var (C, in
+     * double) receive the batch's mean and biased variance; else they are read (running
+     * statistics). y may alias x. */
+    void (*bn_forward)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                       const void *x, const void *gamma, const void *beta, double eps,
+                       bool training, double *mean, double *var, bool relu, void *y);
+    /* Backward of bn_forward with the mean and var it used. relu_y, when not NULL, is the
+     * relu's output y: dy counts only where y > 0. Writes dgamma, dbeta (adding when
+     * accumulate) and, unless dx is NULL, dx: with batch statistics (training)
+     * dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)), else dx = gamma invstd dy. */
+    void (*bn_backward)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                        const void *x, const void *relu_y, const void *dy, const void *gamma,
+                        const double *mean, const double *var, double eps, bool training,
+                        void *dx, void *dgamma, void *dbeta, bool accumulate);
+
+    /* --- Deep Gradient Compression over f32 (Lin et al. 2018; Paddle's dgc op). The exact
+     * contracts are the CPU kernels' (src/kernels/cpu/dgc_kernels.h); in short: --- */
+    /* clipping and weight-decay correction of grad, then momentum correction into u and v */
+    void (*dgc_accumulate)(int64_t n, const float *grad, const float *w, float *u, float *v,
+                           const fl_dgc_accum_args *a);
+    /* the indices of the k entries of largest |v| (never a zero) into idx; returns how many.
+     * scratch: n floats. */
+    int64_t (*dgc_select_exact)(int64_t n, const float *v, int64_t k, int32_t *idx,
+                                float *scratch);
+    /* dgc_accumulate fused with a sampled-threshold selection of the same top k (hint: last
+     * step's k-th magnitude, in and out); scratch: n + max(n / 100, 4096) floats */
+    int64_t (*dgc_accumulate_select)(int64_t n, const float *grad, const float *w, float *u,
+                                     float *v, const fl_dgc_accum_args *a, int64_t k,
+                                     int32_t *idx, float *scratch, uint64_t seed, float *hint,
+                                     int *passes);
+    /* pairs[i] = {base + idx[i], v[idx[i]]}; those entries of v (and u, unless NULL) zeroed */
+    void (*dgc_encode)(const int32_t *idx, int64_t count, int64_t base, float *v, float *u,
+                       fl_dgc_pair *pairs);
+    /* every pair's value added at its index in the segmented space (dst[s] holds segment s,
+     * [start[s], start[s+1])); -1, or the position of the first pair outside the space */
+    int64_t (*dgc_scatter_add)(const fl_dgc_pair *pairs, int64_t n, int nseg,
+                               const int64_t *start, float *const *dst);
+    /* w -= step * value at each pair's index, in pair order */
+    void (*dgc_apply_pairs)(const fl_dgc_pair *pairs, int64_t n, int nseg, const int64_t *start,
+                            float *const *w, double step);
+    /* the step over a whole tensor from its summed gradient g (zeroed after) */
+    void (*dgc_apply_dense)(int64_t n, float *w, float *g, float *u, double lr, double inv_n,
+                            double m, bool nesterov, double decay);
+
+    /* --- building blocks of the im2col convolution (NCHW; cpu and ref only, NULL elsewhere) --- */
+    /* col (C KH KW, OH OW), row stride ldc >= OH OW:
+     * col[(c KH + i) KW + j][oy OW + ox] = x[c][oy SH - PH + i DH][ox SW - PW + j DW], or 0
+     * outside the image. x is one image (C, H, W). */
+    void (*im2col)(fl_dtype t, const fl_conv_geom *g, const void *x, void *col, int64_t ldc);
+    /* The adjoint: x (C, H, W) = sum of the col entries that im2col reads from each pixel
+     * (overwrites x). */
+    void (*col2im)(fl_dtype t, const fl_conv_geom *g, const void *col, int64_t ldc, void *x);
+} fl_backend;
+
+/* The OpenBLAS + OpenMP table. */
+const fl_backend *fl_backend_cpu(void);
+/* The plain reference table (single-threaded loops; naive gemm). */
+const fl_backend *fl_backend_ref(void);
+/* oneDNN's convolution, batch norm and pooling (f32; f64 falls back to the cpu table's), the
+ * rest the cpu table's; NULL when fleet was built without oneDNN (configure says which). */
+const fl_backend *fl_backend_onednn(void);
+/* The backend called name: "cpu", "ref", "onednn", or "auto" (onednn where built, else cpu).
+ * NULL with a message naming the valid ones when unknown or not built in. */
+const fl_backend *fl_backend_by_name(const char *name);
+
+/* The host memory holding `bytes` of backend memory src, for comm to send: src itself on a
+ * host-memory backend (free), else staging after a device-to-host copy in stream s (complete
+ * when this returns). */
+static inline const void *fl_backend_stage_out(const fl_backend *be, const void *src,
+                                               void *staging, size_t bytes, fl_stream *s) {
+    if (be->host_memory)
+        return src;
+    be->copy(staging, src, bytes, FL_COPY_D2H, s);
+    be->stream_sync(s);
+    return staging;
+}
+/* Where comm should receive `bytes` bound for backend memory dst: dst itself on a host-memory
+ * backend, else staging; fl_backend_stage_in then moves staging to dst (a no-op on the host). */
+static inline void *fl_backend_stage_buf(const fl_backend *be, void *dst, void *staging) {
+    return be->host_memory ? dst : staging;
+}
+static inline void fl_backend_stage_in(const fl_backend *be, void *dst, const void *staging,
+                                       size_t bytes, fl_stream *s) {
+    if (!be->host_memory)
+        be->copy(dst, staging, bytes, FL_COPY_H2D, s);
+}
+
+/* Number of threads the CPU kernels use: OpenMP loops and OpenBLAS both follow it. n <= 0
+ * restores the default (OMP_NUM_THREADS, else one per core). Affects kernels called from the
+ * calling thread afterwards; call it at set-up, not concurrently with kernels. */
+void fl_kernels_set_threads(int n);
+int  fl_kernels_get_threads(void);
+
+/* Index of the largest of n values (first on ties); used by accuracy and the teacher task. */
+int64_t fl_argmax(fl_dtype t, const void *x, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEET_BACKEND_H */
