@@ -3,9 +3,10 @@
  * A layer is a table of function pointers (fl_layer_ops) plus its named parameters. A network
  * is a sequence of layers; fl_net_build plans all memory once (llm.c style): one flat block
  * for parameter values, one for gradients (in parameter order, so a run of parameters is one
- * contiguous range, which is what gradient buckets need), and one activation and one
- * activation-gradient buffer per layer, sized for the largest batch. Nothing is allocated in
- * forward or backward.
+ * contiguous range, which is what gradient buckets need), one activation buffer per layer, and
+ * activation-gradient buffers shared by layers whose gradients are not alive at the same time in
+ * backward (a chain needs two), all sized for the largest batch, in the backend's memory.
+ * Nothing is allocated in forward or backward.
  *
  * Example: one training step of the seed's MLP (error checks left out; x is an f32 tensor
  * (B, 32) with B <= 128, labels holds B class indices):

@@ -1,7 +1,8 @@
 /* network.c - layers in insertion order, each reading the previous layer's output or any
  * earlier one's (a small DAG, for residual networks), whose memory fl_net_build plans once
  * (llm.c style): flat parameter and gradient blocks in one order (a run of parameters is one
- * range, as gradient buckets need), per-layer output and output-gradient buffers, one scratch
+ * range, as gradient buckets need), per-layer output buffers, output-gradient buffers shared
+ * where their lifetimes in backward do not overlap (plan_output_grads), one scratch
  * block lent to the layers, and the buffers that sum gradients of outputs read twice. Steps
  * allocate nothing. */
 #include "nn_impl.h"
@@ -210,6 +211,67 @@ static void set_batch(fl_tensor *t, int64_t b) {
     t->numel = fl_shape_numel(t->ndim, t->shape);
 }
 
+/* Output gradients share memory where their lifetimes do not overlap. In backward (layer j at
+ * time nlayers - 1 - j) the gradient of output i is written first by its last consumer and read
+ * last by layer i itself: live from time nlayers - 1 - (last consumer) to nlayers - 1 - i.
+ * Greedily, in order of first write, each takes a slot free before it starts (the smallest
+ * that fits, else the largest, grown), or a new one. Writes each gradient's byte offset and
+ * returns the bytes of all slots: a chain of layers needs two slots, not one per layer. */
+static size_t plan_output_grads(fl_net *net, size_t *off) {
+    int n = net->nlayers - 1; // the last output's gradient is the caller's
+    int *last = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    int *slot_of = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    typedef struct {
+        size_t size;
+        int    busy_until; /* backward time of its current gradient's last read */
+    } slot;
+    slot *slots = malloc(sizeof(slot) * (size_t)(n > 0 ? n : 1));
+    FL_ASSERT(last && slot_of && slots);
+    for (int i = 0; i < n; i++)
+        last[i] = i;
+    for (int j = 0; j < net->nlayers; j++)
+        for (int k = 0; k < net->layers[j]->ninputs; k++)
+            if (net->layers[j]->inputs[k] >= 0 && j > last[net->layers[j]->inputs[k]])
+                last[net->layers[j]->inputs[k]] = j;
+    int nslots = 0;
+    /* first write at time nlayers - 1 - last[i]: later last consumers start earlier */
+    for (int t = 0; t < net->nlayers; t++)
+        for (int i = 0; i < n; i++) {
+            if (net->nlayers - 1 - last[i] != t)
+                continue;
+            size_t need = round64(fl_tensor_nbytes(&net->dout[i]));
+            int best = -1;
+            for (int s = 0; s < nslots; s++) {
+                if (slots[s].busy_until >= t)
+                    continue;
+                bool fits = slots[s].size >= need, bfits = best >= 0 && slots[best].size >= need;
+                if (best < 0 || (fits && (!bfits || slots[s].size < slots[best].size)) ||
+                    (!fits && !bfits && slots[s].size > slots[best].size))
+                    best = s;
+            }
+            if (best < 0)
+                slots[best = nslots++] = (slot){0, 0};
+            if (slots[best].size < need)
+                slots[best].size = need;
+            slots[best].busy_until = net->nlayers - 1 - i;
+            slot_of[i] = best;
+        }
+    size_t total = 0;
+    size_t *base = malloc(sizeof(size_t) * (size_t)(nslots > 0 ? nslots : 1));
+    FL_ASSERT(base);
+    for (int s = 0; s < nslots; s++) {
+        base[s] = total;
+        total += slots[s].size;
+    }
+    for (int i = 0; i < n; i++)
+        off[i] = base[slot_of[i]];
+    free(base);
+    free(slots);
+    free(slot_of);
+    free(last);
+    return total;
+}
+
 int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_batch,
                  uint64_t seed) {
     FL_ASSERT(net);
@@ -302,8 +364,6 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         if (pass == 0)
             continue;
         act_bytes += round64(fl_tensor_nbytes(&net->out[i]));
-        if (i < net->nlayers - 1) // the last output's gradient is the caller's dout
-            act_bytes += round64(fl_tensor_nbytes(&net->dout[i]));
         if (l->ops->scratch_bytes) {
             size_t want = l->ops->scratch_bytes(l, max_batch);
             if (want == SIZE_MAX) {
@@ -322,6 +382,13 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         if (net->consumers[i] > 1 && fl_tensor_nbytes(&net->out[i]) > sum_bytes)
             sum_bytes = fl_tensor_nbytes(&net->out[i]);
     }
+    size_t *dout_off = calloc((size_t)net->nlayers, sizeof *dout_off);
+    if (!dout_off) {
+        rc = fl_fail(FL_ENOMEM, "net: out of memory");
+        goto fail;
+    }
+    size_t out_bytes = act_bytes;
+    act_bytes += plan_output_grads(net, dout_off);
     if (net->layout == FL_LAYOUT_NHWC && in_ndim == 3 &&
         !(net->x_nhwc = net->k->alloc((size_t)(max_batch * fl_shape_numel(in_ndim, in_shape)) *
                                       esize))) {
@@ -330,6 +397,7 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
     }
     net->act_mem = net->k->alloc(act_bytes);
     if (!net->act_mem) {
+        free(dout_off);
         rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of activations", act_bytes);
         goto fail;
     }
@@ -351,10 +419,9 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         net->out[i].data = p;
         p += round64(fl_tensor_nbytes(&net->out[i]));
     }
-    for (int i = 0; i < net->nlayers - 1; i++) {
-        net->dout[i].data = p;
-        p += round64(fl_tensor_nbytes(&net->dout[i]));
-    }
+    for (int i = 0; i < net->nlayers - 1; i++)
+        net->dout[i].data = (char *)net->act_mem + out_bytes + dout_off[i];
+    free(dout_off);
 
     /* parameters: trainable values and gradients at the same offsets, buffers after */
     net->numel = net->numel_all = 0;
