@@ -227,6 +227,28 @@ typedef struct fl_backend {
                         const double *mean, const double *var, double eps, bool training,
                         void *dx, void *dgamma, void *dbeta, bool accumulate);
 
+    /* --- the small layers --- */
+    /* y = a + b, then max(0, .) when relu (the residual join); y may alias a or b */
+    void (*add_forward)(fl_dtype t, const void *a, const void *b, void *y, int64_t n, bool relu);
+    /* da = db = dy, where y > 0 when relu; either may be NULL */
+    void (*add_backward)(fl_dtype t, const void *y, const void *dy, void *da, void *db,
+                         int64_t n, bool relu);
+    /* Inverted dropout: out = in / (1 - p) where kept, else 0; element i is kept when word
+     * i % 4 of the Philox4x32-10 block at counter (i / 4, step) with key seed is >= p 2^32, so
+     * backward regenerates the same mask. in and out may alias. */
+    void (*dropout_mask)(fl_dtype t, uint64_t seed, uint64_t step, double p, const void *in,
+                         void *out, int64_t n);
+    /* The option-A shortcut (He et al. 2015) over n images in layout: forward, y (oc, ceil(h /
+     * stride), ceil(w / stride)) = 0 except channels [(oc - c) / 2, + c), x's every stride-th
+     * pixel; backward (forward false), x (c, h, w) = the adjoint from y. */
+    void (*channel_pad)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t h,
+                        int64_t w, int64_t stride, int64_t oc, void *x, void *y, bool forward);
+    /* Label smoothing's extra term: the sum over rows of logsumexp(x_r) - mean_j(x_rj) */
+    double (*xent_smooth_term)(fl_dtype t, const void *logits, int64_t rows, int64_t classes);
+    /* dlogits[r][j] += (j == labels[r] ? on : 0) - all */
+    void (*xent_smooth_backward)(fl_dtype t, const int32_t *labels, void *dlogits, int64_t rows,
+                                 int64_t classes, double on, double all);
+
     /* --- Deep Gradient Compression over f32 (Lin et al. 2018; Paddle's dgc op). The exact
      * contracts are the CPU kernels' (src/kernels/cpu/dgc_kernels.h); in short: --- */
     /* clipping and weight-decay correction of grad, then momentum correction into u and v */

@@ -1,7 +1,8 @@
 /* dropout.c - inverted dropout (Srivastava et al. 2014, JMLR 15): in training each element is
  * kept with probability 1 - p and scaled by 1 / (1 - p), so inference is the identity. The
  * mask is drawn from Philox stream `step` of the layer's seed, element i from position i / 4
- * (random access: threads and backward regenerate it instead of storing it). */
+ * (random access: threads and backward regenerate it instead of storing it), by the
+ * backend's dropout_mask. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -24,39 +25,16 @@ static int dropout_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape
 }
 
 /* out = in * mask / (1 - p) for the mask of `step` (in and out may alias) */
-#define STAMP_MASK(T, S)                                                                      \
-    static void mask_##S(const dropout_impl *d, uint64_t step, const T *in, T *out,           \
-                         int64_t n) {                                                         \
-        uint32_t key[2] = {(uint32_t)d->seed, (uint32_t)(d->seed >> 32)};                     \
-        uint32_t thresh = (uint32_t)(d->p * 4294967296.0);                                   \
-        T scale = (T)(1.0 / (1.0 - d->p));                                                    \
-        _Pragma("omp parallel for schedule(static) if (n >= (1 << 16))")                      \
-        for (int64_t q = 0; q < (n + 3) / 4; q++) {                                           \
-            uint32_t ctr[4] = {(uint32_t)q, (uint32_t)((uint64_t)q >> 32), (uint32_t)step,    \
-                               (uint32_t)(step >> 32)},                                       \
-                     r[4];                                                                    \
-            fl_philox4x32(ctr, key, r);                                                       \
-            for (int64_t j = 0; j < 4 && 4 * q + j < n; j++) {                                \
-                int64_t i = 4 * q + j;                                                        \
-                out[i] = r[j] >= thresh ? in[i] * scale : 0;                                  \
-            }                                                                                 \
-        }                                                                                     \
-    }
-STAMP_MASK(float, f32)
-STAMP_MASK(double, f64)
-
 static void apply(const fl_layer *l, uint64_t step, const void *in, void *out, int64_t n) {
-    if (l->dtype == FL_DTYPE_F32)
-        mask_f32(l->impl, step, in, out, n);
-    else
-        mask_f64(l->impl, step, in, out, n);
+    const dropout_impl *d = l->impl;
+    l->k->dropout_mask(l->dtype, d->seed, step, d->p, in, out, n);
 }
 
 static int dropout_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
     dropout_impl *d = l->impl;
     d->training = training && d->p > 0;
     if (!d->training) {
-        memcpy(y->data, x->data, fl_tensor_nbytes(x));
+        l->k->copy(y->data, x->data, fl_tensor_nbytes(x), FL_COPY_D2D, NULL);
         return FL_OK;
     }
     d->last_step = d->step++;
@@ -73,7 +51,7 @@ static int dropout_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y,
     if (!dx)
         return FL_OK;
     if (!d->training)
-        memcpy(dx->data, dy->data, fl_tensor_nbytes(dy));
+        l->k->copy(dx->data, dy->data, fl_tensor_nbytes(dy), FL_COPY_D2D, NULL);
     else
         apply(l, d->last_step, dy->data, dx->data, dy->numel);
     return FL_OK;

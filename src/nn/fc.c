@@ -51,7 +51,7 @@ static int fc_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
         size_t row = (size_t)fc->out * fl_dtype_size(l->dtype);
         const void *bias = l->params[1].value.data; // (OUT)
         for (int64_t r = 0; r < b; r++)
-            memcpy((char *)y->data + (size_t)r * row, bias, row);
+            l->k->copy((char *)y->data + (size_t)r * row, bias, row, FL_COPY_D2D, NULL);
         beta = 1;
     }
     // y (B, OUT) = x (B, IN) @ W^T (IN, OUT) + y

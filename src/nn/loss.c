@@ -68,28 +68,9 @@ int fl_softmax_xent_backward(const fl_backend *k, const fl_tensor *probs,
 }
 
 /* Label smoothing: with q = (1 - e) onehot + e / C, -sum_j q_j log p_j = (1 - e) (lse - x_l)
- * + e (lse - mean_j x_j), lse = log sum_j exp x_j. The kernel gives the first part's sum; the
- * second is computed here from the logits (never from log p, which underflows). */
-static double smooth_term(const fl_tensor *logits) {
-    int64_t b = logits->shape[0], c = logits->shape[1];
-    double total = 0;
-    for (int64_t r = 0; r < b; r++) {
-        double mx = -INFINITY, s = 0, mean = 0;
-        for (int64_t j = 0; j < c; j++) {
-            double v = logits->dtype == FL_DTYPE_F32 ? ((const float *)logits->data)[r * c + j]
-                                                     : ((const double *)logits->data)[r * c + j];
-            mx = v > mx ? v : mx;
-            mean += v;
-        }
-        for (int64_t j = 0; j < c; j++) {
-            double v = logits->dtype == FL_DTYPE_F32 ? ((const float *)logits->data)[r * c + j]
-                                                     : ((const double *)logits->data)[r * c + j];
-            s += exp(v - mx);
-        }
-        total += log(s) + mx - mean / (double)c;
-    }
-    return total;
-}
+ * + e (lse - mean_j x_j), lse = log sum_j exp x_j. The softmax kernel gives the first part's
+ * sum; the backend's xent_smooth_term the second, from the logits (never from log p, which
+ * underflows). */
 
 static int check_epsilon(double e) {
     if (!(e >= 0 && e < 1))
@@ -104,7 +85,12 @@ int fl_softmax_xent_smooth_forward(const fl_backend *k, const fl_tensor *logits,
     double ce = 0;
     FL_TRY(fl_softmax_xent_forward(k, logits, labels, probs, &ce));
     int64_t b = logits->shape[0];
-    double extra = epsilon > 0 && b > 0 ? smooth_term(logits) / (double)b : 0.0;
+    if (!k)
+        k = fl_backend_cpu();
+    double extra = epsilon > 0 && b > 0
+                       ? k->xent_smooth_term(logits->dtype, logits->data, b, logits->shape[1]) /
+                             (double)b
+                       : 0.0;
     *loss = (1 - epsilon) * ce + epsilon * extra;
     return FL_OK;
 }
@@ -118,15 +104,9 @@ int fl_softmax_xent_smooth_backward(const fl_backend *k, const fl_tensor *probs,
         return FL_OK;
     /* (p - q) / B = (p - onehot) / B + e (onehot - 1 / C) / B */
     double on = epsilon / (double)b, all = epsilon / ((double)c * (double)b);
-    for (int64_t r = 0; r < b; r++) {
-        for (int64_t j = 0; j < c; j++) {
-            double add = (j == labels[r] ? on : 0.0) - all;
-            if (dlogits->dtype == FL_DTYPE_F32)
-                ((float *)dlogits->data)[r * c + j] += (float)add;
-            else
-                ((double *)dlogits->data)[r * c + j] += add;
-        }
-    }
+    if (!k)
+        k = fl_backend_cpu();
+    k->xent_smooth_backward(dlogits->dtype, labels, dlogits->data, b, c, on, all);
     return FL_OK;
 }
 

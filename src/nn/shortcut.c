@@ -32,46 +32,10 @@ static int sc_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int
     return FL_OK;
 }
 
-/* Element strides of an (n, c, h, w) image batch in layout l. */
-typedef struct {
-    int64_t n, c, y, x;
-} strides;
-static strides strides_of(fl_layout l, int64_t c, int64_t h, int64_t w) {
-    return l == FL_LAYOUT_NHWC ? (strides){h * w * c, 1, w * c, c}
-                               : (strides){c * h * w, h * w, w, 1};
-}
-
-/* forward: gather x into y's middle channels; backward: scatter dy back into dx (either
- * layout: every element is addressed through its layout's strides) */
-#define STAMP_SC(T, S)                                                                        \
-    static void move_##S(const shortcut_impl *s, fl_layout l, int64_t b, T *x, T *y,          \
-                         bool forward) {                                                      \
-        int64_t off = (s->oc - s->c) / 2;                                                     \
-        strides sx = strides_of(l, s->c, s->h, s->w), sy = strides_of(l, s->oc, s->oh, s->ow); \
-        if (forward)                                                                          \
-            memset(y, 0, (size_t)(b * s->oc * s->oh * s->ow) * sizeof(T));                    \
-        else                                                                                  \
-            memset(x, 0, (size_t)(b * s->c * s->h * s->w) * sizeof(T));                       \
-        for (int64_t n = 0; n < b; n++)                                                       \
-            for (int64_t i = 0; i < s->oh; i++)                                               \
-                for (int64_t j = 0; j < s->ow; j++)                                           \
-                    for (int64_t c = 0; c < s->c; c++) {                                      \
-                        T *xv = x + n * sx.n + c * sx.c + i * s->s * sx.y + j * s->s * sx.x;  \
-                        T *yv = y + n * sy.n + (c + off) * sy.c + i * sy.y + j * sy.x;        \
-                        if (forward)                                                          \
-                            *yv = *xv;                                                        \
-                        else                                                                  \
-                            *xv = *yv;                                                        \
-                    }                                                                         \
-    }
-STAMP_SC(float, f32)
-STAMP_SC(double, f64)
-
+/* forward: x into y's middle channels; backward: dy back into dx (the backend's channel_pad) */
 static void move(fl_layer *l, int64_t b, void *x, void *y, bool forward) {
-    if (l->dtype == FL_DTYPE_F32)
-        move_f32(l->impl, l->layout, b, x, y, forward);
-    else
-        move_f64(l->impl, l->layout, b, x, y, forward);
+    const shortcut_impl *s = l->impl;
+    l->k->channel_pad(l->dtype, l->layout, b, s->c, s->h, s->w, s->s, s->oc, x, y, forward);
 }
 
 static int sc_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {

@@ -111,6 +111,18 @@ void cpu_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const vo
 void cpu_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
                               void *dw, void *dbias, bool accumulate, void *scratch);
 
+/* layer_ops.c: the residual add, dropout's mask, option-A padding, label smoothing */
+void cpu_add_forward(fl_dtype t, const void *a, const void *b, void *y, int64_t n, bool relu);
+void cpu_add_backward(fl_dtype t, const void *y, const void *dy, void *da, void *db, int64_t n,
+                      bool relu);
+void cpu_dropout_mask(fl_dtype t, uint64_t seed, uint64_t step, double p, const void *in,
+                      void *out, int64_t n);
+void cpu_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t h, int64_t w,
+                     int64_t stride, int64_t oc, void *x, void *y, bool forward);
+double cpu_xent_smooth_term(fl_dtype t, const void *logits, int64_t rows, int64_t classes);
+void cpu_xent_smooth_backward(fl_dtype t, const int32_t *labels, void *dlogits, int64_t rows,
+                              int64_t classes, double on, double all);
+
 /* memory.c: host memory, copies, the NCHW <-> NHWC reorder, stream and event tokens */
 void *cpu_alloc(size_t bytes);
 void cpu_free(void *p);
@@ -127,7 +139,10 @@ void cpu_event_record(fl_event *e, fl_stream *s);
 void cpu_event_wait(fl_stream *s, fl_event *e);
 void cpu_event_sync(fl_event *e);
 
-/* The fields every CPU table shares: host memory, token streams. */
-#define CPU_BACKEND_MEMORY                                                                        .host_memory = true, .alloc = cpu_alloc, .free = cpu_free, .copy = cpu_copy,                  .fill = cpu_fill, .reorder = cpu_reorder, .stream_create = cpu_stream_create,                 .stream_free = cpu_stream_free, .stream_sync = cpu_stream_sync,                               .event_create = cpu_event_create, .event_free = cpu_event_free,                               .event_record = cpu_event_record, .event_wait = cpu_event_wait,                               .event_sync = cpu_event_sync
+/* The fields every CPU table shares: host memory, token streams, the small layers' loops. */
+#define CPU_BACKEND_MEMORY                                                                        .host_memory = true, .alloc = cpu_alloc, .free = cpu_free, .copy = cpu_copy,                  .fill = cpu_fill, .reorder = cpu_reorder, .stream_create = cpu_stream_create,                 .stream_free = cpu_stream_free, .stream_sync = cpu_stream_sync,                               .event_create = cpu_event_create, .event_free = cpu_event_free,                               .event_record = cpu_event_record, .event_wait = cpu_event_wait,                               .event_sync = cpu_event_sync, .add_forward = cpu_add_forward,                             \
+    .add_backward = cpu_add_backward, .dropout_mask = cpu_dropout_mask,                       \
+    .channel_pad = cpu_channel_pad, .xent_smooth_term = cpu_xent_smooth_term,                 \
+    .xent_smooth_backward = cpu_xent_smooth_backward
 
 #endif /* FLEET_KERNELS_CPU_IMPL_H */
