@@ -449,7 +449,20 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         }
     }
 
-    /* initialisation: param j from stream NN_INIT_STREAM + j (see nn_impl.h) */
+    /* initialisation: param j from stream NN_INIT_STREAM + j (see nn_impl.h). Layers' init
+     * writes host memory: on a device backend they write a host copy, which then moves. */
+    size_t pbytes = (size_t)net->numel_all * esize;
+    char *host = NULL;
+    if (!net->k->host_memory) {
+        if (!(host = fl_alloc_aligned(pbytes ? pbytes : 1))) {
+            rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes to initialise", pbytes);
+            goto fail;
+        }
+        memset(host, 0, pbytes);
+        for (int i = 0; i < net->nparams; i++)
+            net->params[i].value.data =
+                host + ((char *)net->params[i].value.data - (char *)net->flat_params);
+    }
     int j = 0;
     for (int i = 0; i < net->nlayers; i++) {
         fl_layer *l = net->layers[i];
@@ -459,6 +472,14 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
             l->ops->init(l, &r);
         }
         j += l->nparams;
+    }
+    if (host) {
+        for (int i = 0; i < net->nparams; i++)
+            net->params[i].value.data =
+                (char *)net->flat_params + ((char *)net->params[i].value.data - host);
+        net->k->copy(net->flat_params, host, pbytes, FL_COPY_H2D, NULL);
+        net->k->stream_sync(NULL);
+        fl_free_aligned(host);
     }
     net->built = true;
     return FL_OK;
