@@ -9,14 +9,15 @@
  *
  * Backends: fl_backend_cpu() (OpenBLAS gemm, OpenMP loops, convolution as im2col + gemm),
  * fl_backend_ref() (plain single-threaded loops; the reference tests compare against), and
- * fl_backend_onednn() (oneDNN 2.x convolution, batch norm and pooling on channels-last
- * activations, the rest from the cpu table; NULL when fleet was built without oneDNN). A CUDA
+ * fl_backend_onednn() (oneDNN 2.x convolution and pooling and a batch norm of its own, on
+ * channels-last activations, the rest from the cpu table; NULL when fleet was built without
+ * oneDNN). A CUDA
  * backend joins behind the same table.
  *
  * Every kernel takes a dtype, FL_DTYPE_F32 or FL_DTYPE_F64 (f64 exists so gradient checks can use
- * finite differences), and raw pointers into the backend's memory; sizes may be 0. The cpu and
- * ref tables sum in fixed-size chunks in a fixed order, so results do not depend on the thread
- * count; docs/backends.md says where oneDNN differs. All kernels are thread-safe except gemm:
+ * finite differences), and raw pointers into the backend's memory; sizes may be 0. Results do
+ * not depend on the thread count in any of the three tables: sums run over fixed chunks in a
+ * fixed order (docs/backends.md says how). All kernels are thread-safe except gemm:
  * OpenBLAS keeps its thread count in globals, so concurrent gemm calls from several threads must
  * be serialised by the caller (fleet runs them on the training thread only). */
 #ifndef FLEET_BACKEND_H

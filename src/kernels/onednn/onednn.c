@@ -1,5 +1,6 @@
-/* onednn.c - the fl_backend_onednn() table: the cpu table with convolution, pooling and batch
- * norm replaced by oneDNN primitives on f32 (channels-last preferred), plus the engine, the
+/* onednn.c - the fl_backend_onednn() table: the cpu table with convolution and pooling replaced
+ * by oneDNN primitives on f32 (channels-last preferred) and a channels-last batch norm of its
+ * own, all giving the same bits for any thread count (docs/backends.md); plus the engine, the
  * per-thread streams and the small helpers the other onednn files share. f64 goes to the cpu
  * table's ops throughout (oneDNN has no f64). */
 #include "onednn_impl.h"
@@ -16,12 +17,18 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 dnnl_engine_t onednn_engine(void) { return engine; }
 
-/* One stream per thread, never destroyed: a handful of bytes per thread that ran a kernel. */
+/* One stream per thread, destroyed when the thread exits (OpenMP's workers run convolution
+ * pieces and come and go as the thread count changes): the key's destructor. */
 static _Thread_local dnnl_stream_t thread_stream;
+static pthread_key_t stream_key;
+
+static void stream_destroy(void *s) { dnnl_stream_destroy(s); }
 
 dnnl_stream_t onednn_stream(void) {
-    if (!thread_stream)
+    if (!thread_stream) {
         DNNL_MUST(dnnl_stream_create(&thread_stream, engine, dnnl_stream_default_flags));
+        FL_ASSERT(pthread_setspecific(stream_key, thread_stream) == 0);
+    }
     return thread_stream;
 }
 
@@ -168,7 +175,8 @@ static fl_layout onednn_preferred_layout(fl_dtype t) {
 }
 
 static void init(void) {
-    if (dnnl_engine_get_count(dnnl_cpu) < 1 ||
+    if (pthread_key_create(&stream_key, stream_destroy) != 0 ||
+        dnnl_engine_get_count(dnnl_cpu) < 1 ||
         dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
         engine = NULL;
         return;

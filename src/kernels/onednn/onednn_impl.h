@@ -16,9 +16,10 @@
 
 /* The CPU engine (index 0), created once. */
 dnnl_engine_t onednn_engine(void);
-/* The calling thread's stream on that engine, created on first use: oneDNN does not promise
- * that one stream may be used from several threads at once, and fleet's kernels are
- * thread-safe, so each thread gets its own. */
+/* The calling thread's stream on that engine, created on first use and destroyed when the
+ * thread exits: oneDNN does not promise that one stream may be used from several threads at
+ * once, and fleet's kernels are thread-safe (and run convolution pieces on OpenMP's workers),
+ * so each thread gets its own. */
 dnnl_stream_t onednn_stream(void);
 /* The table every f64 call and every case oneDNN cannot run goes to (NCHW only). */
 const fl_backend *onednn_cpu(void);
@@ -62,7 +63,8 @@ int onednn_create(dnnl_primitive_t *prim, const_dnnl_op_desc_t op, const_dnnl_pr
 void *onednn_alloc(size_t bytes);
 void onednn_free(void *p);
 /* A buffer of at least `bytes`, 64-byte aligned, private to the calling thread and reused by
- * its next call (contents not kept): for per-channel temporaries inside one kernel call. */
+ * its next call (contents not kept): for per-channel temporaries and partial sums inside one
+ * kernel call. */
 void *onednn_tls_buf(size_t bytes);
 
 /* onednn_conv.c */
