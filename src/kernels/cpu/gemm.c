@@ -32,7 +32,7 @@ STAMP_SCALE_C(double, f64)
 
 /* The most blocks a product is cut into, and the fewest rows (columns) a block has. */
 #define GEMM_BLOCKS 8
-#define GEMM_BLOCK_MIN 32
+#define GEMM_BLOCK_MIN 128
 
 /* One single-threaded OpenBLAS call (the caller has set the thread count to 1). */
 static void gemm_block(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
