@@ -62,7 +62,9 @@ typedef enum { FL_POOL_MAX = 0, FL_POOL_AVG = 1 } fl_pool;
  * Tensors of 1 or 2 dimensions, parameters and everything outside the network are in their
  * plain row-major order whatever the layout. */
 typedef enum { FL_LAYOUT_NCHW = 0, FL_LAYOUT_NHWC = 1 } fl_layout;
-const char *fl_layout_name(fl_layout l);
+static inline const char *fl_layout_name(fl_layout l) {
+    return l == FL_LAYOUT_NHWC ? "NHWC" : "NCHW";
+}
 
 /* One convolution as a backend plans it (cuDNN's descriptor, oneDNN's primitive descriptor):
  * x (N, IC, H, W) -> y (N, OC, OH, OW) in `layout`, weight (OC, IC / groups, KH, KW) and bias

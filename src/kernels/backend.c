@@ -1,11 +1,9 @@
-/* backend.c - choosing a backend by name, and what the tables share: layout names, and the
- * answer to fl_backend_onednn() in builds without oneDNN. */
+/* backend.c - choosing a backend by name, and the answer to fl_backend_onednn() in builds
+ * without oneDNN. */
 #include "fleet/backend.h"
 #include "fleet/status.h"
 
 #include <string.h>
-
-const char *fl_layout_name(fl_layout l) { return l == FL_LAYOUT_NHWC ? "NHWC" : "NCHW"; }
 
 #ifndef FL_USE_ONEDNN
 const fl_backend *fl_backend_onednn(void) { return NULL; }
