@@ -150,10 +150,10 @@ typedef struct {
 /* 2-D convolution: x (B, IC, H, W) -> y (B, OC, OH, OW); weight (OC, IC / groups, KH, KW),
  * bias (OC) as in PyTorch. Initialised as torchvision's ResNet does (He et al. 2015,
  * arXiv:1502.01852: normal with std sqrt(2 / (OC KH KW)), "fan_out"), bias 0 (not nn.Conv2d's
- * default uniform). Computed per image as im2col + gemm (1x1 stride-1 convolutions as a plain
- * gemm), images spread over OpenMP threads in at most 8 fixed slots (results do not depend on
- * the thread count); stride-1 input gradients convolve dy with the flipped kernel, strided ones
- * use col2im. NULL with a message on bad options. */
+ * default uniform). Computed by the backend (conv_plan_create when the network is built, then
+ * conv_forward / conv_backward_filter / conv_backward_data): oneDNN on NHWC activations, or
+ * im2col + gemm per image on the cpu backend; results do not depend on the thread count
+ * (docs/backends.md). NULL with a message on bad options. */
 fl_layer *fl_conv2d_create(const char *name, const fl_conv2d_opts *o);
 /* Batch normalisation over the channels of x (B, C, ...) (Ioffe & Szegedy 2015): weight,
  * bias (C) trainable (init 1, 0); running_mean, running_var (C) persistable buffers (init 0, 1).
