@@ -8,7 +8,6 @@
 #include "kernels/relu_mask.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define STAMP_BN(T, S)                                                                        \
@@ -41,11 +40,15 @@
         for (int64_t ch = 0; ch < c; ch++)                                                    \
             bn_stats_channel_##S(n, c, hw, x, ch, mean, var);                                 \
     }                                                                                         \
-    static void bn_apply_##S(int64_t n, int64_t c, int64_t hw, const T *x, const double *sc,  \
-                             const double *sh, bool relu, T *y) {                             \
+    /* scale = gamma / sqrt(var + eps), shift = beta - mean scale, per (image, channel) row */ \
+    static void bn_apply_##S(int64_t n, int64_t c, int64_t hw, const T *x, const T *gamma,    \
+                             const T *beta, const double *mean, const double *var, double eps, \
+                             bool relu, T *y) {                                               \
         _Pragma("omp parallel for schedule(static) if (n * c * hw >= PAR_MIN)")               \
         for (int64_t r = 0; r < n * c; r++) {                                                 \
-            T a = (T)sc[r % c], b = (T)sh[r % c];                                             \
+            int64_t ch = r % c;                                                               \
+            double sc = (double)gamma[ch] / sqrt(var[ch] + eps);                              \
+            T a = (T)sc, b = (T)((double)beta[ch] - mean[ch] * sc);                           \
             const T *p = x + r * hw;                                                          \
             T *q = y + r * hw;                                                                \
             if (relu) {                                                                       \
@@ -62,10 +65,10 @@
      * row sums added in double (vectorised; the mask is a blend, not a branch) */            \
     static void bn_backward_channel_##S(int64_t n, int64_t c, int64_t hw, const T *x,         \
                                         const T *ry, const T *dy, const T *gamma,             \
-                                        const double *mean, const double *invstd,             \
+                                        const double *mean, const double *var, double eps,    \
                                         bool training, T *dx, T *dgamma, T *dbeta,            \
                                         bool accumulate, int64_t ch) {                        \
-        double m = mean[ch], is = invstd[ch], sdy = 0, sdyx = 0;                              \
+        double m = mean[ch], is = 1.0 / sqrt(var[ch] + eps), sdy = 0, sdyx = 0;               \
         T mt = (T)m;                                                                          \
         for (int64_t b = 0; b < n; b++) {                                                     \
             int64_t off = (b * c + ch) * hw;                                                  \
@@ -114,34 +117,25 @@
     }                                                                                         \
     static void bn_backward_##S(int64_t n, int64_t c, int64_t hw, const T *x, const T *ry,    \
                                 const T *dy, const T *gamma, const double *mean,              \
-                                const double *invstd, bool training, T *dx, T *dgamma,        \
-                                T *dbeta, bool accumulate) {                                  \
+                                const double *var, double eps, bool training, T *dx,          \
+                                T *dgamma, T *dbeta, bool accumulate) {                       \
         _Pragma("omp parallel for schedule(static) if (n * c * hw >= PAR_MIN)")               \
         for (int64_t ch = 0; ch < c; ch++)                                                    \
-            bn_backward_channel_##S(n, c, hw, x, ry, dy, gamma, mean, invstd, training, dx,   \
+            bn_backward_channel_##S(n, c, hw, x, ry, dy, gamma, mean, var, eps, training, dx, \
                                     dgamma, dbeta, accumulate, ch);                           \
     }
 STAMP_BN(float, f32)
 STAMP_BN(double, f64)
 
-/* y = [relu](x scale + shift), scale = gamma invstd, shift = beta - mean scale: the batch's
- * statistics in training, the given (running) ones otherwise. NCHW only. */
+/* y = [relu](x scale + shift), scale = gamma / sqrt(var + eps), shift = beta - mean scale: the
+ * batch's statistics in training, the given (running) ones otherwise. NCHW only. */
 void cpu_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                     const void *x, const void *gamma, const void *beta, double eps,
                     bool training, double *mean, double *var, bool relu, void *y) {
     FL_ASSERT(layout == FL_LAYOUT_NCHW);
     if (training)
         DISPATCH(t, bn_stats, n, c, hw, x, mean, var);
-    double *sc = malloc((size_t)(2 * (c > 0 ? c : 1)) * sizeof *sc), *sh = sc + c;
-    FL_ASSERT(sc);
-    for (int64_t i = 0; i < c; i++) {
-        double g = t == FL_DTYPE_F32 ? ((const float *)gamma)[i] : ((const double *)gamma)[i];
-        double b = t == FL_DTYPE_F32 ? ((const float *)beta)[i] : ((const double *)beta)[i];
-        sc[i] = g / sqrt(var[i] + eps);
-        sh[i] = b - mean[i] * sc[i];
-    }
-    DISPATCH(t, bn_apply, n, c, hw, x, sc, sh, relu, y);
-    free(sc);
+    DISPATCH(t, bn_apply, n, c, hw, x, gamma, beta, mean, var, eps, relu, y);
 }
 
 void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
@@ -149,11 +143,6 @@ void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t
                      const double *mean, const double *var, double eps, bool training, void *dx,
                      void *dgamma, void *dbeta, bool accumulate) {
     FL_ASSERT(layout == FL_LAYOUT_NCHW);
-    double *invstd = malloc((size_t)(c > 0 ? c : 1) * sizeof *invstd);
-    FL_ASSERT(invstd);
-    for (int64_t i = 0; i < c; i++)
-        invstd[i] = 1.0 / sqrt(var[i] + eps);
-    DISPATCH(t, bn_backward, n, c, hw, x, relu_y, dy, gamma, mean, invstd, training, dx, dgamma,
-             dbeta, accumulate);
-    free(invstd);
+    DISPATCH(t, bn_backward, n, c, hw, x, relu_y, dy, gamma, mean, var, eps, training, dx,
+             dgamma, dbeta, accumulate);
 }
