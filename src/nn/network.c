@@ -216,7 +216,8 @@ static void set_batch(fl_tensor *t, int64_t b) {
  * last by layer i itself: live from time nlayers - 1 - (last consumer) to nlayers - 1 - i.
  * Greedily, in order of first write, each takes a slot free before it starts (the smallest
  * that fits, else the largest, grown), or a new one. Writes each gradient's byte offset and
- * returns the bytes of all slots: a chain of layers needs two slots, not one per layer. */
+ * returns the bytes of all slots: a chain of layers needs two slots, not one per layer;
+ * SIZE_MAX when out of memory. */
 static size_t plan_output_grads(fl_net *net, size_t *off) {
     int n = net->nlayers - 1; // the last output's gradient is the caller's
     int *last = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
@@ -226,7 +227,10 @@ static size_t plan_output_grads(fl_net *net, size_t *off) {
         int    busy_until; /* backward time of its current gradient's last read */
     } slot;
     slot *slots = malloc(sizeof(slot) * (size_t)(n > 0 ? n : 1));
-    FL_ASSERT(last && slot_of && slots);
+    size_t *base = malloc(sizeof(size_t) * (size_t)(n > 0 ? n : 1)); /* per slot (<= n) */
+    size_t total = SIZE_MAX;
+    if (!last || !slot_of || !slots || !base)
+        goto done;
     for (int i = 0; i < n; i++)
         last[i] = i;
     for (int j = 0; j < net->nlayers; j++)
@@ -256,15 +260,14 @@ static size_t plan_output_grads(fl_net *net, size_t *off) {
             slots[best].busy_until = net->nlayers - 1 - i;
             slot_of[i] = best;
         }
-    size_t total = 0;
-    size_t *base = malloc(sizeof(size_t) * (size_t)(nslots > 0 ? nslots : 1));
-    FL_ASSERT(base);
+    total = 0;
     for (int s = 0; s < nslots; s++) {
         base[s] = total;
         total += slots[s].size;
     }
     for (int i = 0; i < n; i++)
         off[i] = base[slot_of[i]];
+done:
     free(base);
     free(slots);
     free(slot_of);
@@ -387,8 +390,13 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         rc = fl_fail(FL_ENOMEM, "net: out of memory");
         goto fail;
     }
-    size_t out_bytes = act_bytes;
-    act_bytes += plan_output_grads(net, dout_off);
+    size_t out_bytes = act_bytes, grad_bytes = plan_output_grads(net, dout_off);
+    if (grad_bytes == SIZE_MAX) {
+        free(dout_off);
+        rc = fl_fail(FL_ENOMEM, "net: out of memory");
+        goto fail;
+    }
+    act_bytes += grad_bytes;
     if (net->layout == FL_LAYOUT_NHWC && in_ndim == 3 &&
         !(net->x_nhwc = net->k->alloc((size_t)(max_batch * fl_shape_numel(in_ndim, in_shape)) *
                                       esize))) {

@@ -1,12 +1,6 @@
 /* cpu.c - the fl_backend_cpu() table: OpenBLAS gemm (gemm.c) and OpenMP loops
  * (elementwise.c, act_kernels.c, reduce.c, softmax.c), gathered behind fl_backend. */
 #include "cpu_impl.h"
-#include "dgc_kernels.h"
-
-static fl_layout nchw_only(fl_dtype t) {
-    (void)t;
-    return FL_LAYOUT_NCHW;
-}
 
 static fl_conv_plan *cpu_conv_plan_create(const fl_conv_desc *d) {
     return cpu_conv_plan_create_with(fl_backend_cpu(), d);
@@ -14,8 +8,7 @@ static fl_conv_plan *cpu_conv_plan_create(const fl_conv_desc *d) {
 
 static const fl_backend cpu_ops = {
     .name = "cpu",
-    .preferred_layout = nchw_only,
-    CPU_BACKEND_MEMORY,
+    CPU_BACKEND_SHARED,
     .gemm = cpu_gemm,
     .add_bias = cpu_add_bias,
     .sum_rows = cpu_sum_rows,
@@ -29,13 +22,6 @@ static const fl_backend cpu_ops = {
     .softmax_xent_backward = cpu_softmax_xent_backward,
     .sgd_update = cpu_sgd_update,
     .momentum_update = cpu_momentum_update,
-    .dgc_accumulate = dgc_accumulate,
-    .dgc_select_exact = dgc_select_exact,
-    .dgc_accumulate_select = dgc_accumulate_select,
-    .dgc_encode = dgc_encode,
-    .dgc_scatter_add = dgc_scatter_add,
-    .dgc_apply_pairs = dgc_apply_pairs,
-    .dgc_apply_dense = dgc_apply_dense,
     .im2col = cpu_im2col,
     .col2im = cpu_col2im,
     .conv_plan_create = cpu_conv_plan_create,

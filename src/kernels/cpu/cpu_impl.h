@@ -6,6 +6,7 @@
 
 #include "fleet/backend.h"
 #include "fleet/status.h"
+#include "dgc_kernels.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -139,10 +140,24 @@ void cpu_event_record(fl_event *e, fl_stream *s);
 void cpu_event_wait(fl_stream *s, fl_event *e);
 void cpu_event_sync(fl_event *e);
 
-/* The fields every CPU table shares: host memory, token streams, the small layers' loops. */
-#define CPU_BACKEND_MEMORY                                                                        .host_memory = true, .alloc = cpu_alloc, .free = cpu_free, .copy = cpu_copy,                  .fill = cpu_fill, .reorder = cpu_reorder, .stream_create = cpu_stream_create,                 .stream_free = cpu_stream_free, .stream_sync = cpu_stream_sync,                               .event_create = cpu_event_create, .event_free = cpu_event_free,                               .event_record = cpu_event_record, .event_wait = cpu_event_wait,                               .event_sync = cpu_event_sync, .add_forward = cpu_add_forward,                             \
-    .add_backward = cpu_add_backward, .dropout_mask = cpu_dropout_mask,                       \
-    .channel_pad = cpu_channel_pad, .xent_smooth_term = cpu_xent_smooth_term,                 \
-    .xent_smooth_backward = cpu_xent_smooth_backward
+/* NCHW, the only layout of the cpu and ref tables' convolution */
+fl_layout cpu_nchw_only(fl_dtype t);
+
+/* The fields the cpu and ref tables share: NCHW, host memory, token streams, the small
+ * layers' loops, DGC's kernels. */
+#define CPU_BACKEND_SHARED                                                                    \
+    .preferred_layout = cpu_nchw_only, .host_memory = true, .alloc = cpu_alloc,               \
+    .free = cpu_free, .copy = cpu_copy, .fill = cpu_fill, .reorder = cpu_reorder,             \
+    .stream_create = cpu_stream_create, .stream_free = cpu_stream_free,                       \
+    .stream_sync = cpu_stream_sync, .event_create = cpu_event_create,                         \
+    .event_free = cpu_event_free, .event_record = cpu_event_record,                           \
+    .event_wait = cpu_event_wait, .event_sync = cpu_event_sync,                               \
+    .add_forward = cpu_add_forward, .add_backward = cpu_add_backward,                         \
+    .dropout_mask = cpu_dropout_mask, .channel_pad = cpu_channel_pad,                         \
+    .xent_smooth_term = cpu_xent_smooth_term,                                                 \
+    .xent_smooth_backward = cpu_xent_smooth_backward, .dgc_accumulate = dgc_accumulate,       \
+    .dgc_select_exact = dgc_select_exact, .dgc_accumulate_select = dgc_accumulate_select,     \
+    .dgc_encode = dgc_encode, .dgc_scatter_add = dgc_scatter_add,                             \
+    .dgc_apply_pairs = dgc_apply_pairs, .dgc_apply_dense = dgc_apply_dense
 
 #endif /* FLEET_KERNELS_CPU_IMPL_H */

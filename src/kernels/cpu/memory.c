@@ -75,3 +75,8 @@ void cpu_event_free(fl_event *e) { (void)e; }
 void cpu_event_record(fl_event *e, fl_stream *s) { (void)e, (void)s; }
 void cpu_event_wait(fl_stream *s, fl_event *e) { (void)s, (void)e; }
 void cpu_event_sync(fl_event *e) { (void)e; }
+
+fl_layout cpu_nchw_only(fl_dtype t) {
+    (void)t;
+    return FL_LAYOUT_NCHW;
+}

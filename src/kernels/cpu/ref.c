@@ -2,7 +2,6 @@
  * threaded, naive triple-loop gemm, sums in double. Slow on purpose; it is what the tests
  * hold the fast table to, so every line should be obviously right. */
 #include "cpu_impl.h"
-#include "dgc_kernels.h"
 #include "fleet/backend.h"
 #include "fleet/status.h"
 
@@ -178,19 +177,13 @@ static void ref_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, v
     }
 }
 
-static fl_layout nchw_only(fl_dtype t) {
-    (void)t;
-    return FL_LAYOUT_NCHW;
-}
-
 static fl_conv_plan *ref_conv_plan_create(const fl_conv_desc *d) {
     return cpu_conv_plan_create_with(fl_backend_ref(), d);
 }
 
 static const fl_backend ref_ops = {
     .name = "ref",
-    .preferred_layout = nchw_only,
-    CPU_BACKEND_MEMORY,
+    CPU_BACKEND_SHARED,
     .gemm = ref_gemm,
     .add_bias = ref_add_bias,
     .sum_rows = ref_sum_rows,
@@ -205,13 +198,6 @@ static const fl_backend ref_ops = {
     .sgd_update = ref_sgd_update,
     .momentum_update = ref_momentum_update,
     /* window and batch-norm loops: the same plain loops as the cpu table (cpu_impl.h) */
-    .dgc_accumulate = dgc_accumulate,
-    .dgc_select_exact = dgc_select_exact,
-    .dgc_accumulate_select = dgc_accumulate_select,
-    .dgc_encode = dgc_encode,
-    .dgc_scatter_add = dgc_scatter_add,
-    .dgc_apply_pairs = dgc_apply_pairs,
-    .dgc_apply_dense = dgc_apply_dense,
     .im2col = cpu_im2col,
     .col2im = cpu_col2im,
     .conv_plan_create = ref_conv_plan_create,
