@@ -295,8 +295,9 @@ typedef struct fl_backend {
 const fl_backend *fl_backend_cpu(void);
 /* The plain reference table (single-threaded loops; naive gemm). */
 const fl_backend *fl_backend_ref(void);
-/* oneDNN's convolution, batch norm and pooling (f32; f64 falls back to the cpu table's), the
- * rest the cpu table's; NULL when fleet was built without oneDNN (configure says which). */
+/* oneDNN's convolution and pooling and a channels-last batch norm (f32; f64 falls back to the
+ * cpu table's), the rest the cpu table's; NULL when fleet was built without oneDNN (configure
+ * says which). */
 const fl_backend *fl_backend_onednn(void);
 /* The backend called name: "cpu", "ref", "onednn", or "auto" (onednn where built, else cpu).
  * NULL with a message naming the valid ones when unknown or not built in. */
