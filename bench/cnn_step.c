@@ -1,10 +1,13 @@
 /* cnn_step.c - times one training step (forward, softmax cross-entropy, backward, Momentum
  * update) of a ResNet, the workload of bench/cnn_step_torch.py, for the comparison that
- * bench/cnn_step.sh prints. Usage: cnn_step MODEL BATCH ITERS REPEATS [BACKEND], MODEL one of
- * resnet20 (CIFAR, option A, 3x32x32, 10 classes) or resnet18/34/50/101/152 (3x224x224, 1000
- * classes), BACKEND auto (default), onednn, cpu or ref. Prints the median over REPEATS of the
- * mean step time of ITERS steps, in ms (and on stderr the median CPU time per step, all threads
- * together, and the process's peak resident memory). */
+ * bench/cnn_step.sh prints, and of bench/recompute.sh. Usage:
+ *   cnn_step MODEL BATCH ITERS REPEATS [BACKEND [CHECKPOINTS]]
+ * MODEL one of resnet20 (CIFAR, option A, 3x32x32, 10 classes), resnet18/34/50/101/152
+ * (3x224x224, 1000 classes) or mlpD (D hidden ReLU layers of 1024, 1024 inputs, 10 classes),
+ * BACKEND auto (default), onednn, cpu or ref, CHECKPOINTS none (default), auto or layer names
+ * (fl_net_set_recompute). Prints the median over REPEATS of the mean step time of ITERS steps,
+ * in ms (and on stderr the median CPU time per step, all threads together, the network's
+ * activation memory and the process's peak resident memory). */
 #include "fleet/backend.h"
 #include "fleet/log.h"
 #include "fleet/nn.h"
@@ -21,8 +24,9 @@
 
 /* CPU seconds of the whole process (all threads): less disturbed by other jobs than wall time */
 int main(int argc, char **argv) {
-    if (argc != 5 && argc != 6) {
-        fprintf(stderr, "usage: cnn_step MODEL BATCH ITERS REPEATS [auto|onednn|cpu|ref]\n");
+    if (argc < 5 || argc > 7) {
+        fprintf(stderr, "usage: cnn_step MODEL BATCH ITERS REPEATS [auto|onednn|cpu|ref "
+                        "[none|auto|LAYER,...]]\n");
         return 2;
     }
     int64_t batch = atoll(argv[2]);
@@ -40,22 +44,37 @@ int main(int argc, char **argv) {
         size = 32, classes = 10;
         net = fl_model_resnet_cifar(FL_DTYPE_F32, depth, 3, classes, 'A');
     }
+    int in_ndim = 3;
+    if (strncmp(argv[1], "mlp", 3) == 0 && atoi(argv[1] + 3) > 0) {
+        int64_t hidden[256];
+        int d = atoi(argv[1] + 3) > 256 ? 256 : atoi(argv[1] + 3);
+        for (int i = 0; i < d; i++)
+            hidden[i] = 1024;
+        size = 1024, classes = 10, in_ndim = 1;
+        net = fl_model_mlp(FL_DTYPE_F32, size, hidden, d, FL_ACT_RELU, classes);
+    }
     int64_t in_shape[3] = {3, size, size};
-    const fl_backend *be = fl_backend_by_name(argc == 6 ? argv[5] : "auto");
+    if (in_ndim == 1)
+        in_shape[0] = size;
+    const fl_backend *be = fl_backend_by_name(argc >= 6 ? argv[5] : "auto");
+    const char *checkpoints = argc == 7 && strcmp(argv[6], "none") ? argv[6] : NULL;
     if (!be) {
         fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
         return 2;
     }
     if (net)
         fl_net_set_backend(net, be);
-    if (!net || fl_net_build(net, 3, in_shape, batch, 1) < 0) {
+    if (!net || fl_net_set_recompute(net, checkpoints) < 0 ||
+        fl_net_build(net, in_ndim, in_shape, batch, 1) < 0) {
         fprintf(stderr, "cnn_step: %s: %s\n", argv[1], fl_errmsg());
         return 1;
     }
     fl_optim_config oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-4};
     fl_optim *opt = fl_optim_create(&oc, fl_net_param(net, 0), fl_net_num_params(net),
                                     FL_DTYPE_F32, fl_net_backend(net));
-    fl_tensor *x = fl_tensor_create(FL_DTYPE_F32, 4, (int64_t[]){batch, 3, size, size});
+    fl_tensor *x = in_ndim == 1
+                       ? fl_tensor_create(FL_DTYPE_F32, 2, (int64_t[]){batch, size})
+                       : fl_tensor_create(FL_DTYPE_F32, 4, (int64_t[]){batch, 3, size, size});
     fl_tensor *probs = fl_tensor_create(FL_DTYPE_F32, 2, (int64_t[]){batch, classes});
     int32_t *labels = malloc(sizeof(int32_t) * (size_t)batch);
     if (!opt || !x || !probs || !labels) {
@@ -95,8 +114,13 @@ int main(int argc, char **argv) {
     printf("%.4f\n", times[repeats / 2]);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    fprintf(stderr, "cnn_step: %s (%s, %s) final loss %.4f, cpu %.1f ms per step, maxrss %.1f MB\n",
-            argv[1], be->name, fl_layout_name(fl_net_layout(net)), loss, cpu[repeats / 2],
+    size_t kept, arena, grads;
+    fl_net_activation_parts(net, &kept, &arena, &grads);
+    fprintf(stderr, "cnn_step: %s (%s, %s, recompute %s) final loss %.4f, cpu %.1f ms per step, "
+            "act %.1f MB (outputs %.1f arena %.1f grads %.1f), maxrss %.1f MB\n", argv[1],
+            be->name, fl_layout_name(fl_net_layout(net)), checkpoints ? checkpoints : "none",
+            loss, cpu[repeats / 2], (double)fl_net_activation_bytes(net) / 1e6,
+            (double)kept / 1e6, (double)arena / 1e6, (double)grads / 1e6,
             (double)ru.ru_maxrss / 1024.0);
     free(labels);
     fl_tensor_free(probs);

@@ -14,6 +14,7 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: fleet-train -c CONFIG [-o key=value ...] [--resume DIR] [--print-config]\n"
+            "                   [--print-model]\n"
             "       fleet-train --help-config\n"
             "\n"
             "  -c, --config FILE    YAML configuration (see configs/ and docs/config.md)\n"
@@ -22,6 +23,9 @@ static void usage(FILE *out) {
             "  --resume DIR         continue from a checkpoint: a step directory, or the\n"
             "                       checkpoint.dir whose `latest` names one (docs/checkpoint.md)\n"
             "  --print-config       print the effective configuration and exit\n"
+            "  --print-model        print the model's layers (the names strategy.recompute's\n"
+            "                       checkpoints take), output shapes, parameters and\n"
+            "                       activation memory at train.batch_size, and exit\n"
             "  --help-config        list every configuration key with its help\n"
             "  -h, --help           this text\n"
             "\n"
@@ -48,7 +52,7 @@ int main(int argc, char **argv) {
     const char *config_path = NULL;
     const char *overrides[MAX_OVERRIDES];
     int noverrides = 0;
-    int print_config = 0;
+    int print_config = 0, print_model = 0;
     const char *resume = NULL;
 
     for (int i = 1; i < argc; i++) {
@@ -65,6 +69,8 @@ int main(int argc, char **argv) {
             resume = argv[++i];
         } else if (!strcmp(a, "--print-config")) {
             print_config = 1;
+        } else if (!strcmp(a, "--print-model")) {
+            print_model = 1;
         } else if (!strcmp(a, "--help-config")) {
             help_config();
             return 0;
@@ -105,6 +111,13 @@ int main(int argc, char **argv) {
         int n;
         const fl_cfg_key *keys = fl_train_schema(&n);
         fl_config_print(keys, n, &cfg, stdout);
+        return 0;
+    }
+    if (print_model) {
+        if (fl_train_print_model(&cfg, stdout) < 0) {
+            fprintf(stderr, "fleet-train: error: %s\n", fl_errmsg());
+            return 1;
+        }
         return 0;
     }
     fl_train_result res;

@@ -114,6 +114,10 @@ struct fl_layer {
     int                  ninputs;  /* set by fl_net_add*: 1, or 2 for forward2 layers */
     int                  inputs[2];/* layer indices read, FL_NET_INPUT for the network input */
     void                *scratch;  /* lent by the network (see scratch_bytes) */
+    /* Set by the network while it recomputes this layer's output for backward (recompute):
+     * forward must then give the output of the last training forward again and change no
+     * state (batch norm leaves its running statistics, dropout reuses its last mask). */
+    bool                 replay;
 };
 
 /* The network input, as a layer input index (fl_net_add_from). */
@@ -215,6 +219,29 @@ int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tens
  * the last forward. Gradients overwrite (or add to, see fl_net_set_accumulate) the flat
  * gradient block; hook, if not NULL, is called per trainable parameter as it becomes final. */
 int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, void *ctx);
+/* Recompute (activation checkpointing, Chen et al. 2016, arXiv:1604.06174; Paddle's
+ * strategy.recompute): called before fl_net_build, keeps only the outputs of the checkpoint
+ * layers (plus the last layer's and any read across a checkpoint) from forward to backward;
+ * backward recomputes the others segment by segment (a segment: the layers after one
+ * checkpoint up to the next), just before running back through it, in one arena of the
+ * largest segment's size. checkpoints: comma-separated layer names, "auto" (every residual
+ * block's output, i.e. every two-input layer after which nothing earlier is read; in a
+ * network without such layers every ceil(sqrt(n))-th layer), or NULL / "" (off). Gradients are
+ * bit-identical to those without recompute (the same kernels run on the same inputs); batch
+ * norm's running statistics are updated once per step and dropout replays its mask. The last
+ * segment is not recomputed: its outputs are still in place after forward. FL_EINVAL naming
+ * the unknown layer and listing the network's layers; FL_ESTATE after build. */
+int  fl_net_set_recompute(fl_net *net, const char *checkpoints);
+/* After build: whether layer i is a recompute checkpoint, and whether its output is kept from
+ * forward to backward (every output when recompute is off). */
+bool fl_net_is_checkpoint(const fl_net *net, int i);
+bool fl_net_output_kept(const fl_net *net, int i);
+/* Bytes of activation memory planned by build: the outputs kept, the recompute arena and the
+ * output gradients (0 before build). */
+size_t fl_net_activation_bytes(const fl_net *net);
+/* Its three parts: the outputs kept from forward to backward (all of them without
+ * recompute), the arena the other outputs share, and the output gradients. */
+void   fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena, size_t *grads);
 /* When on, backward adds to existing gradients instead of overwriting (gradient merge). */
 void fl_net_set_accumulate(fl_net *net, bool on);
 void fl_net_zero_grad(fl_net *net);

@@ -98,10 +98,10 @@ typedef struct fl_strategy {
         double  decr_ratio;
     } amp_configs;
 
-    /* recompute (not implemented yet) */
+    /* recompute (fl_net_set_recompute): keep the outputs of the checkpoint layers only */
     bool recompute;
     struct {
-        char checkpoints[512]; /* comma-separated layer names */
+        char checkpoints[512]; /* comma-separated layer names, or "auto" */
     } recompute_configs;
 } fl_strategy;
 
@@ -128,7 +128,7 @@ int fl_strategy_schema(const char *prefix, size_t base_offset, fl_cfg_key *out, 
  *   with localsgd or adaptive_localsgd, dgc with fp16_allreduce or lars, lars with a
  *   non-momentum optimizer), and dgc with an empty sparsity list: FL_ECONFIG, e.g.
  *   "strategy.dgc needs optimizer.type momentum (Deep Gradient Compression corrects momentum)";
- * - a feature switched on that is not implemented yet (lars, amp, recompute):
+ * - a feature switched on that is not implemented yet (amp):
  *   FL_EUNSUPPORTED, "strategy.amp: not implemented yet in this version of fleet";
  * - any key of such a feature's configs that was set, even to its default: FL_EUNSUPPORTED,
  *   "strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented yet in this

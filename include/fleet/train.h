@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -156,6 +157,11 @@ typedef struct {
  * Rank 0 alone writes metrics.jsonl. A dead peer fails the call with a message naming it.
  * result may be NULL. */
 int fl_train_run(const fl_train_config *cfg, fl_train_result *result);
+
+/* Prints the model cfg describes, built for the training data at train.batch_size
+ * (fl_net_summary: layer names, types, output shapes, parameters; with strategy.recompute which
+ * outputs are checkpoints, kept or recomputed; the activation memory), without training. */
+int fl_train_print_model(const fl_train_config *cfg, FILE *out);
 
 #ifdef __cplusplus
 }

@@ -72,7 +72,7 @@ static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
         }
     l->k->bn_forward(l->dtype, bn->layout, b, c, bn->hw, x->data, gamma, beta, BN_EPS, training,
                      bn->mean, bn->var, bn->relu, y->data);
-    if (training) {
+    if (training && !l->replay) { /* a recomputation changes no state */
         double cnt = (double)(b * bn->hw);
         for (int64_t i = 0; i < c; i++) {
             double unbiased = cnt > 1 ? bn->var[i] * cnt / (cnt - 1) : bn->var[i];

@@ -37,7 +37,8 @@ static int dropout_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool t
         l->k->copy(y->data, x->data, fl_tensor_nbytes(x), FL_COPY_D2D, NULL);
         return FL_OK;
     }
-    d->last_step = d->step++;
+    if (!l->replay) /* a recomputation draws the last forward's mask again */
+        d->last_step = d->step++;
     apply(l, d->last_step, x->data, y->data, x->numel);
     return FL_OK;
 }

@@ -45,6 +45,13 @@ struct fl_net {
      * NCHW input into x_nhwc, its only edge (a network whose output is spatial stays NCHW) */
     fl_layout  layout;
     void      *x_nhwc;
+    /* recompute (fl_net_set_recompute): outputs not kept live in one arena that every segment
+     * reuses, in forward and again when backward recomputes them */
+    char              *recompute_spec; /* NULL: off */
+    nn_recompute_plan  plan;
+    size_t             act_bytes;      /* outputs, arena and output gradients */
+    size_t             kept_bytes, arena_bytes, grad_bytes; /* its three parts */
+    bool               fwd_training;   /* of the last forward, which backward replays */
 };
 
 fl_net *fl_net_create(fl_dtype dtype, const fl_backend *k) {
@@ -79,6 +86,8 @@ static void unplan(fl_net *net) {
     net->k->free(net->sum_mem[1]);
     net->k->free(net->x_nhwc);
     net->x_nhwc = NULL;
+    nn_recompute_plan_free(&net->plan);
+    net->act_bytes = 0;
     free(net->out);
     free(net->dout);
     free(net->consumers);
@@ -110,6 +119,7 @@ void fl_net_free(fl_net *net) {
     }
     free(net->layers);
     free(net->params);
+    free(net->recompute_spec);
     free(net);
 }
 
@@ -366,7 +376,6 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         fl_tensor_view(&net->dout[i], net->dtype, ondim + 1, full, NULL);
         if (pass == 0)
             continue;
-        act_bytes += round64(fl_tensor_nbytes(&net->out[i]));
         if (l->ops->scratch_bytes) {
             size_t want = l->ops->scratch_bytes(l, max_batch);
             if (want == SIZE_MAX) {
@@ -385,6 +394,34 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         if (net->consumers[i] > 1 && fl_tensor_nbytes(&net->out[i]) > sum_bytes)
             sum_bytes = fl_tensor_nbytes(&net->out[i]);
     }
+    /* outputs: the kept ones each their own buffer, the others in the arena, where each
+     * segment's take consecutive places from its start */
+    size_t *out_sizes = malloc((size_t)net->nlayers * sizeof *out_sizes);
+    if (!out_sizes) {
+        rc = fl_fail(FL_ENOMEM, "net: out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < net->nlayers; i++)
+        out_sizes[i] = round64(fl_tensor_nbytes(&net->out[i]));
+    rc = nn_recompute_plan_make(net->layers, net->nlayers, net->recompute_spec, out_sizes,
+                                &net->plan);
+    free(out_sizes);
+    if (rc < 0)
+        goto fail;
+    size_t arena_bytes = 0, seg_bytes = 0;
+    for (int i = 0; i < net->nlayers; i++) {
+        size_t nb = round64(fl_tensor_nbytes(&net->out[i]));
+        if (i > 0 && net->plan.segment[i] != net->plan.segment[i - 1])
+            seg_bytes = 0;
+        if (net->plan.kept[i]) {
+            act_bytes += nb;
+        } else {
+            seg_bytes += nb;
+            arena_bytes = seg_bytes > arena_bytes ? seg_bytes : arena_bytes;
+        }
+    }
+    size_t kept_bytes = act_bytes;
+    act_bytes += arena_bytes;
     size_t *dout_off = calloc((size_t)net->nlayers, sizeof *dout_off);
     if (!dout_off) {
         rc = fl_fail(FL_ENOMEM, "net: out of memory");
@@ -422,11 +459,23 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
     }
     for (int i = 0; i < net->nlayers; i++)
         net->layers[i]->scratch = net->scratch;
-    char *p = net->act_mem;
+    char *p = net->act_mem, *arena = p + kept_bytes, *q = arena;
     for (int i = 0; i < net->nlayers; i++) {
-        net->out[i].data = p;
-        p += round64(fl_tensor_nbytes(&net->out[i]));
+        size_t nb = round64(fl_tensor_nbytes(&net->out[i]));
+        if (i > 0 && net->plan.segment[i] != net->plan.segment[i - 1])
+            q = arena;
+        if (net->plan.kept[i]) {
+            net->out[i].data = p;
+            p += nb;
+        } else {
+            net->out[i].data = q;
+            q += nb;
+        }
     }
+    net->act_bytes = act_bytes;
+    net->kept_bytes = kept_bytes;
+    net->arena_bytes = arena_bytes;
+    net->grad_bytes = grad_bytes;
     for (int i = 0; i < net->nlayers - 1; i++)
         net->dout[i].data = (char *)net->act_mem + out_bytes + dout_off[i];
     free(dout_off);
@@ -538,8 +587,36 @@ int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tens
         }
     }
     net->x = *x;
+    net->fwd_training = training;
     net->have_forward = true;
     *out = &net->out[net->nlayers - 1];
+    return FL_OK;
+}
+
+/* Recomputes the outputs of segment seg (ending at layer last) that were not kept, running its
+ * layers' forwards as the last forward did; each layer is told (l->replay) to leave its state
+ * alone: batch norm does not update its running statistics again, dropout draws the same mask. */
+static int replay_segment(fl_net *net, int seg, int last) {
+    int first = last;
+    while (first > 0 && net->plan.segment[first - 1] == seg)
+        first--;
+    for (int i = first; i <= last; i++) {
+        if (net->plan.kept[i])
+            continue;
+        fl_layer *l = net->layers[i];
+        const fl_tensor *a = l->inputs[0] < 0 ? &net->x : &net->out[l->inputs[0]];
+        l->replay = true;
+        int rc;
+        if (l->ninputs == 2) {
+            const fl_tensor *bx = l->inputs[1] < 0 ? &net->x : &net->out[l->inputs[1]];
+            rc = l->ops->forward2(l, a, bx, &net->out[i], net->fwd_training);
+        } else {
+            rc = l->ops->forward(l, a, &net->out[i], net->fwd_training);
+        }
+        l->replay = false;
+        if (rc < 0)
+            return fl_fail_prefix(rc, "%s: recomputing its output for backward", l->name);
+    }
     return FL_OK;
 }
 
@@ -556,8 +633,13 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
                        fl_dtype_name(last->dtype),
                        fl_shape_str(last->ndim, last->shape, want, sizeof want));
     memset(net->dout_set, 0, (size_t)net->nlayers * sizeof *net->dout_set);
+    int valid = net->plan.segment[net->nlayers - 1]; /* the segment whose outputs are in place */
     for (int i = net->nlayers - 1; i >= 0; i--) {
         fl_layer *l = net->layers[i];
+        if (net->plan.segment[i] != valid) {
+            valid = net->plan.segment[i];
+            FL_TRY(replay_segment(net, valid, i));
+        }
         const fl_tensor *dy = i == net->nlayers - 1 ? dout : &net->dout[i];
         const fl_tensor *in[2];
         fl_tensor *din[2], sum[2];
@@ -594,6 +676,45 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
 }
 
 void fl_net_set_accumulate(fl_net *net, bool on) { net->accumulate = on; }
+
+int fl_net_set_recompute(fl_net *net, const char *checkpoints) {
+    FL_ASSERT(net);
+    if (net->built)
+        return fl_fail(FL_ESTATE, "net: recompute must be set before fl_net_build");
+    free(net->recompute_spec);
+    net->recompute_spec = NULL;
+    if (!checkpoints || !checkpoints[0])
+        return FL_OK;
+    if (!(net->recompute_spec = strdup(checkpoints)))
+        return fl_fail(FL_ENOMEM, "net: out of memory");
+    /* the names are checked now, so that a typo is said before anything is allocated */
+    nn_recompute_plan plan;
+    int rc = nn_recompute_plan_make(net->layers, net->nlayers, checkpoints, NULL, &plan);
+    nn_recompute_plan_free(&plan);
+    if (rc < 0) {
+        free(net->recompute_spec);
+        net->recompute_spec = NULL;
+    }
+    return rc;
+}
+
+bool fl_net_is_checkpoint(const fl_net *net, int i) {
+    FL_ASSERT(net && i >= 0 && i < net->nlayers);
+    return net->built && net->plan.enabled && net->plan.checkpoint[i];
+}
+
+bool fl_net_output_kept(const fl_net *net, int i) {
+    FL_ASSERT(net && i >= 0 && i < net->nlayers);
+    return !net->built || net->plan.kept[i];
+}
+
+size_t fl_net_activation_bytes(const fl_net *net) { return net->built ? net->act_bytes : 0; }
+
+void fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena, size_t *grads) {
+    *outputs = net->built ? net->kept_bytes : 0;
+    *arena = net->built ? net->arena_bytes : 0;
+    *grads = net->built ? net->grad_bytes : 0;
+}
 
 void fl_net_zero_grad(fl_net *net) {
     if (net->built)
@@ -645,7 +766,12 @@ void fl_net_summary(const fl_net *net, FILE *out) {
         const char *shape = "?";
         if (net->built)
             shape = fl_shape_str(net->out[i].ndim - 1, net->out[i].shape + 1, buf, sizeof buf);
-        fprintf(out, "%-20s %-10s %-16s\n", l->name, l->ops->type, shape);
+        const char *rc = "";
+        if (net->built && net->plan.enabled)
+            rc = net->plan.checkpoint[i] ? " checkpoint"
+                 : net->plan.kept[i]     ? " kept"
+                                         : " recomputed";
+        fprintf(out, "%-20s %-10s %-16s%s\n", l->name, l->ops->type, shape, rc);
         for (int p = 0; p < l->nparams; p++) {
             const fl_param *prm = &l->params[p];
             fprintf(out, "  %-18s %-10s %-16s %12lld\n", prm->name,
@@ -667,4 +793,14 @@ void fl_net_summary(const fl_net *net, FILE *out) {
     if (buffers)
         fprintf(out, ", %lld buffer values", (long long)buffers);
     fprintf(out, "\n");
+    double mib = 1024.0 * 1024.0;
+    if (net->built && net->plan.enabled)
+        fprintf(out, "activations: %.1f MiB for batch %lld: outputs kept %.1f, recompute arena "
+                "%.1f, output gradients %.1f\n", (double)net->act_bytes / mib,
+                (long long)net->max_batch, (double)net->kept_bytes / mib,
+                (double)net->arena_bytes / mib, (double)net->grad_bytes / mib);
+    else if (net->built)
+        fprintf(out, "activations: %.1f MiB for batch %lld: outputs %.1f, output gradients %.1f\n",
+                (double)net->act_bytes / mib, (long long)net->max_batch,
+                (double)net->kept_bytes / mib, (double)net->grad_bytes / mib);
 }

@@ -18,6 +18,26 @@ static inline void nn_param_rng(const fl_rng *layer_rng, int i, fl_rng *out) {
     out->used = 4;
 }
 
+/* Which outputs a network keeps from forward to backward (recompute.c). Segments are runs of
+ * layers in insertion order, each ending after a checkpoint (the last ends with the network);
+ * an output is kept when it is a checkpoint, the last layer's, or read by a layer of a later
+ * segment; backward recomputes a segment's other outputs before running back through it. */
+typedef struct {
+    bool  enabled;    /* false: every output kept, one segment */
+    int   nsegments;
+    int  *segment;    /* [nlayers] segment of each layer (non-decreasing) */
+    bool *kept;       /* [nlayers] output kept from forward to backward */
+    bool *checkpoint; /* [nlayers] named or chosen checkpoints */
+} nn_recompute_plan;
+
+/* Plans recompute for the layers of a network: spec NULL or "" (off), "auto" or
+ * comma-separated layer names (an unknown one fails with FL_EINVAL listing the layers).
+ * bytes[i] is the size of layer i's output (NULL: not known yet, when only the names are
+ * checked); auto uses them to keep as few bytes as it can (recompute.c). */
+int  nn_recompute_plan_make(fl_layer *const *layers, int nlayers, const char *spec,
+                            const size_t *bytes, nn_recompute_plan *p);
+void nn_recompute_plan_free(nn_recompute_plan *p);
+
 /* Fills t (F32 or F64) with U(-bound, bound). */
 void nn_fill_uniform(fl_tensor *t, fl_rng *r, double bound);
 

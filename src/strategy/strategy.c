@@ -106,7 +106,7 @@ static const fl_cfg_key keys[] = {
      false, "shrink factor of the scale"},
 
     {"recompute", FL_CFG_BOOL, OFF(recompute), 0, 0, 0, NULL, false,
-     "keep only checkpoint activations, recompute the rest in backward (not implemented yet)"},
+     "keep only the checkpoint layers' outputs, recompute the rest in backward"},
     {"recompute_configs.checkpoints", FL_CFG_STRING, OFF(recompute_configs.checkpoints),
      SIZE(recompute_configs.checkpoints), 0, 0, NULL, false,
      "comma-separated names of the layers whose outputs are kept"},
@@ -209,7 +209,6 @@ static const struct {
     const char *configs; /* "dgc_configs.": keys starting so belong to it */
 } pending[] = {
     {"amp", OFF(amp), "amp_configs."},
-    {"recompute", OFF(recompute), "recompute_configs."},
 };
 
 static bool flag_at(const fl_strategy *s, size_t offset) {

@@ -6,6 +6,7 @@
 #include "fleet/optim.h"
 #include "fleet/status.h"
 #include "fleet/train.h"
+#include "train/train_impl.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -334,6 +335,28 @@ static bool differs(const fl_cfg_key *k, const fl_train_config *a, const fl_trai
     return true;
 }
 
+/* strategy.recompute: the checkpoints name layers of the configured model (its layer names do
+ * not depend on the data, so a stand-in sample shape will do) */
+static int check_checkpoints(const fl_train_config *cfg) {
+    if (!cfg->strategy.recompute)
+        return FL_OK;
+    const char *spec = cfg->strategy.recompute_configs.checkpoints;
+    if (!spec[strspn(spec, " \t,")])
+        return fl_fail(FL_ECONFIG, "strategy.recompute: needs "
+                                   "strategy.recompute_configs.checkpoints, the layers whose "
+                                   "outputs are kept (fleet-train --print-model lists them), "
+                                   "or auto");
+    int64_t features = cfg->model.input_size ? cfg->model.input_size
+                       : cfg->data.type == FL_DATA_MNIST ? 784 : cfg->data.features;
+    fl_dataset stand_in = {.ndim = 3, .shape = {3, 32, 32}, .sample_numel = features};
+    fl_net *net = fl_train_make_model(cfg, &stand_in);
+    if (!net)
+        return FL_OK; /* the model's own error is said where it is built */
+    int rc = fl_net_set_recompute(net, spec);
+    fl_net_free(net);
+    return rc < 0 ? fl_fail_prefix(FL_ECONFIG, "strategy.recompute_configs.checkpoints") : FL_OK;
+}
+
 int fl_train_config_load(fl_train_config *cfg, const char *path, const char *const *overrides,
                          int noverrides) {
     int nkeys;
@@ -352,6 +375,8 @@ int fl_train_config_load(fl_train_config *cfg, const char *path, const char *con
     if (rc >= 0)
         rc = fl_strategy_check(&cfg->strategy, was_set + strategy_first,
                                (fl_optim_type)cfg->optimizer.type);
+    if (rc >= 0)
+        rc = check_checkpoints(cfg);
     if (rc < 0)
         return locate(rc, keys, nkeys, path, overrides, noverrides);
     return FL_OK;

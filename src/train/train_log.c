@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <sys/resource.h>
 
 void fl_train_window_reset(trainer *t, train_window *w) {
     w->loss_sum = 0;
@@ -29,9 +30,15 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     double ips = now > w->start ? sums[2] / (now - w->start) : 0.0;
     double comm_mb = (double)(bytes - w->bytes_sent) / 1e6;
     double step_ms = w->updates > 0 ? (now - w->start) * 1e3 / (double)w->updates : NAN;
+    /* memory: the network's planned activations (recompute shrinks them) and the process's
+     * peak resident set so far */
+    double act_mb = (double)fl_net_activation_bytes(t->net) / 1e6;
+    struct rusage ru;
+    double peak_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 / 1e6 : NAN;
     printf("worker_index: %d, epoch %lld, step %lld, loss %.4f, acc1 %.4f, lr %.4f, "
-           "ips %.1f img/s, comm %.1f MB\n",
-           t->rank, (long long)epoch, (long long)step, loss, acc, lr, ips, comm_mb);
+           "ips %.1f img/s, comm %.1f MB, act %.1f MB, peak %.0f MB\n",
+           t->rank, (long long)epoch, (long long)step, loss, acc, lr, ips, comm_mb, act_mb,
+           peak_mb);
     fflush(stdout);
     res->last_loss = loss;
     w->loss_sum = 0;
@@ -57,6 +64,8 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     fl_metrics_num(t->metrics, "step_ms", step_ms);
     fl_metrics_int(t->metrics, "bytes_sent", (int64_t)bytes);
     fl_metrics_int(t->metrics, "synced_steps", st.synced);
+    fl_metrics_num(t->metrics, "act_mb", act_mb);
+    fl_metrics_num(t->metrics, "peak_mb", peak_mb);
     if (st.interval > 0)
         fl_metrics_int(t->metrics, "localsgd_k", st.interval);
     if (!isnan(st.sparsity))

@@ -214,6 +214,9 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     t->net = make_model(cfg, t->train_set);
     if (!t->net)
         return fl_fail_prefix(FL_ECONFIG, "model");
+    if (cfg->strategy.recompute &&
+        fl_net_set_recompute(t->net, cfg->strategy.recompute_configs.checkpoints) < 0)
+        return fl_fail_prefix(FL_ECONFIG, "strategy.recompute_configs.checkpoints");
     FL_TRY(fl_net_build(t->net, t->train_set->ndim, t->train_set->shape, cfg->train.batch_size,
                         (uint64_t)cfg->train.seed));
 
@@ -249,6 +252,24 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
         return fl_fail(FL_ENOMEM, "out of memory for the (%lld, %lld) loss buffer",
                        (long long)pshape[0], (long long)pshape[1]);
     return open_metrics(t, cfg);
+}
+
+int fl_train_print_model(const fl_train_config *cfg, FILE *out) {
+    fl_dataset *ds = make_dataset(cfg, 0, NULL);
+    if (!ds)
+        return fl_fail_prefix(FL_EINVAL, "data");
+    int rc = FL_OK;
+    fl_net *net = make_model(cfg, ds);
+    if (!net)
+        rc = fl_fail_prefix(FL_ECONFIG, "model");
+    else if (cfg->strategy.recompute &&
+             fl_net_set_recompute(net, cfg->strategy.recompute_configs.checkpoints) < 0)
+        rc = fl_fail_prefix(FL_ECONFIG, "strategy.recompute_configs.checkpoints");
+    else if ((rc = fl_net_build(net, ds->ndim, ds->shape, cfg->train.batch_size, 0)) == FL_OK)
+        fl_net_summary(net, out);
+    fl_net_free(net);
+    fl_dataset_free(ds);
+    return rc;
 }
 
 fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split) {

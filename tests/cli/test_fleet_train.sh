@@ -22,7 +22,7 @@ acc=$(grep 'eval train_loss' "$tmp/run1.txt" | tail -1 | sed -E 's/.*train_acc1 
 echo "final train accuracy: $acc"
 check "train accuracy $acc >= 0.97" awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.97) }'
 check "metrics.jsonl written" grep -q '"phase":"eval"' "$tmp/log1/metrics.jsonl"
-check "progress line format" grep -qE '^worker_index: 0, epoch 0, step 64, loss [0-9.]+, acc1 [0-9.]+, lr [0-9.]+, ips [0-9.]+ img/s, comm 0.0 MB$' "$tmp/run1.txt"
+check "progress line format" grep -qE '^worker_index: 0, epoch 0, step 64, loss [0-9.]+, acc1 [0-9.]+, lr [0-9.]+, ips [0-9.]+ img/s, comm 0.0 MB, act [0-9.]+ MB, peak [0-9]+ MB$' "$tmp/run1.txt"
 
 # 2. determinism: same seed, same loss lines (ips is a timing and is cut off)
 "$bin" -c "$src/configs/quickstart.yaml" -o train.log_dir="$tmp/log2" >"$tmp/run2.txt" 2>/dev/null

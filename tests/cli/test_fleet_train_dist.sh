@@ -51,13 +51,13 @@ check "2 workers: exit 0" test $? -eq 0
 acc=$(grep '^worker_index: 0, .*eval train_loss' "$tmp/A.out" | tail -1 | sed -E 's/.*train_acc1 ([0-9.]+).*/\1/')
 echo "final train accuracy on 2 workers: $acc"
 check "2 workers: train accuracy ${acc:-none} >= 0.97" awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.97) }'
-line='^worker_index: 0, epoch 0, step 32, loss [0-9.]+, acc1 [0-9.]+, lr [0-9.]+, ips [0-9.]+ img/s, comm [0-9.]+ MB$'
+line='^worker_index: 0, epoch 0, step 32, loss [0-9.]+, acc1 [0-9.]+, lr [0-9.]+, ips [0-9.]+ img/s, comm [0-9.]+ MB, act [0-9.]+ MB, peak [0-9]+ MB$'
 check "rank 0's progress line on the terminal" grep -qE "$line" "$tmp/A.out"
-comm=$(grep -E "$line" "$tmp/A.out" | sed -E 's/.*comm ([0-9.]+) MB$/\1/')
+comm=$(grep -E "$line" "$tmp/A.out" | sed -E 's/.*comm ([0-9.]+) MB, .*/\1/')
 # 32 dense all-reduces of 20994 f32 gradients: 32 x 84 kB x 2(n-1)/n = 2.7 MB
 check "rank 0 sent ${comm:-nothing} MB > 0" awk -v c="${comm:-0}" 'BEGIN { exit !(c > 0) }'
 check "640 steps" grep -q '^worker_index: 0, epoch 19, step 640, eval' "$tmp/A.out"
-check "workerlog.1 has worker_index: 1 lines" grep -qE '^worker_index: 1, epoch 0, step 32, loss .*comm [0-9.]+ MB$' "$tmp/logA/workerlog.1"
+check "workerlog.1 has worker_index: 1 lines" grep -qE '^worker_index: 1, epoch 0, step 32, loss .*comm [0-9.]+ MB, act .*$' "$tmp/logA/workerlog.1"
 check "rank 1 not on the terminal" bash -c "! grep -q '^worker_index: 1' '$tmp/A.out'"
 sed -E 's/^worker_index: [01], //' <(losses "$tmp/logA/workerlog.0" 0) >"$tmp/r0.txt"
 sed -E 's/^worker_index: [01], //' <(losses "$tmp/logA/workerlog.1" 1) >"$tmp/r1.txt"
