@@ -150,9 +150,11 @@ typedef struct {
  * none: a job of one; comm.backend picks the communicator). Each rank trains on its shard of
  * every global batch of world x batch_size samples and the distributed optimizer keeps the
  * replicas in step. Every rank prints progress lines to stdout, with loss and accuracy
- * averaged over the ranks, comm = megabytes this rank sent since the previous line, and ips
- * = samples of all ranks per second:
- *   worker_index: 0, epoch 0, step 10, loss 0.6931, acc1 0.5000, lr 0.1000, ips 812.4 img/s, comm 0.3 MB
+ * averaged over the ranks, comm = megabytes this rank sent since the previous line, ips
+ * = samples of all ranks per second, act = the network's planned activation memory
+ * (fl_net_activation_bytes) and peak = the process's peak resident memory, in MB:
+ *   worker_index: 0, epoch 0, step 10, loss 0.6931, acc1 0.5000, lr 0.1000, ips 812.4 img/s,
+ *   comm 0.3 MB, act 0.4 MB, peak 21 MB
  * and evaluation lines (sharded over the ranks, the same numbers on each) after each epoch.
  * Rank 0 alone writes metrics.jsonl. A dead peer fails the call with a message naming it.
  * result may be NULL. */

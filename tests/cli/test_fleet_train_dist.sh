@@ -107,9 +107,10 @@ same_within() { # same_within TOLERANCE FILE1 FILE2: same text except numbers wi
     END { exit bad }' "$2" "$3"
 }
 check "1 x 256 and 2 x 128: every printed line within 1e-4" same_within 0.00011 "$tmp/one.txt" "$tmp/two.txt"
-# what may differ between one worker and two: speed, time, the world size and its traffic
+# what may differ between one worker and two: speed, time, the world size and its traffic,
+# memory (the batch per worker)
 strip_run_fields() {
-  sed -E 's/,"(ips|comm_mb|workers|time|step_ms|bytes_sent|synced_steps)":[^,}]*//g' "$1"
+  sed -E 's/,"(ips|comm_mb|workers|time|step_ms|bytes_sent|synced_steps|act_mb|peak_mb)":[^,}]*//g' "$1"
 }
 strip_run_fields "$tmp/m1/metrics.jsonl" >"$tmp/m1.txt"
 strip_run_fields "$tmp/m2/metrics.jsonl" >"$tmp/m2.txt"
