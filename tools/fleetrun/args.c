@@ -1,0 +1,256 @@
+/* args.c - the command line: usage text, options, and their checks before anything starts
+ * (addresses, device lists, ports, and whether PROGRAM can be run at all). Bad arguments are
+ * told with fr_arg_error and give exit status 2. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fleetrun.h"
+
+#define MAX_RANKS     4096  /* FL_COMM_MAX_RANKS */
+
+static const char usage_text[] =
+    "usage: fleetrun [--ips IP1,IP2,...] [--nproc_per_node N | --gpus 0,1,...] [--log_dir DIR]\n"
+    "                [--started_port P] [--node_ip IP] [--grace SECONDS] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts this node's workers of a collective job. Run the same line on every node of --ips;\n"
+    "the first IP's first worker is rank 0. Each worker gets PADDLE_TRAINER_ID,\n"
+    "PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS, PADDLE_CURRENT_ENDPOINT, FLAGS_selected_gpus\n"
+    "and FLEET_JOB_TOKEN; worker i writes to LOG_DIR/workerlog.i, rank 0 also to this terminal.\n"
+    "\n"
+    "  --ips, --cluster_node_ips IPS  every node's address, comma-separated (default 127.0.0.1)\n"
+    "  --nproc_per_node N             workers on this node (default: number of --gpus, or 1)\n"
+    "  --gpus, --selected_gpus LIST   devices, one worker each; sets FLAGS_selected_gpus\n"
+    "  --log_dir DIR                  where workerlog.i files go (default: log)\n"
+    "  --started_port P               worker i listens on IP:P+i (default: $FLAGS_START_PORT;\n"
+    "                                 one node without a port: fleetrun binds free ports and\n"
+    "                                 hands each worker its socket as FLEET_LISTEN_FD;\n"
+    "                                 several nodes: 6170)\n"
+    "  --node_ip IP                   this node's entry of --ips (default: the first entry\n"
+    "                                 that is an address of this machine)\n"
+    "  --grace SECONDS                when a worker fails, how long the others may take to exit\n"
+    "                                 on their own before SIGTERM, then SIGKILL (default 5)\n"
+    "  -h, --help                     this text\n"
+    "\n"
+    "Several nodes need the same FLEET_JOB_TOKEN exported on each. Workers' stdin is /dev/null.\n"
+    "Programs that bind their endpoint themselves (not fleet's) need --started_port.\n"
+    "Exit status: 0 when every worker succeeded; else the failed worker's code (128+signal):\n"
+    "a worker killed by a signal is named as the cause before peers that exited on its loss;\n"
+    "130/143 after SIGINT/SIGTERM; 2 for bad arguments.\n";
+
+static int parse_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+
+ip_addr fr_parse_ip(const char *s) {
+    ip_addr ip = {0};
+    if (inet_pton(AF_INET, s, ip.a) == 1)
+        ip.family = AF_INET;
+    else if (inet_pton(AF_INET6, s, ip.a) == 1)
+        ip.family = AF_INET6;
+    return ip;
+}
+
+bool fr_ip_equal(ip_addr x, ip_addr y) {
+    return x.family == y.family && !memcmp(x.a, y.a, x.family == AF_INET ? 4 : 16);
+}
+
+static int parse_ips(options *o, const char *list) {
+    free(o->ips_buf);
+    o->ips_buf = strdup(list);
+    o->nnodes = 0;
+    if (!o->ips_buf)
+        return fr_arg_error("out of memory");
+    char *save = NULL;
+    int n = 0;
+    for (char *p = o->ips_buf;; p = NULL) {
+        char *tok = strtok_r(p, ",", &save);
+        if (!tok)
+            break;
+        if (n == MAX_NODES)
+            return fr_arg_error("--ips: more than %d nodes", MAX_NODES);
+        if (!fr_parse_ip(tok).family)
+            return fr_arg_error("--ips: '%s' is not an IPv4 or IPv6 address", tok);
+        for (int k = 0; k < n; k++)
+            if (fr_ip_equal(fr_parse_ip(o->ips[k]), fr_parse_ip(tok)))
+                return fr_arg_error("--ips: '%s' appears twice", tok);
+        o->ips[n++] = tok;
+    }
+    if (n == 0)
+        return fr_arg_error("--ips: empty list");
+    o->nnodes = n;
+    return 0;
+}
+
+static int parse_gpus(options *o, const char *list) {
+    const char *p = list;
+    o->ngpus = 0;
+    for (int guard = 0; *p && guard <= MAX_NPROC; guard++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > 1000000 || (*end && *end != ','))
+            return fr_arg_error("--gpus: '%s' is not a comma-separated list of device numbers", list);
+        if (o->ngpus == MAX_NPROC)
+            return fr_arg_error("--gpus: more than %d devices", MAX_NPROC);
+        o->gpus[o->ngpus++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (o->ngpus == 0)
+        return fr_arg_error("--gpus: empty list");
+    return 0;
+}
+
+enum { OPT_IPS, OPT_NPROC, OPT_GPUS, OPT_LOG_DIR, OPT_PORT, OPT_NODE_IP, OPT_GRACE };
+
+static const struct {
+    const char *name;
+    int         id;
+} option_names[] = {
+    {"--ips", OPT_IPS},           {"--cluster_node_ips", OPT_IPS},
+    {"--nproc_per_node", OPT_NPROC},
+    {"--gpus", OPT_GPUS},         {"--selected_gpus", OPT_GPUS},
+    {"--log_dir", OPT_LOG_DIR},   {"--started_port", OPT_PORT},
+    {"--node_ip", OPT_NODE_IP},   {"--grace", OPT_GRACE},
+};
+
+/* Returns 0, or the status to exit with (2: bad arguments; -1: --help printed, exit 0). */
+int fr_parse_args(int argc, char **argv, options *o) {
+    int i;
+    const char *ips = NULL;
+    o->log_dir = "log";
+    o->grace = 5.0;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (a[0] != '-' || a[1] == '\0')
+            break;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage_text, stdout);
+            return -1;
+        }
+        const char *eq = strchr(a, '=');
+        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
+        int id = -1;
+        for (size_t k = 0; k < sizeof option_names / sizeof option_names[0]; k++)
+            if (strlen(option_names[k].name) == nlen && !strncmp(a, option_names[k].name, nlen))
+                id = option_names[k].id;
+        if (id < 0)
+            return fr_arg_error("unknown option '%.*s'", (int)nlen, a);
+        const char *v;
+        if (eq)
+            v = eq + 1;
+        else if (i + 1 < argc)
+            v = argv[++i];
+        else
+            return fr_arg_error("option '%s' needs a value", a);
+        int rc = 0;
+        switch (id) {
+        case OPT_IPS: ips = v; break;
+        case OPT_NPROC:
+            if (parse_int(v, 1, MAX_NPROC, &o->nproc))
+                rc = fr_arg_error("--nproc_per_node: '%s' is not a number from 1 to %d", v,
+                               MAX_NPROC);
+            break;
+        case OPT_GPUS: rc = parse_gpus(o, v); break;
+        case OPT_LOG_DIR: {
+            size_t len = strlen(v);
+            while (len > 1 && v[len - 1] == '/') /* "log/" names files log/workerlog.i */
+                len--;
+            if (!*v || len >= sizeof o->log_dir_buf)
+                rc = fr_arg_error("--log_dir: empty or too long path '%s'", v);
+            else
+                snprintf(o->log_dir_buf, sizeof o->log_dir_buf, "%.*s", (int)len, v);
+            o->log_dir = o->log_dir_buf;
+            break;
+        }
+        case OPT_PORT:
+            if (parse_int(v, 1, 65535, &o->port))
+                rc = fr_arg_error("--started_port: '%s' is not a port number (1..65535)", v);
+            break;
+        case OPT_NODE_IP:
+            if (!fr_parse_ip(v).family)
+                rc = fr_arg_error("--node_ip: '%s' is not an IPv4 or IPv6 address", v);
+            o->node_ip = v;
+            break;
+        case OPT_GRACE: {
+            char *end;
+            o->grace = strtod(v, &end);
+            if (end == v || *end || !(o->grace >= 0 && o->grace <= 3600))
+                rc = fr_arg_error("--grace: '%s' is not a number of seconds from 0 to 3600", v);
+            break;
+        }
+        }
+        if (rc)
+            return rc;
+    }
+    if (i >= argc)
+        return fr_arg_error("no PROGRAM to run");
+    o->argv = argv + i;
+
+    if (!ips)
+        ips = o->node_ip ? o->node_ip : "127.0.0.1";
+    int rc = parse_ips(o, ips);
+    if (rc)
+        return rc;
+    if (o->ngpus && o->nproc && o->ngpus != o->nproc)
+        return fr_arg_error("--nproc_per_node %d but --gpus lists %d devices", o->nproc, o->ngpus);
+    if (!o->nproc)
+        o->nproc = o->ngpus ? o->ngpus : 1;
+    if ((long)o->nproc * o->nnodes > MAX_RANKS)
+        return fr_arg_error("%d nodes x %d workers is more than %d ranks", o->nnodes, o->nproc,
+                         MAX_RANKS);
+    if (!o->port) {
+        const char *env = getenv("FLAGS_START_PORT");
+        if (env && *env && parse_int(env, 1, 65535, &o->port))
+            return fr_arg_error("FLAGS_START_PORT='%s' is not a port number (1..65535)", env);
+    }
+    if (o->port && o->port + o->nproc - 1 > 65535)
+        return fr_arg_error("ports %d..%d: past 65535", o->port, o->port + o->nproc - 1);
+    return 0;
+}
+
+/* Program lookup before anything starts, with execvp's rules: 127 not found, 126 not runnable. */
+int fr_check_program(const char *prog) {
+    if (strchr(prog, '/')) {
+        if (access(prog, X_OK) == 0)
+            return 0;
+        int e = errno;
+        fr_say("error: cannot run '%s': %s", prog, strerror(e));
+        return e == ENOENT ? 127 : 126;
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; *p;) {
+        const char *c = strchr(p, ':');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        char full[PATH_MAX];
+        if (len == 0)
+            snprintf(full, sizeof full, "%s", prog);
+        else
+            snprintf(full, sizeof full, "%.*s/%s", (int)len, p, prog);
+        struct stat st;
+        if (stat(full, &st) == 0 && S_ISREG(st.st_mode) && access(full, X_OK) == 0)
+            return 0;
+        p = c ? c + 1 : p + len;
+    }
+    fr_say("error: '%s' not found in PATH", prog);
+    return 127;
+}

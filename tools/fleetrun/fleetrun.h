@@ -1,0 +1,151 @@
+/* fleetrun.h - what the parts of the launcher share: the options, the job and its workers, the
+ * phases of winding down, and the functions each part lends the others. One file per job:
+ * args.c (command line), node.c (job set-up), workers.c (starting and signalling workers),
+ * output.c (worker output, failure reports), supervise.c (the event loop), messages.c
+ * (fleetrun's own messages), main.c. */
+#ifndef FLEETRUN_H
+#define FLEETRUN_H
+
+/* fleetrun - the launcher: starts this node's workers of a data-parallel job with the environment
+ * Paddle's launcher sets (PADDLE_TRAINER_ID, PADDLE_TRAINER_ENDPOINTS, ...), copies each worker's
+ * output to LOG_DIR/workerlog.i (rank 0 also to the terminal), and stops the whole node when one
+ * worker fails or on Ctrl-C. It runs any program and needs nothing from the library: one
+ * process, one poll loop over the workers' pipes and a signalfd. */
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define MAX_NODES     1024
+#define MAX_NPROC     1024
+#define MAX_TOKEN     64
+#define ENDPOINT_MAX  64
+#define LINEBUF_CAP   65536
+
+typedef struct {
+    char       *ips_buf;              /* owned copy of --ips, split in place */
+    const char *ips[MAX_NODES];
+    int         nnodes;
+    int         nproc;                /* 0: not given */
+    int         gpus[MAX_NPROC];
+    int         ngpus;                /* 0: --gpus not given */
+    const char *log_dir;
+    char        log_dir_buf[PATH_MAX - 32];
+    int         port;                 /* 0: not given */
+    const char *node_ip;
+    double      grace;
+    char      **argv;                 /* PROGRAM ARGS... (borrowed from main's argv) */
+} options;
+
+typedef struct {
+    pid_t  pid;
+    int    rank;
+    int    out_fd;                    /* read end of the worker's stdout+stderr pipe; -1 at EOF */
+    int    log_fd;
+    int    listen_fd;                 /* fleetrun's copy until the fork; -1 after */
+    int    child_listen_fd;           /* the number the worker sees in FLEET_LISTEN_FD; -1: none */
+    bool   reaped;
+    bool   reported;                  /* its failure has been told */
+    int    status;                    /* wait status once reaped */
+    int    reap_order;                /* 1, 2, ... in the order failures were reaped; 0: none */
+    char   log_path[PATH_MAX];
+    char   gpu[16];
+} worker;
+
+enum phase { PHASE_RUN, PHASE_GRACE, PHASE_TERM, PHASE_KILL };
+
+typedef struct {
+    options     o;
+    int         node;                 /* this node's index in --ips */
+    int         nranks;
+    char      (*endpoints)[ENDPOINT_MAX]; /* [nranks], node-major */
+    char       *endpoints_str;        /* "ip:port,ip:port,..." */
+    char        token[MAX_TOKEN + 1];
+    bool        own_sockets;          /* fleetrun binds the ports (FLEET_LISTEN_FD) */
+    worker     *w;                    /* [nproc] */
+    int         nstarted;
+    pid_t       self;
+    int         sig_fd;
+    int         term_fd;              /* 1 while copying rank 0 to the terminal, -1 after EPIPE */
+    char       *line;                 /* rank 0's pending partial line (terminal only) */
+    size_t      nline;
+    enum phase  phase;
+    double      deadline;             /* of the current phase (monotonic seconds) */
+    int         exit_code;            /* the failure named as the cause: its code; -1 while none */
+    int         nfailed;              /* failures reaped so far */
+    double      settle_until;         /* > 0 while gathering failures before naming the cause */
+    int         failed_unsignalled;   /* failures reaped before fleetrun signalled; -1: none sent */
+    int         signal_seen;          /* SIGINT/SIGTERM/SIGHUP received, 0 if none */
+} job;
+
+/* Binary form of a numeric IPv4/IPv6 address; family 0 if it is neither. */
+typedef struct {
+    int           family;
+    unsigned char a[16];
+} ip_addr;
+
+/* messages.c */
+
+/* "fleetrun: " + the message on stderr. */
+void fr_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* An error in fleetrun's own arguments: message and usage hint on stderr; returns 2. */
+int fr_arg_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* args.c */
+
+/* Fills *o from argv (o borrows argv); 0, 2 for bad arguments (told), -1 after --help. */
+int fr_parse_args(int argc, char **argv, options *o);
+/* 0 if execvp would find and run prog; else tells why and returns 127 (not found) or 126. */
+int fr_check_program(const char *prog);
+/* Binary form of a numeric IPv4/IPv6 address; family 0 if it is neither. */
+ip_addr fr_parse_ip(const char *s);
+/* Same family and same address. */
+bool fr_ip_equal(ip_addr x, ip_addr y);
+
+/* node.c: job set-up; each returns 0, or the status to exit with after telling why. */
+
+/* Sets j->node from --node_ip or this machine's addresses; 0 or 2. */
+int fr_find_node(job *j);
+/* Sets j->token from FLEET_JOB_TOKEN or a fresh random one (one node only); 0, 1 or 2. */
+int fr_make_token(job *j);
+/* Allocates j->endpoints and j->endpoints_str; binds the workers' sockets when fleetrun owns
+ * the ports (one node, no port given). 0 or 1. */
+int fr_make_endpoints(job *j);
+/* Creates the log directory and opens every worker's log_fd; 0 or 1. */
+int fr_open_logs(job *j);
+/* Prints the first local worker's environment as a table on stdout. */
+void fr_print_env_table(const job *j);
+
+/* workers.c */
+
+/* Forks worker i in its own process group with its environment; 0, or 1 after telling why. */
+int fr_start_worker(job *j, int i);
+/* How many started workers' process groups still have members. */
+int fr_groups_alive(const job *j);
+/* Sends sig to every started worker's process group that still has members. */
+void fr_signal_groups(job *j, int sig);
+
+/* output.c */
+
+/* Copies what worker i has written so far to its log (rank 0 also to the terminal). */
+void fr_pump(job *j, int i);
+/* Rank 0's output to the terminal in whole lines; eof flushes the pending partial line. */
+void fr_terminal_copy(job *j, const char *p, size_t n, bool eof);
+/* Tells worker i's failure in full: how it ended and the last lines of its log. */
+void fr_report_failure(job *j, int i);
+/* Tells worker i's failure in one line, with the last line of its log. */
+void fr_report_secondary(job *j, int i);
+
+/* supervise.c */
+
+/* Enters phase p for the given seconds; PHASE_TERM/PHASE_KILL signal every live group. */
+void fr_enter_phase(job *j, enum phase p, double seconds);
+/* Ends the settle window: names the cause among the failures gathered so far, sets
+ * j->exit_code to its code, reports it in full and the others in one line each. */
+void fr_name_cause(job *j);
+/* Pumps output, reaps workers and handles signals until every worker group is gone and its
+ * pipe drained (or a group survives SIGKILL, or poll fails). */
+void fr_run_loop(job *j);
+
+#endif

@@ -1,0 +1,118 @@
+/* main.c - fleetrun's main: blocks the signals it will read from a signalfd, sets the job up
+ * step by step (args.c, node.c), starts the workers (workers.c), runs the loop (supervise.c)
+ * and turns its outcome into the exit status. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "fleetrun.h"
+
+static void ensure_std_fds(void) {
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0) {
+            int n = open("/dev/null", O_RDWR);
+            if (n >= 0 && n != fd)
+                close(n);
+        }
+}
+
+static void job_free(job *j) {
+    for (int i = 0; j->w && i < j->o.nproc; i++) {
+        worker *w = &j->w[i];
+        if (w->out_fd >= 0)
+            close(w->out_fd);
+        if (w->log_fd >= 0)
+            close(w->log_fd);
+        if (w->listen_fd >= 0)
+            close(w->listen_fd);
+    }
+    if (j->sig_fd >= 0)
+        close(j->sig_fd);
+    free(j->w);
+    free(j->line);
+    free(j->endpoints);
+    free(j->endpoints_str);
+    free(j->o.ips_buf);
+}
+
+int main(int argc, char **argv) {
+    job j = {.sig_fd = -1, .term_fd = 1, .exit_code = -1,
+             .failed_unsignalled = -1};
+    int rc;
+    ensure_std_fds();
+    /* signals wait in the signalfd from the start: a Ctrl-C during set-up stops the workers
+     * as soon as they exist instead of killing fleetrun and orphaning them */
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    rc = fr_parse_args(argc, argv, &j.o);
+    if (rc)
+        goto fail;
+    if ((rc = fr_check_program(j.o.argv[0])) || (rc = fr_find_node(&j)) || (rc = fr_make_token(&j)))
+        goto fail;
+    j.w = calloc((size_t)j.o.nproc, sizeof *j.w);
+    j.line = malloc(LINEBUF_CAP);
+    if (!j.w || !j.line) {
+        fr_say("error: out of memory");
+        rc = 1;
+        goto fail;
+    }
+    for (int i = 0; i < j.o.nproc; i++) {
+        worker *w = &j.w[i];
+        w->out_fd = w->log_fd = w->listen_fd = w->child_listen_fd = -1;
+        w->rank = j.node * j.o.nproc + i;
+        snprintf(w->gpu, sizeof w->gpu, "%d", j.o.ngpus ? j.o.gpus[i] : i);
+    }
+    if ((rc = fr_make_endpoints(&j)) || (rc = fr_open_logs(&j)))
+        goto fail;
+    j.sig_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (j.sig_fd < 0) {
+        fr_say("error: signalfd: %s", strerror(errno));
+        rc = 1;
+        goto fail;
+    }
+    prctl(PR_SET_CHILD_SUBREAPER, 1); /* orphans of workers come to us and get reaped */
+    j.self = getpid();
+
+    printf("fleetrun: node %d of %d (%s), %d worker(s), ranks %d..%d of %d; logs in %s/workerlog.*\n",
+           j.node, j.o.nnodes, j.o.ips[j.node], j.o.nproc, j.w[0].rank,
+           j.w[j.o.nproc - 1].rank, j.nranks, j.o.log_dir);
+    printf("fleetrun: first worker's distributed environment:\n");
+    fr_print_env_table(&j);
+    if (j.node != 0)
+        printf("fleetrun: rank 0 runs on node 0 (%s); this node's output is in %s/workerlog.*\n",
+               j.o.ips[0], j.o.log_dir);
+    fflush(stdout);
+
+    for (int i = 0; i < j.o.nproc; i++)
+        if ((rc = fr_start_worker(&j, i))) {
+            j.exit_code = rc;
+            fr_enter_phase(&j, PHASE_TERM, j.o.grace);
+            break;
+        }
+    fr_run_loop(&j);
+    if (j.settle_until > 0)
+        fr_name_cause(&j);
+    if (j.signal_seen)
+        rc = 128 + j.signal_seen;
+    else
+        rc = j.exit_code > 0 ? j.exit_code : 0;
+    if (j.nline)
+        fr_terminal_copy(&j, "", 0, true);
+fail:
+    job_free(&j);
+    return rc < 0 ? 0 : rc;
+}
