@@ -84,6 +84,6 @@ for m in "${models[@]}"; do
   [[ " $models_wanted " == *" $name "* ]] || continue
   p=$(largest "$name" none "$max" "$gib") q=$(largest "$name" auto "$max" "$gib")
   awk -v n="$name" -v l="$gib" -v p="$p" -v q="$q" \
-    'BEGIN { printf "%-9s %6d MiB %12d %12d %7.2f\n", n, l, p, q, p > 0 ? q / p : 0 }'
+    'BEGIN { printf "%-9s %6d MiB %12d %12d %7.2f\n", n, l, p, q, (p > 0 ? q / p : 0) }'
 done
 echo "# the largest batch (to 1/32) that builds and trains 2 steps within the budget of peak RSS"

@@ -29,6 +29,10 @@ static void usage(FILE *out) {
             "  --help-config        list every configuration key with its help\n"
             "  -h, --help           this text\n"
             "\n"
+            "Exit status: 0 done; 2 an error in the job (arguments, configuration, data, model,\n"
+            "a checkpoint it cannot resume from: before training began); 1 a failure during\n"
+            "training (a dead peer, a non-finite loss, a full disk).\n"
+            "\n"
             "Distributed: fleetrun --nproc_per_node 2 fleet-train -c CONFIG, or\n"
             "             mpirun -np 2 fleet-train -c CONFIG -o comm.backend=mpi\n");
 }
@@ -123,7 +127,9 @@ int main(int argc, char **argv) {
     fl_train_result res;
     if (fl_train_run(&cfg, &res) < 0) {
         fprintf(stderr, "fleet-train: error: %s\n", fl_errmsg());
-        return 1;
+        /* 2: an error in the job itself (it failed before training began), which fleetrun
+         * --max_restarts does not restart; 1: a failure during training */
+        return res.started ? 1 : 2;
     }
     return 0;
 }

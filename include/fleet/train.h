@@ -144,6 +144,8 @@ typedef struct {
     double  val_loss;     /* full pass over the validation set (0 samples: NaN) */
     double  val_acc1;
     double  samples_per_s; /* global: samples of all ranks per second */
+    bool    started;      /* training began (set-up and resume succeeded): a failure after this
+                           * is one of the run, before it one of the job (config, data, model) */
 } fl_train_result;
 
 /* Trains as cfg says as one worker of the job the environment describes (fleetrun, mpirun, or
@@ -154,7 +156,7 @@ typedef struct {
  * = samples of all ranks per second, act = the network's planned activation memory
  * (fl_net_activation_bytes) and peak = the process's peak resident memory, in MB:
  *   worker_index: 0, epoch 0, step 10, loss 0.6931, acc1 0.5000, lr 0.1000, ips 812.4 img/s,
- *   comm 0.3 MB, act 0.4 MB, peak 21 MB
+ *   comm 0.3 MB, act 0.4 MB, peak 12 MB
  * and evaluation lines (sharded over the ranks, the same numbers on each) after each epoch.
  * Rank 0 alone writes metrics.jsonl. A dead peer fails the call with a message naming it.
  * result may be NULL. */

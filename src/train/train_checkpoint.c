@@ -408,13 +408,38 @@ static int pretrained(trainer *t, const fl_train_config *cfg) {
     return FL_OK;
 }
 
+/* checkpoint.resume: auto resumes from the newest complete checkpoint of checkpoint.dir (the
+ * one `latest` names: it moves only after a save completed on every rank), and starts afresh
+ * when there is none yet: what a job restarted by fleetrun --max_restarts wants. */
+static bool resume_auto(const fl_train_config *cfg) {
+    return strcmp(cfg->checkpoint.resume, "auto") == 0;
+}
+
 int fl_train_ckpt_restore(trainer *t, const fl_train_config *cfg, train_pos *pos) {
     *pos = (train_pos){0};
-    if (cfg->checkpoint.resume[0]) {
+    if (resume_auto(cfg)) {
+        char latest[1100];
+        snprintf(latest, sizeof latest, "%s/latest", cfg->checkpoint.dir);
+        if (access(latest, F_OK) == 0) {
+            fl_train_config c = *cfg;
+            snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "%s", cfg->checkpoint.dir);
+            if (cfg->checkpoint.pretrained[0] && t->rank == 0)
+                FL_INFO("resume: checkpoint.pretrained is not used when resuming");
+            return resume(t, &c, pos);
+        }
+        if (t->rank == 0)
+            FL_INFO("resume: auto: no checkpoint in %s yet; starting from step 0",
+                    cfg->checkpoint.dir);
+    } else if (cfg->checkpoint.resume[0]) {
         if (cfg->checkpoint.pretrained[0] && t->rank == 0)
             FL_INFO("resume: checkpoint.pretrained is not used when resuming");
         return resume(t, cfg, pos);
     }
+    const char *restarts = getenv("FLEET_RESTART_COUNT"); /* fleetrun --max_restarts */
+    if (!cfg->checkpoint.resume[0] && restarts && atoi(restarts) > 0 && t->rank == 0)
+        FL_WARN("fleetrun restarted this job (restart %s), but checkpoint.resume is not set: "
+                "training starts again from step 0 (-o checkpoint.resume=auto resumes from the "
+                "newest checkpoint)", restarts);
     if (cfg->checkpoint.pretrained[0])
         return pretrained(t, cfg);
     return FL_OK;

@@ -149,7 +149,8 @@ static const fl_cfg_key own_keys[] = {
     {"checkpoint.per_rank", FL_CFG_BOOL, OFF(checkpoint.per_rank), 0, 0, 0, NULL, false,
      "every rank saves its own file (automatic where the state differs by rank)"},
     CKPT_STR("checkpoint.resume", resume,
-             "checkpoint (step dir, or dir with `latest`) to resume from; --resume DIR"),
+             "checkpoint (step dir, or dir with `latest`) to resume from; auto: the newest in "
+             "checkpoint.dir, or a fresh start when it has none; --resume DIR"),
     CKPT_STR("checkpoint.pretrained", pretrained,
              "weights (file or checkpoint) loaded by name where name and shape fit"),
     CKPT_STR("checkpoint.inference_model", inference_model,
@@ -260,6 +261,9 @@ static int check_cross_keys(const fl_train_config *cfg) {
                        cfg->data.type == FL_DATA_CIFAR10 ? "cifar10" : "imagelist");
     if (cfg->data.type == FL_DATA_IMAGELIST && !cfg->data.train_list[0])
         return fl_fail(FL_ECONFIG, "data.train_list: needed by data.type imagelist");
+    if (strcmp(cfg->checkpoint.resume, "auto") == 0 && !cfg->checkpoint.dir[0])
+        return fl_fail(FL_ECONFIG, "checkpoint.resume: auto needs checkpoint.dir, where the "
+                                   "checkpoints to resume from are saved");
     if (cfg->data.lower_ratio > cfg->data.upper_ratio)
         return fl_fail(FL_ECONFIG, "data.lower_ratio: %g is above data.upper_ratio %g",
                        cfg->data.lower_ratio, cfg->data.upper_ratio);

@@ -50,6 +50,7 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
     step = start.step;
     last_epoch = start.epoch;
     int64_t last_saved = cfg->checkpoint.resume[0] ? start.step : -1;
+    res->started = true;
     fl_train_window_reset(t, &w);
     fl_straggler slow; /* FLEET_BENCH_SLOW: a benchmark's random straggler (straggler.h) */
     FL_TRY(fl_straggler_from_env(&slow, t->rank, t->world));

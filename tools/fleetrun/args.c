@@ -17,7 +17,8 @@
 
 static const char usage_text[] =
     "usage: fleetrun [--ips IP1,IP2,...] [--nproc_per_node N | --gpus 0,1,...] [--log_dir DIR]\n"
-    "                [--started_port P] [--node_ip IP] [--grace SECONDS] PROGRAM [ARGS...]\n"
+    "                [--started_port P] [--node_ip IP] [--grace SECONDS] [--max_restarts N]\n"
+    "                PROGRAM [ARGS...]\n"
     "\n"
     "Starts this node's workers of a collective job. Run the same line on every node of --ips;\n"
     "the first IP's first worker is rank 0. Each worker gets PADDLE_TRAINER_ID,\n"
@@ -36,13 +37,21 @@ static const char usage_text[] =
     "                                 that is an address of this machine)\n"
     "  --grace SECONDS                when a worker fails, how long the others may take to exit\n"
     "                                 on their own before SIGTERM, then SIGKILL (default 5)\n"
+    "  --max_restarts, --max-restarts N  when a worker fails (exit status other than 0 and 2,\n"
+    "                                 or a signal), stop the others and start all of them\n"
+    "                                 again, up to N times (default 0); each round's workers\n"
+    "                                 get FLEET_RESTART_COUNT and resume as they are told\n"
+    "                                 (fleet-train: -o checkpoint.resume=auto). Exit status 2\n"
+    "                                 is an error in the job (fleet-train: before training\n"
+    "                                 began) and is not restarted. Every node restarts alike.\n"
     "  -h, --help                     this text\n"
     "\n"
     "Several nodes need the same FLEET_JOB_TOKEN exported on each. Workers' stdin is /dev/null.\n"
     "Programs that bind their endpoint themselves (not fleet's) need --started_port.\n"
     "Exit status: 0 when every worker succeeded; else the failed worker's code (128+signal):\n"
     "a worker killed by a signal is named as the cause before peers that exited on its loss;\n"
-    "130/143 after SIGINT/SIGTERM; 2 for bad arguments.\n";
+    "130/143 after SIGINT/SIGTERM; 2 for bad arguments. With --max_restarts: that of the\n"
+    "last round.\n";
 
 static int parse_int(const char *s, long lo, long hi, int *out) {
     char *end;
@@ -114,7 +123,8 @@ static int parse_gpus(options *o, const char *list) {
     return 0;
 }
 
-enum { OPT_IPS, OPT_NPROC, OPT_GPUS, OPT_LOG_DIR, OPT_PORT, OPT_NODE_IP, OPT_GRACE };
+enum { OPT_IPS, OPT_NPROC, OPT_GPUS, OPT_LOG_DIR, OPT_PORT, OPT_NODE_IP, OPT_GRACE,
+       OPT_RESTARTS };
 
 static const struct {
     const char *name;
@@ -125,6 +135,7 @@ static const struct {
     {"--gpus", OPT_GPUS},         {"--selected_gpus", OPT_GPUS},
     {"--log_dir", OPT_LOG_DIR},   {"--started_port", OPT_PORT},
     {"--node_ip", OPT_NODE_IP},   {"--grace", OPT_GRACE},
+    {"--max_restarts", OPT_RESTARTS}, {"--max-restarts", OPT_RESTARTS}, /* torchrun's */
 };
 
 /* Returns 0, or the status to exit with (2: bad arguments; -1: --help printed, exit 0). */
@@ -188,6 +199,10 @@ int fr_parse_args(int argc, char **argv, options *o) {
             if (!fr_parse_ip(v).family)
                 rc = fr_arg_error("--node_ip: '%s' is not an IPv4 or IPv6 address", v);
             o->node_ip = v;
+            break;
+        case OPT_RESTARTS:
+            if (parse_int(v, 0, 1000, &o->max_restarts))
+                rc = fr_arg_error("--max_restarts: '%s' is not a number from 0 to 1000", v);
             break;
         case OPT_GRACE: {
             char *end;

@@ -1,8 +1,8 @@
 /* fleetrun.h - what the parts of the launcher share: the options, the job and its workers, the
  * phases of winding down, and the functions each part lends the others. One file per job:
  * args.c (command line), node.c (job set-up), workers.c (starting and signalling workers),
- * output.c (worker output, failure reports), supervise.c (the event loop), messages.c
- * (fleetrun's own messages), main.c. */
+ * output.c (worker output, failure reports), supervise.c (the event loop), restart.c (the
+ * restart policy of --max_restarts), messages.c (fleetrun's own messages), main.c. */
 #ifndef FLEETRUN_H
 #define FLEETRUN_H
 
@@ -35,6 +35,7 @@ typedef struct {
     int         port;                 /* 0: not given */
     const char *node_ip;
     double      grace;
+    int         max_restarts;         /* --max_restarts: rounds after the first (0: none) */
     char      **argv;                 /* PROGRAM ARGS... (borrowed from main's argv) */
 } options;
 
@@ -61,7 +62,10 @@ typedef struct {
     int         nranks;
     char      (*endpoints)[ENDPOINT_MAX]; /* [nranks], node-major */
     char       *endpoints_str;        /* "ip:port,ip:port,..." */
-    char        token[MAX_TOKEN + 1];
+    char        token[MAX_TOKEN + 16]; /* the job's token; ".<restart>" appended after restarts */
+    char        base_token[MAX_TOKEN + 1];
+    int         restarts;             /* rounds started after the first so far */
+    int         cause;                /* worker whose failure was named the cause; -1: none */
     bool        own_sockets;          /* fleetrun binds the ports (FLEET_LISTEN_FD) */
     worker     *w;                    /* [nproc] */
     int         nstarted;
@@ -147,5 +151,16 @@ void fr_name_cause(job *j);
 /* Pumps output, reaps workers and handles signals until every worker group is gone and its
  * pipe drained (or a group survives SIGKILL, or poll fails). */
 void fr_run_loop(job *j);
+
+/* restart.c */
+
+/* After a round: whether --max_restarts allows another one (a failure, not status 2, not a
+ * signal to fleetrun, restarts left); says why not when it could have. */
+bool fr_should_restart(const job *j);
+/* Readies the job for its next round, restart number j->restarts + 1: the token becomes
+ * "<token>.<restart>" (workers of an earlier round cannot join this one; every node counts
+ * its restarts alike), fresh sockets when fleetrun owns the ports, worker and loop state
+ * cleared, a line in every log. 0 or 1. */
+int fr_prepare_restart(job *j);
 
 #endif

@@ -44,7 +44,7 @@ static void job_free(job *j) {
 
 int main(int argc, char **argv) {
     job j = {.sig_fd = -1, .term_fd = 1, .exit_code = -1,
-             .failed_unsignalled = -1};
+             .failed_unsignalled = -1, .cause = -1};
     int rc;
     ensure_std_fds();
     /* signals wait in the signalfd from the start: a Ctrl-C during set-up stops the workers
@@ -97,15 +97,25 @@ int main(int argc, char **argv) {
                j.o.ips[0], j.o.log_dir);
     fflush(stdout);
 
-    for (int i = 0; i < j.o.nproc; i++)
-        if ((rc = fr_start_worker(&j, i))) {
-            j.exit_code = rc;
-            fr_enter_phase(&j, PHASE_TERM, j.o.grace);
+    for (;;) { /* one round; more with --max_restarts (restart.c) */
+        for (int i = 0; i < j.o.nproc; i++)
+            if ((rc = fr_start_worker(&j, i))) {
+                j.exit_code = rc;
+                fr_enter_phase(&j, PHASE_TERM, j.o.grace);
+                break;
+            }
+        fr_run_loop(&j);
+        if (j.settle_until > 0)
+            fr_name_cause(&j);
+        if (!fr_should_restart(&j))
             break;
+        fr_say("restart %d of %d: starting %d worker(s) again (FLEET_RESTART_COUNT=%d)",
+               j.restarts + 1, j.o.max_restarts, j.o.nproc, j.restarts + 1);
+        if (fr_prepare_restart(&j)) {
+            rc = 1;
+            goto fail;
         }
-    fr_run_loop(&j);
-    if (j.settle_until > 0)
-        fr_name_cause(&j);
+    }
     if (j.signal_seen)
         rc = 128 + j.signal_seen;
     else

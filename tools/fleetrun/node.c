@@ -115,12 +115,14 @@ int fr_make_token(job *j) {
             if (t[i] <= ' ' || t[i] > '~')
                 return fr_arg_error("FLEET_JOB_TOKEN: only printable characters without spaces");
         memcpy(j->token, t, n + 1);
+        memcpy(j->base_token, t, n + 1);
         return 0;
     }
     if (random_hex(j->token, 16) < 0) {
         fr_say("error: cannot read /dev/urandom for the job token: %s", strerror(errno));
         return 1;
     }
+    memcpy(j->base_token, j->token, sizeof j->base_token);
     if (j->o.nnodes > 1) {
         fprintf(stderr,
                 "fleetrun: error: a job on %d nodes needs the same FLEET_JOB_TOKEN on every node "

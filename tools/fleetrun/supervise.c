@@ -73,6 +73,7 @@ void fr_name_cause(job *j) {
     j->settle_until = 0;
     if (cause < 0)
         return;
+    j->cause = cause;
     j->exit_code = status_code(j->w[cause].status);
     fr_report_failure(j, cause);
     j->w[cause].reported = true;

@@ -44,6 +44,7 @@ static void run_child(job *j, int i, int out_fd) {
     setenv("PADDLE_CURRENT_ENDPOINT", j->endpoints[w->rank], 1);
     setenv("FLAGS_selected_gpus", w->gpu, 1);
     setenv("FLEET_JOB_TOKEN", j->token, 1);
+    set_env_int("FLEET_RESTART_COUNT", j->restarts);
     if (w->child_listen_fd >= 0) {
         set_env_int("FLEET_LISTEN_FD", w->child_listen_fd);
         fcntl(w->child_listen_fd, F_SETFD, 0); /* only this worker's socket survives exec */
