@@ -19,6 +19,7 @@ bin="$build/tools/fleet-train" run="$build/tools/fleetrun"
 work=$(mktemp -d)
 trap 'pkill -9 -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
 export FLEET_BENCH_SLOW=1:$slow:0
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} # 4 workers share the cores: one thread each
 unset FLAGS_START_PORT FLEET_JOB_TOKEN FLEET_LISTEN_FD FLEET_RESTART_COUNT
 if [[ $model == resnet ]]; then
   args=(-c "$here/../configs/shapes_resnet.yaml" -o train.max_steps=96 -o data.train_size=8192)
@@ -35,7 +36,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 step_s=$(sed -nE 's/.*"step_ms":([0-9.]+).*/\1/p' "$work/ref/m/metrics.jsonl" | median |
   awk '{ printf "%.4f", $1 / 1000 }')
 printf '# %s, %s cores, model %s, 4 workers, checkpoint every %d steps, %s ms/step undisturbed\n' \
-  "$(date -u +%FT%TZ)" "$(nproc)" "$model" "$interval" "$(awk -v s="$step_s" 'BEGIN { printf "%.1f", 1000 * s }')"
+  "$(date -u +%FT%TZ)" "$(nproc --all)" "$model" "$interval" "$(awk -v s="$step_s" 'BEGIN { printf "%.1f", 1000 * s }')"
 printf '%5s %5s %9s %8s %10s\n' trial rank "kill step" redone "restart s"
 RANDOM=${SEED:-7}
 redo=() rst=()
