@@ -107,6 +107,14 @@ int fl_comm_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dt
 /* in (counts[rank]) from each rank, concatenated in rank order into out (sum of counts).
  * counts[] is the same on every rank; entries may be 0. */
 int fl_comm_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t);
+/* Personalised exchange (MPI_Alltoallv): in holds one block per rank in rank order, the j-th
+ * of send_counts[j] elements, sent to rank j; out receives one block per rank in rank order,
+ * the j-th of recv_counts[j] elements, from rank j. The counts may differ per pair and be 0,
+ * but must agree: recv_counts[j] on rank r is send_counts[r] on rank j (a mismatch breaks the
+ * exchange with that peer, which is named). in and out must not overlap. The building block
+ * of sparse collectives (docs/comm.md). */
+int fl_comm_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
+                      const size_t *recv_counts, fl_dtype t);
 /* buf (count) of root copied to every rank. */
 int fl_comm_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root);
 int fl_comm_barrier(fl_comm *c);
@@ -121,6 +129,8 @@ int fl_comm_iallgather(fl_comm *c, const void *in, void *out, size_t count, fl_d
                        fl_request **req);
 int fl_comm_iallgatherv(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t,
                         fl_request **req);
+int fl_comm_ialltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
+                       const size_t *recv_counts, fl_dtype t, fl_request **req);
 int fl_comm_ibroadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root,
                        fl_request **req);
 /* Waits for completion and frees req; returns the operation's status (its message in

@@ -26,10 +26,11 @@ typedef enum {
     OP_ALLGATHERV,
     OP_BROADCAST,
     OP_BARRIER,
+    OP_ALLTOALLV,
 } op_kind;
 
 static const char *const op_names[] = {"allreduce", "reduce_scatter", "allgather",
-                                       "allgatherv", "broadcast", "barrier"};
+                                       "allgatherv", "broadcast", "barrier", "alltoallv"};
 
 /* One collective's arguments, as the caller passed them (validated). */
 typedef struct {
@@ -37,7 +38,8 @@ typedef struct {
     const void   *in;
     void         *out; /* buf for allreduce and broadcast */
     size_t        count;
-    const size_t *counts; /* allgatherv */
+    const size_t *counts; /* allgatherv; alltoallv's send counts */
+    const size_t *recv_counts; /* alltoallv */
     fl_dtype      t;
     fl_redop      op;
     int           root;
@@ -46,7 +48,8 @@ typedef struct {
 struct fl_request {
     fl_comm    *c;
     call        a;
-    size_t     *counts_copy; /* allgatherv: the caller's counts[] may go away after issue */
+    size_t     *counts_copy; /* allgatherv, alltoallv: the caller's counts may go away after
+                              * issue (alltoallv: send counts, then receive counts) */
     bool        done;        /* guarded by the queue's mu */
     int         status;
     char        msg[512];
@@ -126,6 +129,14 @@ static int execute(fl_comm *c, const call *a) {
         if (c->size > 1)
             rc = ops->barrier(c);
         break;
+    case OP_ALLTOALLV: {
+        size_t total = 0;
+        for (int r = 0; r < c->size; r++)
+            total += a->counts[r] + a->recv_counts[r];
+        if (total)
+            rc = ops->alltoallv(c, a->in, a->counts, a->out, a->recv_counts, a->t);
+        break;
+    }
     }
     double dt = fl_now() - t0;
     if (rc < 0) {
@@ -152,6 +163,7 @@ static int check_backend(const fl_comm *c, op_kind k) {
     case OP_ALLGATHERV: fn = (const void *)o->allgatherv; break;
     case OP_BROADCAST: fn = (const void *)o->broadcast; break;
     case OP_BARRIER: fn = (const void *)o->barrier; break;
+    case OP_ALLTOALLV: fn = (const void *)o->alltoallv; break;
     }
     if (!fn)
         return fl_fail(FL_EUNSUPPORTED, "backend %s has no %s", o->name, op_names[k]);
@@ -265,6 +277,26 @@ static int validate(const fl_comm *c, const call *a) {
         break;
     case OP_BARRIER:
         break;
+    case OP_ALLTOALLV: {
+        FL_TRY(check_dtype(k, a->t, false));
+        if (!a->counts || !a->recv_counts)
+            return fl_fail(FL_EINVAL, "alltoallv: %s is NULL",
+                           a->counts ? "recv_counts" : "send_counts");
+        size_t stotal = 0, rtotal = 0;
+        for (int r = 0; r < c->size; r++) {
+            if (a->counts[r] > SIZE_MAX - stotal || a->recv_counts[r] > SIZE_MAX - rtotal)
+                return fl_fail(FL_EINVAL, "alltoallv: the counts overflow size_t");
+            stotal += a->counts[r];
+            rtotal += a->recv_counts[r];
+        }
+        FL_TRY(check_bytes(k, stotal, 1, a->t, &ib));
+        FL_TRY(check_bytes(k, rtotal, 1, a->t, &ob));
+        FL_TRY(check_ptr(k, "in", a->in, ib));
+        FL_TRY(check_ptr(k, "out", a->out, ob));
+        if (overlap(a->in, ib, a->out, ob))
+            return fl_fail(FL_EINVAL, "alltoallv: out overlaps in (not supported in place)");
+        break;
+    }
     }
     return check_backend(c, k);
 }
@@ -357,14 +389,19 @@ static int submit(fl_comm *c, const call *a, fl_request **req) {
         return fl_fail(FL_ENOMEM, "comm: out of memory");
     r->c = c;
     r->a = *a;
-    if (a->kind == OP_ALLGATHERV) {
-        r->counts_copy = malloc((size_t)c->size * sizeof *r->counts_copy);
+    if (a->kind == OP_ALLGATHERV || a->kind == OP_ALLTOALLV) {
+        size_t n = (size_t)c->size, arrays = a->kind == OP_ALLTOALLV ? 2 : 1;
+        r->counts_copy = malloc(arrays * n * sizeof *r->counts_copy);
         if (!r->counts_copy) {
             free(r);
             return fl_fail(FL_ENOMEM, "comm: out of memory");
         }
-        memcpy(r->counts_copy, a->counts, (size_t)c->size * sizeof *r->counts_copy);
+        memcpy(r->counts_copy, a->counts, n * sizeof *r->counts_copy);
         r->a.counts = r->counts_copy;
+        if (arrays == 2) {
+            memcpy(r->counts_copy + n, a->recv_counts, n * sizeof *r->counts_copy);
+            r->a.recv_counts = r->counts_copy + n;
+        }
     }
     int rc = c->queue ? 0 : start_queue(c);
     if (rc < 0)
@@ -573,6 +610,20 @@ int fl_comm_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dt
 int fl_comm_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t) {
     call a = {.kind = OP_ALLGATHERV, .in = in, .out = out, .counts = counts, .t = t};
     return run_blocking(c, &a);
+}
+
+int fl_comm_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
+                      const size_t *recv_counts, fl_dtype t) {
+    call a = {.kind = OP_ALLTOALLV, .in = in, .out = out, .counts = send_counts,
+              .recv_counts = recv_counts, .t = t};
+    return run_blocking(c, &a);
+}
+
+int fl_comm_ialltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
+                       const size_t *recv_counts, fl_dtype t, fl_request **req) {
+    call a = {.kind = OP_ALLTOALLV, .in = in, .out = out, .counts = send_counts,
+              .recv_counts = recv_counts, .t = t};
+    return submit(c, &a, req);
 }
 
 int fl_comm_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {

@@ -171,6 +171,40 @@ done:
     return rc;
 }
 
+static int mpi_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
+                         const size_t *recv_counts, fl_dtype t) {
+    mpi_state *st = state_of(c);
+    size_t es = fl_dtype_size(t), stotal = 0, rtotal = 0;
+    int n = c->size, rc = 0;
+    int *v = malloc(4 * (size_t)n * sizeof *v);
+    if (!v)
+        return fl_fail(FL_ENOMEM, "mpi: out of memory");
+    int *scnt = v, *sdis = v + n, *rcnt = v + 2 * n, *rdis = v + 3 * n;
+    for (int r = 0; r < n; r++) {
+        if (send_counts[r] > (size_t)INT_MAX || stotal > (size_t)INT_MAX ||
+            recv_counts[r] > (size_t)INT_MAX || rtotal > (size_t)INT_MAX) {
+            rc = fl_fail(FL_EUNSUPPORTED, "mpi: alltoallv: the block of rank %d is beyond "
+                         "INT_MAX elements or offset, where MPI counts stop", r);
+            goto done;
+        }
+        scnt[r] = (int)send_counts[r];
+        sdis[r] = (int)stotal;
+        rcnt[r] = (int)recv_counts[r];
+        rdis[r] = (int)rtotal;
+        stotal += send_counts[r];
+        rtotal += recv_counts[r];
+    }
+    int err = MPI_Alltoallv(in, scnt, sdis, mpi_type(t), out, rcnt, rdis, mpi_type(t), st->comm);
+    if (err != MPI_SUCCESS) {
+        rc = mpi_failed(err, "MPI_Alltoallv");
+        goto done;
+    }
+    count_bytes(c, (stotal - send_counts[c->rank]) * es, (rtotal - recv_counts[c->rank]) * es);
+done:
+    free(v);
+    return rc;
+}
+
 static int mpi_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
     mpi_state *st = state_of(c);
     size_t es = fl_dtype_size(t);
@@ -225,6 +259,7 @@ static const struct fl_comm_ops mpi_ops = {
     .reduce_scatter = mpi_reduce_scatter,
     .allgather = mpi_allgather,
     .allgatherv = mpi_allgatherv,
+    .alltoallv = mpi_alltoallv,
     .broadcast = mpi_broadcast,
     .barrier = mpi_barrier,
     .destroy = mpi_destroy,

@@ -124,6 +124,21 @@ static int tcp_allgatherv(fl_comm *c, const void *in, void *out, const size_t *c
     return fl_ring_allgatherv(st->tp, in, out, counts, 0, fl_dtype_size(t));
 }
 
+static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
+                         const size_t *recv_counts, fl_dtype t) {
+    tcp_state *st = state_of(c);
+    size_t es = fl_dtype_size(t);
+    if (!st->tp) {
+        if (send_counts[0] != recv_counts[0])
+            return fl_fail(FL_EINVAL, "alltoallv: rank 0 sends itself %zu elements but "
+                           "expects %zu", send_counts[0], recv_counts[0]);
+        if (send_counts[0])
+            memcpy(out, in, send_counts[0] * es);
+        return 0;
+    }
+    return fl_pairwise_alltoallv(st->tp, in, send_counts, out, recv_counts, es);
+}
+
 static int tcp_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
     tcp_state *st = state_of(c);
     size_t bytes = count * fl_dtype_size(t);
@@ -155,6 +170,7 @@ static const struct fl_comm_ops tcp_ops = {
     .reduce_scatter = tcp_reduce_scatter,
     .allgather = tcp_allgather,
     .allgatherv = tcp_allgatherv,
+    .alltoallv = tcp_alltoallv,
     .broadcast = tcp_broadcast,
     .barrier = tcp_barrier,
     .destroy = tcp_destroy,

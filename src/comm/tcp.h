@@ -57,6 +57,12 @@ int fl_rd_allreduce(fl_transport *tp, fl_tcp_scratch *s, void *buf, size_t count
 /* Dissemination barrier: ceil(log2 size) rounds of one byte. */
 int fl_rd_barrier(fl_transport *tp);
 
+/* --- alltoall.c: Thakur, Rabenseifner & Gropp 2005 --- */
+/* Pairwise exchange: rank r's in block j (send_counts[j] elements) goes to rank j's out block r
+ * (its recv_counts[r]); blocks in rank order. n - 1 full-duplex steps. */
+int fl_pairwise_alltoallv(fl_transport *tp, const void *in, const size_t *send_counts, void *out,
+                          const size_t *recv_counts, size_t es);
+
 /* --- bcast.c --- */
 /* Binomial tree: ceil(log2 size) rounds of the whole buffer (small messages). */
 int fl_bcast_tree(fl_transport *tp, void *buf, size_t nbytes, int root);

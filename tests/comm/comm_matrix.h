@@ -321,6 +321,54 @@ static inline void mx_allgather(mx_ctx *m, fl_dtype t, size_t count, const size_
     free(out);
 }
 
+/* alltoallv: rank q sends rank p a block of mx_a2a_count(q, p) elements (0 for a third of the
+ * pairs, sizes that differ per pair), each element a function of (q, p, i); every rank checks
+ * every block it received and that the results agree (hash of all blocks, gathered). */
+static inline size_t mx_a2a_count(size_t count, int q, int p) {
+    return (q + p) % 3 == 1 || count == 0 ? 0 : count + (size_t)q + 2 * (size_t)p;
+}
+
+static inline void mx_alltoallv(mx_ctx *m, fl_dtype t, size_t count) {
+    char what[160];
+    mx_name(what, sizeof what, "alltoallv", t, -1, MX_EXACT, count);
+    m->case_id++;
+    size_t es = fl_dtype_size(t), stotal = 0, rtotal = 0, n = (size_t)m->size;
+    size_t *sc = mx_alloc(2 * n * sizeof *sc), *rc_ = sc + n;
+    for (int p = 0; p < m->size; p++) {
+        sc[p] = mx_a2a_count(count, m->rank, p);
+        rc_[p] = mx_a2a_count(count, p, m->rank);
+        stotal += sc[p];
+        rtotal += rc_[p];
+    }
+    char *in = mx_alloc(stotal * es), *out = mx_alloc(rtotal * es);
+    memset(out, 0xa5, rtotal * es);
+    size_t off = 0;
+    for (int p = 0; p < m->size; p++)
+        for (size_t i = 0; i < sc[p]; i++, off++)
+            mx_put(t, in, off, mx_value(m, t, MX_EXACT, m->rank, (size_t)p << 32 | i));
+    if (mx_rc(m, fl_comm_alltoallv(m->c, in, sc, out, rc_, t), what)) {
+        m->checks++;
+        unsigned char want[8];
+        off = 0;
+        bool bad = false;
+        for (int q = 0; q < m->size && !bad; q++) {
+            for (size_t i = 0; i < rc_[q] && !bad; i++) {
+                mx_put(t, want, 0, mx_value(m, t, MX_EXACT, q, (size_t)m->rank << 32 | i));
+                if (memcmp(want, out + (off + i) * es, es) != 0) {
+                    mx_fail(m, "%s: from rank %d, element %zu: got %.9g want %.9g", what, q, i,
+                            mx_get(t, out, off + i), mx_get(t, want, 0));
+                    bad = true;
+                }
+            }
+            off += rc_[q];
+        }
+        mx_hashes(m, what, mx_hash_bytes(0, out, rtotal * es), false);
+    }
+    free(in);
+    free(out);
+    free(sc);
+}
+
 static inline void mx_broadcast(mx_ctx *m, fl_dtype t, size_t count, int root) {
     char what[160];
     mx_name(what, sizeof what, "broadcast", t, -1, MX_EXACT, count);
@@ -516,6 +564,7 @@ static inline long mx_run(mx_ctx *m, const size_t *counts, int ncounts) {
             fl_dtype t = mx_dtypes[d];
             mx_allgather(m, t, count, NULL, false);
             mx_allgather(m, t, count, vc, false);
+            mx_alltoallv(m, t, count);
             mx_broadcast(m, t, count, (int)((count + (size_t)d) % (size_t)m->size));
         }
         if (!m->fatal) {
