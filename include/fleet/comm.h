@@ -61,6 +61,11 @@ typedef struct {
     int    tcp_only;                    /* FLEET_COMM_LOCAL=0: keep TCP to peers on this host
                                            (default 0: they switch to a unix socket) */
     int    gpu;                         /* FLAGS_selected_gpus, -1 if unset */
+    /* topology (src/comm/topology.c): this rank's node (0 .. nnodes - 1) and its place among
+     * the local_size ranks of that node. From LOCAL_RANK + LOCAL_WORLD_SIZE (+ GROUP_RANK;
+     * torchrun, fleetrun) or OMPI_COMM_WORLD_LOCAL_RANK/_SIZE, else ranks whose endpoints
+     * name the same host share a node, else each rank is a node of its own. */
+    int    local_rank, local_size, node, nnodes;
 } fl_comm_env;
 
 /* Reads the environment: PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS,
@@ -74,6 +79,10 @@ typedef struct {
  * FLEET_COMM_BACKEND, FLEET_COMM_LOCAL and FLAGS_selected_gpus. fl_comm_env_clear frees
  * endpoints. */
 int  fl_comm_env_read(fl_comm_env *env);
+/* Fills the topology fields of env (rank, size and endpoints already read); FL_ECONFIG naming
+ * the variable when LOCAL_RANK / LOCAL_WORLD_SIZE / GROUP_RANK are inconsistent. Called by
+ * fl_comm_env_read. */
+int  fl_comm_env_topology(fl_comm_env *env);
 void fl_comm_env_clear(fl_comm_env *env);
 
 typedef struct fl_comm fl_comm;

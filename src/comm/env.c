@@ -318,7 +318,7 @@ int fl_comm_env_read(fl_comm_env *env) {
     else if (env_get("OMPI_COMM_WORLD_RANK") || env_get("OMPI_COMM_WORLD_SIZE") ||
              env_get("PMI_RANK") || env_get("PMI_SIZE"))
         rc = read_mpi(env);
-    if (rc < 0)
+    if (rc < 0 || (rc = fl_comm_env_topology(env)) < 0)
         goto fail;
     if (env->size > 1 && !env->token[0] && strcmp(env->backend, "mpi") != 0)
         derive_token(env);

@@ -17,7 +17,8 @@ static const char *all_vars[] = {
     "PADDLE_CURRENT_ENDPOINT", "FLAGS_selected_gpus", "RANK", "WORLD_SIZE", "MASTER_ADDR",
     "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
     "FLEET_JOB_TOKEN", "FLEET_COMM_TIMEOUT", "FLEET_LISTEN_FD", "FLEET_COMM_BACKEND",
-    "FLEET_COMM_LOCAL",
+    "FLEET_COMM_LOCAL", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
 };
 
 static void clear_env(void) {
@@ -279,12 +280,72 @@ static void test_knobs(void) {
     REFUSED("FLEET_LISTEN_FD=fd3 is not a file descriptor", NULL, "FLEET_LISTEN_FD", "fd3");
 }
 
+/* Reads env from kv and checks the topology fields. */
+static void expect_topology(int line, const char *const *kv, int local_rank, int local_size,
+                            int node, int nnodes) {
+    set_env(kv);
+    fl_comm_env env;
+    int rc = fl_comm_env_read(&env);
+    if (rc != 0) {
+        fprintf(stderr, "%s:%d: env_read failed: %s\n", __FILE__, line, fl_errmsg());
+        test_failures++;
+        return;
+    }
+    if (env.local_rank != local_rank || env.local_size != local_size || env.node != node ||
+        env.nnodes != nnodes) {
+        fprintf(stderr, "%s:%d: topology local %d of %d, node %d of %d; want local %d of %d, "
+                "node %d of %d\n", __FILE__, line, env.local_rank, env.local_size, env.node,
+                env.nnodes, local_rank, local_size, node, nnodes);
+        test_failures++;
+    }
+    fl_comm_env_clear(&env);
+}
+#define TOPOLOGY(lr, ls, nd, nn, ...) \
+    expect_topology(__LINE__, (const char *const[]){__VA_ARGS__, NULL}, lr, ls, nd, nn)
+
+/* Node and local rank: from the launcher's variables, else the endpoints' hosts. */
+static void test_topology(void) {
+    const char *eps = "10.0.0.1:6170,10.0.0.1:6171,10.0.0.2:6170,10.0.0.2:6171,10.0.0.3:6170";
+    TOPOLOGY(0, 1, 0, 1, "FLEET_COMM_LOCAL", "1"); /* alone */
+    TOPOLOGY(1, 2, 1, 3, "PADDLE_TRAINER_ID", "3", "PADDLE_TRAINERS_NUM", "5",
+             "PADDLE_TRAINER_ENDPOINTS", eps, "PADDLE_CURRENT_ENDPOINT", "10.0.0.2:6171");
+    TOPOLOGY(0, 1, 2, 3, "PADDLE_TRAINER_ID", "4", "PADDLE_TRAINERS_NUM", "5",
+             "PADDLE_TRAINER_ENDPOINTS", eps, "PADDLE_CURRENT_ENDPOINT", "10.0.0.3:6170");
+    TOPOLOGY(2, 3, 0, 1, "PADDLE_TRAINER_ID", "2", "PADDLE_TRAINERS_NUM", "3",
+             "PADDLE_TRAINER_ENDPOINTS", "[::1]:1,[::1]:2,[::1]:3", "PADDLE_CURRENT_ENDPOINT",
+             "[::1]:3");
+    /* the launcher's variables win over the endpoints: 2 nodes of 2 emulated on one host */
+    const char *one_host = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4";
+    TOPOLOGY(1, 2, 1, 2, "PADDLE_TRAINER_ID", "3", "PADDLE_TRAINERS_NUM", "4",
+             "PADDLE_TRAINER_ENDPOINTS", one_host, "PADDLE_CURRENT_ENDPOINT", "127.0.0.1:4",
+             "LOCAL_RANK", "1", "LOCAL_WORLD_SIZE", "2");
+    TOPOLOGY(3, 4, 0, 1, "PADDLE_TRAINER_ID", "3", "PADDLE_TRAINERS_NUM", "4",
+             "PADDLE_TRAINER_ENDPOINTS", one_host, "PADDLE_CURRENT_ENDPOINT", "127.0.0.1:4");
+    TOPOLOGY(0, 3, 1, 2, "RANK", "3", "WORLD_SIZE", "6", "MASTER_ADDR", "127.0.0.1",
+             "MASTER_PORT", "29500", "LOCAL_RANK", "0", "LOCAL_WORLD_SIZE", "3", "GROUP_RANK",
+             "1");
+    TOPOLOGY(1, 2, 2, 3, "OMPI_COMM_WORLD_RANK", "5", "OMPI_COMM_WORLD_SIZE", "6",
+             "OMPI_COMM_WORLD_LOCAL_RANK", "1", "OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+    TOPOLOGY(0, 1, 5, 6, "OMPI_COMM_WORLD_RANK", "5", "OMPI_COMM_WORLD_SIZE", "6");
+    /* inconsistent variables are refused, named */
+    REFUSED("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not", NULL, "LOCAL_RANK", "0");
+    REFUSED("LOCAL_RANK=2 is not a number from 0 to 1", NULL, "RANK", "2", "WORLD_SIZE", "4",
+            "MASTER_ADDR", "h", "MASTER_PORT", "1", "LOCAL_RANK", "2", "LOCAL_WORLD_SIZE", "2");
+    REFUSED("LOCAL_WORLD_SIZE=5 is not a number from 1 to 4", NULL, "RANK", "2", "WORLD_SIZE",
+            "4", "MASTER_ADDR", "h", "MASTER_PORT", "1", "LOCAL_RANK", "0", "LOCAL_WORLD_SIZE",
+            "5");
+    REFUSED("GROUP_RANK=2 is not a number from 0 to 1", NULL, "RANK", "2", "WORLD_SIZE", "4",
+            "MASTER_ADDR", "h", "MASTER_PORT", "1", "LOCAL_RANK", "0", "LOCAL_WORLD_SIZE", "2",
+            "GROUP_RANK", "2");
+}
+
 int main(void) {
     test_defaults();
     test_paddle();
     test_torchrun();
     test_mpirun();
     test_knobs();
+    test_topology();
     clear_env();
     TEST_DONE();
 }
