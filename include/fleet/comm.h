@@ -124,6 +124,19 @@ int fl_comm_allgatherv(fl_comm *c, const void *in, void *out, const size_t *coun
  * of sparse collectives (docs/comm.md). */
 int fl_comm_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
                       const size_t *recv_counts, fl_dtype t);
+/* Sparse allreduce (src/comm/sparse.c; docs/dgc.md): each rank gives m (index, value) pairs
+ * of a tensor of n values, indices strictly ascending in [0, n). Every rank receives the same
+ * out_count <= max_keep pairs, ascending by index: for each index given by any rank, the sum of
+ * its values in rank order (bit for bit what a dense sum in rank order gives), all of them when
+ * there are at most max_keep distinct indices, else those above a global magnitude threshold
+ * (a top max_keep at 17-bit resolution: at most max_keep kept). kept[i] (m bytes) says whether
+ * the rank's i-th pair's index is among them: a caller returns the others to its residual.
+ * Each rank sends about m and receives about m + max_keep pairs, whatever the rank count
+ * (alltoallv to range owners, allgatherv of the kept sums). Collective; FL_EINVAL for
+ * indices out of order or range. out_idx / out_val hold max_keep entries. */
+int fl_comm_sparse_allreduce(fl_comm *c, int64_t n, const int32_t *idx, const float *val,
+                             int64_t m, int64_t max_keep, int32_t *out_idx, float *out_val,
+                             int64_t *out_count, uint8_t *kept);
 /* buf (count) of root copied to every rank. */
 int fl_comm_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root);
 int fl_comm_barrier(fl_comm *c);
