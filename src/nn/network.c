@@ -49,8 +49,8 @@ struct fl_net {
      * reuses, in forward and again when backward recomputes them */
     char              *recompute_spec; /* NULL: off */
     nn_recompute_plan  plan;
-    size_t             act_bytes;      /* outputs, arena and output gradients */
-    size_t             kept_bytes, arena_bytes, grad_bytes; /* its three parts */
+    size_t             kept_bytes, arena_bytes, grad_bytes; /* activation memory: outputs
+                                                             * kept, arena, output gradients */
     bool               fwd_training;   /* of the last forward, which backward replays */
 };
 
@@ -87,7 +87,7 @@ static void unplan(fl_net *net) {
     net->k->free(net->x_nhwc);
     net->x_nhwc = NULL;
     nn_recompute_plan_free(&net->plan);
-    net->act_bytes = 0;
+    net->kept_bytes = net->arena_bytes = net->grad_bytes = 0;
     free(net->out);
     free(net->dout);
     free(net->consumers);
@@ -318,7 +318,7 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         rc = fl_fail(FL_ENOMEM, "net: out of memory");
         goto fail;
     }
-    size_t act_bytes = 0, scratch = 0, sum_bytes = 0;
+    size_t scratch = 0, sum_bytes = 0;
     /* pass 0 infers the shapes in NCHW and settles the layout; pass 1 infers them again in
      * that layout (layers plan their kernels for it) and sizes the memory */
     fl_layout best = net->k->preferred_layout(net->dtype);
@@ -405,23 +405,13 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         out_sizes[i] = round64(fl_tensor_nbytes(&net->out[i]));
     rc = nn_recompute_plan_make(net->layers, net->nlayers, net->recompute_spec, out_sizes,
                                 &net->plan);
+    size_t kept_bytes = 0, arena_bytes = 0;
+    if (rc == FL_OK)
+        nn_recompute_plan_sizes(&net->plan, net->nlayers, out_sizes, &kept_bytes, &arena_bytes);
     free(out_sizes);
     if (rc < 0)
         goto fail;
-    size_t arena_bytes = 0, seg_bytes = 0;
-    for (int i = 0; i < net->nlayers; i++) {
-        size_t nb = round64(fl_tensor_nbytes(&net->out[i]));
-        if (i > 0 && net->plan.segment[i] != net->plan.segment[i - 1])
-            seg_bytes = 0;
-        if (net->plan.kept[i]) {
-            act_bytes += nb;
-        } else {
-            seg_bytes += nb;
-            arena_bytes = seg_bytes > arena_bytes ? seg_bytes : arena_bytes;
-        }
-    }
-    size_t kept_bytes = act_bytes;
-    act_bytes += arena_bytes;
+    size_t act_bytes = kept_bytes + arena_bytes;
     size_t *dout_off = calloc((size_t)net->nlayers, sizeof *dout_off);
     if (!dout_off) {
         rc = fl_fail(FL_ENOMEM, "net: out of memory");
@@ -437,6 +427,7 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
     if (net->layout == FL_LAYOUT_NHWC && in_ndim == 3 &&
         !(net->x_nhwc = net->k->alloc((size_t)(max_batch * fl_shape_numel(in_ndim, in_shape)) *
                                       esize))) {
+        free(dout_off);
         rc = fl_fail(FL_ENOMEM, "net: cannot allocate the NHWC input");
         goto fail;
     }
@@ -447,12 +438,14 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         goto fail;
     }
     if (scratch > 0 && !(net->scratch = net->k->alloc(scratch))) {
+        free(dout_off);
         rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of layer scratch", scratch);
         goto fail;
     }
     net->scratch_size = scratch;
     for (int k = 0; k < 2 && sum_bytes > 0; k++) {
         if (!(net->sum_mem[k] = net->k->alloc(sum_bytes))) {
+            free(dout_off);
             rc = fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of gradient sums", sum_bytes);
             goto fail;
         }
@@ -472,7 +465,6 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
             q += nb;
         }
     }
-    net->act_bytes = act_bytes;
     net->kept_bytes = kept_bytes;
     net->arena_bytes = arena_bytes;
     net->grad_bytes = grad_bytes;
@@ -708,7 +700,9 @@ bool fl_net_output_kept(const fl_net *net, int i) {
     return !net->built || net->plan.kept[i];
 }
 
-size_t fl_net_activation_bytes(const fl_net *net) { return net->built ? net->act_bytes : 0; }
+size_t fl_net_activation_bytes(const fl_net *net) {
+    return net->built ? net->kept_bytes + net->arena_bytes + net->grad_bytes : 0;
+}
 
 void fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena, size_t *grads) {
     *outputs = net->built ? net->kept_bytes : 0;
@@ -796,11 +790,11 @@ void fl_net_summary(const fl_net *net, FILE *out) {
     double mib = 1024.0 * 1024.0;
     if (net->built && net->plan.enabled)
         fprintf(out, "activations: %.1f MiB for batch %lld: outputs kept %.1f, recompute arena "
-                "%.1f, output gradients %.1f\n", (double)net->act_bytes / mib,
+                "%.1f, output gradients %.1f\n", (double)fl_net_activation_bytes(net) / mib,
                 (long long)net->max_batch, (double)net->kept_bytes / mib,
                 (double)net->arena_bytes / mib, (double)net->grad_bytes / mib);
     else if (net->built)
         fprintf(out, "activations: %.1f MiB for batch %lld: outputs %.1f, output gradients %.1f\n",
-                (double)net->act_bytes / mib, (long long)net->max_batch,
+                (double)fl_net_activation_bytes(net) / mib, (long long)net->max_batch,
                 (double)net->kept_bytes / mib, (double)net->grad_bytes / mib);
 }

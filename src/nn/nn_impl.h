@@ -37,6 +37,10 @@ typedef struct {
 int  nn_recompute_plan_make(fl_layer *const *layers, int nlayers, const char *spec,
                             const size_t *bytes, nn_recompute_plan *p);
 void nn_recompute_plan_free(nn_recompute_plan *p);
+/* Bytes of the outputs a plan keeps, and of its arena (the largest segment's other outputs),
+ * bytes[i] being layer i's output size. */
+void nn_recompute_plan_sizes(const nn_recompute_plan *p, int nlayers, const size_t *bytes,
+                             size_t *kept, size_t *arena);
 
 /* Fills t (F32 or F64) with U(-bound, bound). */
 void nn_fill_uniform(fl_tensor *t, fl_rng *r, double bound);

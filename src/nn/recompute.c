@@ -101,19 +101,26 @@ static void derive(fl_layer *const *layers, int n, nn_recompute_plan *p) {
     }
 }
 
-/* Activation bytes of a plan: the kept outputs plus the largest segment of the others. */
-static size_t plan_bytes(const nn_recompute_plan *p, int n, const size_t *bytes) {
-    size_t kept = 0, seg = 0, arena = 0;
+void nn_recompute_plan_sizes(const nn_recompute_plan *p, int n, const size_t *bytes,
+                             size_t *kept, size_t *arena) {
+    size_t seg = 0;
+    *kept = *arena = 0;
     for (int i = 0; i < n; i++) {
         if (i > 0 && p->segment[i] != p->segment[i - 1])
             seg = 0;
         if (p->kept[i]) {
-            kept += bytes[i];
+            *kept += bytes[i];
         } else {
             seg += bytes[i];
-            arena = seg > arena ? seg : arena;
+            *arena = seg > *arena ? seg : *arena;
         }
     }
+}
+
+/* Activation bytes of a plan: the kept outputs plus the largest segment of the others. */
+static size_t plan_bytes(const nn_recompute_plan *p, int n, const size_t *bytes) {
+    size_t kept, arena;
+    nn_recompute_plan_sizes(p, n, bytes, &kept, &arena);
     return kept + arena;
 }
 
