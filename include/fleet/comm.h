@@ -120,7 +120,8 @@ int fl_comm_allgatherv(fl_comm *c, const void *in, void *out, const size_t *coun
  * of send_counts[j] elements, sent to rank j; out receives one block per rank in rank order,
  * the j-th of recv_counts[j] elements, from rank j. The counts may differ per pair and be 0,
  * but must agree: recv_counts[j] on rank r is send_counts[r] on rank j (a mismatch breaks the
- * exchange with that peer, which is named). in and out must not overlap. The building block
+ * exchange with that peer, which is named; a rank whose own two counts differ gets FL_EINVAL).
+ * in and out must not overlap. The building block
  * of sparse collectives (docs/comm.md). */
 int fl_comm_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
                       const size_t *recv_counts, fl_dtype t);

@@ -15,28 +15,25 @@ int fl_pairwise_alltoallv(fl_transport *tp, const void *in, const size_t *send_c
     int r = fl_transport_rank(tp), n = fl_transport_size(tp);
     const char *src = in;
     char *dst = out;
-    /* block offsets, walked once: sofs/rofs of rank j's block */
-    size_t soff = 0, roff = 0, my_soff = 0, my_roff = 0;
+    /* this rank's block offsets and the totals, in one pass */
+    size_t stotal = 0, rtotal = 0, my_soff = 0, my_roff = 0;
     for (int j = 0; j < n; j++) {
         if (j == r) {
-            my_soff = soff;
-            my_roff = roff;
+            my_soff = stotal;
+            my_roff = rtotal;
         }
-        soff += send_counts[j] * es;
-        roff += recv_counts[j] * es;
+        stotal += send_counts[j] * es;
+        rtotal += recv_counts[j] * es;
     }
-    if (send_counts[r] != recv_counts[r])
-        return fl_fail(FL_EINVAL, "alltoallv: rank %d sends itself %zu elements but expects %zu",
-                       r, send_counts[r], recv_counts[r]);
-    if (send_counts[r])
+    if (send_counts[r]) /* its own block (comm.c checked that both counts agree) */
         memcpy(dst + my_roff, src + my_soff, send_counts[r] * es);
+    /* the offsets walk with the peers: `to` goes up (wrapping to block 0), `from` goes down
+     * (wrapping to the last block), so a call costs O(n), not O(n^2) */
+    size_t so = my_soff, ro = my_roff;
     for (int s = 1; s < n; s++) {
         int to = (r + s) % n, from = (r - s + n) % n;
-        size_t so = 0, ro = 0;
-        for (int j = 0; j < to; j++)
-            so += send_counts[j] * es;
-        for (int j = 0; j < from; j++)
-            ro += recv_counts[j] * es;
+        so = to == 0 ? 0 : so + send_counts[to - 1] * es;
+        ro = from == n - 1 ? rtotal - recv_counts[n - 1] * es : ro - recv_counts[from] * es;
         FL_TRY(fl_transport_sendrecv(tp, to, src + so, send_counts[to] * es, from, dst + ro,
                                      recv_counts[from] * es, NULL, NULL));
     }

@@ -295,6 +295,9 @@ static int validate(const fl_comm *c, const call *a) {
         FL_TRY(check_ptr(k, "out", a->out, ob));
         if (overlap(a->in, ib, a->out, ob))
             return fl_fail(FL_EINVAL, "alltoallv: out overlaps in (not supported in place)");
+        if (a->counts[c->rank] != a->recv_counts[c->rank])
+            return fl_fail(FL_EINVAL, "alltoallv: rank %d sends itself %zu elements but "
+                           "expects %zu", c->rank, a->counts[c->rank], a->recv_counts[c->rank]);
         break;
     }
     }

@@ -164,6 +164,13 @@ static void test_single_rank(void) {
     CHECK_RC(fl_comm_reduce_scatter(c, g, g + 1, 3, FL_DTYPE_F32, FL_REDOP_SUM), FL_EINVAL);
     CHECK_MSG("overlaps");
     CHECK_RC(fl_comm_allgatherv(c, f, g, NULL, FL_DTYPE_F32), FL_EINVAL);
+    size_t three = 3, two = 2;
+    CHECK_RC(fl_comm_alltoallv(c, f, &three, g, NULL, FL_DTYPE_F32), FL_EINVAL);
+    CHECK_MSG("recv_counts is NULL");
+    CHECK_RC(fl_comm_alltoallv(c, g, &three, g + 1, &three, FL_DTYPE_F32), FL_EINVAL);
+    CHECK_MSG("out overlaps in");
+    CHECK_RC(fl_comm_alltoallv(c, f, &three, g, &two, FL_DTYPE_F32), FL_EINVAL);
+    CHECK_MSG("rank 0 sends itself 3 elements but expects 2");
     fl_request *r = (fl_request *)&r;
     CHECK_RC(fl_comm_iallreduce(c, NULL, 3, FL_DTYPE_F32, FL_REDOP_SUM, &r), FL_EINVAL);
     CHECK(r == NULL);
@@ -173,6 +180,9 @@ static void test_single_rank(void) {
     CHECK(f[0] == 1 && f[2] == 3);
     CHECK_OK(fl_comm_allgather(c, f, g, 3, FL_DTYPE_F32));
     CHECK(g[1] == 2);
+    memset(g, 0, sizeof g);
+    CHECK_OK(fl_comm_alltoallv(c, f, &three, g, &three, FL_DTYPE_F32)); /* its own block */
+    CHECK(g[0] == 1 && g[2] == 3);
 
     fl_comm_stats st;
     fl_comm_reset_stats(c);
