@@ -60,6 +60,8 @@ expect_error bad_enum "bad_enum.yaml:6: optimizer.type: 'adam' is not one of sgd
 expect_error bad_override "-o.*train.epochs: expected an integer" "$base" -o train.epochs=many
 expect_error piecewise "optimizer.lr.values: 1 values for 2 boundaries" \
   "$base"$'\noptimizer:\n  lr:\n    schedule: piecewise\n    boundaries: [10, 20]\n    values: [0.1]'
+expect_error resume_auto "checkpoint.resume: auto needs checkpoint.dir" "$base" \
+  -o checkpoint.resume=auto
 "$bin" -c "$tmp/does-not-exist.yaml" >/dev/null 2>"$tmp/nofile.err"
 check "missing file: exit 2" test $? -eq 2
 check "missing file: named" grep -q "does-not-exist.yaml" "$tmp/nofile.err"

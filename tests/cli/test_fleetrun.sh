@@ -237,6 +237,8 @@ bad "--nproc_per_node: 'x'" --nproc_per_node x true
 bad "needs a value" --log_dir
 bad "--gpus lists 2" --nproc_per_node 3 --gpus 0,1 true
 bad "--started_port" --started_port 70000 true
+bad "--max_restarts: '-1' is not a number from 0 to 1000" --max_restarts -1 true
+bad "--max_restarts: 'x'" --max-restarts x true
 bad "not an IPv4" --ips 1.2.3,4.5.6.7 true
 bad "not one of --ips" --ips 127.0.0.1,127.0.0.2 --node_ip 127.0.0.3 true
 FLAGS_START_PORT=abc bad "FLAGS_START_PORT" true
