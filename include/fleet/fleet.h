@@ -121,6 +121,9 @@ typedef struct {
                        * 0 for the other strategies */
     double  sparsity; /* DGC: the sparsity the last update sent at (0 while dense: before the
                        * warm-up or in the dense fallback); NaN for the other strategies */
+    int64_t pairs;    /* DGC: (index, value) pairs this worker gave to the exchange, and of */
+    int64_t dropped;  /* them those a sparse allreduce's global threshold dropped (returned to
+                       * its accumulator), over the updates this object completed; 0 else */
 } fl_dist_stats;
 void fl_dist_get_stats(const fl_dist_optim *d, fl_dist_stats *out);
 

@@ -36,9 +36,9 @@ typedef struct fl_strategy {
     /* Deep Gradient Compression (docs/dgc.md; Lin et al. 2018, arXiv:1712.01887): Momentum
      * only; dense allreduce before rampup_begin_step, then each tensor of at least
      * min_compress_numel elements sends its top (1 - sparsity) entries of the momentum-corrected
-     * accumulator as (index, value) pairs, one allgather per tensor; smaller tensors stay
-     * dense. The five technique switches exist for ablation (all on by default). Not with
-     * fp16_allreduce or lars. */
+     * accumulator as (index, value) pairs (one allgather per tensor, or one sparse allreduce of
+     * them all: dgc_configs.exchange); smaller tensors stay dense. The five technique
+     * switches exist for ablation (all on by default). Not with fp16_allreduce or lars. */
     bool dgc;
     struct {
         int64_t            rampup_begin_step;  /* dense steps first (default 0) */
@@ -46,7 +46,10 @@ typedef struct fl_strategy {
         fl_cfg_double_list sparsity;           /* warm-up schedule (default [0.999]) */
         int64_t            min_compress_numel; /* smaller tensors stay dense (default 16384) */
         int                selection;          /* top-k: 0 sampled threshold, 1 exact */
-        bool               dense_fallback;     /* dense allreduce when N(1-s)2 >= 1 (true) */
+        int                exchange;           /* pairs: 0 auto, 1 allgather, 2 sparse
+                                                  allreduce (docs/dgc.md) */
+        bool               dense_fallback;     /* dense allreduce when the pairs would send
+                                                  half a dense allreduce or more (true) */
         bool               warmup;             /* false: sparsity[last] from the begin step */
         bool               momentum_correction;     /* false: accumulate gradients (eq. 6) */
         bool               local_clipping;          /* false: no clipping while compressing */

@@ -5,8 +5,11 @@
  * value) pairs, while the small tensors are averaged with one allreduce and stepped by
  * Momentum. Each compressed tensor is accumulated, selected and sent from the gradient-ready
  * hook as soon as backward has produced its gradient (one allgather per tensor: k is the same
- * on every rank, so no counts travel), so its exchange overlaps the rest of backward. The
- * arithmetic is in dgc_math.c; this file plans buffers, talks to the communicator and keeps
+ * on every rank, so no counts travel), so its exchange overlaps the rest of backward. Or, with
+ * dgc_configs.exchange sparse (or auto where it is estimated cheaper: many workers), the
+ * hooks only prepare, and one sparse allreduce of every tensor's pairs runs in update: each
+ * worker's traffic stays ~3 k pairs whatever N, and the pairs its global threshold drops go
+ * back into the accumulators (docs/dgc.md "Beyond 128 workers"). The arithmetic is in dgc_math.c; this file plans buffers, talks to the communicator and keeps
  * the state (u, v per rank) checkpointable. */
 #include "dgc_math.h"
 #include "strategy_impl.h"
@@ -48,11 +51,22 @@ typedef struct {
     dgc_pair    *send;    /* (send_cap) this rank's pairs: tensor c's kk[c] at soff[c] */
     dgc_pair    *recv;    /* (world * send_cap) every rank's: tensor c's at world * soff[c] */
     int64_t      send_cap;
+    int64_t      recv_cap; /* max(world, DGC_SPARSE_BUDGET) * send_cap */
     double       said;     /* sparsity whose dense fallback was last logged; -1: none */
+    int          said_exchange; /* the exchange last logged; -1: none */
+    int64_t      pairs, dropped; /* pairs given to the exchange, dropped by its threshold */
+    /* the sparse exchange: this rank's pairs in index order, the kept sums, the kept flags */
+    int32_t     *xidx;
+    float       *xval;
+    uint8_t     *xkept;
+    int32_t     *oidx; /* (DGC_SPARSE_BUDGET * send_cap) */
+    float       *oval;
     /* the sparse step in flight, begun by the first hook or by update */
     int64_t      step;     /* the update these describe; -1: none */
     bool         early;    /* tensors are prepared by the hook (not with local clipping) */
+    bool         xsparse;  /* this step's pairs go through the sparse allreduce */
     int64_t     *kk;       /* (nct) pairs every rank sends for each tensor in this step */
+    int64_t     *cnt;      /* (nct) of which this rank's real ones (the rest: zero padding) */
     int64_t     *soff;     /* (nct + 1) where they start in send */
     bool        *prepared; /* (nct) accumulated, selected and encoded */
     fl_request **req;      /* (nct) each tensor's allgather in flight, or NULL */
@@ -87,7 +101,13 @@ static void destroy(fl_dist_optim *d) {
     fl_free_aligned(g->recv);
     free(g->ct_of);
     free(g->kk);
+    free(g->cnt);
     free(g->soff);
+    fl_free_aligned(g->xidx);
+    fl_free_aligned(g->xval);
+    fl_free_aligned(g->xkept);
+    fl_free_aligned(g->oidx);
+    fl_free_aligned(g->oval);
     free(g->prepared);
     free(g->req);
     free(g->hint);
@@ -129,7 +149,8 @@ static int64_t plan_send_cap(const fl_dist_optim *d, const dgc *g) {
     const fl_cfg_double_list *sl = &d->s.dgc_configs.sparsity;
     double smin = 2;
     for (int i = 0; i < sl->n; i++)
-        if (!d->s.dgc_configs.dense_fallback || dgc_sparse_pays(d->world, sl->v[i]))
+        if (!d->s.dgc_configs.dense_fallback ||
+            dgc_sparse_pays(d->world, sl->v[i], (dgc_exchange)d->s.dgc_configs.exchange))
             smin = sl->v[i] < smin ? sl->v[i] : smin;
     if (smin > 1)
         return 0; /* every step falls back to dense */
@@ -151,6 +172,10 @@ static int name_state(fl_param *st, const char *what, const fl_param *p, float *
     return FL_OK;
 }
 
+static const char *exchange_name(int e) {
+    return e == DGC_EXCHANGE_SPARSE ? "sparse" : e == DGC_EXCHANGE_ALLGATHER ? "allgather" : "auto";
+}
+
 static int setup(fl_dist_optim *d) {
     int rc = FL_OK;
     const fl_strategy *s = &d->s;
@@ -159,6 +184,7 @@ static int setup(fl_dist_optim *d) {
         return fl_fail(FL_ENOMEM, "strategy.dgc: out of memory");
     d->impl = g;
     g->said = -1;
+    g->said_exchange = -1;
     if (fl_net_dtype(d->net) != FL_DTYPE_F32) {
         rc = fl_fail(FL_EUNSUPPORTED, "strategy.dgc: needs an f32 network (this one computes in "
                                       "%s)",
@@ -178,6 +204,7 @@ static int setup(fl_dist_optim *d) {
     g->dvel = calloc(nps, sizeof *g->dvel);
     g->ct_of = malloc(nps * sizeof *g->ct_of);
     g->kk = calloc(nps, sizeof *g->kk);
+    g->cnt = calloc(nps, sizeof *g->cnt);
     g->soff = calloc(nps + 1, sizeof *g->soff);
     g->prepared = calloc(nps, sizeof *g->prepared);
     g->req = calloc(nps, sizeof *g->req);
@@ -185,7 +212,7 @@ static int setup(fl_dist_optim *d) {
     g->hint_k = calloc(nps, sizeof *g->hint_k);
     g->step = -1;
     if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->dp || !g->dvel ||
-        !g->ct_of || !g->kk || !g->soff || !g->prepared || !g->req || !g->hint || !g->hint_k) {
+        !g->ct_of || !g->kk || !g->cnt || !g->soff || !g->prepared || !g->req || !g->hint || !g->hint_k) {
         rc = fl_fail(FL_ENOMEM, "strategy.dgc: out of memory planning %d parameters", np);
         goto fail;
     }
@@ -229,8 +256,16 @@ static int setup(fl_dist_optim *d) {
     g->idx = alloc_or_fail((size_t)max_numel * sizeof(int32_t), &rc, "selection");
     g->send_cap = plan_send_cap(d, g);
     g->send = alloc_or_fail((size_t)g->send_cap * sizeof(dgc_pair), &rc, "the pairs sent");
-    g->recv = alloc_or_fail((size_t)(g->send_cap * d->world) * sizeof(dgc_pair), &rc,
-                            "the pairs received");
+    g->recv_cap = g->send_cap * (d->world > DGC_SPARSE_BUDGET ? d->world : DGC_SPARSE_BUDGET);
+    g->recv = alloc_or_fail((size_t)g->recv_cap * sizeof(dgc_pair), &rc, "the pairs received");
+    if (s->dgc_configs.exchange != DGC_EXCHANGE_ALLGATHER && d->world > 1) {
+        size_t cap = (size_t)g->send_cap, keep = DGC_SPARSE_BUDGET * cap;
+        g->xidx = alloc_or_fail(cap * sizeof(int32_t), &rc, "the sparse exchange");
+        g->xval = alloc_or_fail(cap * sizeof(float), &rc, "the sparse exchange");
+        g->xkept = alloc_or_fail(cap, &rc, "the sparse exchange");
+        g->oidx = alloc_or_fail(keep * sizeof(int32_t), &rc, "the sparse exchange");
+        g->oval = alloc_or_fail(keep * sizeof(float), &rc, "the sparse exchange");
+    }
     if (rc < 0)
         goto fail;
     memset(g->ublock, 0, (size_t)g->cnumel * sizeof(float));
@@ -247,12 +282,13 @@ static int setup(fl_dist_optim *d) {
         off += snprintf(sched + off, sizeof sched - (size_t)off, "%s%g", i ? ", " : "",
                         s->dgc_configs.sparsity.v[i]);
     FL_INFO("strategy dgc: %d tensors (%lld values) compressed, %d (%lld values) dense (< %lld "
-            "elements); dense until step %lld, then sparsity [%s] over %lld steps%s; %s top-k",
+            "elements); dense until step %lld, then sparsity [%s] over %lld steps%s; %s top-k; "
+            "exchange %s",
             g->nct, (long long)g->cnumel, g->ndp, (long long)g->dnumel,
             (long long)s->dgc_configs.min_compress_numel,
             (long long)s->dgc_configs.rampup_begin_step, sched,
             (long long)s->dgc_configs.rampup_step, s->dgc_configs.warmup ? "" : " (warm-up off)",
-            s->dgc_configs.selection ? "exact" : "sampled");
+            s->dgc_configs.selection ? "exact" : "sampled", exchange_name(s->dgc_configs.exchange));
     return FL_OK;
 fail:
     destroy(d);
@@ -295,7 +331,8 @@ static double sparsity_of(const fl_dist_optim *d, int64_t step) {
 
 /* Whether update `step` at sparsity sp exchanges pairs (else: dense, or the dense fallback). */
 static bool sparse_step(const fl_dist_optim *d, double sp) {
-    return sp >= 0 && !(d->s.dgc_configs.dense_fallback && !dgc_sparse_pays(d->world, sp));
+    return sp >= 0 && !(d->s.dgc_configs.dense_fallback &&
+                        !dgc_sparse_pays(d->world, sp, (dgc_exchange)d->s.dgc_configs.exchange));
 }
 
 static bool local_clipping(const fl_dist_optim *d) {
@@ -320,6 +357,18 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
     if (g->soff[g->nct] > g->send_cap) /* a sparsity outside the planned schedule */
         return fl_fail(FL_ESTATE, "strategy dgc: step %lld: %lld pairs exceed the %lld planned",
                        (long long)step, (long long)g->soff[g->nct], (long long)g->send_cap);
+    int64_t k = g->soff[g->nct];
+    dgc_exchange e = dgc_choose_exchange((dgc_exchange)d->s.dgc_configs.exchange, d->world, k, sp);
+    g->xsparse = e == DGC_EXCHANGE_SPARSE;
+    if (d->world > 1 && g->said_exchange != (int)e) {
+        FL_INFO("strategy dgc: step %lld: %lld pairs per worker, %d workers: exchange by %s "
+                "(estimate at 1 Gbit/s: allgather %.2f ms, sparse allreduce %.2f ms)",
+                (long long)step, (long long)k, d->world,
+                g->xsparse ? "sparse allreduce" : "allgather",
+                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_ALLGATHER, d->world, k),
+                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_SPARSE, d->world, k));
+        g->said_exchange = (int)e;
+    }
     return FL_OK;
 }
 
@@ -355,7 +404,10 @@ static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
     }
     dgc_pair *out = g->send + g->soff[c];
     bool mask = s->dgc_configs.momentum_masking && acc.correction;
-    be->dgc_encode(g->idx, cnt, g->start[c], v, mask ? u : NULL, out);
+    /* the sparse exchange masks u only where its pair is kept (dgc_settle_sparse) */
+    be->dgc_encode(g->idx, cnt, g->start[c], v, mask && !g->xsparse ? u : NULL, out);
+    g->cnt[c] = cnt;
+    g->pairs += cnt;
     for (int64_t j = cnt; j < kk; j++)
         out[j] = (dgc_pair){.index = (int32_t)g->start[c], .value = 0.0f};
     g->prepared[c] = true;
@@ -364,6 +416,8 @@ static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
 /* Starts the exchange of prepared tensors in launch order only (the last tensor first, as
  * backward produces them): every rank issues the same collectives in the same order. */
 static int launch_ready(fl_dist_optim *d, dgc *g) {
+    if (g->xsparse)
+        return FL_OK; /* one sparse allreduce of them all, in update */
     while (g->launched < g->nct) {
         int c = g->nct - 1 - g->launched;
         if (!g->prepared[c])
@@ -475,6 +529,39 @@ static int sparse_launch_rest(fl_dist_optim *d, dgc *g, double gscale) {
     return launch_ready(d, g);
 }
 
+static int cmp_pair_index(const void *a, const void *b) {
+    const dgc_pair *x = a, *y = b;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* The sparse allreduce of this rank's real pairs (the padding left out), tensor by tensor in
+ * index order; the kept sums land in recv as pairs (*total of them), this rank's dropped pairs
+ * go back into v and its kept ones are masked in u. Collective. */
+static int exchange_sparse(fl_dist_optim *d, dgc *g, int64_t *total) {
+    int64_t m = 0, k = g->soff[g->nct], got = 0;
+    for (int c = 0; c < g->nct; c++) {
+        dgc_pair *p = g->send + g->soff[c];
+        qsort(p, (size_t)g->cnt[c], sizeof *p, cmp_pair_index);
+        for (int64_t j = 0; j < g->cnt[c]; j++, m++) {
+            g->xidx[m] = p[j].index;
+            g->xval[m] = p[j].value;
+        }
+    }
+    int rc = fl_comm_sparse_allreduce(d->comm, g->cnumel, g->xidx, g->xval, m,
+                                      DGC_SPARSE_BUDGET * k, g->oidx, g->oval, &got, g->xkept);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "strategy dgc: step %lld: sparse allreduce of %lld pairs",
+                              (long long)g->step, (long long)m);
+    bool mask = d->s.dgc_configs.momentum_masking && d->s.dgc_configs.momentum_correction;
+    dgc_settle_sparse(m, g->xidx, g->xval, g->xkept, g->ublock, g->vblock, mask);
+    for (int64_t i = 0; i < m; i++)
+        g->dropped += !g->xkept[i];
+    for (int64_t i = 0; i < got; i++)
+        g->recv[i] = (dgc_pair){.index = g->oidx[i], .value = g->oval[i]};
+    *total = got;
+    return FL_OK;
+}
+
 /* The sparse step's end: every rank's pairs received, checked and applied. */
 static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
     const fl_backend *be = fl_net_backend(d->net);
@@ -497,7 +584,13 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
     if (rc < 0)
         return fl_fail(rc, "%s", msg);
     int64_t total = d->world * g->soff[g->nct];
+    if (g->xsparse)
+        FL_TRY(exchange_sparse(d, g, &total));
     int64_t bad = dgc_check_pairs(g->recv, total, g->cnumel);
+    if (bad >= 0 && g->xsparse)
+        return fl_fail(FL_EPEER, "strategy dgc: step %lld: the sparse allreduce returned index %d "
+                                 "outside the %lld compressed values",
+                       (long long)step, g->recv[bad].index, (long long)g->cnumel);
     if (bad >= 0) {
         int c = 0;
         while (c + 1 < g->nct && bad >= d->world * g->soff[c + 1])
@@ -623,12 +716,15 @@ static fl_param *state(fl_dist_optim *d, int i) {
 }
 
 static void stats(const fl_dist_optim *d, fl_dist_stats *out) {
+    const dgc *g = d->impl;
     if (DIST_STEP(d) == 0) {
         out->sparsity = 0;
         return;
     }
     double sp = sparsity_of(d, DIST_STEP(d) - 1); /* the last update's */
     out->sparsity = sparse_step(d, sp) ? sp : 0;
+    out->pairs = g->pairs;
+    out->dropped = g->dropped;
 }
 
 const struct strategy_ops fl_dgc_ops = {

@@ -1,6 +1,6 @@
 /* dgc_math.c - Deep Gradient Compression's scalar arithmetic (Lin et al. 2018, arXiv:1712.01887):
- * the warm-up schedule, k, when sparse pays, local clipping's threshold, and the check of
- * received pairs. The array kernels (accumulation, selection, encoding, the updates) are the
+ * the warm-up schedule, k, which exchange a step uses and whether it pays, local clipping's
+ * threshold, the check of received pairs and the sparse exchange's return of dropped pairs. The array kernels (accumulation, selection, encoding, the updates) are the
  * backend's (fl_backend.dgc_*; the CPU ones in src/kernels/cpu/dgc.c). */
 #include "dgc_math.h"
 
@@ -25,8 +25,52 @@ int64_t dgc_k(int64_t numel, double s) {
     return k < 0 ? 0 : k > numel ? numel : k;
 }
 
-bool dgc_sparse_pays(int world, double s) {
+double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k) {
+    double n = world, bytes = 8.0 * (double)k;
+    if (world <= 1)
+        return 0;
+    if (e == DGC_EXCHANGE_SPARSE) {
+        double rounds = 3 * (n - 1) + 3 * ceil(log2(n));
+        return rounds * DGC_COST_ALPHA_S + bytes * (1 + DGC_SPARSE_BUDGET) * (n - 1) / n *
+                                               DGC_COST_BYTE_S;
+    }
+    return (n - 1) * (DGC_COST_ALPHA_S + bytes * DGC_COST_BYTE_S);
+}
+
+static bool pays(dgc_exchange e, int world, double s) {
+    if (e == DGC_EXCHANGE_SPARSE && world > 1)
+        return (1.0 + DGC_SPARSE_BUDGET) * (1.0 - s) * 2.0 < 1.0;
     return (double)world * (1.0 - s) * 2.0 < 1.0;
+}
+
+bool dgc_sparse_pays(int world, double s, dgc_exchange mode) {
+    if (mode != DGC_EXCHANGE_AUTO)
+        return pays(mode, world, s);
+    return pays(DGC_EXCHANGE_ALLGATHER, world, s) || pays(DGC_EXCHANGE_SPARSE, world, s);
+}
+
+dgc_exchange dgc_choose_exchange(dgc_exchange mode, int world, int64_t k, double s) {
+    if (world <= 1)
+        return DGC_EXCHANGE_ALLGATHER;
+    if (mode != DGC_EXCHANGE_AUTO)
+        return mode;
+    bool ag = pays(DGC_EXCHANGE_ALLGATHER, world, s), sp = pays(DGC_EXCHANGE_SPARSE, world, s);
+    if (ag != sp)
+        return sp ? DGC_EXCHANGE_SPARSE : DGC_EXCHANGE_ALLGATHER;
+    return dgc_exchange_seconds(DGC_EXCHANGE_SPARSE, world, k) <
+                   dgc_exchange_seconds(DGC_EXCHANGE_ALLGATHER, world, k)
+               ? DGC_EXCHANGE_SPARSE
+               : DGC_EXCHANGE_ALLGATHER;
+}
+
+void dgc_settle_sparse(int64_t m, const int32_t *idx, const float *val, const uint8_t *kept,
+                       float *u, float *v, bool mask) {
+    for (int64_t i = 0; i < m; i++) {
+        if (!kept[i])
+            v[idx[i]] = val[i];
+        else if (mask)
+            u[idx[i]] = 0;
+    }
 }
 
 double dgc_local_clip_norm(double clip_norm, int world) {

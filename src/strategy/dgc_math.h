@@ -29,9 +29,40 @@ double dgc_sparsity_at(int64_t step, int64_t begin, int64_t rampup_step, const d
  * s 0.999 is 1, not 2). 0 for numel 0. */
 int64_t dgc_k(int64_t numel, double s);
 
-/* Whether a sparse allgather sends fewer bytes than a dense allreduce: N * (1 - s) * 2 < 1
- * (8-byte pairs against 4-byte values, seed 000's warning that allgather grows with N). */
-bool dgc_sparse_pays(int world, double s);
+/* --- the exchange of the pairs (docs/dgc.md "Beyond 128 workers") --- */
+
+/* dgc_configs.exchange: the strategy's config values, in the schema's order. */
+typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } dgc_exchange;
+
+/* The sparse allreduce keeps at most DGC_SPARSE_BUDGET * k summed pairs (k: the pairs each
+ * rank gives): at 2, two ranks never lose an entry, and a rank's traffic stays ~3 k pairs. */
+#define DGC_SPARSE_BUDGET 2
+
+/* The estimate behind exchange auto: seconds to exchange k pairs per rank among `world` ranks
+ * on a link of DGC_COST_ALPHA_S latency per message and DGC_COST_BYTE_S seconds per byte
+ * (fleet's target, 1 Gbit/s Ethernet): allgather (N - 1) (alpha + 8 k beta); the sparse
+ * allreduce (3 (N - 1) + 3 ceil(log2 N)) alpha + 8 k (1 + BUDGET) (N - 1) / N beta. */
+#define DGC_COST_ALPHA_S 50e-6
+#define DGC_COST_BYTE_S 8e-9
+double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k);
+
+/* The exchange a step at sparsity s uses: allgather for one rank; `mode` itself unless auto,
+ * which takes the one that pays (dgc_sparse_pays) if only one does, else the cheaper estimate
+ * (allgather on a tie). */
+dgc_exchange dgc_choose_exchange(dgc_exchange mode, int world, int64_t k, double s);
+
+/* Whether exchange `mode` at sparsity s sends less than half the bytes of a dense allreduce:
+ * allgather N (1 - s) 2 < 1 (8-byte pairs against 4-byte values, seed 000's warning that
+ * allgather grows with N); sparse (1 + BUDGET) (1 - s) 2 < 1 (one rank: allgather's rule);
+ * auto: either. */
+bool dgc_sparse_pays(int world, double s, dgc_exchange mode);
+
+/* After a sparse allreduce of this rank's m pairs (global indices idx, values val sent from v,
+ * which encoding zeroed): a kept pair's momentum is masked (u[idx] = 0, when `mask`), a dropped
+ * pair's value goes back to the accumulator (v[idx] = val): it competes again next step, as
+ * an entry never selected does. u and v are the whole compressed index space. */
+void dgc_settle_sparse(int64_t m, const int32_t *idx, const float *val, const uint8_t *kept,
+                       float *u, float *v, bool mask);
 
 /* Local gradient clipping threshold: clip_norm * N^(-1/2) (paper sec. 3.2, seed 000). */
 double dgc_local_clip_norm(double clip_norm, int world);

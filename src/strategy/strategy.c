@@ -45,8 +45,12 @@ static const fl_cfg_key keys[] = {
      "tensors with fewer elements stay dense (allreduce every step); Paddle: 16384"},
     {"dgc_configs.selection", FL_CFG_ENUM, OFF(dgc_configs.selection), 0, 0, 0, "sampled|exact",
      false, "top-k selection: sampled threshold refined to the exact top k, or quickselect"},
+    {"dgc_configs.exchange", FL_CFG_ENUM, OFF(dgc_configs.exchange), 0, 0, 0,
+     "auto|allgather|sparse", false,
+     "how the pairs travel: allgather (k (N - 1) received per worker), sparse (a sparse "
+     "allreduce, ~3 k whatever N), auto (the cheaper by an alpha-beta estimate)"},
     {"dgc_configs.dense_fallback", FL_CFG_BOOL, OFF(dgc_configs.dense_fallback), 0, 0, 0, NULL,
-     false, "use dense allreduce for steps where N * (1 - sparsity) * 2 >= 1"},
+     false, "use dense allreduce for steps where the pairs would send half its bytes or more"},
     {"dgc_configs.warmup", FL_CFG_BOOL, OFF(dgc_configs.warmup), 0, 0, 0, NULL, false,
      "ablation: false skips the sparsity warm-up (the last sparsity from rampup_begin_step)"},
     {"dgc_configs.momentum_correction", FL_CFG_BOOL, OFF(dgc_configs.momentum_correction), 0, 0,

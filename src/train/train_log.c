@@ -70,5 +70,7 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
         fl_metrics_int(t->metrics, "localsgd_k", st.interval);
     if (!isnan(st.sparsity))
         fl_metrics_num(t->metrics, "dgc_sparsity", st.sparsity);
+    if (st.pairs > 0)
+        fl_metrics_num(t->metrics, "dgc_dropped", (double)st.dropped / (double)st.pairs);
     return fl_metrics_end(t->metrics);
 }

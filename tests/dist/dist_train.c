@@ -9,6 +9,8 @@
  * world N*k, rank r*k+j, batch b. So rank r's k micro-batches are exactly its batch in a run
  * with local batch k*b and no merge, and the union over ranks is exactly the batch of a single
  * worker with batch N*k*b. */
+#include "dgc_ledger.h"
+
 #include "fleet/fleet.h"
 
 #include <math.h>
@@ -28,6 +30,7 @@ static void usage(FILE *f) {
             "  --data teacher|random  --data-size N (8192)  --threads N (1)\n"
             "  --fuse MB  --overlap on|off  --fp16-allreduce  --merge K  --merge-avg on|off\n"
             "  --dgc  -o strategy.KEY=VALUE (any strategy key)\n"
+            "  --check-dgc (DGC's conservation, every update: dgc_ledger.h; no --merge)\n"
             "  --out FILE (final parameters, f32)  --out-init FILE (after the broadcast)\n"
             "dist_train --compare A B [--rtol R (1e-5)] [--base C --factor F]\n"
             "  max |a - b| / max |b| over the parameters; with --base: a - c against F (b - c)\n");
@@ -111,7 +114,7 @@ typedef struct {
     double      momentum, weight_decay, lr, clip_norm;
     bool        nesterov;
     int64_t     batch, steps, seed, data_size, threads;
-    bool        random_data;
+    bool        random_data, check_dgc;
     const char *out, *out_init;
     const char *overrides[MAX_OVERRIDES];
     int         noverrides;
@@ -143,6 +146,8 @@ static int parse(int argc, char **argv, options *o) {
             o->nesterov = true, used = 0;
         else if (!strcmp(a, "--dgc"))
             rc = add_override(o, "strategy.dgc", "true"), used = 0;
+        else if (!strcmp(a, "--check-dgc"))
+            o->check_dgc = true, used = 0;
         else if (!v)
             goto bad;
         else if (!strcmp(a, "--optimizer") && (!strcmp(v, "sgd") || !strcmp(v, "momentum")))
@@ -206,6 +211,7 @@ static int train(const options *o, const fl_strategy *strategy) {
     fl_loader **loaders = NULL;
     fl_optim *opt = NULL;
     fl_dist_optim *dopt = NULL;
+    dgc_ledger *ledger = NULL;
     float *probs_mem = NULL;
     double *losses = NULL;
     int64_t k = strategy->gradient_merge ? strategy->gradient_merge_configs.k_steps : 1;
@@ -252,6 +258,11 @@ static int train(const options *o, const fl_strategy *strategy) {
     }
     if (rank == 0 && o->out_init && (rc = write_params(net, o->out_init)) < 0)
         goto fail;
+    if (o->check_dgc && (k != 1 || !(ledger = dgc_ledger_create(dopt, net)))) {
+        rc = fl_fail(FL_EINVAL, "--check-dgc needs the dgc strategy with a compressed tensor and "
+                                "no gradient merge");
+        goto fail;
+    }
 
     /* training: k calls of fl_dist_minimize per update; count which calls sent bytes */
     int calls = 0, updates = 0, sending = 0, mismatched = 0;
@@ -278,9 +289,13 @@ static int train(const options *o, const fl_strategy *strategy) {
             if ((rc = fl_dist_set_loss(dopt, (losses[s] * (double)k + cost) / (double)(j + 1))) < 0)
                 goto fail;
             uint64_t before = fl_dist_bytes_sent(dopt);
+            if (ledger)
+                dgc_ledger_before(ledger);
             if ((rc = fl_dist_minimize(dopt, &probs, o->lr, &updated)) < 0)
                 goto fail;
             bool sent = fl_dist_bytes_sent(dopt) > before;
+            if (ledger && (rc = dgc_ledger_after(ledger, fl_fleet_comm(fleet), o->lr)) < 0)
+                goto fail;
             calls++;
             updates += updated;
             sending += sent;
@@ -303,10 +318,17 @@ static int train(const options *o, const fl_strategy *strategy) {
         if (o->out && (rc = write_params(net, o->out)) < 0)
             goto fail;
     }
+    if (ledger) { /* every rank's own counts */
+        fl_dist_stats st;
+        fl_dist_get_stats(dopt, &st);
+        printf("dist_train: rank %d dgc pairs %lld dropped %lld ledger %.3e\n", rank,
+               (long long)st.pairs, (long long)st.dropped, dgc_ledger_worst(ledger));
+    }
     rc = 0;
 fail:
     if (rc < 0)
         fprintf(stderr, "dist_train: error: %s\n", fl_errmsg());
+    dgc_ledger_free(ledger);
     fl_dist_optim_free(dopt);
     fl_optim_free(opt);
     for (int64_t j = 0; j < nloaders; j++)

@@ -60,10 +60,48 @@ static void test_k_and_rules(void) {
             test_failures++;
         }
     }
-    /* sparse pays while N * (1 - s) * 2 < 1 (seed 000: 32 workers at 0.75 send 8x dense) */
-    CHECK(dgc_sparse_pays(2, 0.999) && dgc_sparse_pays(4, 0.9375) && dgc_sparse_pays(1, 0.6));
-    CHECK(!dgc_sparse_pays(2, 0.75) && !dgc_sparse_pays(32, 0.75) && !dgc_sparse_pays(2, 0));
-    CHECK(!dgc_sparse_pays(4, 0.875) && dgc_sparse_pays(4, 0.9));
+    /* allgather pays while N * (1 - s) * 2 < 1 (seed 000: 32 workers at 0.75 send 8x dense) */
+    const dgc_exchange AG = DGC_EXCHANGE_ALLGATHER, SP = DGC_EXCHANGE_SPARSE,
+                       AU = DGC_EXCHANGE_AUTO;
+    CHECK(dgc_sparse_pays(2, 0.999, AG) && dgc_sparse_pays(4, 0.9375, AG) &&
+          dgc_sparse_pays(1, 0.6, AG));
+    CHECK(!dgc_sparse_pays(2, 0.75, AG) && !dgc_sparse_pays(32, 0.75, AG) &&
+          !dgc_sparse_pays(2, 0, AG));
+    CHECK(!dgc_sparse_pays(4, 0.875, AG) && dgc_sparse_pays(4, 0.9, AG));
+    /* the sparse allreduce sends ~(1 + 2) k whatever N: pays while 3 (1 - s) 2 < 1 */
+    CHECK(dgc_sparse_pays(1024, 0.9, SP) && !dgc_sparse_pays(2, 0.8, SP) &&
+          dgc_sparse_pays(2, 0.84, SP) && dgc_sparse_pays(1, 0.6, SP));
+    CHECK(dgc_sparse_pays(32, 0.9375, AU) && !dgc_sparse_pays(32, 0.75, AU) &&
+          dgc_sparse_pays(2, 0.8, AU));
+    /* the estimate: allgather (N - 1)(alpha + 8 k beta); sparse (3 (N - 1) + 3 ceil(log2 N))
+     * alpha + 24 k (N - 1) / N beta */
+    CHECK_NEAR(dgc_exchange_seconds(AG, 8, 1000), 7 * (50e-6 + 8000 * 8e-9), 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 1000), 30 * 50e-6 + 24000 * 7.0 / 8 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 5, 1000), 21 * 50e-6 + 24000 * 4.0 / 5 * 8e-9, 1e-15);
+    CHECK(dgc_exchange_seconds(AG, 1, 1000) == 0 && dgc_exchange_seconds(SP, 1, 1000) == 0);
+    /* auto: one rank and few pairs allgather; ResNet-50's 25.6k pairs at 0.999: sparse from 4 */
+    CHECK(dgc_choose_exchange(AU, 1, 1 << 20, 0.999) == AG);
+    CHECK(dgc_choose_exchange(SP, 1, 100, 0.999) == AG);
+    CHECK(dgc_choose_exchange(AU, 8, 100, 0.999) == AG);
+    CHECK(dgc_choose_exchange(AU, 2, 25600, 0.999) == AG);
+    CHECK(dgc_choose_exchange(AU, 4, 25600, 0.999) == SP);
+    CHECK(dgc_choose_exchange(AU, 128, 25600, 0.999) == SP);
+    CHECK(dgc_choose_exchange(SP, 2, 10, 0.999) == SP && dgc_choose_exchange(AG, 64, 1e6, 0.999) == AG);
+    /* auto takes the one that pays when only one does: 32 workers at 0.9375, few pairs */
+    CHECK(dgc_choose_exchange(AU, 32, 10, 0.9375) == SP);
+    /* the return of dropped pairs: kept -> u masked (when masking), dropped -> v restored */
+    {
+        float u[6] = {1, 2, 3, 4, 5, 6}, v[6] = {0, 0, 0, 0, 0, 9};
+        const int32_t idx[3] = {0, 2, 4};
+        const float val[3] = {-1.5f, 2.5f, 7};
+        const uint8_t kept[3] = {1, 0, 1};
+        dgc_settle_sparse(3, idx, val, kept, u, v, true);
+        CHECK(u[0] == 0 && u[1] == 2 && u[2] == 3 && u[4] == 0 && u[5] == 6);
+        CHECK(v[0] == 0 && v[2] == 2.5f && v[4] == 0 && v[5] == 9);
+        float u2[6] = {1, 2, 3, 4, 5, 6}, v2[6] = {0};
+        dgc_settle_sparse(3, idx, val, kept, u2, v2, false);
+        CHECK(u2[0] == 1 && u2[4] == 5 && v2[2] == 2.5f && v2[0] == 0);
+    }
     /* local clipping at clip_norm * N^(-1/2) */
     CHECK_NEAR(dgc_local_clip_norm(2.0, 4), 1.0, 1e-15);
     CHECK_NEAR(dgc_local_clip_norm(1.0, 2), 0.70710678118654752, 1e-15);
