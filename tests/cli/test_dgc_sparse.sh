@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# test_dgc_sparse.sh - DGC with its pairs exchanged by the sparse allreduce
+# (strategy.dgc_configs.exchange: sparse; docs/dgc.md "Beyond 128 workers"), over fleetrun on
+# loopback, against what it must keep:
+# - at sparsity 0 with masking off every entry is a pair and the budget (2 k) holds the whole
+#   union: the step is dense Momentum's, N = 2, 3, 4 (3: not a power of two);
+# - with 2 workers the budget holds the union of both top-k sets: nothing is dropped and the
+#   parameters follow allgather-DGC's to rounding (pairs summed before, not after, scaling);
+# - with 3 and 4 workers at sparsity 0.99 the global threshold drops pairs, and on every rank
+#   every update balances: what left the accumulators, summed over ranks, is what moved the
+#   parameters (dist_train --check-dgc, tests/dist/dgc_ledger.h), so a dropped pair went back
+#   into the accumulator, not lost;
+# - exchange auto picks allgather for this small model (a few hundred pairs: latency-bound) and
+#   says which in the log; a wrong value is refused naming the key.
+set -u
+run="${FLEET_BIN:?}/fleetrun"
+prog="${FLEET_BUILD:?}/tests/dist/dist_train"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+train_env=(FLEET_LOG_LEVEL=info FLEET_COMM_TIMEOUT=60)
+source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
+check() { # check DESCRIPTION COMMAND...
+  local what=$1; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
+}
+mom=(--optimizer momentum --momentum 0.9 --weight-decay 1e-3 --batch 16)
+dgc=(--dgc -o strategy.dgc_configs.min_compress_numel=1000)
+sparse=(-o strategy.dgc_configs.exchange=sparse)
+nomask=(-o strategy.dgc_configs.momentum_masking=false)
+# rank_lines NAME: every rank's "dgc pairs P dropped D ledger E" line
+rank_lines() { cat "$tmp/log_$1"/workerlog.* | grep -h '^dist_train: rank .* dgc pairs'; }
+
+# 1. sparsity 0: the sparse allreduce of every entry is the dense sum
+for n in 2 3 4; do
+  train "dense_$n" "$n" "${mom[@]}" || continue
+  train "sparse0_$n" "$n" "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${nomask[@]}" \
+    -o "strategy.dgc_configs.sparsity=[0]" -o strategy.dgc_configs.dense_fallback=false \
+    --check-dgc || continue
+  compare "sparse allreduce at sparsity 0, $n workers, vs dense Momentum" 1e-5 "sparse0_$n" \
+    "dense_$n"
+  check "$n workers: the log says the sparse allreduce carries the pairs" \
+    grep -q 'exchange by sparse allreduce' "$tmp/sparse0_$n.log"
+  check "$n workers at sparsity 0: no pair dropped on any rank" \
+    bash -c "[ \$(cat '$tmp/log_sparse0_$n'/workerlog.* | grep -c 'dgc pairs [1-9][0-9]* dropped 0 ') = $n ]"
+done
+
+# 2. two workers at 0.999: nothing dropped, allgather-DGC's parameters to rounding
+if train ag999 2 "${mom[@]}" "${dgc[@]}" -o strategy.dgc_configs.exchange=allgather &&
+  train sp999 2 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" --check-dgc; then
+  compare "sparsity 0.999, 2 workers: sparse allreduce vs allgather" 1e-4 sp999 ag999
+  check "2 workers at 0.999: no pair dropped" \
+    bash -c "[ \$(cat '$tmp/log_sp999'/workerlog.* | grep -c 'dropped 0 ') = 2 ]"
+  check "2 workers at 0.999: parameters differ from dense's (compression did something)" \
+    bash -c "! '$prog' --compare '$tmp/sp999.bin' '$tmp/dense_2.bin' --rtol 1e-3 >/dev/null"
+fi
+
+# 3. three and four workers at 0.99: pairs dropped, every update balanced on every rank
+for n in 3 4; do
+  train "drop_$n" "$n" "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${nomask[@]}" \
+    -o "strategy.dgc_configs.sparsity=[0.99]" --check-dgc || continue
+  lines=$(rank_lines "drop_$n")
+  echo "$lines"
+  check "$n workers at 0.99: every rank reports" test "$(echo "$lines" | wc -l)" = "$n"
+  check "$n workers at 0.99: the threshold dropped pairs" \
+    awk '{ if ($8 > 0) d++ } END { exit !(d > 0) }' <<<"$lines"
+  check "$n workers at 0.99: every update balances (ledger < 1e-4)" \
+    awk '{ if (!($10 < 1e-4)) bad++ } END { exit bad > 0 }' <<<"$lines"
+  check "$n workers at 0.99: the loss is finite" \
+    bash -c "grep '^step 29 ' '$tmp/drop_$n.log' | grep -qvi nan"
+done
+# with masking on (the default) it trains too, and the masked run differs from the unmasked one
+train mask_4 4 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" -o "strategy.dgc_configs.sparsity=[0.99]" &&
+  check "4 workers, masking on: differs from masking off" \
+    bash -c "! cmp -s '$tmp/mask_4.bin' '$tmp/drop_4.bin'"
+
+# 4. auto on this small model: allgather (latency-bound), said in the log
+train auto_4 4 "${mom[@]}" "${dgc[@]}" &&
+  check "exchange auto, 4 workers, a few hundred pairs: allgather, said" \
+    grep -q 'pairs per worker, 4 workers: exchange by allgather' "$tmp/auto_4.log"
+
+# 5. a wrong value names the key
+out=$("$prog" --dgc -o strategy.dgc_configs.exchange=gossip 2>&1)
+rc=$?
+check "exchange gossip is refused (exit $rc) naming the key" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'dgc_configs.exchange' <<<'$out'"
+exit $fail
