@@ -6,7 +6,10 @@
 # Local SGD (Paddle's rule with init_k_steps 16, and `adacomm`: Wang & Joshi's rule with
 # tau_0 = ADACOMM_K, default 8), for an MLP (configs/fashion_mlp.yaml) and a small CIFAR-style
 # ResNet (configs/fashion_resnet.yaml); an optional row dgc_small is DGC that also compresses
-# the tensors of 2048..16383 values that Paddle's min_compress_numel keeps dense. Prints one table row per (model, strategy): final test accuracy
+# the tensors of 2048..16383 values that Paddle's min_compress_numel keeps dense; optional rows
+# dgc_allgather and dgc_sparse are DGC with its pairs exchanged by allgather or by the sparse
+# allreduce (dgc_configs.exchange; the dgc row's auto picks allgather for these models at 4
+# workers). Prints one table row per (model, strategy): final test accuracy
 # (mean over seeds, and min..max), bytes each worker sent, updates that communicated, and for
 # adaptive Local SGD the interval it chose per epoch (rank 0's metrics.jsonl, seed 1).
 #
@@ -62,6 +65,8 @@ row_args() { # ROW MODEL EPOCH_STEPS
       "-o strategy.dgc_configs.rampup_step=$ramp" \
       "-o strategy.dgc_configs.sparsity=[0.75,0.9375,0.984375,0.996,0.999]" ;;
     dgc_small) echo "$(row_args dgc "$2" "$3") -o strategy.dgc_configs.min_compress_numel=2048" ;;
+    dgc_allgather) echo "$(row_args dgc "$2" "$3") -o strategy.dgc_configs.exchange=allgather" ;;
+    dgc_sparse) echo "$(row_args dgc "$2" "$3") -o strategy.dgc_configs.exchange=sparse" ;;
     k4) echo "-o strategy.localsgd=true -o strategy.localsgd_configs.k_steps=4" ;;
     k16) echo "-o strategy.localsgd=true -o strategy.localsgd_configs.k_steps=16" ;;
     postlocal) echo "-o strategy.localsgd=true -o strategy.localsgd_configs.k_steps=16" \
