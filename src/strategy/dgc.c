@@ -51,7 +51,7 @@ typedef struct {
     dgc_pair    *send;    /* (send_cap) this rank's pairs: tensor c's kk[c] at soff[c] */
     dgc_pair    *recv;    /* (world * send_cap) every rank's: tensor c's at world * soff[c] */
     int64_t      send_cap;
-    int64_t      recv_cap; /* max(world, DGC_SPARSE_BUDGET) * send_cap */
+    int64_t      recv_cap; /* max(world, DGC_SPARSE_BUDGET) * send_cap pairs */
     double       said;     /* sparsity whose dense fallback was last logged; -1: none */
     int          said_exchange; /* the exchange last logged; -1: none */
     int64_t      pairs, dropped; /* pairs given to the exchange, dropped by its threshold */
@@ -59,7 +59,7 @@ typedef struct {
     int32_t     *xidx;
     float       *xval;
     uint8_t     *xkept;
-    int32_t     *oidx; /* (DGC_SPARSE_BUDGET * send_cap) */
+    int32_t     *oidx; /* (DGC_SPARSE_BUDGET * send_cap) the kept sums */
     float       *oval;
     /* the sparse step in flight, begun by the first hook or by update */
     int64_t      step;     /* the update these describe; -1: none */

@@ -68,23 +68,25 @@ static void test_k_and_rules(void) {
     CHECK(!dgc_sparse_pays(2, 0.75, AG) && !dgc_sparse_pays(32, 0.75, AG) &&
           !dgc_sparse_pays(2, 0, AG));
     CHECK(!dgc_sparse_pays(4, 0.875, AG) && dgc_sparse_pays(4, 0.9, AG));
-    /* the sparse allreduce sends ~(1 + 2) k whatever N: pays while 3 (1 - s) 2 < 1 */
-    CHECK(dgc_sparse_pays(1024, 0.9, SP) && !dgc_sparse_pays(2, 0.8, SP) &&
-          dgc_sparse_pays(2, 0.84, SP) && dgc_sparse_pays(1, 0.6, SP));
+    /* the sparse allreduce sends ~(1 + 4) k whatever N: pays while 5 (1 - s) 2 < 1 */
+    CHECK(dgc_sparse_pays(1024, 0.95, SP) && !dgc_sparse_pays(1024, 0.88, SP) &&
+          !dgc_sparse_pays(2, 0.8, SP) && dgc_sparse_pays(2, 0.92, SP) &&
+          dgc_sparse_pays(1, 0.6, SP));
     CHECK(dgc_sparse_pays(32, 0.9375, AU) && !dgc_sparse_pays(32, 0.75, AU) &&
           dgc_sparse_pays(2, 0.8, AU));
     /* the estimate: allgather (N - 1)(alpha + 8 k beta); sparse (3 (N - 1) + 3 ceil(log2 N))
-     * alpha + 24 k (N - 1) / N beta */
+     * alpha + 8 k (1 + 4) (N - 1) / N beta */
     CHECK_NEAR(dgc_exchange_seconds(AG, 8, 1000), 7 * (50e-6 + 8000 * 8e-9), 1e-15);
-    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 1000), 30 * 50e-6 + 24000 * 7.0 / 8 * 8e-9, 1e-15);
-    CHECK_NEAR(dgc_exchange_seconds(SP, 5, 1000), 21 * 50e-6 + 24000 * 4.0 / 5 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 1000), 30 * 50e-6 + 40000 * 7.0 / 8 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 5, 1000), 21 * 50e-6 + 40000 * 4.0 / 5 * 8e-9, 1e-15);
     CHECK(dgc_exchange_seconds(AG, 1, 1000) == 0 && dgc_exchange_seconds(SP, 1, 1000) == 0);
-    /* auto: one rank and few pairs allgather; ResNet-50's 25.6k pairs at 0.999: sparse from 4 */
+    /* auto: one rank and few pairs allgather; ResNet-50's 25.6k pairs at 0.999: sparse from 8 */
     CHECK(dgc_choose_exchange(AU, 1, 1 << 20, 0.999) == AG);
     CHECK(dgc_choose_exchange(SP, 1, 100, 0.999) == AG);
     CHECK(dgc_choose_exchange(AU, 8, 100, 0.999) == AG);
     CHECK(dgc_choose_exchange(AU, 2, 25600, 0.999) == AG);
-    CHECK(dgc_choose_exchange(AU, 4, 25600, 0.999) == SP);
+    CHECK(dgc_choose_exchange(AU, 4, 25600, 0.999) == AG);
+    CHECK(dgc_choose_exchange(AU, 8, 25600, 0.999) == SP);
     CHECK(dgc_choose_exchange(AU, 128, 25600, 0.999) == SP);
     CHECK(dgc_choose_exchange(SP, 2, 10, 0.999) == SP && dgc_choose_exchange(AG, 64, 1e6, 0.999) == AG);
     /* auto takes the one that pays when only one does: 32 workers at 0.9375, few pairs */
