@@ -1,8 +1,8 @@
 /* dgc_exchange - DGC's exchange on its own, one process per rank (under fleetrun): k (index,
  * value) pairs per rank of a tensor of n values (k = density * n), a fraction `shared` of the
  * indices the same on every rank (top-k sets of real gradients overlap), the rest each rank's
- * own; the pairs exchanged by allgather (what DGC did) and by the sparse allreduce with DGC's
- * budget of 2 k (fl_comm_sparse_allreduce), plus a dense allreduce of the n values and an
+ * own; the pairs exchanged by allgather (DGC's exchange: allgather) and by the sparse allreduce
+ * with DGC's budget of 4 k sums (--budget; exchange: sparse), plus a dense allreduce of the n values and an
  * allgather of 8 bytes (one message per round: the latency the cost model calls alpha). Per
  * operation: the median over the iterations of the slowest rank's time, the bytes each rank
  * received (mean over ranks), and for the sparse allreduce the fraction of pairs dropped.
@@ -73,6 +73,7 @@ typedef struct {
     int32_t *idx, *pairs, *gathered, *oidx;
     float   *val, *oval, *dense;
     uint8_t *kept;
+    int64_t  budget; /* sums the sparse allreduce keeps */
     int64_t  dropped;
 } bufs;
 
@@ -84,7 +85,7 @@ static int run_once(bufs *b, op_kind op) {
     case OP_ALLGATHER:
         return fl_comm_allgather(b->c, b->pairs, b->gathered, (size_t)(2 * b->k), FL_DTYPE_I32);
     case OP_SPARSE: {
-        int rc = fl_comm_sparse_allreduce(b->c, b->n, b->idx, b->val, b->k, 2 * b->k, b->oidx,
+        int rc = fl_comm_sparse_allreduce(b->c, b->n, b->idx, b->val, b->k, b->budget, b->oidx,
                                           b->oval, &got, b->kept);
         for (int64_t i = 0; i < b->k; i++)
             b->dropped += !b->kept[i];
@@ -134,7 +135,7 @@ static int measure(bufs *b, op_kind op, int iters, int warmup, result *out) {
 
 int main(int argc, char **argv) {
     int64_t n = 1 << 20;
-    double density = 0.001, shared = 0.5;
+    double density = 0.001, shared = 0.5, budget = 4;
     int iters = 10, warmup = 2;
     const char *ops = "latency,allgather,sparse,dense";
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -142,6 +143,8 @@ int main(int argc, char **argv) {
             n = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--density"))
             density = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--budget"))
+            budget = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--shared"))
             shared = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--iters"))
@@ -152,14 +155,14 @@ int main(int argc, char **argv) {
             ops = argv[i + 1];
         else {
             fprintf(stderr, "usage: dgc_exchange [--numel N] [--density D] [--shared F] "
-                            "[--iters I] [--warmup W] [--ops latency,allgather,sparse,dense]\n");
+                            "[--budget B] [--iters I] [--warmup W] [--ops latency,allgather,sparse,dense]\n");
             return 2;
         }
     }
     if (n < 1 || n > INT32_MAX || !(density > 0 && density <= 1) || !(shared >= 0 && shared <= 1) ||
-        iters < 1 || warmup < 0) {
+        !(budget >= 0 && budget <= 64) || iters < 1 || warmup < 0) {
         fprintf(stderr, "dgc_exchange: numel in [1, 2^31), density in (0, 1], shared in [0, 1], "
-                        "iters >= 1\n");
+                        "budget in [0, 64], iters >= 1\n");
         return 2;
     }
     fl_comm *c = NULL;
@@ -169,13 +172,13 @@ int main(int argc, char **argv) {
     }
     int rank = fl_comm_rank(c), size = fl_comm_size(c);
     int64_t k = (int64_t)ceil(density * (double)n);
-    bufs b = {.c = c, .n = n, .k = k};
+    bufs b = {.c = c, .n = n, .k = k, .budget = (int64_t)ceil(budget * (double)k)};
     b.idx = malloc((size_t)k * sizeof *b.idx);
     b.val = malloc((size_t)k * sizeof *b.val);
     b.pairs = malloc((size_t)(2 * k) * sizeof *b.pairs);
     b.gathered = malloc((size_t)(2 * k * size) * sizeof *b.gathered);
-    b.oidx = malloc((size_t)(2 * k) * sizeof *b.oidx);
-    b.oval = malloc((size_t)(2 * k) * sizeof *b.oval);
+    b.oidx = malloc((size_t)(b.budget + 1) * sizeof *b.oidx);
+    b.oval = malloc((size_t)(b.budget + 1) * sizeof *b.oval);
     b.kept = malloc((size_t)k);
     b.dense = calloc((size_t)n, sizeof *b.dense);
     int rc = 1;
