@@ -5,6 +5,7 @@
 #                              under env "${train_env[@]}" (default FLEET_COMM_TIMEOUT=60)
 #   compare WHAT RTOL A B [dist_train --compare options]
 #                              prints max |a - b| / max |b|; fails above RTOL
+#   check WHAT COMMAND...      "ok: WHAT" if COMMAND succeeds, else "FAIL: WHAT" and fail=1
 
 train() {
   local name=$1 n=$2
@@ -25,4 +26,9 @@ compare() {
   rc=$?
   echo "$what: $out"
   [ $rc -eq 0 ] || { echo "FAIL: $what"; fail=1; }
+}
+
+check() { # check DESCRIPTION COMMAND...
+  local what=$1; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
 }

@@ -27,10 +27,6 @@ fail=0
 train_env=(FLEET_LOG_LEVEL=info FLEET_COMM_TIMEOUT=60)
 source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
 b=16
-check() { # check DESCRIPTION COMMAND...
-  local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
 field() { # field NAME KEY: the value after KEY on dist_train's summary line
   sed -nE "s/^dist_train: .* $2 ([0-9.]+).*/\1/p" "$tmp/$1.log" | tail -1
 }

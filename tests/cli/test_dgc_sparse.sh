@@ -21,10 +21,6 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0
 train_env=(FLEET_LOG_LEVEL=info FLEET_COMM_TIMEOUT=60)
 source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
-check() { # check DESCRIPTION COMMAND...
-  local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
 mom=(--optimizer momentum --momentum 0.9 --weight-decay 1e-3 --batch 16)
 dgc=(--dgc -o strategy.dgc_configs.min_compress_numel=1000)
 sparse=(-o strategy.dgc_configs.exchange=sparse)
