@@ -1,7 +1,8 @@
 /* dgc_math.c - Deep Gradient Compression's scalar arithmetic (Lin et al. 2018, arXiv:1712.01887):
  * the warm-up schedule, k, which exchange a step uses and whether it pays, local clipping's
- * threshold, the check of received pairs and the sparse exchange's return of dropped pairs. The array kernels (accumulation, selection, encoding, the updates) are the
- * backend's (fl_backend.dgc_*; the CPU ones in src/kernels/cpu/dgc.c). */
+ * threshold, the check of received pairs and the sparse exchange's return of dropped pairs.
+ * The array kernels (accumulation, selection, encoding, the updates) are the backend's
+ * (fl_backend.dgc_*; the CPU ones in src/kernels/cpu/dgc.c). */
 #include "dgc_math.h"
 
 #include <math.h>
@@ -30,7 +31,7 @@ double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k) {
     if (world <= 1)
         return 0;
     if (e == DGC_EXCHANGE_SPARSE) {
-        double rounds = 3 * (n - 1) + 3 * ceil(log2(n));
+        double rounds = 4 * (n - 1) + 3 * ceil(log2(n));
         return rounds * DGC_COST_ALPHA_S + bytes * (1 + DGC_SPARSE_BUDGET) * (n - 1) / n *
                                                DGC_COST_BYTE_S;
     }
