@@ -8,9 +8,10 @@
  * on every rank, so no counts travel), so its exchange overlaps the rest of backward. Or, with
  * dgc_configs.exchange sparse (or auto where it is estimated cheaper: many workers), the
  * hooks only prepare, and one sparse allreduce of every tensor's pairs runs in update: each
- * worker's traffic stays ~3 k pairs whatever N, and the pairs its global threshold drops go
- * back into the accumulators (docs/dgc.md "Beyond 128 workers"). The arithmetic is in dgc_math.c; this file plans buffers, talks to the communicator and keeps
- * the state (u, v per rank) checkpointable. */
+ * worker receives at most ~5 k pairs whatever N, and the pairs its global threshold drops go
+ * back into the accumulators (docs/dgc.md "Beyond 128 workers"). The arithmetic is in
+ * dgc_math.c; this file plans buffers, talks to the communicator and keeps the state (u, v per
+ * rank) checkpointable. */
 #include "dgc_math.h"
 #include "strategy_impl.h"
 
@@ -49,9 +50,9 @@ typedef struct {
     int32_t     *idx;     /* selection: largest tensor */
     int         *ct_of;   /* (nparams) compressed tensor of each parameter, or -1 */
     dgc_pair    *send;    /* (send_cap) this rank's pairs: tensor c's kk[c] at soff[c] */
-    dgc_pair    *recv;    /* (world * send_cap) every rank's: tensor c's at world * soff[c] */
+    dgc_pair    *recv;    /* (max(world, DGC_SPARSE_BUDGET) * send_cap) allgather: every rank's,
+                           * tensor c's at world * soff[c]; sparse: the kept sums */
     int64_t      send_cap;
-    int64_t      recv_cap; /* max(world, DGC_SPARSE_BUDGET) * send_cap pairs */
     double       said;     /* sparsity whose dense fallback was last logged; -1: none */
     int          said_exchange; /* the exchange last logged; -1: none */
     int64_t      pairs, dropped; /* pairs given to the exchange, dropped by its threshold */
@@ -212,7 +213,8 @@ static int setup(fl_dist_optim *d) {
     g->hint_k = calloc(nps, sizeof *g->hint_k);
     g->step = -1;
     if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->dp || !g->dvel ||
-        !g->ct_of || !g->kk || !g->cnt || !g->soff || !g->prepared || !g->req || !g->hint || !g->hint_k) {
+        !g->ct_of || !g->kk || !g->cnt || !g->soff || !g->prepared || !g->req || !g->hint ||
+        !g->hint_k) {
         rc = fl_fail(FL_ENOMEM, "strategy.dgc: out of memory planning %d parameters", np);
         goto fail;
     }
@@ -256,8 +258,8 @@ static int setup(fl_dist_optim *d) {
     g->idx = alloc_or_fail((size_t)max_numel * sizeof(int32_t), &rc, "selection");
     g->send_cap = plan_send_cap(d, g);
     g->send = alloc_or_fail((size_t)g->send_cap * sizeof(dgc_pair), &rc, "the pairs sent");
-    g->recv_cap = g->send_cap * (d->world > DGC_SPARSE_BUDGET ? d->world : DGC_SPARSE_BUDGET);
-    g->recv = alloc_or_fail((size_t)g->recv_cap * sizeof(dgc_pair), &rc, "the pairs received");
+    int64_t recv_cap = g->send_cap * (d->world > DGC_SPARSE_BUDGET ? d->world : DGC_SPARSE_BUDGET);
+    g->recv = alloc_or_fail((size_t)recv_cap * sizeof(dgc_pair), &rc, "the pairs received");
     if (s->dgc_configs.exchange != DGC_EXCHANGE_ALLGATHER && d->world > 1) {
         size_t cap = (size_t)g->send_cap, keep = DGC_SPARSE_BUDGET * cap;
         g->xidx = alloc_or_fail(cap * sizeof(int32_t), &rc, "the sparse exchange");
