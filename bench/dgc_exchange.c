@@ -2,8 +2,8 @@
  * value) pairs per rank of a tensor of n values (k = density * n), a fraction `shared` of the
  * indices the same on every rank (top-k sets of real gradients overlap), the rest each rank's
  * own; the pairs exchanged by allgather (DGC's exchange: allgather) and by the sparse allreduce
- * with DGC's budget of 4 k sums (--budget; exchange: sparse), plus a dense allreduce of the n values and an
- * allgather of 8 bytes (one message per round: the latency the cost model calls alpha). Per
+ * with DGC's budget of 4 k sums (--budget; exchange: sparse), plus a dense allreduce of the n
+ * values and an allgather of 8 bytes (one message per round: the latency the cost model calls alpha). Per
  * operation: the median over the iterations of the slowest rank's time, the bytes each rank
  * received (mean over ranks), and for the sparse allreduce the fraction of pairs dropped.
  * Rank 0 prints one line per operation:
@@ -79,9 +79,10 @@ typedef struct {
 
 static int run_once(bufs *b, op_kind op) {
     int64_t got = 0;
-    int32_t one[2] = {0, 0}, all[2 * 1024];
+    int32_t one[2] = {0, 0};
     switch (op) {
-    case OP_LATENCY: return fl_comm_allgather(b->c, one, all, 2, FL_DTYPE_I32);
+    case OP_LATENCY: /* gathered holds 2 k values per rank, k >= 1 */
+        return fl_comm_allgather(b->c, one, b->gathered, 2, FL_DTYPE_I32);
     case OP_ALLGATHER:
         return fl_comm_allgather(b->c, b->pairs, b->gathered, (size_t)(2 * b->k), FL_DTYPE_I32);
     case OP_SPARSE: {
@@ -138,24 +139,26 @@ int main(int argc, char **argv) {
     double density = 0.001, shared = 0.5, budget = 4;
     int iters = 10, warmup = 2;
     const char *ops = "latency,allgather,sparse,dense";
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--numel"))
-            n = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--density"))
-            density = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--budget"))
-            budget = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--shared"))
-            shared = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--iters"))
-            iters = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--warmup"))
-            warmup = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--ops"))
-            ops = argv[i + 1];
+    for (int i = 1; i < argc; i += 2) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (v && !strcmp(f, "--numel"))
+            n = atoll(v);
+        else if (v && !strcmp(f, "--density"))
+            density = atof(v);
+        else if (v && !strcmp(f, "--budget"))
+            budget = atof(v);
+        else if (v && !strcmp(f, "--shared"))
+            shared = atof(v);
+        else if (v && !strcmp(f, "--iters"))
+            iters = atoi(v);
+        else if (v && !strcmp(f, "--warmup"))
+            warmup = atoi(v);
+        else if (v && !strcmp(f, "--ops"))
+            ops = v;
         else {
             fprintf(stderr, "usage: dgc_exchange [--numel N] [--density D] [--shared F] "
-                            "[--budget B] [--iters I] [--warmup W] [--ops latency,allgather,sparse,dense]\n");
+                            "[--budget B] [--iters I] [--warmup W]\n"
+                            "                    [--ops latency,allgather,sparse,dense]\n");
             return 2;
         }
     }

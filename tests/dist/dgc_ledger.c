@@ -41,8 +41,10 @@ dgc_ledger *dgc_ledger_create(fl_dist_optim *dopt, fl_net *net) {
     l->dopt = dopt;
     for (int i = 0; i < fl_dist_num_state(dopt); i++) {
         fl_param *s = fl_dist_state(dopt, i);
-        if (strncmp(s->name, "dgc.v.", 6) != 0 || l->n == MAX_T)
+        if (strncmp(s->name, "dgc.v.", 6) != 0)
             continue;
+        if (l->n == MAX_T)
+            goto fail; /* more compressed tensors than the ledger holds */
         l->v[l->n] = s;
         l->u[l->n] = state_named(dopt, "dgc.u.", s->name + 6);
         l->w[l->n] = param_named(net, s->name + 6);

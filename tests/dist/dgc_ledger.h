@@ -14,7 +14,8 @@
 
 typedef struct dgc_ledger dgc_ledger;
 
-/* The ledger of dopt's compressed tensors (its "dgc.v.<param>" state); NULL on failure. */
+/* The ledger of dopt's compressed tensors (its "dgc.v.<param>" state, at most 64); NULL on
+ * failure or without any. */
 dgc_ledger *dgc_ledger_create(fl_dist_optim *dopt, fl_net *net);
 /* Before an update: copies v and w. */
 void dgc_ledger_before(dgc_ledger *l);
