@@ -289,6 +289,16 @@ typedef struct fl_backend {
     /* The adjoint: x (C, H, W) = sum of the col entries that im2col reads from each pixel
      * (overwrites x). */
     void (*col2im)(fl_dtype t, const fl_conv_geom *g, const void *col, int64_t ldc, void *x);
+
+    /* --- the device (NULL on the host backends) --- */
+    /* Makes device `ordinal` (0-based among the visible ones) the calling process's device and
+     * readies the backend's libraries on it; 0, or FL_EINVAL / FL_EIO with a message naming the
+     * device and how many there are (also when there is no device or no driver). Called once,
+     * before any other function of the table. */
+    int (*device_bind)(int ordinal);
+    /* The most bytes of backend memory held at once since device_bind (the allocator's cache
+     * included), for the progress line and metrics.jsonl. */
+    size_t (*memory_peak)(void);
 } fl_backend;
 
 /* The OpenBLAS + OpenMP table. */
@@ -299,7 +309,11 @@ const fl_backend *fl_backend_ref(void);
  * cpu table's), the rest the cpu table's; NULL when fleet was built without oneDNN (configure
  * says which). */
 const fl_backend *fl_backend_onednn(void);
-/* The backend called name: "cpu", "ref", "onednn", or "auto" (onednn where built, else cpu).
+/* cuBLAS, cuDNN and fleet's own CUDA kernels on an NVIDIA GPU; NULL when fleet was built
+ * without CUDA (configure says which). Call device_bind first. */
+const fl_backend *fl_backend_cuda(void);
+/* The backend called name: "cpu", "ref", "onednn", "cuda", or "auto" (onednn where built, else
+ * cpu).
  * NULL with a message naming the valid ones when unknown or not built in. */
 const fl_backend *fl_backend_by_name(const char *name);
 
