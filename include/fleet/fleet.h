@@ -107,6 +107,18 @@ int64_t fl_dist_step(const fl_dist_optim *d);
 int       fl_dist_num_state(const fl_dist_optim *d);
 fl_param *fl_dist_state(fl_dist_optim *d, int i);
 
+/* How a state tensor of several workers becomes one worker's when a job resumes with another
+ * number of workers (docs/elastic.md): FL_STATE_SAME, identical on every rank (counters; taken
+ * from rank 0, the others checked against it); FL_STATE_MEAN, the mean over the old workers
+ * (parameters, optimizer state, Local SGD's snapshot: what the next synchronisation would have
+ * made of them); FL_STATE_SUM, worker r of the new job takes the sum of the old workers j with
+ * j mod new_world == r (DGC's residuals: their sum over the workers is the update still owed,
+ * which this keeps whole). */
+typedef enum { FL_STATE_SAME = 0, FL_STATE_MEAN = 1, FL_STATE_SUM = 2 } fl_state_merge;
+/* The rule for fl_dist_state(d, i): the strategy's, else SAME for integer tensors and MEAN for
+ * floating-point ones. */
+fl_state_merge fl_dist_state_merge(const fl_dist_optim *d, int i);
+
 /* Bytes this worker has sent on the communicator since fl_distributed_optimizer returned (so
  * not the initial broadcast; all collectives, also those the caller issues itself). */
 uint64_t fl_dist_bytes_sent(const fl_dist_optim *d);

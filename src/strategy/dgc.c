@@ -717,6 +717,10 @@ static fl_param *state(fl_dist_optim *d, int i) {
     return i % 2 ? &g->ct[i / 2].v : &g->ct[i / 2].u;
 }
 
+/* u and v of the old workers are summed: v's sum over the workers is the update still owed
+ * (each entry leaves v only when it is sent), u's the momentum behind it (docs/elastic.md) */
+static fl_state_merge merge(const fl_dist_optim *d, int i) { return FL_STATE_SUM; }
+
 static void stats(const fl_dist_optim *d, fl_dist_stats *out) {
     const dgc *g = d->impl;
     if (DIST_STEP(d) == 0) {
@@ -738,5 +742,6 @@ const struct strategy_ops fl_dgc_ops = {
     .destroy = destroy,
     .num_state = num_state,
     .state = state,
+    .merge = merge,
     .stats = stats,
 };

@@ -152,6 +152,14 @@ fl_param *fl_dist_state(fl_dist_optim *d, int i) {
     return d->ops->state(d, i - 1);
 }
 
+fl_state_merge fl_dist_state_merge(const fl_dist_optim *d, int i) {
+    FL_ASSERT(d && i >= 0 && i < fl_dist_num_state(d));
+    if (i > 0 && d->ops->merge)
+        return d->ops->merge(d, i - 1);
+    fl_dtype t = fl_dist_state((fl_dist_optim *)d, i)->value.dtype;
+    return t == FL_DTYPE_I64 || t == FL_DTYPE_I32 ? FL_STATE_SAME : FL_STATE_MEAN;
+}
+
 uint64_t fl_dist_bytes_sent(const fl_dist_optim *d) {
     FL_ASSERT(d);
     fl_comm_stats st;

@@ -38,6 +38,9 @@ struct strategy_ops {
      * restores the strategy exactly. */
     int (*num_state)(const fl_dist_optim *d);
     fl_param *(*state)(fl_dist_optim *d, int i);
+    /* Optional: how state i combines over workers when the number of workers changes
+     * (fl_state_merge); NULL: SAME for integer tensors, MEAN for floating-point ones. */
+    fl_state_merge (*merge)(const fl_dist_optim *d, int i);
     /* Optional: fills the strategy's own fields of fl_dist_stats (interval, sparsity), which
      * fl_dist_get_stats has set to "not this strategy" (0, NaN) before. */
     void (*stats)(const fl_dist_optim *d, fl_dist_stats *out);

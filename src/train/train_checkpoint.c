@@ -11,6 +11,7 @@
 
 #include "fleet/checkpoint.h"
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,9 +33,11 @@ enum {
     ST_TRAIN_SEED,  /* initialisation and shuffling: the loader's order is (seed, epoch) */
     ST_DATA_SEED,   /* the synthetic data's own seed */
     ST_TOTAL_STEPS, /* the schedule's length (cosine and polynomial decay depend on it) */
+    ST_BASE_WORLD,  /* workers the run began with: the learning rate's reference (layout 2) */
     ST_N
 };
-#define STATE_VERSION 1
+#define STATE_VERSION 2
+#define STATE_N_V1    8 /* layout 1 had no ST_BASE_WORLD: read as base = world */
 #define STATE_NAME "train.state"
 
 /* Everything a checkpoint holds, borrowed from the trainer, in file order: network tensors
@@ -122,6 +125,23 @@ static int state_uniform(trainer *t, const state_list *s, bool *uniform) {
     return FL_OK;
 }
 
+/* Removes dir's rank_<r>.safetensors for r >= from. */
+static void remove_rank_files(const char *dir, int from) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int r, end = 0;
+        if (sscanf(e->d_name, "rank_%d.safetensors%n", &r, &end) == 1 &&
+            e->d_name[end] == 0 && r >= from) {
+            char path[1400];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    }
+    if (d)
+        closedir(d);
+}
+
 static int write_file(trainer *t, const fl_train_config *cfg, const state_list *s,
                       const char *path, bool per_rank) {
     char *yaml = config_yaml(cfg), *names = state_names(s);
@@ -160,6 +180,7 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
     v[ST_TRAIN_SEED] = cfg->train.seed;
     v[ST_DATA_SEED] = cfg->data.seed;
     v[ST_TOTAL_STEPS] = t->total_steps;
+    v[ST_BASE_WORLD] = t->base_world;
 
     static bool warned;
     bool uniform = true;
@@ -181,11 +202,9 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         if (per_rank)
             unlink(path);
-        else
-            for (int r = 0; r < t->world; r++) {
-                snprintf(path, sizeof path, "%s/rank_%d.safetensors", dir, r);
-                unlink(path);
-            }
+        /* rank files of this layout's other writers stay; the rest (all of them, or those of
+         * a larger world that began this step before a restart with fewer workers) go */
+        remove_rank_files(dir, per_rank ? t->world : 0);
     }
     if (rc >= 0 && (per_rank || t->rank == 0)) {
         if (per_rank)
@@ -269,44 +288,134 @@ static void compare_configs(const char *saved, const char *now, const char *file
                 "will not be bit-identical to an uninterrupted one", ndiff, file, keys);
 }
 
+/* Whether step directory dir lies in checkpoint directory root (the same directory by inode). */
+static bool same_parent(const char *dir, const char *root) {
+    char parent[1100];
+    snprintf(parent, sizeof parent, "%s/..", dir);
+    struct stat a, b;
+    return root[0] && stat(parent, &a) == 0 && stat(root, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+/* How each tensor of s combines over the old workers' files when the world changed. */
+static fl_state_merge *merge_kinds(trainer *t, const state_list *s) {
+    fl_state_merge *kind = calloc((size_t)s->n, sizeof *kind);
+    if (!kind)
+        return NULL;
+    int nopt = fl_optim_num_state(t->opt), ndist = fl_dist_num_state(t->dopt);
+    for (int i = 0; i < s->n; i++) {
+        fl_dtype dt = s->p[i]->value.dtype;
+        bool fp = dt == FL_DTYPE_F32 || dt == FL_DTYPE_F64;
+        int di = i - s->nnet - nopt; /* index among the distributed optimizer's tensors */
+        kind[i] = di >= 0 && di < ndist ? fl_dist_state_merge(t->dopt, di)
+                  : fp && i < s->n - 1  ? FL_STATE_MEAN
+                                        : FL_STATE_SAME; /* train.state, integer tensors */
+    }
+    return kind;
+}
+
+/* The schedule's length of a run with another world than it began with: the updates done
+ * plus those the rest of the data takes in this world's batches (the same at every later
+ * position of this world, so a resume in it keeps the schedule exactly). */
+static void rescaled_length(trainer *t, const fl_train_config *cfg, const train_pos *pos) {
+    int64_t spe = fl_prefetch_steps_per_epoch(t->loader);
+    int64_t total = pos->step + (spe - pos->batch) / t->merge_k +
+                    (cfg->train.epochs - pos->epoch - 1) * spe / t->merge_k;
+    if (cfg->train.max_steps > 0 && cfg->train.max_steps < total)
+        total = cfg->train.max_steps;
+    fl_train_set_length(t, cfg, total);
+}
+
+/* After a world change (w0 workers wrote the checkpoint): the data position, the learning
+ * rate's scale and the schedule's length in this job's terms (docs/elastic.md). */
+static void rescale(trainer *t, const fl_train_config *cfg, int w0, train_pos *pos,
+                    int nfiles) {
+    int64_t b0 = pos->batch;
+    pos->batch = fl_train_rescale_batch(t, b0, w0);
+    rescaled_length(t, cfg, pos);
+    int64_t spe = fl_prefetch_steps_per_epoch(t->loader), total = t->total_steps;
+    if (t->rank == 0)
+        FL_INFO("resume: the checkpoint was written by %d worker(s), this job has %d: batch "
+                "size per worker kept, learning rate x %.4g (%d / %d, the workers the run "
+                "began with), %s; data from batch %" PRId64 " of %" PRId64 " in epoch "
+                "%" PRId64 " (was %" PRId64 " of the old world's), the run now %" PRId64
+                " updates long", w0, t->world, t->lr_scale, t->world, t->base_world,
+                nfiles > 1 ? "state of the old workers combined (parameters averaged, "
+                             "DGC residuals summed)"
+                           : "state shared by all workers taken as is",
+                pos->batch, spe, pos->epoch, b0, total);
+}
+
 static int resume(trainer *t, const fl_train_config *cfg, train_pos *pos) {
     char dir[1024], path[1100];
     int nfiles;
     FL_TRY(fl_ckpt_resolve(cfg->checkpoint.resume, dir, sizeof dir));
-    FL_TRY(fl_ckpt_rank_file(dir, t->rank, path, sizeof path, &nfiles));
-    if (nfiles && nfiles != t->world)
-        return fl_fail(FL_ECONFIG, "resume: %s holds %d rank files, but this job has %d workers",
-                       dir, nfiles, t->world);
+    FL_TRY(fl_ckpt_rank_file(dir, 0, path, sizeof path, &nfiles));
+    t->resumed_in_dir = same_parent(dir, cfg->checkpoint.dir);
     fl_safetensors *st;
     FL_TRY(fl_safetensors_open(path, &st));
+    const char *world = fl_safetensors_meta(st, "fleet.world_size");
+    int w0 = world ? atoi(world) : 0;
+    if (w0 < 1 || (nfiles && nfiles != w0)) {
+        char said[32];
+        snprintf(said, sizeof said, "%s", world ? world : "absent");
+        fl_safetensors_close(st);
+        if (w0 >= 1 && nfiles < w0)
+            return fl_fail(FL_EFORMAT, "resume: %s: written by %d workers, but "
+                           "rank_%d.safetensors is missing", dir, w0, nfiles);
+        return fl_fail(FL_EFORMAT, "resume: %s: fleet.world_size '%s' but %d rank file(s)",
+                       path, said, nfiles);
+    }
+    /* with rank files and the same world, each rank takes its own */
+    if (nfiles && w0 == t->world && t->rank != 0) {
+        fl_safetensors_close(st);
+        FL_TRY(fl_ckpt_rank_file(dir, t->rank, path, sizeof path, &nfiles));
+        FL_TRY(fl_safetensors_open(path, &st));
+    }
     state_list s = {0};
+    fl_state_merge *kind = NULL;
     int rc = collect(t, &s);
     const char *fmt = fl_safetensors_meta(st, "fleet.format");
-    const char *world = fl_safetensors_meta(st, "fleet.world_size");
     if (rc >= 0 && (!fmt || strcmp(fmt, "checkpoint") != 0))
         rc = fl_fail(FL_EFORMAT, "resume: %s is not a fleet training checkpoint (fleet.format "
                      "'%s'); use checkpoint.pretrained for weights alone", path,
                      fmt ? fmt : "absent");
-    if (rc >= 0 && (!world || atoi(world) != t->world))
-        rc = fl_fail(FL_ECONFIG, "resume: %s was written by a job of %s workers; this one has "
-                     "%d: the data shards and per-rank state would not line up (start it with "
-                     "%s workers)", path, world ? world : "?", t->world, world ? world : "?");
+    const fl_st_tensor *sv = fl_safetensors_find(st, STATE_NAME);
+    if (rc >= 0 && sv && sv->ndim == 1 && sv->shape[0] == STATE_N_V1)
+        s.progress.value.shape[0] = s.progress.value.numel = STATE_N_V1; /* layout 1 */
     if (rc >= 0)
         rc = fl_ckpt_load(st, s.p, s.n, FL_CKPT_STRICT, NULL, 0, NULL);
+    if (rc >= 0 && nfiles > 1 && w0 != t->world) {
+        kind = merge_kinds(t, &s);
+        rc = kind ? fl_train_merge_ranks(t, dir, w0, s.p, kind, s.n)
+                  : fl_fail(FL_ENOMEM, "resume: out of memory");
+    }
     if (rc >= 0) {
-        const int64_t *v = s.progress_v;
-        if (v[ST_VERSION] != STATE_VERSION || v[ST_WORLD] != t->world || v[ST_STEP] < 0 ||
-            v[ST_EPOCH] < 0 || v[ST_BATCH] < 0 ||
-            v[ST_BATCH] > fl_prefetch_steps_per_epoch(t->loader))
+        int64_t *v = s.progress_v;
+        if (v[ST_VERSION] == 1 && s.progress.value.numel == STATE_N_V1)
+            v[ST_BASE_WORLD] = v[ST_WORLD];
+        int64_t layout = s.progress.value.numel == STATE_N_V1 ? 1 : STATE_VERSION;
+        if (v[ST_VERSION] != layout || v[ST_WORLD] != w0 || v[ST_STEP] < 0 ||
+            v[ST_EPOCH] < 0 || v[ST_BATCH] < 0 || v[ST_BASE_WORLD] < 1)
             rc = fl_fail(FL_EFORMAT, "resume: %s: tensor '" STATE_NAME "' holds an impossible "
                          "position (version %" PRId64 ", step %" PRId64 ", epoch %" PRId64
-                         ", batch %" PRId64 ")", path, v[ST_VERSION], v[ST_STEP], v[ST_EPOCH],
-                         v[ST_BATCH]);
+                         ", batch %" PRId64 ", world %" PRId64 " in a file of %d workers)",
+                         path, v[ST_VERSION], v[ST_STEP], v[ST_EPOCH], v[ST_BATCH],
+                         v[ST_WORLD], w0);
+        else if (w0 == t->world && v[ST_BATCH] > fl_prefetch_steps_per_epoch(t->loader))
+            rc = fl_fail(FL_EFORMAT, "resume: %s: batch %" PRId64 " of an epoch of %" PRId64
+                         " batches", path, v[ST_BATCH], fl_prefetch_steps_per_epoch(t->loader));
         else if (fl_dist_step(t->dopt) != v[ST_STEP])
             rc = fl_fail(FL_EFORMAT, "resume: %s: dist.counters says %" PRId64 " updates, "
                          STATE_NAME " %" PRId64, path, fl_dist_step(t->dopt), v[ST_STEP]);
         else {
             *pos = (train_pos){.step = v[ST_STEP], .epoch = v[ST_EPOCH], .batch = v[ST_BATCH]};
+            t->base_world = (int)v[ST_BASE_WORLD];
+            t->lr_scale = (double)t->world / t->base_world;
+            if (w0 != t->world)
+                rescale(t, cfg, w0, pos, nfiles);
+            else if (t->world != t->base_world)
+                rescaled_length(t, cfg, pos);
             if (t->rank == 0) {
                 char *now = config_yaml(cfg);
                 const char *saved = fl_safetensors_meta(st, "fleet.config");
@@ -326,6 +435,7 @@ static int resume(trainer *t, const fl_train_config *cfg, train_pos *pos) {
             }
         }
     }
+    free(kind);
     free(s.p);
     fl_safetensors_close(st);
     return rc;

@@ -23,6 +23,9 @@ typedef struct {
     fl_lr_schedule sched;     /* indexed by optimizer update */
     int64_t        merge_k;   /* micro-batches (loader batches) per optimizer update */
     int64_t        total_steps; /* optimizer updates the run will take */
+    int            base_world; /* workers the run began with (the checkpoints carry it) */
+    double         lr_scale;  /* world / base_world: the linear scaling rule (docs/elastic.md) */
+    bool           resumed_in_dir; /* the resumed checkpoint is one of checkpoint.dir's */
     double         label_smoothing; /* optimizer.label_smoothing */
     double         start_time; /* fl_now() when training began: metrics' "time" */
 } trainer;
@@ -81,6 +84,21 @@ bool fl_train_ckpt_due(const fl_train_config *cfg, int64_t step);
 /* Saves a checkpoint of the state at pos into checkpoint.dir (see checkpoint.h), then points
  * `latest` at it and prunes. Collective: every rank calls it at the same step. */
 int  fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *pos);
+/* train_rescale.c: resuming with another number of workers (docs/elastic.md). */
+
+/* Combines the rank files of checkpoint directory dir, written by w0 workers, into this rank's
+ * state p[0..n), which holds rank 0's file already: kind[i] says how (fl_state_merge). Every
+ * file is checked (a tensor missing, of another dtype or shape, or a SAME tensor that differs
+ * from rank 0's is an error naming the file and the tensor). */
+int fl_train_merge_ranks(trainer *t, const char *dir, int w0, fl_param *const *p,
+                         const fl_state_merge *kind, int n);
+/* The data position in a job of t->world workers that matches batch b0 of an epoch in a job of
+ * w0 workers: the global batch holding the first sample not yet trained on, so that no sample
+ * of the epoch is skipped and fewer than one global batch is seen twice. */
+int64_t fl_train_rescale_batch(const trainer *t, int64_t b0, int w0);
+/* Sets the schedule's length to total optimizer updates (the schedule is rebuilt). */
+void fl_train_set_length(trainer *t, const fl_train_config *cfg, int64_t total);
+
 /* The "key: value" lines of a configuration's YAML (fl_config_print) that the network is built
  * from (model.*, and data.features, data.classes, which fl_train_make_model reads): an
  * inference model's network description. malloc'd; NULL when out of memory. */

@@ -241,10 +241,11 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     int64_t total = fl_prefetch_steps_per_epoch(t->loader) * cfg->train.epochs / t->merge_k;
     if (cfg->train.max_steps > 0 && cfg->train.max_steps < total)
         total = cfg->train.max_steps;
-    t->total_steps = total;
-    make_schedule(cfg, total, &t->sched);
+    fl_train_set_length(t, cfg, total);
     if (fl_lr_validate(&t->sched) < 0)
         return fl_fail_prefix(FL_ECONFIG, "optimizer.lr");
+    t->base_world = t->world; /* until a checkpoint says otherwise */
+    t->lr_scale = 1.0;
 
     int64_t pshape[2] = {cfg->train.batch_size, cfg->data.classes};
     t->probs = fl_tensor_create(FL_DTYPE_F32, 2, pshape);
@@ -252,6 +253,11 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
         return fl_fail(FL_ENOMEM, "out of memory for the (%lld, %lld) loss buffer",
                        (long long)pshape[0], (long long)pshape[1]);
     return open_metrics(t, cfg);
+}
+
+void fl_train_set_length(trainer *t, const fl_train_config *cfg, int64_t total) {
+    t->total_steps = total;
+    make_schedule(cfg, total, &t->sched);
 }
 
 int fl_train_print_model(const fl_train_config *cfg, FILE *out) {

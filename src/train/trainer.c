@@ -49,7 +49,9 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
     FL_TRY(fl_train_ckpt_restore(t, cfg, &start));
     step = start.step;
     last_epoch = start.epoch;
-    int64_t last_saved = cfg->checkpoint.resume[0] ? start.step : -1;
+    /* a checkpoint resumed from elsewhere (another directory, another world) is saved again
+     * in checkpoint.dir at the end, even when no step is taken */
+    int64_t last_saved = t->resumed_in_dir ? start.step : -1;
     res->started = true;
     fl_train_window_reset(t, &w);
     fl_straggler slow; /* FLEET_BENCH_SLOW: a benchmark's random straggler (straggler.h) */
@@ -63,7 +65,7 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
         int rc;
         while ((rc = fl_prefetch_next(t->loader, &x, &labels)) == 1) {
             batch++;
-            double lr = fl_lr_at(&t->sched, step), loss;
+            double lr = fl_lr_at(&t->sched, step) * t->lr_scale, loss;
             int64_t correct;
             bool updated = true;
             fl_straggler_step(&slow);
