@@ -18,6 +18,7 @@
 static const char usage_text[] =
     "usage: fleetrun [--ips IP1,IP2,...] [--nproc_per_node N | --gpus 0,1,...] [--log_dir DIR]\n"
     "                [--started_port P] [--node_ip IP] [--grace SECONDS] [--max_restarts N]\n"
+    "                [--nnodes MIN:MAX] [--node_timeout SECONDS] [--coord_port P]\n"
     "                PROGRAM [ARGS...]\n"
     "\n"
     "Starts this node's workers of a collective job. Run the same line on every node of --ips;\n"
@@ -45,6 +46,13 @@ static const char usage_text[] =
     "                                 (fleet-train: -o checkpoint.resume=auto). Exit status 2\n"
     "                                 is an error in the job (fleet-train: before training\n"
     "                                 began) and is not restarted. Every node restarts alike.\n"
+    "  --nnodes N | MIN:MAX           nodes the job needs (default: every node of --ips): with\n"
+    "                                 MIN below the number of --ips, a restart goes on with the\n"
+    "                                 nodes that came back, if at least MIN (scale in)\n"
+    "  --node_timeout SECONDS         several nodes with --max_restarts or --nnodes: how long\n"
+    "                                 a round waits for every node to join (default 60)\n"
+    "  --coord_port P                 where node 0's fleetrun coordinates the rounds of a job\n"
+    "                                 of several nodes (default: the workers' first port - 1)\n"
     "  -h, --help                     this text\n"
     "\n"
     "Several nodes need the same FLEET_JOB_TOKEN exported on each. Workers' stdin is /dev/null.\n"
@@ -125,7 +133,7 @@ static int parse_gpus(options *o, const char *list) {
 }
 
 enum { OPT_IPS, OPT_NPROC, OPT_GPUS, OPT_LOG_DIR, OPT_PORT, OPT_NODE_IP, OPT_GRACE,
-       OPT_RESTARTS };
+       OPT_RESTARTS, OPT_NNODES, OPT_NODE_TIMEOUT, OPT_COORD_PORT };
 
 static const struct {
     const char *name;
@@ -137,7 +145,29 @@ static const struct {
     {"--log_dir", OPT_LOG_DIR},   {"--started_port", OPT_PORT},
     {"--node_ip", OPT_NODE_IP},   {"--grace", OPT_GRACE},
     {"--max_restarts", OPT_RESTARTS}, {"--max-restarts", OPT_RESTARTS}, /* torchrun's */
+    {"--nnodes", OPT_NNODES},     {"--node_timeout", OPT_NODE_TIMEOUT},
+    {"--coord_port", OPT_COORD_PORT},
 };
+
+/* "N" or "MIN:MAX" */
+static int parse_nnodes(options *o, const char *v) {
+    int lo, hi;
+    const char *colon = strchr(v, ':');
+    char first[16];
+    if (colon && (size_t)(colon - v) < sizeof first) {
+        snprintf(first, sizeof first, "%.*s", (int)(colon - v), v);
+        if (parse_int(first, 1, MAX_NODES, &lo) || parse_int(colon + 1, 1, MAX_NODES, &hi) ||
+            lo > hi)
+            return fr_arg_error("--nnodes: '%s' is not MIN:MAX with 1 <= MIN <= MAX", v);
+    } else if (colon || parse_int(v, 1, MAX_NODES, &lo)) {
+        return fr_arg_error("--nnodes: '%s' is not a number of nodes or MIN:MAX", v);
+    } else {
+        hi = lo;
+    }
+    o->min_nodes = lo;
+    o->max_nodes = hi;
+    return 0;
+}
 
 /* Returns 0, or the status to exit with (2: bad arguments; -1: --help printed, exit 0). */
 int fr_parse_args(int argc, char **argv, options *o) {
@@ -145,6 +175,7 @@ int fr_parse_args(int argc, char **argv, options *o) {
     const char *ips = NULL;
     o->log_dir = "log";
     o->grace = 5.0;
+    o->node_timeout = 60.0;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--")) {
@@ -205,6 +236,19 @@ int fr_parse_args(int argc, char **argv, options *o) {
             if (parse_int(v, 0, 1000, &o->max_restarts))
                 rc = fr_arg_error("--max_restarts: '%s' is not a number from 0 to 1000", v);
             break;
+        case OPT_NNODES: rc = parse_nnodes(o, v); break;
+        case OPT_COORD_PORT:
+            if (parse_int(v, 1, 65535, &o->coord_port))
+                rc = fr_arg_error("--coord_port: '%s' is not a port number (1..65535)", v);
+            break;
+        case OPT_NODE_TIMEOUT: {
+            char *end;
+            o->node_timeout = strtod(v, &end);
+            if (end == v || *end || !(o->node_timeout >= 0.1 && o->node_timeout <= 86400))
+                rc = fr_arg_error("--node_timeout: '%s' is not a number of seconds from 0.1 to "
+                                  "86400", v);
+            break;
+        }
         case OPT_GRACE: {
             char *end;
             o->grace = strtod(v, &end);
@@ -239,6 +283,20 @@ int fr_parse_args(int argc, char **argv, options *o) {
     }
     if (o->port && o->port + o->nproc - 1 > 65535)
         return fr_arg_error("ports %d..%d: past 65535", o->port, o->port + o->nproc - 1);
+    if (o->max_nodes && o->max_nodes != o->nnodes)
+        return fr_arg_error("--nnodes %d:%d, but --ips lists %d node(s): MAX is the number of "
+                            "--ips", o->min_nodes, o->max_nodes, o->nnodes);
+    if (!o->max_nodes)
+        o->min_nodes = o->max_nodes = o->nnodes;
+    /* several nodes that restart or scale in: node 0's fleetrun coordinates the rounds */
+    o->coordinated = o->nnodes > 1 && (o->max_restarts > 0 || o->min_nodes < o->nnodes);
+    if (o->coordinated && !o->coord_port) {
+        int first = o->port ? o->port : FR_DEFAULT_PORT;
+        if (first < 2)
+            return fr_arg_error("--started_port %d leaves no port below it for the "
+                                "coordinator: give --coord_port", first);
+        o->coord_port = first - 1;
+    }
     return 0;
 }
 

@@ -2,7 +2,10 @@
  * phases of winding down, and the functions each part lends the others. One file per job:
  * args.c (command line), node.c (job set-up), workers.c (starting and signalling workers),
  * output.c (worker output, failure reports), supervise.c (the event loop), restart.c (the
- * restart policy of --max_restarts), messages.c (fleetrun's own messages), main.c. */
+ * restart policy of --max_restarts on one node), coord.c (node 0's coordinator of the rounds
+ * of a job of several nodes), member.c (every node's side of it), lines.c (the line protocol
+ * between them), messages.c (fleetrun's own messages), main.c. */
+#include <poll.h>
 #ifndef FLEETRUN_H
 #define FLEETRUN_H
 
@@ -22,6 +25,7 @@
 #define MAX_TOKEN     64
 #define ENDPOINT_MAX  64
 #define LINEBUF_CAP   65536
+#define FR_DEFAULT_PORT 6170          /* paddle.distributed.launch's first worker port */
 
 typedef struct {
     char       *ips_buf;              /* owned copy of --ips, split in place */
@@ -36,6 +40,10 @@ typedef struct {
     const char *node_ip;
     double      grace;
     int         max_restarts;         /* --max_restarts: rounds after the first (0: none) */
+    int         min_nodes, max_nodes; /* --nnodes MIN:MAX (both nnodes when not given) */
+    double      node_timeout;         /* --node_timeout: how long a round waits for nodes */
+    int         coord_port;           /* --coord_port (coordinated jobs; 0: not given) */
+    bool        coordinated;          /* several nodes with restarts or scale-in: coord.c */
     char      **argv;                 /* PROGRAM ARGS... (borrowed from main's argv) */
 } options;
 
@@ -55,6 +63,14 @@ typedef struct {
 } worker;
 
 enum phase { PHASE_RUN, PHASE_GRACE, PHASE_TERM, PHASE_KILL };
+
+typedef struct coord coord; /* coord.c's state; node 0 of a coordinated job only */
+
+/* Bytes received on a connection, not yet a whole line. */
+typedef struct {
+    char   buf[16384];
+    size_t len;
+} linebuf;
 
 typedef struct {
     options     o;
@@ -81,6 +97,15 @@ typedef struct {
     double      settle_until;         /* > 0 while gathering failures before naming the cause */
     int         failed_unsignalled;   /* failures reaped before fleetrun signalled; -1: none sent */
     int         signal_seen;          /* SIGINT/SIGTERM/SIGHUP received, 0 if none */
+    /* a coordinated job (o.coordinated): rounds decided by node 0's coordinator */
+    coord      *coord;                /* node 0 only; NULL elsewhere */
+    int         coord_fd;             /* this node's connection to the coordinator; -1: none */
+    linebuf     coord_in;
+    int         round;                /* the round in progress: 0, then one per restart */
+    int         member_index;         /* this node's place among the round's nodes */
+    int         nmembers;             /* nodes in the round */
+    bool        stopped_remote;       /* the coordinator stopped this round's workers */
+    int         end_code;             /* the coordinator ended the job with it; -1: not yet */
 } job;
 
 /* Binary form of a numeric IPv4/IPv6 address; family 0 if it is neither. */
@@ -140,6 +165,8 @@ void fr_terminal_copy(job *j, const char *p, size_t n, bool eof);
 void fr_report_failure(job *j, int i);
 /* Tells worker i's failure in one line, with the last line of its log. */
 void fr_report_secondary(job *j, int i);
+/* "exited with code C" or "killed by signal S (SIGNAME)" for a wait status. */
+void fr_describe_status(int st, char *out, size_t cap);
 
 /* supervise.c */
 
@@ -162,5 +189,56 @@ bool fr_should_restart(const job *j);
  * its restarts alike), fresh sockets when fleetrun owns the ports, worker and loop state
  * cleared, a line in every log. 0 or 1. */
 int fr_prepare_restart(job *j);
+/* Clears the workers' and the loop's state of the round that ended (both kinds of job). */
+void fr_reset_round(job *j);
+
+/* lines.c: the coordinator's protocol, one text line per message (lines.c's header) */
+
+/* Sends one line (fmt's text and "\n", at most 16 KiB) on a non-blocking socket; -1 if it
+ * could not be sent whole (the peer is gone or does not read). */
+int fr_send_line(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Reads what fd has into lb; 1 when some came, 0 at EOF, -1 on an error or a line longer than
+ * the buffer. */
+int fr_recv(int fd, linebuf *lb);
+/* Takes the next whole line out of lb into out (without "\n"); false when there is none. */
+bool fr_next_line(linebuf *lb, char *out, size_t cap);
+/* Monotonic seconds. */
+double fr_now(void);
+/* A TCP connection to ip:port (non-blocking once connected, keepalive on), tried until
+ * `until` (fr_now); -1 with errno after the last try. */
+int fr_connect(const char *ip, int port, double until);
+/* Keepalive and non-blocking reads on an accepted connection. */
+void fr_socket_setup(int fd);
+
+/* coord.c: node 0's coordinator of a coordinated job. */
+
+/* Listens on the first node's address, port o.coord_port; 0, or 1 after telling why. */
+int    fr_coord_open(job *j);
+void   fr_coord_free(job *j);
+/* Adds the coordinator's sockets to fds (at most cap); returns how many. */
+int    fr_coord_pollfds(job *j, struct pollfd *fds, int cap);
+/* Handles what poll found on them (fds as fr_coord_pollfds filled them) and the timers. */
+void   fr_coord_service(job *j, const struct pollfd *fds, int n);
+/* The coordinator's next timer (fr_now seconds); a large value when none. */
+double fr_coord_deadline(const job *j);
+
+/* member.c: every node's side of a coordinated job. */
+
+/* Connects to the coordinator (node 0's; waiting up to --node_timeout for it); 0 or 1. */
+int  fr_member_connect(job *j);
+/* Joins the next round and waits for the coordinator's decision: 0 when the round starts (the
+ * ranks, endpoints and token of this node's workers set up); -1 when the coordinator ended the
+ * job (its status in j->end_code); else the status to exit with (a lost coordinator, a
+ * signal). */
+int  fr_member_join(job *j);
+/* Tells the coordinator this node's failure (the cause fr_name_cause named). */
+void fr_member_failed(job *j);
+/* Tells the coordinator this node's workers are all gone, and how the round ended here. */
+void fr_member_exited(job *j);
+/* The sockets the run loop watches besides the workers' (this node's connection, node 0's
+ * coordinator); returns how many it added to fds (at most cap). */
+int  fr_member_pollfds(job *j, struct pollfd *fds, int cap);
+/* Handles what poll found on them: a STOP from the coordinator stops this node's workers. */
+void fr_member_service(job *j, const struct pollfd *fds, int n);
 
 #endif

@@ -1,6 +1,7 @@
 /* main.c - fleetrun's main: blocks the signals it will read from a signalfd, sets the job up
  * step by step (args.c, node.c), starts the workers (workers.c), runs the loop (supervise.c)
- * and turns its outcome into the exit status. */
+ * and turns its outcome into the exit status; round after round, as restart.c decides on one
+ * node or node 0's coordinator (coord.c, member.c) for a job of several. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +36,9 @@ static void job_free(job *j) {
     }
     if (j->sig_fd >= 0)
         close(j->sig_fd);
+    if (j->coord_fd >= 0)
+        close(j->coord_fd);
+    fr_coord_free(j);
     free(j->w);
     free(j->line);
     free(j->endpoints);
@@ -42,9 +46,63 @@ static void job_free(job *j) {
     free(j->o.ips_buf);
 }
 
+static void print_banner(job *j) {
+    printf("fleetrun: node %d of %d (%s), %d worker(s), ranks %d..%d of %d; logs in "
+           "%s/workerlog.*\n", j->member_index, j->o.coordinated ? j->nmembers : j->o.nnodes,
+           j->o.ips[j->node], j->o.nproc, j->w[0].rank, j->w[j->o.nproc - 1].rank, j->nranks,
+           j->o.log_dir);
+    printf("fleetrun: first worker's distributed environment:\n");
+    fr_print_env_table(j);
+    if (j->node != 0)
+        printf("fleetrun: rank 0 runs on node 0 (%s); this node's output is in "
+               "%s/workerlog.*\n", j->o.ips[0], j->o.log_dir);
+    fflush(stdout);
+}
+
+/* A job of several nodes with restarts or scale-in: each round as node 0's coordinator says
+ * (member.c); returns the exit status. */
+static int run_coordinated(job *j) {
+    if ((j->node == 0 && fr_coord_open(j)) || fr_member_connect(j))
+        return 1;
+    for (;;) {
+        int rc = fr_member_join(j);
+        if (rc < 0)
+            return j->end_code;
+        if (rc)
+            return rc;
+        if (j->round == 0) {
+            print_banner(j);
+        } else {
+            fr_say("round %d: this node's %d worker(s) are ranks %d..%d of %d on %d node(s) "
+                   "(FLEET_RESTART_COUNT=%d)", j->round, j->o.nproc, j->w[0].rank,
+                   j->w[j->o.nproc - 1].rank, j->nranks, j->nmembers, j->round);
+            for (int i = 0; i < j->o.nproc; i++)
+                if (j->w[i].log_fd >= 0)
+                    dprintf(j->w[i].log_fd, "fleetrun: restart %d of %d: rank %d of %d\n",
+                            j->round, j->o.max_restarts, j->w[i].rank, j->nranks);
+        }
+        j->restarts = j->round;
+        for (int i = 0; i < j->o.nproc; i++)
+            if ((rc = fr_start_worker(j, i))) {
+                j->exit_code = rc;
+                fr_enter_phase(j, PHASE_TERM, j->o.grace);
+                break;
+            }
+        fr_run_loop(j);
+        if (j->settle_until > 0)
+            fr_name_cause(j);
+        fr_member_exited(j);
+        if (j->signal_seen)
+            return 128 + j->signal_seen;
+        if (j->end_code >= 0)
+            return j->end_code;
+        fr_reset_round(j);
+    }
+}
+
 int main(int argc, char **argv) {
     job j = {.sig_fd = -1, .term_fd = 1, .exit_code = -1,
-             .failed_unsignalled = -1, .cause = -1};
+             .failed_unsignalled = -1, .cause = -1, .coord_fd = -1, .end_code = -1};
     int rc;
     ensure_std_fds();
     /* signals wait in the signalfd from the start: a Ctrl-C during set-up stops the workers
@@ -76,7 +134,8 @@ int main(int argc, char **argv) {
         w->rank = j.node * j.o.nproc + i;
         snprintf(w->gpu, sizeof w->gpu, "%d", j.o.ngpus ? j.o.gpus[i] : i);
     }
-    if ((rc = fr_make_endpoints(&j)) || (rc = fr_open_logs(&j)))
+    j.member_index = j.node;
+    if ((!j.o.coordinated && (rc = fr_make_endpoints(&j))) || (rc = fr_open_logs(&j)))
         goto fail;
     j.sig_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (j.sig_fd < 0) {
@@ -86,6 +145,10 @@ int main(int argc, char **argv) {
     }
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* orphans of workers come to us and get reaped */
     j.self = getpid();
+    if (j.o.coordinated) {
+        rc = run_coordinated(&j);
+        goto fail;
+    }
 
     printf("fleetrun: node %d of %d (%s), %d worker(s), ranks %d..%d of %d; logs in %s/workerlog.*\n",
            j.node, j.o.nnodes, j.o.ips[j.node], j.o.nproc, j.w[0].rank,

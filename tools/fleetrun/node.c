@@ -16,7 +16,6 @@
 
 #include "fleetrun.h"
 
-#define DEFAULT_PORT  6170  /* paddle.distributed.launch's */
 
 /* This node's index: --node_ip's position in --ips, or the first entry that is an address of
  * a local interface. A single node is node 0 without asking. Returns 0 or 2. */
@@ -191,7 +190,7 @@ int fr_make_endpoints(job *j) {
         if (rc)
             return rc;
     } else {
-        int port = o->port ? o->port : DEFAULT_PORT;
+        int port = o->port ? o->port : FR_DEFAULT_PORT;
         for (int n = 0; n < o->nnodes; n++)
             for (int i = 0; i < o->nproc; i++)
                 format_endpoint(j->endpoints[(size_t)n * o->nproc + i], o->ips[n], port + i);

@@ -127,7 +127,7 @@ fail:
     return NULL;
 }
 
-static void describe_status(int st, char *out, size_t cap) {
+void fr_describe_status(int st, char *out, size_t cap) {
     if (WIFEXITED(st)) {
         snprintf(out, cap, "exited with code %d", WEXITSTATUS(st));
     } else {
@@ -140,7 +140,7 @@ static void describe_status(int st, char *out, size_t cap) {
 void fr_report_failure(job *j, int i) {
     worker *w = &j->w[i];
     char how[64];
-    describe_status(w->status, how, sizeof how);
+    fr_describe_status(w->status, how, sizeof how);
     for (int k = 0; k < 64 && w->out_fd >= 0; k++) /* its last words, before reading the log */
         fr_pump(j, i);
     fr_say("worker %d (rank %d) %s", i, w->rank, how);
@@ -163,7 +163,7 @@ void fr_report_failure(job *j, int i) {
 void fr_report_secondary(job *j, int i) {
     worker *w = &j->w[i];
     char how[64];
-    describe_status(w->status, how, sizeof how);
+    fr_describe_status(w->status, how, sizeof how);
     for (int k = 0; k < 64 && w->out_fd >= 0; k++)
         fr_pump(j, i);
     size_t len = 0;

@@ -31,12 +31,7 @@ bool fr_should_restart(const job *j) {
     return true;
 }
 
-int fr_prepare_restart(job *j) {
-    j->restarts++;
-    char suffix[16];
-    int ns = snprintf(suffix, sizeof suffix, ".%d", j->restarts);
-    /* within the wire's MAX_TOKEN characters: the token's end gives way to the suffix */
-    snprintf(j->token, sizeof j->token, "%.*s%s", MAX_TOKEN - ns, j->base_token, suffix);
+void fr_reset_round(job *j) {
     if (j->nline) /* rank 0's pending partial line */
         fr_terminal_copy(j, "", 0, true);
     for (int i = 0; i < j->o.nproc; i++) {
@@ -49,16 +44,6 @@ int fr_prepare_restart(job *j) {
         w->pid = 0;
         w->reaped = w->reported = false;
         w->status = w->reap_order = 0;
-        if (w->log_fd >= 0)
-            dprintf(w->log_fd, "fleetrun: restart %d of %d\n", j->restarts, j->o.max_restarts);
-    }
-    if (j->own_sockets) { /* fresh ports: a late connection of the last round finds none */
-        free(j->endpoints);
-        free(j->endpoints_str);
-        j->endpoints = NULL;
-        j->endpoints_str = NULL;
-        if (fr_make_endpoints(j))
-            return 1;
     }
     j->nstarted = 0;
     j->phase = PHASE_RUN;
@@ -68,5 +53,27 @@ int fr_prepare_restart(job *j) {
     j->settle_until = 0;
     j->failed_unsignalled = -1;
     j->cause = -1;
+    j->stopped_remote = false;
+}
+
+int fr_prepare_restart(job *j) {
+    j->restarts++;
+    char suffix[16];
+    int ns = snprintf(suffix, sizeof suffix, ".%d", j->restarts);
+    /* within the wire's MAX_TOKEN characters: the token's end gives way to the suffix */
+    snprintf(j->token, sizeof j->token, "%.*s%s", MAX_TOKEN - ns, j->base_token, suffix);
+    fr_reset_round(j);
+    for (int i = 0; i < j->o.nproc; i++)
+        if (j->w[i].log_fd >= 0)
+            dprintf(j->w[i].log_fd, "fleetrun: restart %d of %d\n", j->restarts,
+                    j->o.max_restarts);
+    if (j->own_sockets) { /* fresh ports: a late connection of the last round finds none */
+        free(j->endpoints);
+        free(j->endpoints_str);
+        j->endpoints = NULL;
+        j->endpoints_str = NULL;
+        if (fr_make_endpoints(j))
+            return 1;
+    }
     return 0;
 }

@@ -77,6 +77,7 @@ void fr_name_cause(job *j) {
     j->exit_code = status_code(j->w[cause].status);
     fr_report_failure(j, cause);
     j->w[cause].reported = true;
+    fr_member_failed(j); /* a coordinated job: the other nodes stop, too */
     for (int order = 1; order <= j->nfailed; order++)
         for (int i = 0; i < j->nstarted; i++)
             if (j->w[i].reap_order == order && !j->w[i].reported) {
@@ -154,7 +155,7 @@ void fr_run_loop(job *j) {
             continue;
         }
 
-        struct pollfd fds[1 + MAX_NPROC];
+        struct pollfd fds[1 + MAX_NPROC + 1 + MAX_NODES + 32];
         int map[1 + MAX_NPROC], nfds = 0;
         fds[nfds] = (struct pollfd){.fd = j->sig_fd, .events = POLLIN};
         map[nfds++] = -1;
@@ -163,6 +164,9 @@ void fr_run_loop(job *j) {
                 fds[nfds] = (struct pollfd){.fd = j->w[i].out_fd, .events = POLLIN};
                 map[nfds++] = i;
             }
+        /* a coordinated job: this node's connection, and node 0's coordinator */
+        int nworker_fds = nfds;
+        nfds += fr_member_pollfds(j, fds + nfds, (int)(sizeof fds / sizeof fds[0]) - nfds);
         int timeout_ms = -1;
         if (j->phase != PHASE_RUN || alive == 0) {
             /* group members that are not our children die without telling us: look often */
@@ -172,13 +176,17 @@ void fr_run_loop(job *j) {
         } else {
             timeout_ms = 1000; /* a safety net; SIGCHLD wakes us */
         }
+        double coord_ms = (fr_coord_deadline(j) - t) * 1000.0;
+        if (coord_ms < timeout_ms)
+            timeout_ms = coord_ms < 0 ? 0 : (int)coord_ms + 1;
         int n = poll(fds, (nfds_t)nfds, timeout_ms);
         if (n < 0 && errno != EINTR) {
             fr_say("error: poll: %s", strerror(errno));
             fr_signal_groups(j, SIGKILL);
             return;
         }
-        for (int k = 0; k < nfds && n > 0; k++) {
+        fr_member_service(j, fds + nworker_fds, nfds - nworker_fds);
+        for (int k = 0; k < nworker_fds && n > 0; k++) {
             if (!fds[k].revents)
                 continue;
             if (map[k] >= 0) {

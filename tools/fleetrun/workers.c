@@ -47,7 +47,7 @@ static void run_child(job *j, int i, int out_fd) {
     set_env_int("FLEET_RESTART_COUNT", j->restarts);
     set_env_int("LOCAL_RANK", i); /* torchrun's names for the node-local layout */
     set_env_int("LOCAL_WORLD_SIZE", j->o.nproc);
-    set_env_int("GROUP_RANK", j->node);
+    set_env_int("GROUP_RANK", j->member_index);
     if (w->child_listen_fd >= 0) {
         set_env_int("FLEET_LISTEN_FD", w->child_listen_fd);
         fcntl(w->child_listen_fd, F_SETFD, 0); /* only this worker's socket survives exec */

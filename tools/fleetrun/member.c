@@ -1,0 +1,236 @@
+/* member.c - every node's side of a coordinated job (coord.c runs the rounds on node 0): join
+ * a round and learn its nodes, whose workers are ranks in node order (a node's ranks follow
+ * the nodes before it, each node with its own --nproc_per_node); tell the coordinator a
+ * failure as soon as its cause is named and when this node's workers are all gone; stop the
+ * workers when the coordinator says so. Losing the coordinator (node 0) ends the job here. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fleetrun.h"
+
+int fr_member_connect(job *j) {
+    const char *ip = j->o.ips[0];
+    int fd = fr_connect(ip, j->o.coord_port, fr_now() + j->o.node_timeout);
+    if (fd < 0) {
+        fr_say("error: cannot reach the job's coordinator at %s:%d (node 0's fleetrun) within "
+               "%g s: %s", ip, j->o.coord_port, j->o.node_timeout, strerror(errno));
+        return 1;
+    }
+    j->coord_fd = fd;
+    return 0;
+}
+
+static int port_base(const job *j) { return j->o.port ? j->o.port : FR_DEFAULT_PORT; }
+
+static void format_endpoint(char *out, const char *ip, int port) {
+    if (strchr(ip, ':'))
+        snprintf(out, ENDPOINT_MAX, "[%s]:%d", ip, port);
+    else
+        snprintf(out, ENDPOINT_MAX, "%s:%d", ip, port);
+}
+
+/* "GO <round> <n> <node>:<nproc>..." (text after the tab cut off): the round's ranks and
+ * endpoints; 0, or 1 when the message does not make sense. */
+static int apply_go(job *j, const char *msg) {
+    int round, n, off = 0;
+    if (sscanf(msg, "GO %d %d%n", &round, &n, &off) != 2 || n < 1 || n > MAX_NODES)
+        return 1;
+    int node[MAX_NODES], nproc[MAX_NODES], total = 0, first = -1;
+    const char *p = msg + off;
+    for (int m = 0; m < n; m++) {
+        int used = 0;
+        if (sscanf(p, " %d:%d%n", &node[m], &nproc[m], &used) != 2 || node[m] < 0 ||
+            node[m] >= j->o.nnodes || nproc[m] < 1 || nproc[m] > MAX_NPROC)
+            return 1;
+        p += used;
+        if (node[m] == j->node) {
+            first = total;
+            j->member_index = m;
+            if (nproc[m] != j->o.nproc)
+                return 1;
+        }
+        total += nproc[m];
+    }
+    if (first < 0 || total > 4096)
+        return 1;
+    free(j->endpoints);
+    free(j->endpoints_str);
+    j->endpoints = calloc((size_t)total, sizeof *j->endpoints);
+    j->endpoints_str = calloc((size_t)total, ENDPOINT_MAX);
+    if (!j->endpoints || !j->endpoints_str)
+        return 1;
+    int r = 0;
+    for (int m = 0; m < n; m++)
+        for (int i = 0; i < nproc[m]; i++)
+            format_endpoint(j->endpoints[r++], j->o.ips[node[m]], port_base(j) + i);
+    size_t used = 0;
+    for (int k = 0; k < total; k++)
+        used += (size_t)sprintf(j->endpoints_str + used, "%s%s", k ? "," : "", j->endpoints[k]);
+    j->nranks = total;
+    j->nmembers = n;
+    j->round = round;
+    for (int i = 0; i < j->o.nproc; i++)
+        j->w[i].rank = first + i;
+    char suffix[16] = "";
+    int ns = round ? snprintf(suffix, sizeof suffix, ".%d", round) : 0;
+    snprintf(j->token, sizeof j->token, "%.*s%s", MAX_TOKEN - ns, j->base_token, suffix);
+    return 0;
+}
+
+/* A line from the coordinator outside the join: STOP or END stop this node's workers. */
+static void on_line(job *j, char *line) {
+    char *tab = strchr(line, '\t');
+    const char *why = tab ? tab + 1 : "";
+    if (tab)
+        *tab = 0;
+    int round, code;
+    bool stop = sscanf(line, "STOP %d", &round) == 1 && round == j->round;
+    if (sscanf(line, "END %d", &code) == 1) {
+        j->end_code = code;
+        stop = true;
+    }
+    if (!stop || j->stopped_remote)
+        return;
+    j->stopped_remote = true;
+    if (j->phase == PHASE_RUN && fr_groups_alive(j)) {
+        fr_say("stopping this node's %d worker(s): %s", fr_groups_alive(j), why);
+        if (j->failed_unsignalled < 0)
+            j->failed_unsignalled = j->nfailed;
+        fr_enter_phase(j, PHASE_TERM, j->o.grace);
+    }
+}
+
+static void lost_coordinator(job *j, const char *how) {
+    if (j->end_code < 0) {
+        fr_say("error: lost the job's coordinator at %s:%d (node 0's fleetrun): %s; stopping "
+               "this node's workers", j->o.ips[0], j->o.coord_port, how);
+        j->end_code = 1;
+    }
+    close(j->coord_fd);
+    j->coord_fd = -1;
+    if (!j->stopped_remote) {
+        j->stopped_remote = true;
+        if (j->phase == PHASE_RUN && fr_groups_alive(j))
+            fr_enter_phase(j, PHASE_TERM, j->o.grace);
+    }
+}
+
+int fr_member_pollfds(job *j, struct pollfd *fds, int cap) {
+    int n = 0;
+    if (j->coord_fd >= 0 && cap > 0)
+        fds[n++] = (struct pollfd){.fd = j->coord_fd, .events = POLLIN};
+    return n + fr_coord_pollfds(j, fds + n, cap - n);
+}
+
+void fr_member_service(job *j, const struct pollfd *fds, int n) {
+    int own = 0;
+    if (j->coord_fd >= 0 && n > 0 && fds[0].fd == j->coord_fd) {
+        own = 1;
+        if (fds[0].revents) {
+            int rc = fr_recv(j->coord_fd, &j->coord_in);
+            char line[16384];
+            while (fr_next_line(&j->coord_in, line, sizeof line))
+                on_line(j, line);
+            if (rc <= 0)
+                lost_coordinator(j, rc < 0 ? "connection broken" : "connection closed");
+        }
+    }
+    fr_coord_service(j, fds + own, n - own);
+}
+
+int fr_member_join(job *j) {
+    if (fr_send_line(j->coord_fd, "HELLO %s %d %d", j->base_token, j->node, j->o.nproc) < 0) {
+        lost_coordinator(j, "cannot send");
+        return 1;
+    }
+    for (;;) {
+        struct pollfd fds[2 + MAX_NODES + 32];
+        fds[0] = (struct pollfd){.fd = j->sig_fd, .events = POLLIN};
+        int n = 1 + fr_member_pollfds(j, fds + 1, (int)(sizeof fds / sizeof fds[0]) - 1);
+        double wait = fr_coord_deadline(j) - fr_now();
+        int ms = wait > 1.0 ? 1000 : wait < 0 ? 0 : (int)(wait * 1000) + 1;
+        if (poll(fds, (nfds_t)n, ms) < 0 && errno != EINTR) {
+            fr_say("error: poll: %s", strerror(errno));
+            return 1;
+        }
+        if (fds[0].revents) {
+            struct signalfd_siginfo si[16];
+            ssize_t got = read(j->sig_fd, si, sizeof si);
+            for (ssize_t s = 0; s < got / (ssize_t)sizeof si[0]; s++)
+                if (si[s].ssi_signo != SIGCHLD) {
+                    fr_say("got SIG%s while waiting for the round to start: stopping",
+                           sigabbrev_np((int)si[s].ssi_signo));
+                    return 128 + (int)si[s].ssi_signo;
+                }
+            while (waitpid(-1, NULL, WNOHANG) > 0) /* orphans of the last round */
+                ;
+        }
+        /* the coordinator first (node 0): it may answer this node's HELLO at once */
+        int own = j->coord_fd >= 0 ? 1 : 0;
+        fr_coord_service(j, fds + 1 + own, n - 1 - own);
+        if (!own || !fds[1].revents)
+            continue;
+        int rc = fr_recv(j->coord_fd, &j->coord_in);
+        char line[16384];
+        while (fr_next_line(&j->coord_in, line, sizeof line)) {
+            char *tab = strchr(line, '\t');
+            const char *why = tab ? tab + 1 : "";
+            if (tab)
+                *tab = 0;
+            int code;
+            if (sscanf(line, "END %d", &code) == 1) {
+                if (why[0])
+                    fr_say("%s", why);
+                j->end_code = code;
+                return -1;
+            }
+            if (strncmp(line, "GO ", 3) == 0) {
+                if (apply_go(j, line)) {
+                    fr_say("error: the coordinator's round does not make sense here: '%.200s'",
+                           line);
+                    return 1;
+                }
+                if (why[0])
+                    fr_say("%s", why);
+                return 0;
+            }
+            /* a STOP of a round already over: nothing to do */
+        }
+        if (rc <= 0) {
+            fr_say("error: lost the job's coordinator at %s:%d (node 0's fleetrun) while "
+                   "waiting for the round to start", j->o.ips[0], j->o.coord_port);
+            return 1;
+        }
+    }
+}
+
+void fr_member_failed(job *j) {
+    if (j->coord_fd < 0 || j->stopped_remote || j->cause < 0)
+        return;
+    const worker *w = &j->w[j->cause];
+    char how[64];
+    fr_describe_status(w->status, how, sizeof how);
+    bool ours = j->failed_unsignalled >= 0 && w->reap_order > j->failed_unsignalled;
+    fr_send_line(j->coord_fd, "FAIL %d %d %d\tnode %d (%s): worker %d (rank %d) %s", j->round,
+                 j->exit_code, WIFSIGNALED(w->status) && !ours ? 1 : 0, j->node,
+                 j->o.ips[j->node], j->cause, w->rank, how);
+}
+
+void fr_member_exited(job *j) {
+    if (j->coord_fd < 0)
+        return;
+    const char *how = j->exit_code > 0 ? "failed" : j->stopped_remote ? "stopped" : "ok";
+    if (j->exit_code <= 0 && !j->stopped_remote)
+        for (int i = 0; i < j->nstarted; i++)
+            if (j->w[i].reaped && j->w[i].status != 0)
+                how = "failed";
+    fr_send_line(j->coord_fd, "EXIT %d %d %s", j->round, j->exit_code > 0 ? j->exit_code : 0,
+                 how);
+}
