@@ -46,11 +46,13 @@ static const char usage_text[] =
     "                                 (fleet-train: -o checkpoint.resume=auto). Exit status 2\n"
     "                                 is an error in the job (fleet-train: before training\n"
     "                                 began) and is not restarted. Every node restarts alike.\n"
-    "  --nnodes N | MIN:MAX           nodes the job needs (default: every node of --ips): with\n"
-    "                                 MIN below the number of --ips, a restart goes on with the\n"
-    "                                 nodes that came back, if at least MIN (scale in)\n"
+    "  --nnodes N | MIN:MAX           nodes the job needs (default: every node of --ips); the\n"
+    "                                 nodes start together (node 0 waits for the others); with\n"
+    "                                 MIN below the number of --ips, a round goes on with the\n"
+    "                                 nodes that came, if at least MIN (scale in)\n"
     "  --node_timeout SECONDS         several nodes with --max_restarts or --nnodes: how long\n"
     "                                 a round waits for every node to join (default 60)\n"
+    "                                 before it ends the job or, with MIN:MAX, goes on\n"
     "  --coord_port P                 where node 0's fleetrun coordinates the rounds of a job\n"
     "                                 of several nodes (default: the workers' first port - 1)\n"
     "  -h, --help                     this text\n"
@@ -286,10 +288,10 @@ int fr_parse_args(int argc, char **argv, options *o) {
     if (o->max_nodes && o->max_nodes != o->nnodes)
         return fr_arg_error("--nnodes %d:%d, but --ips lists %d node(s): MAX is the number of "
                             "--ips", o->min_nodes, o->max_nodes, o->nnodes);
+    /* several nodes that restart or name --nnodes: node 0's fleetrun coordinates the rounds */
+    o->coordinated = o->nnodes > 1 && (o->max_restarts > 0 || o->max_nodes > 0);
     if (!o->max_nodes)
         o->min_nodes = o->max_nodes = o->nnodes;
-    /* several nodes that restart or scale in: node 0's fleetrun coordinates the rounds */
-    o->coordinated = o->nnodes > 1 && (o->max_restarts > 0 || o->min_nodes < o->nnodes);
     if (o->coordinated && !o->coord_port) {
         int first = o->port ? o->port : FR_DEFAULT_PORT;
         if (first < 2)
