@@ -68,7 +68,9 @@ wait_line() { # wait_line FILE REGEX SECONDS: until a line matches
 quick=(-c "$src/configs/quickstart.yaml" -o train.epochs=4 -o train.log_interval=2
        -o checkpoint.save_interval=4 -o checkpoint.keep=2 -o checkpoint.resume=auto)
 
-# 1. restart across nodes: the undisturbed reference, with a stranger and a wrong token
+# 1. restart across nodes: the undisturbed reference, with a stranger and a wrong token; steps
+# slowed by a 25 ms sleep (FLEET_BENCH_SLOW, numbers unchanged) so that both land mid-run
+export FLEET_BENCH_SLOW=1:25:0
 node ref0 127.0.0.1 2 --max_restarts 2 -- "${quick[@]}" -o checkpoint.dir=ref/ck
 r0=$!
 node ref1 127.0.0.2 2 --max_restarts 2 -- "${quick[@]}" -o checkpoint.dir=ref/ck
@@ -83,7 +85,6 @@ check "a wrong token: refused" grep -q "refused a connection to the coordinator:
 grep "^worker_index: 0, epoch 3, step 64, eval" ref0.out >ref.eval
 check "undisturbed: 64 steps" test -s ref.eval
 
-export FLEET_BENCH_SLOW=1:25:0 # a 25 ms sleep per step (numbers unchanged): the kill lands mid-run
 node kill0 127.0.0.1 2 --max_restarts 2 -- "${quick[@]}" -o checkpoint.dir=kill/ck
 k0=$!
 node kill1 127.0.0.2 2 --max_restarts 2 -- "${quick[@]}" -o checkpoint.dir=kill/ck
@@ -133,6 +134,24 @@ wait $f0; rc0=$?
 { wait $f1; } 2>/dev/null
 check "a node lost without --nnodes: exit 1 ($rc0)" test $rc0 -eq 1
 check "a node lost without --nnodes: named" grep -q "error: round 1: node 1 (127.0.0.2) did not rejoin within 2 s; the job needs 2 node(s)" fix0.out
+
+# ... and one whose fleetrun is started again joins the next round
+node back0 127.0.0.1 1 --max_restarts 1 --node_timeout 20 -- "${quick[@]}" -o checkpoint.dir=back/ck
+k0=$!
+FLEET_BENCH_SLOW=1:25:0 node back1 127.0.0.2 1 --max_restarts 1 --node_timeout 20 -- "${quick[@]}" -o checkpoint.dir=back/ck
+if wait_line back0.out "^worker_index: 0, epoch 0, step 6," 60; then
+  kill -9 $(pid_of "$run" FLEET_NODE_NAME=back1) 2>/dev/null
+  mv back1.out back1.first.out
+  FLEET_BENCH_SLOW=1:25:0 node back1 127.0.0.2 1 --max_restarts 1 --node_timeout 20 -- "${quick[@]}" -o checkpoint.dir=back/ck
+  k1=$!
+  wait $k1; rc1=$?
+else
+  rc1=-1
+fi
+wait $k0; rc0=$?
+check "a node started again: both exit 0 ($rc0, $rc1)" test $rc0 -eq 0 -a "$rc1" -eq 0
+check "a node started again: round 1 on 2 nodes" grep -q "round 1: this node's 1 worker(s) are ranks 0..0 of 2 on 2 node(s)" back0.out
+check "a node started again: it trains in round 1" grep -q "round 1: this node's 1 worker(s) are ranks 1..1 of 2" back1.out
 
 # 4. a bad config: status 2 on every node, not restarted; a node that never starts
 node bad0 127.0.0.1 1 --max_restarts 2 -- "${quick[@]}" -o model.hiden=[4]
