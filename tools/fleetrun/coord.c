@@ -20,7 +20,6 @@
 #include "fleetrun.h"
 
 #define MAX_CONN  (MAX_NODES + 16) /* every node, and a few strangers at a time */
-#define SETTLE_S  0.5              /* after the first failure, how long to gather others */
 
 typedef struct {
     int     fd;
@@ -43,11 +42,11 @@ struct coord {
     int         round;          /* joined or running */
     double      join_deadline;  /* C_JOIN */
     int         nmembers;       /* C_RUN */
-    /* the running round's failure: the cause so far, and when STOP went out */
+    /* the running round's failure: the cause so far, and how long the nodes may take to stop */
     bool        failed;
     int         cause_prio, cause_code;
     char        cause[640];
-    double      settle_until, stop_deadline;
+    double      stop_deadline;
     char        note[1024];     /* why the next round starts */
 };
 
@@ -130,7 +129,7 @@ double fr_coord_deadline(const job *j) {
     if (k->state == C_JOIN)
         return k->join_deadline;
     if (k->state == C_RUN && k->failed)
-        return k->settle_until > fr_now() ? k->settle_until : k->stop_deadline;
+        return k->stop_deadline;
     return 1e300;
 }
 
@@ -148,7 +147,6 @@ static void record_failure(job *j, int prio, int code, const char *text) {
     coord *k = j->coord;
     if (!k->failed) {
         k->failed = true;
-        k->settle_until = fr_now() + SETTLE_S;
         k->stop_deadline = fr_now() + j->o.node_timeout + 3 * j->o.grace;
         for (int i = 0; i < k->nconn; i++)
             if (k->c[i]->member && !k->c[i]->exited)
@@ -237,7 +235,7 @@ static void check_join(job *j) {
     end_job(j, 1, why);
 }
 
-/* C_RUN: once every member's workers are gone (and the failures settled), the next step. */
+/* C_RUN: once every member's workers are gone, the next step. */
 static void check_round(job *j) {
     coord *k = j->coord;
     int gone = 0;
@@ -258,7 +256,7 @@ static void check_round(job *j) {
             }
         return;
     }
-    if (gone < live || (k->failed && now < k->settle_until))
+    if (gone < live) /* every node reports its failure before its exit: all is heard now */
         return;
     for (int i = 0; i < k->nconn; i++)
         k->c[i]->member = false;
