@@ -11,6 +11,7 @@
 #include "backend_cases.h"
 #include "test.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -164,6 +165,15 @@ static void from_layout(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t h
 /* ------------------------------------------------------------------------------------------ */
 /* memory, copies, streams, events, the allocator's peak, device_bind's errors */
 
+/* alloc, fill, sum, free on a thread of its own */
+static void *other_thread(void *arg) {
+    void *d = G->alloc(1000 * sizeof(float));
+    G->fill(FL_DTYPE_F32, d, 1000, 1.5);
+    *(double *)arg = G->sum(FL_DTYPE_F32, d, 1000);
+    G->free(d);
+    return NULL;
+}
+
 static void test_memory(void) {
     size_t peak0 = G->memory_peak();
     CHECK(peak0 > 0); /* device_bind allocated cuBLAS's workspace */
@@ -251,6 +261,13 @@ static void test_memory(void) {
     G->stream_free(s);
     G->free(da), G->free(db);
     free(a), free(b), free(c);
+
+    /* another thread than the one that bound the device: the same device */
+    pthread_t th;
+    double sum = 0;
+    CHECK(pthread_create(&th, NULL, other_thread, &sum) == 0);
+    pthread_join(th, NULL);
+    CHECK(sum == 1.5 * 1000);
 
     /* device_bind: the bound device again is fine; a device that is not there is named */
     CHECK_OK(G->device_bind(0));

@@ -135,6 +135,7 @@ static void *get_block(size_t bytes) {
         return NULL;
     }
     size_t size = class_size(c);
+    cuda_here(); /* cudaMalloc allocates on the calling thread's device */
     pthread_mutex_lock(&A.mu);
     void *p = NULL;
     ptr_stack *s = &A.free_list[c];
@@ -197,8 +198,8 @@ void *cuda_alloc(size_t bytes) {
     if (!p)
         return NULL;
     if (bytes)
-        CU_CHECK("alloc", cudaMemsetAsync(p, 0, bytes, cuda_g.stream));
-    CU_CHECK("alloc", cudaStreamSynchronize(cuda_g.stream));
+        CU_CHECK("alloc", cudaMemsetAsync(p, 0, bytes, cuda_stream()));
+    CU_CHECK("alloc", cudaStreamSynchronize(cuda_stream()));
     return p;
 }
 

@@ -81,11 +81,11 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
             colsum(!nhwc, dev2_f<T>{xt, mean, nhwc, c, hw}, div_store{var, (double)R}, R, c, op);
         }
         T *ab = (T *)cuda_get((size_t)(2 * c) * sizeof(T), op);
-        bn_coef_k<T><<<blocks_for(c), THREADS, 0, cuda_g.stream>>>(
+        bn_coef_k<T><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
             (const T *)gamma, (const T *)beta, mean, var, eps, c, ab);
         CU_LAUNCHED(op);
         if (total > 0) {
-            bn_apply_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(nhwc, total, c, hw,
+            bn_apply_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(nhwc, total, c, hw,
                                                                             xt, ab, relu, (T *)y);
             CU_LAUNCHED(op);
         }
@@ -157,7 +157,7 @@ extern "C" void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_
                             (T *)dgamma, (T *)dbeta, coef, c};
         colsum(!nhwc, grad_f<T>{xt, ry, dyt, mean, nhwc, c, hw}, st, R, c, op);
         if (dx && total > 0) {
-            bn_dx_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+            bn_dx_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                 nhwc, total, c, hw, xt, ry, dyt, mean, coef, (T *)dx);
             CU_LAUNCHED(op);
         }

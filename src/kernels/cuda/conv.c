@@ -64,17 +64,21 @@ static bool math_ok(const fl_conv_plan *p, cudnnMathType_t m) {
            (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
 }
 
-/* The first usable result of a heuristic query (best first): deterministic where det, within
- * limit bytes of workspace. -1 when none. */
-#define PICK(perf, cnt, limit, det, out)                                                      \
+/* The first usable result of a heuristic query (best first): success, TF32 only if allowed,
+ * deterministic where det (else any), and a workspace (asked of cuDNN for that algorithm, the
+ * query's figure is only an estimate) within limit; its index into out and its workspace into
+ * *ws, -1 when none. WS(algo, &bytes) is the op's cudnnGet...WorkspaceSize call. */
+#define PICK(perf, cnt, limit, det, out, ws, WS)                                              \
     do {                                                                                      \
         (out) = -1;                                                                           \
         for (int pass = (det) ? 0 : 1; pass < 2 && (out) < 0; pass++)                         \
-            for (int i_ = 0; i_ < (cnt) && (out) < 0; i_++)                                   \
-                if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && (perf)[i_].memory <= (limit) && \
-                    math_ok(p, (perf)[i_].mathType) &&                                        \
-                    (pass || (perf)[i_].determinism == CUDNN_DETERMINISTIC))                  \
-                    (out) = i_;                                                               \
+            for (int i_ = 0; i_ < (cnt) && (out) < 0; i_++) {                                 \
+                size_t b_ = 0;                                                                \
+                if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && math_ok(p, (perf)[i_].mathType) && \
+                    (pass || (perf)[i_].determinism == CUDNN_DETERMINISTIC) &&                \
+                    WS((perf)[i_].algo, &b_) == CUDNN_STATUS_SUCCESS && b_ <= (limit))        \
+                    (out) = i_, *(ws) = b_;                                                   \
+            }                                                                                 \
     } while (0)
 
 /* Chooses the three algorithms for n images within limit bytes of workspace each; the largest
@@ -89,6 +93,9 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
     }
     int cnt = 0, i;
     size_t ws = 0, sz = 0;
+#define FWD_WS(algo, bytes) cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, algo, bytes)
+#define DATA_WS(algo, bytes) cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x, algo, bytes)
+#define FILTER_WS(algo, bytes) cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv, p->w, algo, bytes)
     cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     s = cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
                                                CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
@@ -96,9 +103,8 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
         snprintf(why, whylen, "forward heuristics: %s", dnn_err(s));
         return -1;
     }
-    PICK(fp, cnt, limit, false, i);
-    if (i < 0 || cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y,
-                                                         fp[i].algo, &sz) != CUDNN_STATUS_SUCCESS) {
+    PICK(fp, cnt, limit, false, i, &sz, FWD_WS);
+    if (i < 0) {
         snprintf(why, whylen, "no forward algorithm (of %d) for this shape", cnt);
         return -1;
     }
@@ -110,9 +116,8 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
         snprintf(why, whylen, "backward-data heuristics: %s", dnn_err(s));
         return -1;
     }
-    PICK(dp, cnt, limit, true, i);
-    if (i < 0 || cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x,
-                                                              dp[i].algo, &sz) != CUDNN_STATUS_SUCCESS) {
+    PICK(dp, cnt, limit, true, i, &sz, DATA_WS);
+    if (i < 0) {
         snprintf(why, whylen, "no backward-data algorithm (of %d) for this shape", cnt);
         return -1;
     }
@@ -125,12 +130,14 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
         snprintf(why, whylen, "backward-filter heuristics: %s", dnn_err(s));
         return -1;
     }
-    PICK(wp, cnt, limit, true, i);
-    if (i < 0 || cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                     h, p->x, p->y, p->conv, p->w, wp[i].algo, &sz) != CUDNN_STATUS_SUCCESS) {
+    PICK(wp, cnt, limit, true, i, &sz, FILTER_WS);
+    if (i < 0) {
         snprintf(why, whylen, "no backward-filter algorithm (of %d) for this shape", cnt);
         return -1;
     }
+#undef FWD_WS
+#undef DATA_WS
+#undef FILTER_WS
     a->bwd_filter = wp[i].algo, ws = sz > ws ? sz : ws;
     det = det && wp[i].determinism == CUDNN_DETERMINISTIC;
     if (!det && !p->nondet_warned) {
@@ -233,6 +240,7 @@ fl_conv_plan *cuda_conv_plan_create(const fl_conv_desc *d) {
         fl_fail(FL_ESTATE, "cuda conv: plan before device_bind (bind a GPU first)");
         return NULL;
     }
+    cuda_here();
     fl_conv_plan *p = calloc(1, sizeof *p);
     if (!p) {
         fl_fail(FL_ENOMEM, "cuda conv: out of memory for a plan");
@@ -279,6 +287,7 @@ size_t cuda_conv_scratch_bytes(const fl_conv_plan *p) { return p->ws; }
 /* The algorithms for n images (descriptors set to n): cached, or chosen within the plan's
  * workspace on first use. */
 static const algos *for_batch(fl_conv_plan *p, int64_t n, const char *op) {
+    cuda_here();
     if (n < 1 || n > p->d.max_batch)
         cuda_fatal(op, "the batch check", "n is not in 1 .. max_batch", __FILE__, __LINE__);
     DNN_CHECK(op, set_batch(p, n));

@@ -30,7 +30,17 @@ void cuda_bad_dtype(const char *op, fl_dtype t) {
     cuda_fatal(op, "the dtype check", what, __FILE__, __LINE__);
 }
 
-void cuda_sync(const char *op) { CU_CHECK(op, cudaStreamSynchronize(cuda_g.stream)); }
+void cuda_sync(const char *op) { CU_CHECK(op, cudaStreamSynchronize(cuda_stream())); }
+
+__thread int cuda_tl_device = -1;
+
+void cuda_enter(void) {
+    if (!cuda_g.bound)
+        cuda_fatal("an op", "the device check", "called before device_bind (bind a GPU first)",
+                   __FILE__, __LINE__);
+    CU_CHECK("making the bound device this thread's", cudaSetDevice(cuda_g.device));
+    cuda_tl_device = cuda_g.device;
+}
 
 /* --- device_bind --- */
 
@@ -77,6 +87,7 @@ static int cuda_device_bind(int ordinal) {
     if (e != cudaSuccess)
         return fl_fail(FL_EIO, "CUDA device %d of %d: cudaSetDevice: %s", ordinal, count,
                        cudaGetErrorString(e));
+    cuda_tl_device = ordinal;
     cudaStream_t st = NULL;
     cublasHandle_t blas = NULL;
     cudnnHandle_t dnn = NULL;
@@ -119,9 +130,9 @@ static int cuda_device_bind(int ordinal) {
     cuda_g.dnn = dnn;
     return FL_OK;
 fail:
-    cuda_g.bound = false;
     release(st, blas, dnn, ws);
     memset(&cuda_g, 0, sizeof cuda_g);
+    cuda_tl_device = -1;
     return fl_fail(FL_EIO, "CUDA device %d of %d: %s: %s", ordinal, count, call, why);
 }
 
@@ -129,14 +140,17 @@ fail:
 
 static fl_stream *cuda_stream_create(void) {
     cuda_require_bound("stream_create");
+    cuda_here();
     cudaStream_t s;
     CU_CHECK("stream_create", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return (fl_stream *)s;
 }
 
 static void cuda_stream_free(fl_stream *s) {
-    if (s)
+    if (s) {
+        cuda_here();
         CU_CHECK("stream_free", cudaStreamDestroy((cudaStream_t)s));
+    }
 }
 
 static void cuda_stream_sync(fl_stream *s) {
@@ -145,14 +159,17 @@ static void cuda_stream_sync(fl_stream *s) {
 
 static fl_event *cuda_event_create(void) {
     cuda_require_bound("event_create");
+    cuda_here();
     cudaEvent_t e;
     CU_CHECK("event_create", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return (fl_event *)e;
 }
 
 static void cuda_event_free(fl_event *e) {
-    if (e)
+    if (e) {
+        cuda_here();
         CU_CHECK("event_free", cudaEventDestroy((cudaEvent_t)e));
+    }
 }
 
 static void cuda_event_record(fl_event *e, fl_stream *s) {
@@ -164,6 +181,7 @@ static void cuda_event_wait(fl_stream *s, fl_event *e) {
 }
 
 static void cuda_event_sync(fl_event *e) {
+    cuda_here();
     CU_CHECK("event_sync", cudaEventSynchronize((cudaEvent_t)e));
 }
 

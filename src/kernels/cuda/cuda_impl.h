@@ -45,8 +45,22 @@ void cuda_fatal(const char *op, const char *call, const char *what, const char *
 void cuda_require_bound(const char *op);
 /* t must be f32 or f64 */
 void cuda_bad_dtype(const char *op, fl_dtype t) __attribute__((noreturn));
-/* The stream an fl_stream stands for (NULL: the backend's). */
+/* The CUDA runtime's current device is per host thread: every op first makes the bound device
+ * current on the calling thread (once per thread), so threads other than the one that called
+ * device_bind (a comm thread staging buckets) run on the same device. */
+extern __thread int cuda_tl_device;
+void cuda_enter(void);
+static inline void cuda_here(void) {
+    if (cuda_tl_device != cuda_g.device)
+        cuda_enter();
+}
+/* The backend's stream, and the one an fl_stream stands for (NULL: the backend's). */
+static inline cudaStream_t cuda_stream(void) {
+    cuda_here();
+    return cuda_g.stream;
+}
 static inline cudaStream_t cuda_stream_of(fl_stream *s) {
+    cuda_here();
     return s ? (cudaStream_t)s : cuda_g.stream;
 }
 /* Waits for the backend's stream (the ops that return a value to the host). */

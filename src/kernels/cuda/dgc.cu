@@ -54,7 +54,7 @@ extern "C" void cuda_dgc_accumulate(int64_t n, const float *grad, const float *w
                                     float *v, const fl_dgc_accum_args *a) {
     if (n <= 0)
         return;
-    accumulate_k<<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(n, grad, w, u, v, accum_of(a));
+    accumulate_k<<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, grad, w, u, v, accum_of(a));
     CU_LAUNCHED("dgc_accumulate");
 }
 
@@ -219,18 +219,18 @@ static int64_t select_top(int64_t n, const float *v, int64_t k, int32_t *idx, bo
     sel_state init;
     memset(&init, 0, sizeof init);
     init.kk = (uint32_t)k;
-    CU_CHECK(op, cudaMemcpyAsync(st, &init, sizeof init, cudaMemcpyHostToDevice, cuda_g.stream));
+    CU_CHECK(op, cudaMemcpyAsync(st, &init, sizeof init, cudaMemcpyHostToDevice, cuda_stream()));
     unsigned hb = blocks_for(n) < 1024 ? blocks_for(n) : 1024;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        hist_k<<<hb, 256, 0, cuda_g.stream>>>(v, n, shift, st);
-        pick_k<<<1, 1, 0, cuda_g.stream>>>(st, shift);
+        hist_k<<<hb, 256, 0, cuda_stream()>>>(v, n, shift, st);
+        pick_k<<<1, 1, 0, cuda_stream()>>>(st, shift);
     }
-    count_k<<<(unsigned)tiles, 256, 0, cuda_g.stream>>>(v, n, st, cnt);
-    scan_k<<<1, 1024, 0, cuda_g.stream>>>(cnt, tiles, st, (uint32_t)k);
-    scatter_k<<<(unsigned)tiles, 256, 0, cuda_g.stream>>>(v, n, cnt, st, lowest, idx);
+    count_k<<<(unsigned)tiles, 256, 0, cuda_stream()>>>(v, n, st, cnt);
+    scan_k<<<1, 1024, 0, cuda_stream()>>>(cnt, tiles, st, (uint32_t)k);
+    scatter_k<<<(unsigned)tiles, 256, 0, cuda_stream()>>>(v, n, cnt, st, lowest, idx);
     CU_LAUNCHED(op);
     sel_state out;
-    CU_CHECK(op, cudaMemcpyAsync(&out, st, sizeof out, cudaMemcpyDeviceToHost, cuda_g.stream));
+    CU_CHECK(op, cudaMemcpyAsync(&out, st, sizeof out, cudaMemcpyDeviceToHost, cuda_stream()));
     cuda_sync(op);
     cuda_put(buf);
     int64_t got = (int64_t)out.above + out.take;
@@ -285,7 +285,7 @@ extern "C" void cuda_dgc_encode(const int32_t *idx, int64_t count, int64_t base,
                                 float *u, fl_dgc_pair *pairs) {
     if (count <= 0)
         return;
-    encode_k<<<blocks_for(count), THREADS, 0, cuda_g.stream>>>(idx, count, base, v, u, pairs);
+    encode_k<<<blocks_for(count), THREADS, 0, cuda_stream()>>>(idx, count, base, v, u, pairs);
     CU_LAUNCHED("dgc_encode");
 }
 
@@ -358,7 +358,7 @@ static void pairs_run(const fl_dgc_pair *pairs, int64_t n, int nseg, const int64
     CU_CHECK(op, cub::DeviceRadixSort::SortPairs(NULL, temp, (const uint32_t *)NULL,
                                                  (uint32_t *)NULL, (const int32_t *)NULL,
                                                  (int32_t *)NULL, (int)n, 0, end_bit,
-                                                 cuda_g.stream));
+                                                 cuda_stream()));
     size_t temp_off = meta + 4 * kb;
     temp_off = (temp_off + 255) & ~(size_t)255;
     char *buf = (char *)cuda_get(temp_off + temp, op);
@@ -366,13 +366,13 @@ static void pairs_run(const fl_dgc_pair *pairs, int64_t n, int nseg, const int64
     float *const *dseg = (float *const *)(buf + (size_t)(nseg + 1) * sizeof(int64_t));
     uint32_t *k0 = (uint32_t *)(buf + meta), *k1 = k0 + n;
     int32_t *p0 = (int32_t *)(k1 + n), *p1 = p0 + n;
-    CU_CHECK(op, cudaMemcpyAsync(buf, host, meta, cudaMemcpyHostToDevice, cuda_g.stream));
+    CU_CHECK(op, cudaMemcpyAsync(buf, host, meta, cudaMemcpyHostToDevice, cuda_stream()));
     free(host); /* a pageable source is staged before cudaMemcpyAsync returns */
-    keys_k<<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(pairs, n, k0, p0);
+    keys_k<<<blocks_for(n), THREADS, 0, cuda_stream()>>>(pairs, n, k0, p0);
     CU_LAUNCHED(op);
     CU_CHECK(op, cub::DeviceRadixSort::SortPairs(buf + temp_off, temp, k0, k1, p0, p1, (int)n, 0,
-                                                 end_bit, cuda_g.stream));
-    runs_k<<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(pairs, k1, p1, n, nseg, dstart, dseg,
+                                                 end_bit, cuda_stream()));
+    runs_k<<<blocks_for(n), THREADS, 0, cuda_stream()>>>(pairs, k1, p1, n, nseg, dstart, dseg,
                                                          apply, step);
     CU_LAUNCHED(op);
     cuda_put(buf);
@@ -387,12 +387,12 @@ extern "C" int64_t cuda_dgc_scatter_add(const fl_dgc_pair *pairs, int64_t n, int
         cuda_fatal(op, "the size check", "more than 2^31 pairs", __FILE__, __LINE__);
     unsigned long long *bad = (unsigned long long *)cuda_get(sizeof *bad, op), first = 0;
     unsigned long long init = (unsigned long long)n;
-    CU_CHECK(op, cudaMemcpyAsync(bad, &init, sizeof init, cudaMemcpyHostToDevice, cuda_g.stream));
-    first_bad_k<<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(pairs, n, nseg > 0 ? start[nseg] : 0,
+    CU_CHECK(op, cudaMemcpyAsync(bad, &init, sizeof init, cudaMemcpyHostToDevice, cuda_stream()));
+    first_bad_k<<<blocks_for(n), THREADS, 0, cuda_stream()>>>(pairs, n, nseg > 0 ? start[nseg] : 0,
                                                               bad);
     CU_LAUNCHED(op);
     CU_CHECK(op, cudaMemcpyAsync(&first, bad, sizeof first, cudaMemcpyDeviceToHost,
-                                 cuda_g.stream));
+                                 cuda_stream()));
     cuda_sync(op);
     cuda_put(bad);
     int64_t good = (int64_t)first;
@@ -430,7 +430,7 @@ extern "C" void cuda_dgc_apply_dense(int64_t n, float *w, float *g, float *u, do
                                      double inv_n, double m, bool nesterov, double decay) {
     if (n <= 0)
         return;
-    apply_dense_k<<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(n, w, g, u, lr, inv_n, m,
+    apply_dense_k<<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, w, g, u, lr, inv_n, m,
                                                                 nesterov, decay);
     CU_LAUNCHED("dgc_apply_dense");
 }

@@ -16,7 +16,7 @@ template <class T> __global__ void fill_k(T *x, int64_t n, T v) {
 extern "C" void cuda_fill(fl_dtype t, void *x, int64_t n, double v) {
     if (n <= 0)
         return;
-    DISPATCH_T("fill", t, fill_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>((T *)x, n, (T)v));
+    DISPATCH_T("fill", t, fill_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>((T *)x, n, (T)v));
     CU_LAUNCHED("fill");
 }
 
@@ -42,7 +42,7 @@ extern "C" void cuda_reorder(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int
     if (total <= 0)
         return;
     DISPATCH_T("reorder", t,
-               reorder_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+               reorder_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                    to_nhwc, total, c, hw, (const T *)src, (T *)dst));
     CU_LAUNCHED("reorder");
 }
@@ -58,7 +58,7 @@ extern "C" void cuda_add_bias(fl_dtype t, void *y, const void *bias, int64_t row
     if (total <= 0)
         return;
     DISPATCH_T("add_bias", t,
-               add_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+               add_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                    (T *)y, (const T *)bias, total, cols));
     CU_LAUNCHED("add_bias");
 }
@@ -75,7 +75,7 @@ extern "C" void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, i
     if (total <= 0)
         return;
     DISPATCH_T("conv bias", t,
-               add_channel_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+               add_channel_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                    layout == FL_LAYOUT_NHWC, (T *)y, (const T *)bias, total, c, hw));
     CU_LAUNCHED("conv bias");
 }
@@ -124,7 +124,7 @@ extern "C" void cuda_act_forward(fl_dtype t, fl_act act, const void *x, void *y,
     if (n <= 0 || (act == FL_ACT_NONE && x == y))
         return;
     DISPATCH_T("act_forward", t,
-               act_fwd_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(act, (const T *)x,
+               act_fwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(act, (const T *)x,
                                                                           (T *)y, n));
     CU_LAUNCHED("act_forward");
 }
@@ -135,7 +135,7 @@ extern "C" void cuda_act_backward(fl_dtype t, fl_act act, const void *x, const v
     if (n <= 0 || (act == FL_ACT_NONE && dx == dy))
         return;
     DISPATCH_T("act_backward", t,
-               act_bwd_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(
+               act_bwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
                    act, (const T *)x, (const T *)y, (const T *)dy, (T *)dx, n));
     CU_LAUNCHED("act_backward");
 }
@@ -153,7 +153,7 @@ extern "C" void cuda_axpy(fl_dtype t, int64_t n, double a, const void *x, void *
     if (n <= 0)
         return;
     DISPATCH_T("axpy", t,
-               axpy_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(n, (T)a, (const T *)x,
+               axpy_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (T)a, (const T *)x,
                                                                        (T *)y));
     CU_LAUNCHED("axpy");
 }
@@ -162,7 +162,7 @@ extern "C" void cuda_scale(fl_dtype t, int64_t n, double a, void *x) {
     if (n <= 0)
         return;
     DISPATCH_T("scale", t,
-               scale_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(n, (T)a, (T *)x));
+               scale_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (T)a, (T *)x));
     CU_LAUNCHED("scale");
 }
 
@@ -185,7 +185,7 @@ extern "C" void cuda_sgd_update(fl_dtype t, int64_t n, void *w, const void *g, d
     if (n <= 0)
         return;
     DISPATCH_T("sgd_update", t,
-               sgd_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(n, (T *)w, (const T *)g,
+               sgd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (T *)w, (const T *)g,
                                                                       (T)lr, (T)wd));
     CU_LAUNCHED("sgd_update");
 }
@@ -195,7 +195,7 @@ extern "C" void cuda_momentum_update(fl_dtype t, int64_t n, void *w, const void 
     if (n <= 0)
         return;
     DISPATCH_T("momentum_update", t,
-               momentum_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(
+               momentum_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
                    n, (T *)w, (const T *)g, (T *)v, (T)lr, (T)mu, (T)wd, nesterov));
     CU_LAUNCHED("momentum_update");
 }
@@ -225,7 +225,7 @@ extern "C" void cuda_add_forward(fl_dtype t, const void *a, const void *b, void 
     if (n <= 0)
         return;
     DISPATCH_T("add_forward", t,
-               add_fwd_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(
+               add_fwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
                    (const T *)a, (const T *)b, (T *)y, n, relu));
     CU_LAUNCHED("add_forward");
 }
@@ -235,7 +235,7 @@ extern "C" void cuda_add_backward(fl_dtype t, const void *y, const void *dy, voi
     if (n <= 0 || (!da && !db))
         return;
     DISPATCH_T("add_backward", t,
-               add_bwd_k<T><<<blocks_for(n), THREADS, 0, cuda_g.stream>>>(
+               add_bwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
                    (const T *)y, (const T *)dy, (T *)da, (T *)db, n, relu));
     CU_LAUNCHED("add_backward");
 }
@@ -282,7 +282,7 @@ extern "C" void cuda_dropout_mask(fl_dtype t, uint64_t seed, uint64_t step, doub
         return;
     uint32_t thresh = (uint32_t)(uint64_t)(p * 4294967296.0); /* the CPU's conversion */
     DISPATCH_T("dropout_mask", t,
-               dropout_k<T><<<blocks_for((n + 3) / 4), THREADS, 0, cuda_g.stream>>>(
+               dropout_k<T><<<blocks_for((n + 3) / 4), THREADS, 0, cuda_stream()>>>(
                    (uint32_t)seed, (uint32_t)(seed >> 32), step, thresh, (T)(1.0 / (1.0 - p)),
                    (const T *)in, (T *)out, n));
     CU_LAUNCHED("dropout_mask");
@@ -324,11 +324,11 @@ extern "C" void cuda_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_
     bool nhwc = layout == FL_LAYOUT_NHWC;
     if (forward)
         DISPATCH_T("channel_pad", t,
-                   pad_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+                   pad_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                        nhwc, total, c, h, w, stride, oc, oh, ow, (const T *)x, (T *)y));
     else
         DISPATCH_T("channel_pad", t,
-                   pad_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+                   pad_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                        nhwc, total, c, h, w, stride, oc, oh, ow, (T *)x, (const T *)y));
     CU_LAUNCHED("channel_pad");
 }

@@ -24,13 +24,14 @@ void cuda_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int
     if (m <= 0 || n <= 0)
         return;
     cuda_require_bound("gemm");
+    cuda_here();
     cublasHandle_t h = cuda_g.blas;
     if (k <= 0) { /* no product: C = beta C, row by row (C's padding columns untouched) */
         for (int64_t i = 0; i < m; i++) {
             size_t es = t == FL_DTYPE_F64 ? 8 : 4;
             void *row = (char *)c + (size_t)(i * ldc) * es;
             if (beta == 0)
-                CU_CHECK("gemm", cudaMemsetAsync(row, 0, (size_t)n * es, cuda_g.stream));
+                CU_CHECK("gemm", cudaMemsetAsync(row, 0, (size_t)n * es, cuda_stream()));
             else if (beta != 1)
                 cuda_scale(t, n, beta, row);
         }

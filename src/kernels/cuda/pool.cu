@@ -109,7 +109,7 @@ extern "C" void cuda_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, in
     if (total <= 0)
         return;
     DISPATCH_T("pool_forward", t,
-               pool_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+               pool_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                    geom(g), layout == FL_LAYOUT_NHWC, pool == FL_POOL_MAX, total, (const T *)x,
                    (T *)y));
     CU_LAUNCHED("pool_forward");
@@ -123,7 +123,7 @@ extern "C" void cuda_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, i
     if (total <= 0)
         return;
     DISPATCH_T("pool_backward", t,
-               pool_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+               pool_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                    geom(g), layout == FL_LAYOUT_NHWC, pool == FL_POOL_MAX, total, (const T *)x,
                    (const T *)dy, (T *)dx));
     CU_LAUNCHED("pool_backward");

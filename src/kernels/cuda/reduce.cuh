@@ -11,7 +11,7 @@
 
 /* Copies bytes from the device to the host and waits (the ops that return a value). */
 static inline void fetch(void *host, const void *dev, size_t bytes, const char *op) {
-    CU_CHECK(op, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, cuda_g.stream));
+    CU_CHECK(op, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, cuda_stream()));
     cuda_sync(op);
 }
 
@@ -45,9 +45,9 @@ template <class F> static void sum_into(F f, int64_t n, double *out, const char 
     per = per < 8192 ? 8192 : per;
     int64_t nb = n > 0 ? (n + per - 1) / per : 1;
     double *part = (double *)cuda_get((size_t)nb * sizeof(double), op);
-    sum_part_k<<<(unsigned)nb, THREADS, 0, cuda_g.stream>>>(f, n, per, part);
+    sum_part_k<<<(unsigned)nb, THREADS, 0, cuda_stream()>>>(f, n, per, part);
     CU_LAUNCHED(op);
-    sum_final_k<double><<<1, THREADS, 0, cuda_g.stream>>>(part, nb, out);
+    sum_final_k<double><<<1, THREADS, 0, cuda_stream()>>>(part, nb, out);
     CU_LAUNCHED(op);
     cuda_put(part);
 }
@@ -125,14 +125,14 @@ static void colsum(bool planes, F f, G g, int64_t R, int64_t C, const char *op) 
     int64_t S = R > 0 ? (R + rps - 1) / rps : 1;
     double2 *part = (double2 *)cuda_get((size_t)(S * C) * sizeof(double2), op);
     if (planes) {
-        colsum_planes_k<<<dim3((unsigned)C, (unsigned)S), THREADS, 0, cuda_g.stream>>>(f, R, C,
+        colsum_planes_k<<<dim3((unsigned)C, (unsigned)S), THREADS, 0, cuda_stream()>>>(f, R, C,
                                                                                      rps, part);
     } else {
         dim3 grid((unsigned)((C + 31) / 32), (unsigned)S);
-        colsum_rows_k<<<grid, dim3(32, 8), 0, cuda_g.stream>>>(f, R, C, rps, part);
+        colsum_rows_k<<<grid, dim3(32, 8), 0, cuda_stream()>>>(f, R, C, rps, part);
     }
     CU_LAUNCHED(op);
-    colsum_finish_k<<<blocks_for(C), THREADS, 0, cuda_g.stream>>>(part, S, C, g);
+    colsum_finish_k<<<blocks_for(C), THREADS, 0, cuda_stream()>>>(part, S, C, g);
     CU_LAUNCHED(op);
     cuda_put(part);
 }

@@ -48,7 +48,7 @@ struct load_d {
 /* scratch: rows doubles of row losses, then the total, then the bad-label flag */
 static double *row_scratch(int64_t rows, const char *op) {
     double *d = (double *)cuda_get((size_t)(rows + 2) * sizeof(double), op);
-    CU_CHECK(op, cudaMemsetAsync(d + rows + 1, 0, sizeof(double), cuda_g.stream));
+    CU_CHECK(op, cudaMemsetAsync(d + rows + 1, 0, sizeof(double), cuda_stream()));
     return d;
 }
 
@@ -63,7 +63,7 @@ extern "C" double cuda_softmax_xent_forward(fl_dtype t, const void *logits,
     double *d = row_scratch(rows, op);
     int *bad = (int *)(d + rows + 1);
     DISPATCH_T(op, t,
-               xent_fwd_k<T><<<(unsigned)rows, THREADS, 0, cuda_g.stream>>>(
+               xent_fwd_k<T><<<(unsigned)rows, THREADS, 0, cuda_stream()>>>(
                    (const T *)logits, labels, (T *)probs, classes, d, bad));
     CU_LAUNCHED(op);
     sum_into(load_d{d}, rows, d + rows, op);
@@ -95,7 +95,7 @@ extern "C" void cuda_softmax_xent_backward(fl_dtype t, const void *probs, const 
     if (total <= 0)
         return;
     DISPATCH_T("softmax_xent_backward", t,
-               xent_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+               xent_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                    (const T *)probs, labels, (T *)dlogits, total, classes, (T)scale));
     CU_LAUNCHED("softmax_xent_backward");
 }
@@ -128,7 +128,7 @@ extern "C" double cuda_xent_smooth_term(fl_dtype t, const void *logits, int64_t 
         return 0;
     double *d = row_scratch(rows, op);
     DISPATCH_T(op, t,
-               smooth_term_k<T><<<(unsigned)rows, THREADS, 0, cuda_g.stream>>>(
+               smooth_term_k<T><<<(unsigned)rows, THREADS, 0, cuda_stream()>>>(
                    (const T *)logits, classes, d));
     CU_LAUNCHED(op);
     sum_into(load_d{d}, rows, d + rows, op);
@@ -154,7 +154,7 @@ extern "C" void cuda_xent_smooth_backward(fl_dtype t, const int32_t *labels, voi
     if (total <= 0)
         return;
     DISPATCH_T("xent_smooth_backward", t,
-               smooth_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_g.stream>>>(
+               smooth_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                    labels, (T *)dlogits, total, classes, on, all));
     CU_LAUNCHED("xent_smooth_backward");
 }
