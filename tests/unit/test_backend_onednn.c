@@ -8,6 +8,7 @@
 #include "fleet/backend.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
+#include "backend_cases.h"
 #include "test.h"
 
 #include <stdbool.h>
@@ -127,12 +128,6 @@ static void from_layout(fl_layout l, int64_t n, int64_t c, int64_t hw, const flo
 /* ------------------------------------------------------------------------------------------ */
 /* convolution */
 
-typedef struct conv_case {
-    const char *name;
-    int64_t n, ic, h, w, oc, kh, kw, sh, sw, ph, pw, dh, dw, groups;
-    bool bias;
-    int64_t extra; /* the onednn plan is made for n + extra images (a smaller batch runs) */
-} conv_case;
 
 static void check_conv(const conv_case *cc) {
     fl_conv_desc d = {.dtype = FL_DTYPE_F32, .layout = FL_LAYOUT_NCHW, .oc = cc->oc,
@@ -260,61 +255,12 @@ static void check_conv(const conv_case *cc) {
 }
 
 static void test_conv(void) {
-    static const conv_case cases[] = {
-        /* name, n, ic, h, w, oc, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias, extra */
-        {"3x3 p1, 3 -> 5, batch 1", 1, 3, 9, 8, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, 1},
-        {"1x1, 7 -> 5", 3, 7, 6, 5, 5, 1, 1, 1, 1, 0, 0, 1, 1, 1, false, 1},
-        {"1x1 s2, 5 -> 7", 2, 5, 7, 9, 7, 1, 1, 2, 2, 0, 0, 1, 1, 1, true, 1},
-        {"7x7 s2 p3, 3 -> 8", 2, 3, 19, 17, 8, 7, 7, 2, 2, 3, 3, 1, 1, 1, false, 1},
-        {"3x3 s2 p1, 16 -> 32", 3, 16, 12, 12, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, true, 2},
-        {"3x3 groups 2, 6 -> 10", 2, 6, 8, 7, 10, 3, 3, 1, 1, 1, 1, 1, 1, 2, true, 1},
-        {"3x3 d2 p2, 5 -> 3", 2, 5, 11, 10, 3, 3, 3, 1, 1, 2, 2, 2, 2, 1, false, 1},
-        {"5x3 s(1,3) p(2,0) d(2,1)", 2, 2, 9, 10, 3, 5, 3, 1, 3, 2, 0, 2, 1, 1, true, 1},
-        {"3x3 groups 2 s2 d2, 4 -> 6", 1, 4, 13, 11, 6, 3, 3, 2, 2, 1, 1, 2, 2, 2, false, 2},
-        {"kernel = image", 2, 3, 4, 3, 4, 4, 3, 1, 1, 0, 0, 1, 1, 1, true, 1},
-        {"depthwise 3x3", 2, 8, 7, 7, 8, 3, 3, 1, 1, 1, 1, 1, 1, 8, true, 1},
-        {"resnet-20 3x3, 16 -> 16", 4, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, false, 1},
-        /* the weight gradient's pieces: batch slots of two sizes (10 images in 8 slots), and
-         * output-channel blocks (a large kernel on a small image) */
-        {"3x3, 10 images: slots of 1 and 2", 10, 5, 6, 6, 7, 3, 3, 1, 1, 1, 1, 1, 1, 1, true, 2},
-        {"3x3 on 7x7, 128 -> 64: channel blocks", 3, 128, 7, 7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1,
-         true, 1},
-        /* ResNet-50: the stem, a bottleneck at 56 x 56, a strided 3x3 */
-        {"r50 stem 7x7 s2 p3", 1, 3, 224, 224, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1, false, 0},
-        {"r50 3x3, 64 -> 64", 2, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, false, 0},
-        {"r50 1x1, 256 -> 64", 2, 256, 56, 56, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1, false, 0},
-        {"r50 1x1, 64 -> 256", 2, 64, 56, 56, 256, 1, 1, 1, 1, 0, 0, 1, 1, 1, false, 0},
-        {"r50 3x3 s2, 128 -> 128", 1, 128, 56, 56, 128, 3, 3, 2, 2, 1, 1, 1, 1, 1, false, 1},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_conv(&cases[i]);
-    /* random shapes: kernel 1, 3, 5 or 7, stride 1-2, padding 0 to K/2, dilation 1-2, groups
-     * 1-2, batch 1-3, odd and even channel counts */
-    static const int64_t ks[] = {1, 3, 5, 7};
-    for (int i = 0; i < 8; i++) {
-        conv_case c = {.name = "random"};
+    for (size_t i = 0; i < N_CONV_CASES; i++)
+        check_conv(&conv_cases[i]);
+    for (int i = 0; i < N_CONV_RANDOM; i++) {
+        conv_case c;
         char name[400];
-        c.groups = 1 + (int64_t)fl_rng_below(&rng, 2);
-        c.ic = c.groups * (1 + (int64_t)fl_rng_below(&rng, 9));
-        c.oc = c.groups * (1 + (int64_t)fl_rng_below(&rng, 9));
-        c.kh = ks[fl_rng_below(&rng, 4)], c.kw = ks[fl_rng_below(&rng, 4)];
-        c.sh = 1 + (int64_t)fl_rng_below(&rng, 2), c.sw = 1 + (int64_t)fl_rng_below(&rng, 2);
-        c.dh = 1 + (int64_t)fl_rng_below(&rng, 2), c.dw = 1 + (int64_t)fl_rng_below(&rng, 2);
-        c.ph = (int64_t)fl_rng_below(&rng, (uint64_t)c.kh / 2 + 1);
-        c.pw = (int64_t)fl_rng_below(&rng, (uint64_t)c.kw / 2 + 1);
-        c.h = (c.kh - 1) * c.dh + 1 + (int64_t)fl_rng_below(&rng, 9);
-        c.w = (c.kw - 1) * c.dw + 1 + (int64_t)fl_rng_below(&rng, 9);
-        c.n = 1 + (int64_t)fl_rng_below(&rng, 3);
-        c.bias = fl_rng_below(&rng, 2);
-        c.extra = (int64_t)fl_rng_below(&rng, 2);
-        snprintf(name, sizeof name,
-                 "random %d: n %lld, %lld -> %lld (groups %lld), %lldx%lld, k %lldx%lld "
-                 "s %lld,%lld p %lld,%lld d %lld,%lld%s",
-                 i, (long long)c.n, (long long)c.ic, (long long)c.oc, (long long)c.groups,
-                 (long long)c.h, (long long)c.w, (long long)c.kh, (long long)c.kw,
-                 (long long)c.sh, (long long)c.sw, (long long)c.ph, (long long)c.pw,
-                 (long long)c.dh, (long long)c.dw, c.bias ? ", bias" : "");
-        c.name = name;
+        conv_case_random(&rng, i, &c, name, sizeof name);
         check_conv(&c);
     }
 }
@@ -322,11 +268,6 @@ static void test_conv(void) {
 /* ------------------------------------------------------------------------------------------ */
 /* pooling */
 
-typedef struct pool_case {
-    const char *name;
-    int64_t n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw;
-    bool ties; /* x in {0, 1, 2}, mostly 0 (a ReLU's output, coarsely): windows with ties */
-} pool_case;
 
 static void check_pool(const pool_case *pc, fl_pool pool) {
     fl_conv_geom g = {.c = pc->c, .h = pc->h, .w = pc->w, .kh = pc->kh, .kw = pc->kw,
@@ -384,28 +325,15 @@ static void check_pool(const pool_case *pc, fl_pool pool) {
 }
 
 static void test_pool(void) {
-    static const pool_case cases[] = {
-        /* name, n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ties */
-        {"2x2 stride 2", 2, 5, 8, 7, 2, 2, 2, 2, 0, 0, 1, 1, false},
-        {"3x3 stride 2 pad 1, ties", 2, 7, 9, 10, 3, 3, 2, 2, 1, 1, 1, 1, true},
-        {"3x3 stride 1 pad 1, ties", 1, 3, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, true},
-        {"3x2 stride (1,2) pad (1,0) dilation 2, ties", 2, 17, 9, 8, 3, 2, 1, 2, 1, 0, 2, 2, true},
-        {"1x1 pad 1 (windows in the padding only)", 1, 3, 4, 5, 1, 1, 1, 1, 1, 1, 1, 1, false},
-        {"global 7x7", 2, 64, 7, 7, 7, 7, 1, 1, 0, 0, 1, 1, false},
-        {"r50 3x3 s2 p1, 64 x 112 x 112, ties", 1, 64, 112, 112, 3, 3, 2, 2, 1, 1, 1, 1, true},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        check_pool(&cases[i], FL_POOL_MAX);
-        check_pool(&cases[i], FL_POOL_AVG);
+    for (size_t i = 0; i < N_POOL_CASES; i++) {
+        check_pool(&pool_cases[i], FL_POOL_MAX);
+        check_pool(&pool_cases[i], FL_POOL_AVG);
     }
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* batch norm */
 
-typedef struct bn_case {
-    int64_t n, c, hw;
-} bn_case;
 
 /* copies of the double statistics into float, to compare with check_rel */
 static void to_f32(const double *a, float *b, int64_t n) {
@@ -553,12 +481,8 @@ static void check_bn(const bn_case *bc) {
 }
 
 static void test_bn(void) {
-    static const bn_case cases[] = {
-        {1, 3, 49}, {4, 5, 9}, {2, 7, 1}, {3, 16, 64}, {2, 64, 56 * 56}, {2, 256, 28 * 28},
-        {1, 2048, 7 * 7},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_bn(&cases[i]);
+    for (size_t i = 0; i < N_BN_CASES; i++)
+        check_bn(&bn_cases[i]);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -5,6 +5,7 @@
 #include "fleet/rng.h"
 #include "fleet/status.h"
 #include "fleet/tensor.h"
+#include "backend_cases.h"
 #include "test.h"
 
 #include <stdint.h>
@@ -70,15 +71,13 @@ static int same(const char *what, fl_dtype t, const void *got, const void *want,
 }
 
 static void test_gemm(fl_dtype t) {
-    static const int64_t sizes[][3] = {{0, 3, 4}, {3, 0, 4}, {3, 4, 0},   {1, 1, 1},
-                                       {7, 5, 3}, {2, 9, 1}, {33, 17, 65}, {130, 97, 71},
-                                       {200, 180, 190}};
-    static const double ab[][2] = {{1, 0}, {0.7, -1.3}, {1, 1}, {0, 0.5}};
-    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+    const int64_t(*sizes)[3] = gemm_sizes;
+    const double(*ab)[2] = gemm_ab;
+    for (size_t s = 0; s < sizeof gemm_sizes / sizeof gemm_sizes[0]; s++) {
         int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
         for (int ta = 0; ta < 2; ta++) {
             for (int tb = 0; tb < 2; tb++) {
-                for (size_t c = 0; c < sizeof ab / sizeof ab[0]; c++) {
+                for (size_t c = 0; c < sizeof gemm_ab / sizeof gemm_ab[0]; c++) {
                     if (m * n * k > 100000 && c != 1) // big sizes: one alpha/beta is enough
                         continue;
                     /* non-trivial leading dimensions: 3 padding columns everywhere */
@@ -118,10 +117,6 @@ static void test_gemm(fl_dtype t) {
     }
 }
 
-/* rows x cols shapes: empty, tiny, odd, and above the threshold (with > 256 columns so
- * sum_rows splits columns over threads) */
-static const int64_t shapes2d[][2] = {{0, 5}, {5, 0}, {1, 1}, {3, 7}, {300, 129}, {150, 600}};
-#define NSHAPES2D (sizeof shapes2d / sizeof shapes2d[0])
 
 static void test_bias_and_sum_rows(fl_dtype t) {
     for (size_t s = 0; s < NSHAPES2D; s++) {
@@ -151,9 +146,6 @@ static void test_bias_and_sum_rows(fl_dtype t) {
     }
 }
 
-/* element counts: empty, one, odd, around the OpenMP threshold and well above it */
-static const int64_t counts[] = {0, 1, 7, 1001, 32767, 40000, 100003};
-#define NCOUNTS (sizeof counts / sizeof counts[0])
 
 static void test_activations(fl_dtype t) {
     for (int a = FL_ACT_NONE; a <= FL_ACT_SIGMOID; a++) {
@@ -238,10 +230,8 @@ static void test_axpy_scale(fl_dtype t) {
 }
 
 static void test_reductions(fl_dtype t) {
-    /* 1M + 123 elements spans two groups of chunks */
-    static const int64_t ns[] = {0, 1, 7, 4096, 4097, 40000, (1 << 20) + 123};
-    for (size_t s = 0; s < sizeof ns / sizeof ns[0]; s++) {
-        int64_t n = ns[s];
+    for (size_t s = 0; s < sizeof reduce_ns / sizeof reduce_ns[0]; s++) {
+        int64_t n = reduce_ns[s];
         void *x = rand_buf(t, n, -1, 1.5);
         /* both sum in double, in different orders: error ~ n^(1/2) eps of the sum of |terms| */
         double asum = 0, sq = 0;
@@ -279,9 +269,8 @@ static int32_t *rand_labels(int64_t rows, int64_t classes) {
 }
 
 static void test_softmax(fl_dtype t) {
-    static const int64_t sh[][2] = {{0, 3}, {1, 1}, {5, 2}, {7, 10}, {128, 1000}, {3001, 11}};
-    for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++) {
-        int64_t rows = sh[s][0], classes = sh[s][1], n = rows * classes;
+    for (size_t s = 0; s < sizeof softmax_shapes / sizeof softmax_shapes[0]; s++) {
+        int64_t rows = softmax_shapes[s][0], classes = softmax_shapes[s][1], n = rows * classes;
         for (int huge = 0; huge < 2; huge++) {
             char what[96];
             double scale = huge ? 1e4 : 3; // 1e4: exp would overflow without the max shift

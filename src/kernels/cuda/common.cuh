@@ -1,0 +1,101 @@
+/* common.cuh - what the cuda backend's kernels share: launch sizes, the f32/f64 dispatch, the
+ * fused ReLU's mask, and a fixed-order block reduction in double (a tree over shared memory
+ * whose shape depends on the block size only, so sums are bit-repeatable run to run). */
+#ifndef FLEET_KERNELS_CUDA_COMMON_CUH
+#define FLEET_KERNELS_CUDA_COMMON_CUH
+
+#include "cuda_impl.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define THREADS 256
+
+/* blocks for a grid-stride loop over n items */
+static inline unsigned blocks_for(int64_t n) {
+    int64_t b = (n + THREADS - 1) / THREADS;
+    return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+#define GRID_STRIDE(i, n)                                                                     \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+/* Runs BODY with T = float or double according to t; other dtypes abort naming op. */
+#define DISPATCH_T(op, t, ...)                                                                \
+    do {                                                                                      \
+        if ((t) == FL_DTYPE_F32) {                                                            \
+            typedef float T;                                                                  \
+            __VA_ARGS__;                                                                      \
+        } else if ((t) == FL_DTYPE_F64) {                                                     \
+            typedef double T;                                                                 \
+            __VA_ARGS__;                                                                      \
+        } else {                                                                              \
+            cuda_bad_dtype(op, t);                                                            \
+        }                                                                                     \
+    } while (0)
+
+/* d where y > 0 (y a ReLU's output), on the bits as the CPU's keep_f32 / keep_f64: -0 and
+ * negative y drop d, NaN keeps it */
+__device__ __forceinline__ float relu_keep(float y, float d) {
+    return __float_as_int(y) > 0 ? d : 0.0f;
+}
+__device__ __forceinline__ double relu_keep(double y, double d) {
+    return __double_as_longlong(y) > 0 ? d : 0.0;
+}
+
+/* The sum of v over the block (blockDim.x a power of two <= 1024), valid in thread 0; every
+ * thread must call it. */
+__device__ __forceinline__ double block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s)
+            sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+template <class T> __device__ __forceinline__ T block_max(T v, T *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s)
+            sh[threadIdx.x] = sh[threadIdx.x + s] > sh[threadIdx.x] ? sh[threadIdx.x + s]
+                                                                    : sh[threadIdx.x];
+        __syncthreads();
+    }
+    T r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+/* One element of an (N, C, H, W) batch in a layout: its coordinates from its position in
+ * memory, and its position from them. */
+struct coord4 {
+    int64_t n, c, y, x;
+};
+__host__ __device__ __forceinline__ coord4 coord_of(bool nhwc, int64_t i, int64_t c, int64_t h,
+                                                    int64_t w) {
+    coord4 k;
+    if (nhwc) {
+        k.c = i % c, i /= c;
+        k.x = i % w, i /= w;
+        k.y = i % h, k.n = i / h;
+    } else {
+        k.x = i % w, i /= w;
+        k.y = i % h, i /= h;
+        k.c = i % c, k.n = i / c;
+    }
+    return k;
+}
+__host__ __device__ __forceinline__ int64_t index_of(bool nhwc, int64_t n, int64_t ch,
+                                                     int64_t y, int64_t x, int64_t c, int64_t h,
+                                                     int64_t w) {
+    return nhwc ? ((n * h + y) * w + x) * c + ch : ((n * c + ch) * h + y) * w + x;
+}
+
+#endif /* FLEET_KERNELS_CUDA_COMMON_CUH */

@@ -1,0 +1,374 @@
+/* conv.c - the cuda backend's convolution: cuDNN's legacy API (v9: cudnnConvolutionForward,
+ * BackwardData, BackwardFilter) with descriptors for the plan's layout, groups and dilation;
+ * algorithms from cuDNN's heuristics (_v7), chosen once per batch size (the max batch's at
+ * plan time, a smaller batch's on first use, within the same workspace), deterministic ones
+ * preferred for the backwards; bias and its gradient by fleet's own kernels (fixed-order sums).
+ * Weights stay in PyTorch's (OC, IC / groups, KH, KW) order: cuDNN is given an NCHW filter
+ * with NHWC activations, and where it has no algorithm for that mix the plan keeps an NHWC
+ * (OHWI) copy of the weights, reordered on every call, and reorders the gradient back. */
+#include "cuda_impl.h"
+
+#include <cudnn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WS_CAP ((size_t)256 << 20) /* the most workspace one algorithm may take (max batch) */
+#define NCACHE 8                   /* batch sizes whose algorithms a plan keeps */
+
+typedef struct {
+    int64_t                         n;
+    cudnnConvolutionFwdAlgo_t       fwd;
+    cudnnConvolutionBwdDataAlgo_t   bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+} algos;
+
+struct fl_conv_plan {
+    fl_conv_desc                 d;
+    cudnnDataType_t              dt;
+    cudnnTensorFormat_t          fmt;  /* of the activations */
+    cudnnTensorDescriptor_t      x, y; /* set to each call's batch */
+    cudnnFilterDescriptor_t      w;
+    cudnnConvolutionDescriptor_t conv;
+    bool                         w_nhwc; /* the filter is an OHWI copy in wbuf */
+    void                        *wbuf;   /* OC IC/G KH KW elements (w_nhwc) */
+    size_t                       ws;     /* the workspace every cached choice fits in */
+    algos                        cache[NCACHE];
+    int                          ncache;
+    bool                         nondet_warned;
+};
+
+static const char *dnn_err(cudnnStatus_t s) { return cudnnGetErrorString(s); }
+
+#define DNN_CHECK(op, call)                                                                   \
+    do {                                                                                      \
+        cudnnStatus_t dnn_s_ = (call);                                                        \
+        if (dnn_s_ != CUDNN_STATUS_SUCCESS)                                                   \
+            cuda_fatal((op), #call, dnn_err(dnn_s_), __FILE__, __LINE__);                     \
+    } while (0)
+
+static cudnnStatus_t set_batch(fl_conv_plan *p, int64_t n) {
+    const fl_conv_geom *g = &p->d.g;
+    cudnnStatus_t s = cudnnSetTensor4dDescriptor(p->x, p->fmt, p->dt, (int)n, (int)g->c,
+                                                 (int)g->h, (int)g->w);
+    if (s == CUDNN_STATUS_SUCCESS)
+        s = cudnnSetTensor4dDescriptor(p->y, p->fmt, p->dt, (int)n, (int)p->d.oc, (int)g->oh,
+                                       (int)g->ow);
+    return s;
+}
+
+/* TF32 tensor cores only when FLEET_CUDA_TF32=1 */
+static bool math_ok(const fl_conv_plan *p, cudnnMathType_t m) {
+    return cuda_g.tf32 || p->d.dtype != FL_DTYPE_F32 ||
+           (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+}
+
+/* The first usable result of a heuristic query (best first): success, TF32 only if allowed,
+ * deterministic where det (else any), and a workspace (asked of cuDNN for that algorithm, the
+ * query's figure is only an estimate) within limit; its index into out and its workspace into
+ * *ws, -1 when none. WS(algo, &bytes) is the op's cudnnGet...WorkspaceSize call. */
+#define PICK(perf, cnt, limit, det, out, ws, WS)                                              \
+    do {                                                                                      \
+        (out) = -1;                                                                           \
+        for (int pass = (det) ? 0 : 1; pass < 2 && (out) < 0; pass++)                         \
+            for (int i_ = 0; i_ < (cnt) && (out) < 0; i_++) {                                 \
+                size_t b_ = 0;                                                                \
+                if ((perf)[i_].status == CUDNN_STATUS_SUCCESS && math_ok(p, (perf)[i_].mathType) && \
+                    (pass || (perf)[i_].determinism == CUDNN_DETERMINISTIC) &&                \
+                    WS((perf)[i_].algo, &b_) == CUDNN_STATUS_SUCCESS && b_ <= (limit))        \
+                    (out) = i_, *(ws) = b_;                                                   \
+            }                                                                                 \
+    } while (0)
+
+/* Chooses the three algorithms for n images within limit bytes of workspace each; the largest
+ * workspace they need in *need. 0, or -1 with why filled. */
+static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *need, char *why,
+                  size_t whylen) {
+    cudnnHandle_t h = cuda_g.dnn;
+    cudnnStatus_t s = set_batch(p, n);
+    if (s != CUDNN_STATUS_SUCCESS) {
+        snprintf(why, whylen, "tensor descriptors: %s", dnn_err(s));
+        return -1;
+    }
+    int cnt = 0, i;
+    size_t ws = 0, sz = 0;
+#define FWD_WS(algo, bytes) cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, algo, bytes)
+#define DATA_WS(algo, bytes) cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x, algo, bytes)
+#define FILTER_WS(algo, bytes) cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv, p->w, algo, bytes)
+    cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    s = cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
+                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
+    if (s != CUDNN_STATUS_SUCCESS) {
+        snprintf(why, whylen, "forward heuristics: %s", dnn_err(s));
+        return -1;
+    }
+    PICK(fp, cnt, limit, false, i, &sz, FWD_WS);
+    if (i < 0) {
+        snprintf(why, whylen, "no forward algorithm (of %d) for this shape", cnt);
+        return -1;
+    }
+    a->fwd = fp[i].algo, ws = sz > ws ? sz : ws;
+    cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    s = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
+                                                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, dp);
+    if (s != CUDNN_STATUS_SUCCESS) {
+        snprintf(why, whylen, "backward-data heuristics: %s", dnn_err(s));
+        return -1;
+    }
+    PICK(dp, cnt, limit, true, i, &sz, DATA_WS);
+    if (i < 0) {
+        snprintf(why, whylen, "no backward-data algorithm (of %d) for this shape", cnt);
+        return -1;
+    }
+    a->bwd_data = dp[i].algo, ws = sz > ws ? sz : ws;
+    bool det = dp[i].determinism == CUDNN_DETERMINISTIC;
+    cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    s = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w,
+                                                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp);
+    if (s != CUDNN_STATUS_SUCCESS) {
+        snprintf(why, whylen, "backward-filter heuristics: %s", dnn_err(s));
+        return -1;
+    }
+    PICK(wp, cnt, limit, true, i, &sz, FILTER_WS);
+    if (i < 0) {
+        snprintf(why, whylen, "no backward-filter algorithm (of %d) for this shape", cnt);
+        return -1;
+    }
+#undef FWD_WS
+#undef DATA_WS
+#undef FILTER_WS
+    a->bwd_filter = wp[i].algo, ws = sz > ws ? sz : ws;
+    det = det && wp[i].determinism == CUDNN_DETERMINISTIC;
+    if (!det && !p->nondet_warned) {
+        p->nondet_warned = true;
+        fprintf(stderr, "fleet: cuda conv %lld -> %lld %lldx%lld: cuDNN offers no deterministic "
+                "backward algorithm for this shape; results may vary in the last bits\n",
+                (long long)p->d.g.c, (long long)p->d.oc, (long long)p->d.g.kh,
+                (long long)p->d.g.kw);
+    }
+    a->n = n;
+    *need = ws;
+    return 0;
+}
+
+static void plan_release(fl_conv_plan *p) {
+    if (p->conv)
+        cudnnDestroyConvolutionDescriptor(p->conv);
+    if (p->w)
+        cudnnDestroyFilterDescriptor(p->w);
+    if (p->x)
+        cudnnDestroyTensorDescriptor(p->x);
+    if (p->y)
+        cudnnDestroyTensorDescriptor(p->y);
+    p->conv = NULL, p->w = NULL, p->x = NULL, p->y = NULL;
+}
+
+/* Descriptors with the filter in filter_fmt, and the max batch's algorithms. */
+static int plan_setup(fl_conv_plan *p, cudnnTensorFormat_t filter_fmt, char *why, size_t whylen) {
+    const fl_conv_desc *d = &p->d;
+    const fl_conv_geom *g = &d->g;
+    cudnnStatus_t s;
+    if ((s = cudnnCreateTensorDescriptor(&p->x)) != CUDNN_STATUS_SUCCESS ||
+        (s = cudnnCreateTensorDescriptor(&p->y)) != CUDNN_STATUS_SUCCESS ||
+        (s = cudnnCreateFilterDescriptor(&p->w)) != CUDNN_STATUS_SUCCESS ||
+        (s = cudnnCreateConvolutionDescriptor(&p->conv)) != CUDNN_STATUS_SUCCESS ||
+        (s = cudnnSetFilter4dDescriptor(p->w, p->dt, filter_fmt, (int)d->oc,
+                                        (int)(g->c / d->groups), (int)g->kh, (int)g->kw)) !=
+            CUDNN_STATUS_SUCCESS ||
+        (s = cudnnSetConvolution2dDescriptor(p->conv, (int)g->ph, (int)g->pw, (int)g->sh,
+                                             (int)g->sw, (int)g->dh, (int)g->dw,
+                                             CUDNN_CROSS_CORRELATION, p->dt)) !=
+            CUDNN_STATUS_SUCCESS ||
+        (s = cudnnSetConvolutionGroupCount(p->conv, (int)d->groups)) != CUDNN_STATUS_SUCCESS ||
+        (s = cudnnSetConvolutionMathType(
+             p->conv, d->dtype == FL_DTYPE_F32 ? (cuda_g.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH)
+                                               : CUDNN_DEFAULT_MATH)) != CUDNN_STATUS_SUCCESS) {
+        snprintf(why, whylen, "descriptors: %s", dnn_err(s));
+        return -1;
+    }
+    int on, oc, oh, ow;
+    if ((s = set_batch(p, d->max_batch)) != CUDNN_STATUS_SUCCESS ||
+        (s = cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &on, &oc, &oh, &ow)) !=
+            CUDNN_STATUS_SUCCESS) {
+        snprintf(why, whylen, "descriptors: %s", dnn_err(s));
+        return -1;
+    }
+    if (oc != d->oc || oh != g->oh || ow != g->ow) {
+        snprintf(why, whylen, "cuDNN's output %dx%dx%d differs from %lldx%lldx%lld", oc, oh, ow,
+                 (long long)d->oc, (long long)g->oh, (long long)g->ow);
+        return -1;
+    }
+    size_t need = 0;
+    if (choose(p, d->max_batch, WS_CAP, &p->cache[0], &need, why, whylen))
+        return -1;
+    p->ncache = 1;
+    p->ws = need;
+    return 0;
+}
+
+fl_conv_plan *cuda_conv_plan_create(const fl_conv_desc *d) {
+    const fl_conv_geom *g = &d->g;
+    if (d->dtype != FL_DTYPE_F32 && d->dtype != FL_DTYPE_F64) {
+        fl_fail(FL_EINVAL, "cuda conv: dtype %s: need f32 or f64", fl_dtype_name(d->dtype));
+        return NULL;
+    }
+    fl_conv_geom chk = *g;
+    if (d->max_batch < 1 || d->oc < 1 || d->groups < 1 || g->c % d->groups ||
+        d->oc % d->groups || !fl_conv_geom_out(&chk) || chk.oh != g->oh || chk.ow != g->ow) {
+        fl_fail(FL_ESHAPE,
+                "cuda conv: bad shape: batch %lld, %lld -> %lld channels in %lld groups, "
+                "%lldx%lld input, %lldx%lld window, output %lldx%lld",
+                (long long)d->max_batch, (long long)g->c, (long long)d->oc, (long long)d->groups,
+                (long long)g->h, (long long)g->w, (long long)g->kh, (long long)g->kw,
+                (long long)g->oh, (long long)g->ow);
+        return NULL;
+    }
+    if (d->layout != FL_LAYOUT_NCHW && d->layout != FL_LAYOUT_NHWC) {
+        fl_fail(FL_EINVAL, "cuda conv: unknown layout %d", (int)d->layout);
+        return NULL;
+    }
+    int64_t big = d->max_batch * (g->c > d->oc ? g->c : d->oc) * g->h * g->w;
+    if (d->max_batch > INT_MAX || g->c > INT_MAX || d->oc > INT_MAX || g->h > INT_MAX ||
+        g->w > INT_MAX || big > INT_MAX) {
+        fl_fail(FL_ESHAPE, "cuda conv: %lld images of %lldx%lldx%lld: beyond cuDNN's 32-bit "
+                "sizes", (long long)d->max_batch, (long long)g->c, (long long)g->h,
+                (long long)g->w);
+        return NULL;
+    }
+    if (!cuda_g.bound) {
+        fl_fail(FL_ESTATE, "cuda conv: plan before device_bind (bind a GPU first)");
+        return NULL;
+    }
+    cuda_here();
+    fl_conv_plan *p = calloc(1, sizeof *p);
+    if (!p) {
+        fl_fail(FL_ENOMEM, "cuda conv: out of memory for a plan");
+        return NULL;
+    }
+    p->d = *d;
+    p->dt = d->dtype == FL_DTYPE_F32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
+    p->fmt = d->layout == FL_LAYOUT_NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    char why[256] = "", why2[256] = "";
+    if (!plan_setup(p, CUDNN_TENSOR_NCHW, why, sizeof why))
+        return p;
+    plan_release(p);
+    if (d->layout == FL_LAYOUT_NHWC && !plan_setup(p, CUDNN_TENSOR_NHWC, why2, sizeof why2)) {
+        size_t nw = (size_t)(d->oc * (g->c / d->groups) * g->kh * g->kw) *
+                    (d->dtype == FL_DTYPE_F64 ? 8 : 4);
+        if ((p->wbuf = cuda_alloc(nw))) {
+            p->w_nhwc = true;
+            return p;
+        }
+        snprintf(why2, sizeof why2, "%s", fl_errmsg());
+    }
+    plan_release(p);
+    free(p);
+    fl_fail(FL_EUNSUPPORTED, "cuda conv %s %s: %lld -> %lld channels (groups %lld), %lldx%lld "
+            "input, %lldx%lld window, stride %lldx%lld, dilation %lldx%lld: cuDNN: %s%s%s",
+            fl_dtype_name(d->dtype), fl_layout_name(d->layout), (long long)g->c,
+            (long long)d->oc, (long long)d->groups, (long long)g->h, (long long)g->w,
+            (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw,
+            (long long)g->dh, (long long)g->dw, why, why2[0] ? "; with an NHWC filter: " : "",
+            why2);
+    return NULL;
+}
+
+void cuda_conv_plan_free(fl_conv_plan *p) {
+    if (!p)
+        return;
+    plan_release(p);
+    cuda_free(p->wbuf);
+    free(p);
+}
+
+size_t cuda_conv_scratch_bytes(const fl_conv_plan *p) { return p->ws; }
+
+/* The algorithms for n images (descriptors set to n): cached, or chosen within the plan's
+ * workspace on first use. */
+static const algos *for_batch(fl_conv_plan *p, int64_t n, const char *op) {
+    cuda_here();
+    if (n < 1 || n > p->d.max_batch)
+        cuda_fatal(op, "the batch check", "n is not in 1 .. max_batch", __FILE__, __LINE__);
+    DNN_CHECK(op, set_batch(p, n));
+    for (int i = 0; i < p->ncache; i++)
+        if (p->cache[i].n == n)
+            return &p->cache[i];
+    algos a;
+    size_t need = 0;
+    char why[256];
+    if (choose(p, n, p->ws, &a, &need, why, sizeof why))
+        cuda_fatal(op, "choosing cuDNN algorithms for a smaller batch", why, __FILE__, __LINE__);
+    int slot = p->ncache < NCACHE ? p->ncache++ : NCACHE - 1; /* slot 0: the max batch */
+    p->cache[slot] = a;
+    DNN_CHECK(op, set_batch(p, n));
+    return &p->cache[slot];
+}
+
+/* alpha and beta in the data's type */
+typedef union {
+    float  f;
+    double d;
+} scalar;
+static scalar sc(const fl_conv_plan *p, double v) {
+    scalar s;
+    if (p->d.dtype == FL_DTYPE_F64)
+        s.d = v;
+    else
+        s.f = (float)v;
+    return s;
+}
+
+/* the weights as cuDNN's filter: w itself, or its OHWI copy */
+static const void *filter_of(fl_conv_plan *p, const void *w) {
+    if (!p->w_nhwc)
+        return w;
+    const fl_conv_geom *g = &p->d.g;
+    cuda_reorder(p->d.dtype, true, p->d.oc, g->c / p->d.groups, g->kh * g->kw, w, p->wbuf);
+    return p->wbuf;
+}
+
+void cuda_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
+                       const void *bias, void *y, void *scratch) {
+    const algos *a = for_batch(p, n, "conv_forward");
+    scalar one = sc(p, 1), zero = sc(p, 0);
+    const void *f = filter_of(p, w);
+    DNN_CHECK("conv_forward",
+              cudnnConvolutionForward(cuda_g.dnn, &one, p->x, x, p->w, f, p->conv, a->fwd,
+                                      scratch, p->ws, &zero, p->y, y));
+    if (bias)
+        cuda_add_channel_bias(p->d.dtype, p->d.layout, n, p->d.oc, p->d.g.oh * p->d.g.ow, y,
+                              bias);
+}
+
+void cuda_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const void *w, void *dx,
+                             void *scratch) {
+    const algos *a = for_batch(p, n, "conv_backward_data");
+    scalar one = sc(p, 1), zero = sc(p, 0);
+    const void *f = filter_of(p, w);
+    DNN_CHECK("conv_backward_data",
+              cudnnConvolutionBackwardData(cuda_g.dnn, &one, p->w, f, p->y, dy, p->conv,
+                                           a->bwd_data, scratch, p->ws, &zero, p->x, dx));
+}
+
+void cuda_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
+                               void *dw, void *dbias, bool accumulate, void *scratch) {
+    const algos *a = for_batch(p, n, "conv_backward_filter");
+    const fl_conv_geom *g = &p->d.g;
+    scalar one = sc(p, 1), beta = sc(p, accumulate ? 1 : 0);
+    int64_t icg = g->c / p->d.groups, khw = g->kh * g->kw;
+    void *out = dw;
+    if (p->w_nhwc) { /* into the OHWI copy (holding dw when adding), then back */
+        out = p->wbuf;
+        if (accumulate)
+            cuda_reorder(p->d.dtype, true, p->d.oc, icg, khw, dw, out);
+    }
+    DNN_CHECK("conv_backward_filter",
+              cudnnConvolutionBackwardFilter(cuda_g.dnn, &one, p->x, x, p->y, dy, p->conv,
+                                             a->bwd_filter, scratch, p->ws, &beta, p->w, out));
+    if (p->w_nhwc)
+        cuda_reorder(p->d.dtype, false, p->d.oc, icg, khw, out, dw);
+    if (dbias)
+        cuda_sum_channels(p->d.dtype, p->d.layout, n, p->d.oc, g->oh * g->ow, dy, dbias,
+                          accumulate);
+}

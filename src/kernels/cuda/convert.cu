@@ -1,0 +1,46 @@
+/* convert.cu - f32 <-> f16 / bf16 conversion kernels (convert.h), with CUDA's round-to-nearest-
+ * even intrinsics, for mixed precision's master weights and loss-scaled gradients. */
+#include "common.cuh"
+#include "convert.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+template <class D, class S, class F> __global__ void convert_k(D *dst, const S *src, int64_t n, F f) {
+    GRID_STRIDE(i, n) dst[i] = f(src[i]);
+}
+
+struct to_f16 {
+    __device__ __half operator()(float x) const { return __float2half_rn(x); }
+};
+struct to_bf16 {
+    __device__ __nv_bfloat16 operator()(float x) const { return __float2bfloat16_rn(x); }
+};
+struct from_f16 {
+    __device__ float operator()(__half x) const { return __half2float(x); }
+};
+struct from_bf16 {
+    __device__ float operator()(__nv_bfloat16 x) const { return __bfloat162float(x); }
+};
+
+extern "C" int fl_cuda_convert(fl_dtype dst_t, void *dst, fl_dtype src_t, const void *src,
+                               int64_t n, fl_stream *s) {
+    if (n <= 0)
+        return FL_OK;
+    cuda_require_bound("convert");
+    cudaStream_t st = cuda_stream_of(s);
+    unsigned b = blocks_for(n);
+    if (src_t == FL_DTYPE_F32 && dst_t == FL_DTYPE_F16)
+        convert_k<<<b, THREADS, 0, st>>>((__half *)dst, (const float *)src, n, to_f16());
+    else if (src_t == FL_DTYPE_F32 && dst_t == FL_DTYPE_BF16)
+        convert_k<<<b, THREADS, 0, st>>>((__nv_bfloat16 *)dst, (const float *)src, n, to_bf16());
+    else if (src_t == FL_DTYPE_F16 && dst_t == FL_DTYPE_F32)
+        convert_k<<<b, THREADS, 0, st>>>((float *)dst, (const __half *)src, n, from_f16());
+    else if (src_t == FL_DTYPE_BF16 && dst_t == FL_DTYPE_F32)
+        convert_k<<<b, THREADS, 0, st>>>((float *)dst, (const __nv_bfloat16 *)src, n, from_bf16());
+    else
+        return fl_fail(FL_EINVAL, "cuda convert: %s -> %s: only f32 <-> f16 and f32 <-> bf16",
+                       fl_dtype_name(src_t), fl_dtype_name(dst_t));
+    CU_LAUNCHED("convert");
+    return FL_OK;
+}

@@ -1,0 +1,254 @@
+/* cuda.c - the fl_backend_cuda() table: binding the device (stream, cuBLAS and cuDNN handles,
+ * made once by device_bind), streams and events as real cudaStream_t / cudaEvent_t, and the
+ * fatal-error path of device failures. The ops live in the files beside it (cuda_impl.h). */
+#include "cuda_impl.h"
+
+#include <cublas_v2.h>
+#include <cudnn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+cuda_ctx cuda_g;
+
+void cuda_fatal(const char *op, const char *call, const char *what, const char *file, int line) {
+    fprintf(stderr, "fleet: cuda backend: %s: %s failed: %s (%s:%d)\n", op, call, what, file,
+            line);
+    fflush(stderr);
+    abort();
+}
+
+void cuda_require_bound(const char *op) {
+    if (!cuda_g.bound)
+        cuda_fatal(op, "the op", "called before device_bind (bind a GPU first)", __FILE__,
+                   __LINE__);
+}
+
+void cuda_bad_dtype(const char *op, fl_dtype t) {
+    char what[64];
+    snprintf(what, sizeof what, "dtype %d is not f32 or f64", (int)t);
+    cuda_fatal(op, "the dtype check", what, __FILE__, __LINE__);
+}
+
+void cuda_sync(const char *op) { CU_CHECK(op, cudaStreamSynchronize(cuda_stream())); }
+
+__thread int cuda_tl_device = -1;
+
+void cuda_enter(void) {
+    if (!cuda_g.bound)
+        cuda_fatal("an op", "the device check", "called before device_bind (bind a GPU first)",
+                   __FILE__, __LINE__);
+    CU_CHECK("making the bound device this thread's", cudaSetDevice(cuda_g.device));
+    cuda_tl_device = cuda_g.device;
+}
+
+/* --- device_bind --- */
+
+#define CUBLAS_WORKSPACE (32u << 20) /* cuBLAS's workspace, ours so no cudaMalloc in a step */
+
+static void release(cudaStream_t st, cublasHandle_t blas, cudnnHandle_t dnn, void *ws) {
+    if (dnn)
+        cudnnDestroy(dnn);
+    if (blas)
+        cublasDestroy(blas);
+    if (ws)
+        cuda_free(ws);
+    if (st)
+        cudaStreamDestroy(st);
+}
+
+static int cuda_device_bind(int ordinal) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fl_fail(FL_EIO,
+                       "CUDA device %d: no CUDA device: cudaGetDeviceCount says %s (%s); a GPU "
+                       "and its driver are needed for the cuda backend",
+                       ordinal, cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    if (count == 0)
+        return fl_fail(FL_EIO, "CUDA device %d: no CUDA device: cudaGetDeviceCount says 0 "
+                       "devices", ordinal);
+    if (ordinal < 0 || ordinal >= count) {
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        return fl_fail(FL_EINVAL,
+                       "CUDA device %d does not exist: %d device(s) visible (ordinals 0 to %d; "
+                       "CUDA_VISIBLE_DEVICES=%s)",
+                       ordinal, count, count - 1, vis ? vis : "(unset)");
+    }
+    if (cuda_g.bound) {
+        if (ordinal == cuda_g.device)
+            return FL_OK;
+        return fl_fail(FL_EINVAL, "CUDA device %d: this process is already bound to device %d "
+                       "(one device per process)", ordinal, cuda_g.device);
+    }
+    e = cudaSetDevice(ordinal);
+    if (e != cudaSuccess)
+        return fl_fail(FL_EIO, "CUDA device %d of %d: cudaSetDevice: %s", ordinal, count,
+                       cudaGetErrorString(e));
+    cuda_tl_device = ordinal;
+    cudaStream_t st = NULL;
+    cublasHandle_t blas = NULL;
+    cudnnHandle_t dnn = NULL;
+    void *ws = NULL;
+    const char *call = "";
+    char why[256] = "";
+    if ((e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) != cudaSuccess) {
+        call = "cudaStreamCreate", snprintf(why, sizeof why, "%s", cudaGetErrorString(e));
+        goto fail;
+    }
+    cuda_g.stream = st; /* the allocator's memset runs in it */
+    cuda_g.device = ordinal;
+    cuda_g.bound = true;
+    const char *tf = getenv("FLEET_CUDA_TF32");
+    cuda_g.tf32 = tf && tf[0] == '1';
+    cublasStatus_t bs;
+    if ((bs = cublasCreate(&blas)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasSetStream(blas, st)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cublasSetMathMode(blas, cuda_g.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                  : CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
+        call = "cuBLAS set-up", snprintf(why, sizeof why, "%s", cublasGetStatusString(bs));
+        goto fail;
+    }
+    ws = cuda_alloc(CUBLAS_WORKSPACE);
+    if (!ws) {
+        call = "the cuBLAS workspace", snprintf(why, sizeof why, "%s", fl_errmsg());
+        goto fail;
+    }
+    if ((bs = cublasSetWorkspace(blas, ws, CUBLAS_WORKSPACE)) != CUBLAS_STATUS_SUCCESS) {
+        call = "cublasSetWorkspace", snprintf(why, sizeof why, "%s", cublasGetStatusString(bs));
+        goto fail;
+    }
+    cudnnStatus_t ds;
+    if ((ds = cudnnCreate(&dnn)) != CUDNN_STATUS_SUCCESS ||
+        (ds = cudnnSetStream(dnn, st)) != CUDNN_STATUS_SUCCESS) {
+        call = "cuDNN set-up", snprintf(why, sizeof why, "%s", cudnnGetErrorString(ds));
+        goto fail;
+    }
+    cuda_g.blas = blas;
+    cuda_g.dnn = dnn;
+    return FL_OK;
+fail:
+    release(st, blas, dnn, ws);
+    memset(&cuda_g, 0, sizeof cuda_g);
+    cuda_tl_device = -1;
+    return fl_fail(FL_EIO, "CUDA device %d of %d: %s: %s", ordinal, count, call, why);
+}
+
+/* --- streams and events --- */
+
+static fl_stream *cuda_stream_create(void) {
+    cuda_require_bound("stream_create");
+    cuda_here();
+    cudaStream_t s;
+    CU_CHECK("stream_create", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return (fl_stream *)s;
+}
+
+static void cuda_stream_free(fl_stream *s) {
+    if (s) {
+        cuda_here();
+        CU_CHECK("stream_free", cudaStreamDestroy((cudaStream_t)s));
+    }
+}
+
+static void cuda_stream_sync(fl_stream *s) {
+    CU_CHECK("stream_sync", cudaStreamSynchronize(cuda_stream_of(s)));
+}
+
+static fl_event *cuda_event_create(void) {
+    cuda_require_bound("event_create");
+    cuda_here();
+    cudaEvent_t e;
+    CU_CHECK("event_create", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return (fl_event *)e;
+}
+
+static void cuda_event_free(fl_event *e) {
+    if (e) {
+        cuda_here();
+        CU_CHECK("event_free", cudaEventDestroy((cudaEvent_t)e));
+    }
+}
+
+static void cuda_event_record(fl_event *e, fl_stream *s) {
+    CU_CHECK("event_record", cudaEventRecord((cudaEvent_t)e, cuda_stream_of(s)));
+}
+
+static void cuda_event_wait(fl_stream *s, fl_event *e) {
+    CU_CHECK("event_wait", cudaStreamWaitEvent(cuda_stream_of(s), (cudaEvent_t)e, 0));
+}
+
+static void cuda_event_sync(fl_event *e) {
+    cuda_here();
+    CU_CHECK("event_sync", cudaEventSynchronize((cudaEvent_t)e));
+}
+
+/* f32 and f64 convolutions run on NCHW (cuDNN's FMA kernels are as fast there); channels-last
+ * is for the f16/bf16 tensor-core kernels to come */
+static fl_layout cuda_preferred_layout(fl_dtype t) {
+    (void)t;
+    return FL_LAYOUT_NCHW;
+}
+
+static const fl_backend cuda_ops = {
+    .name = "cuda",
+    .host_memory = false,
+    .preferred_layout = cuda_preferred_layout,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .copy = cuda_copy,
+    .fill = cuda_fill,
+    .reorder = cuda_reorder,
+    .stream_create = cuda_stream_create,
+    .stream_free = cuda_stream_free,
+    .stream_sync = cuda_stream_sync,
+    .event_create = cuda_event_create,
+    .event_free = cuda_event_free,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .event_sync = cuda_event_sync,
+    .gemm = cuda_gemm,
+    .add_bias = cuda_add_bias,
+    .sum_rows = cuda_sum_rows,
+    .act_forward = cuda_act_forward,
+    .act_backward = cuda_act_backward,
+    .axpy = cuda_axpy,
+    .scale = cuda_scale,
+    .sum = cuda_sum,
+    .sumsq = cuda_sumsq,
+    .softmax_xent_forward = cuda_softmax_xent_forward,
+    .softmax_xent_backward = cuda_softmax_xent_backward,
+    .sgd_update = cuda_sgd_update,
+    .momentum_update = cuda_momentum_update,
+    .conv_plan_create = cuda_conv_plan_create,
+    .conv_plan_free = cuda_conv_plan_free,
+    .conv_scratch_bytes = cuda_conv_scratch_bytes,
+    .conv_forward = cuda_conv_forward,
+    .conv_backward_data = cuda_conv_backward_data,
+    .conv_backward_filter = cuda_conv_backward_filter,
+    .pool_forward = cuda_pool_forward,
+    .pool_backward = cuda_pool_backward,
+    .bn_forward = cuda_bn_forward,
+    .bn_backward = cuda_bn_backward,
+    .add_forward = cuda_add_forward,
+    .add_backward = cuda_add_backward,
+    .dropout_mask = cuda_dropout_mask,
+    .channel_pad = cuda_channel_pad,
+    .xent_smooth_term = cuda_xent_smooth_term,
+    .xent_smooth_backward = cuda_xent_smooth_backward,
+    .dgc_accumulate = cuda_dgc_accumulate,
+    .dgc_select_exact = cuda_dgc_select_exact,
+    .dgc_accumulate_select = cuda_dgc_accumulate_select,
+    .dgc_encode = cuda_dgc_encode,
+    .dgc_scatter_add = cuda_dgc_scatter_add,
+    .dgc_apply_pairs = cuda_dgc_apply_pairs,
+    .dgc_apply_dense = cuda_dgc_apply_dense,
+    .im2col = NULL, /* building blocks of the cpu table's convolution */
+    .col2im = NULL,
+    .device_bind = cuda_device_bind,
+    .memory_peak = cuda_memory_peak,
+};
+
+const fl_backend *fl_backend_cuda(void) { return &cuda_ops; }

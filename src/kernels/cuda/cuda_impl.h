@@ -1,0 +1,172 @@
+/* cuda_impl.h - private to the cuda backend: the one device context (stream, cuBLAS and cuDNN
+ * handles, made by device_bind), the checks that turn a failed CUDA, cuBLAS or cuDNN call into a
+ * fatal error naming the call and the op, the allocator's internal scratch, and the per-file
+ * entry points that cuda.c gathers into fl_backend_cuda(). C and C++ (nvcc) both include it. */
+#ifndef FLEET_KERNELS_CUDA_IMPL_H
+#define FLEET_KERNELS_CUDA_IMPL_H
+
+#include "fleet/backend.h"
+#include "fleet/status.h"
+
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The process's device, bound once (device_bind). Every op runs in `stream`, which cuBLAS and
+ * cuDNN are set to; NULL fl_stream means this stream. */
+typedef struct cuda_ctx {
+    bool                  bound;
+    int                   device;
+    cudaStream_t          stream;
+    struct cublasContext *blas; /* cublasHandle_t */
+    struct cudnnContext  *dnn;  /* cudnnHandle_t */
+    bool                  tf32; /* FLEET_CUDA_TF32=1: TF32 tensor cores for f32 gemm and conv */
+} cuda_ctx;
+extern cuda_ctx cuda_g;
+
+/* Prints "fleet: cuda backend: OP: CALL failed: WHAT (file:line)" and aborts: a device error
+ * inside an op that returns nothing (docs/backends.md, "cuda"). */
+void cuda_fatal(const char *op, const char *call, const char *what, const char *file, int line)
+    __attribute__((noreturn));
+#define CU_CHECK(op, call)                                                                   \
+    do {                                                                                     \
+        cudaError_t cu_e_ = (call);                                                          \
+        if (cu_e_ != cudaSuccess)                                                            \
+            cuda_fatal((op), #call, cudaGetErrorString(cu_e_), __FILE__, __LINE__);          \
+    } while (0)
+/* after a kernel launch: a bad configuration shows here, a fault at the next sync */
+#define CU_LAUNCHED(op) CU_CHECK(op, cudaGetLastError())
+/* the ops that run before device_bind abort naming it */
+void cuda_require_bound(const char *op);
+/* t must be f32 or f64 */
+void cuda_bad_dtype(const char *op, fl_dtype t) __attribute__((noreturn));
+/* The CUDA runtime's current device is per host thread: every op first makes the bound device
+ * current on the calling thread (once per thread), so threads other than the one that called
+ * device_bind (a comm thread staging buckets) run on the same device. */
+extern __thread int cuda_tl_device;
+void cuda_enter(void);
+static inline void cuda_here(void) {
+    if (cuda_tl_device != cuda_g.device)
+        cuda_enter();
+}
+/* The backend's stream, and the one an fl_stream stands for (NULL: the backend's). */
+static inline cudaStream_t cuda_stream(void) {
+    cuda_here();
+    return cuda_g.stream;
+}
+static inline cudaStream_t cuda_stream_of(fl_stream *s) {
+    cuda_here();
+    return s ? (cudaStream_t)s : cuda_g.stream;
+}
+/* Waits for the backend's stream (the ops that return a value to the host). */
+void cuda_sync(const char *op);
+
+/* alloc.c: the caching allocator behind alloc / free, and scratch for the ops themselves
+ * (not zeroed, no sync; aborts when the device is out of memory; returned with cuda_put,
+ * reusable by work queued later in the backend's stream). */
+void *cuda_alloc(size_t bytes);
+void cuda_free(void *p);
+void cuda_copy(void *dst, const void *src, size_t bytes, fl_copy_kind kind, fl_stream *s);
+size_t cuda_memory_peak(void);
+void *cuda_get(size_t bytes, const char *op);
+void cuda_put(void *p);
+
+/* elementwise.cu */
+void cuda_fill(fl_dtype t, void *x, int64_t n, double v);
+void cuda_reorder(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int64_t hw, const void *src,
+                  void *dst);
+void cuda_add_bias(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols);
+void cuda_act_forward(fl_dtype t, fl_act act, const void *x, void *y, int64_t n);
+void cuda_act_backward(fl_dtype t, fl_act act, const void *x, const void *y, const void *dy,
+                       void *dx, int64_t n);
+void cuda_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y);
+void cuda_scale(fl_dtype t, int64_t n, double a, void *x);
+void cuda_sgd_update(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd);
+void cuda_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
+                          double mu, double wd, bool nesterov);
+void cuda_add_forward(fl_dtype t, const void *a, const void *b, void *y, int64_t n, bool relu);
+void cuda_add_backward(fl_dtype t, const void *y, const void *dy, void *da, void *db, int64_t n,
+                       bool relu);
+void cuda_dropout_mask(fl_dtype t, uint64_t seed, uint64_t step, double p, const void *in,
+                       void *out, int64_t n);
+void cuda_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t h, int64_t w,
+                      int64_t stride, int64_t oc, void *x, void *y, bool forward);
+/* y (N, C, HW) in layout += bias (C) per channel (the convolution's bias) */
+void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                           void *y, const void *bias);
+
+/* reduce.cu: deterministic sums (fixed splits, fixed order, in double) */
+double cuda_sum(fl_dtype t, const void *x, int64_t n);
+double cuda_sumsq(fl_dtype t, const void *x, int64_t n);
+void cuda_sum_rows(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t cols,
+                   bool accumulate);
+/* db (C) = [db +] the sum of dy (N, C, HW) in layout over N and HW (the convolution's dbias) */
+void cuda_sum_channels(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                       const void *dy, void *db, bool accumulate);
+
+/* softmax.cu */
+double cuda_softmax_xent_forward(fl_dtype t, const void *logits, const int32_t *labels,
+                                 void *probs, int64_t rows, int64_t classes);
+void cuda_softmax_xent_backward(fl_dtype t, const void *probs, const int32_t *labels,
+                                void *dlogits, int64_t rows, int64_t classes, double scale);
+double cuda_xent_smooth_term(fl_dtype t, const void *logits, int64_t rows, int64_t classes);
+void cuda_xent_smooth_backward(fl_dtype t, const int32_t *labels, void *dlogits, int64_t rows,
+                               int64_t classes, double on, double all);
+
+/* gemm.c */
+void cuda_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+               void *c, int64_t ldc);
+
+/* conv.c */
+fl_conv_plan *cuda_conv_plan_create(const fl_conv_desc *d);
+void cuda_conv_plan_free(fl_conv_plan *p);
+size_t cuda_conv_scratch_bytes(const fl_conv_plan *p);
+void cuda_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
+                       const void *bias, void *y, void *scratch);
+void cuda_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const void *w,
+                             void *dx, void *scratch);
+void cuda_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
+                               void *dw, void *dbias, bool accumulate, void *scratch);
+
+/* pool.cu */
+void cuda_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
+                       const fl_conv_geom *g, const void *x, void *y);
+void cuda_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
+                        const fl_conv_geom *g, const void *x, const void *dy, void *dx);
+
+/* bn.cu */
+void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                     const void *x, const void *gamma, const void *beta, double eps,
+                     bool training, double *mean, double *var, bool relu, void *y);
+void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                      const void *x, const void *relu_y, const void *dy, const void *gamma,
+                      const double *mean, const double *var, double eps, bool training,
+                      void *dx, void *dgamma, void *dbeta, bool accumulate);
+
+/* dgc.cu */
+void cuda_dgc_accumulate(int64_t n, const float *grad, const float *w, float *u, float *v,
+                         const fl_dgc_accum_args *a);
+int64_t cuda_dgc_select_exact(int64_t n, const float *v, int64_t k, int32_t *idx,
+                              float *scratch);
+int64_t cuda_dgc_accumulate_select(int64_t n, const float *grad, const float *w, float *u,
+                                   float *v, const fl_dgc_accum_args *a, int64_t k, int32_t *idx,
+                                   float *scratch, uint64_t seed, float *hint, int *passes);
+void cuda_dgc_encode(const int32_t *idx, int64_t count, int64_t base, float *v, float *u,
+                     fl_dgc_pair *pairs);
+int64_t cuda_dgc_scatter_add(const fl_dgc_pair *pairs, int64_t n, int nseg,
+                             const int64_t *start, float *const *dst);
+void cuda_dgc_apply_pairs(const fl_dgc_pair *pairs, int64_t n, int nseg, const int64_t *start,
+                          float *const *w, double step);
+void cuda_dgc_apply_dense(int64_t n, float *w, float *g, float *u, double lr, double inv_n,
+                          double m, bool nesterov, double decay);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEET_KERNELS_CUDA_IMPL_H */

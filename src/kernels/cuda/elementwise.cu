@@ -1,0 +1,334 @@
+/* elementwise.cu - the cuda backend's one-pass kernels: fill, the NCHW <-> NHWC reorder, bias,
+ * activations, axpy and scale, the SGD and Momentum updates over a flat block in one launch,
+ * the residual add, dropout's Philox mask (bit-identical to the CPU's), the option-A shortcut
+ * and the convolution's per-channel bias. Grid-stride loops; arithmetic as the CPU table's
+ * (same float operations, no FMA contraction: --fmad=false), so the updates give its bits. */
+#include "common.cuh"
+
+#include <math.h>
+
+/* --- fill, reorder --- */
+
+template <class T> __global__ void fill_k(T *x, int64_t n, T v) {
+    GRID_STRIDE(i, n) x[i] = v;
+}
+
+extern "C" void cuda_fill(fl_dtype t, void *x, int64_t n, double v) {
+    if (n <= 0)
+        return;
+    DISPATCH_T("fill", t, fill_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>((T *)x, n, (T)v));
+    CU_LAUNCHED("fill");
+}
+
+/* one thread per destination element */
+template <class T>
+__global__ void reorder_k(bool to_nhwc, int64_t total, int64_t c, int64_t hw, const T *src,
+                          T *dst) {
+    GRID_STRIDE(i, total) {
+        int64_t img = i / (c * hw), r = i % (c * hw);
+        int64_t ch, p;
+        if (to_nhwc) /* dst (p, ch) */
+            p = r / c, ch = r % c;
+        else /* dst (ch, p) */
+            ch = r / hw, p = r % hw;
+        int64_t s = to_nhwc ? ch * hw + p : p * c + ch;
+        dst[i] = src[img * c * hw + s];
+    }
+}
+
+extern "C" void cuda_reorder(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int64_t hw,
+                             const void *src, void *dst) {
+    int64_t total = n * c * hw;
+    if (total <= 0)
+        return;
+    DISPATCH_T("reorder", t,
+               reorder_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                   to_nhwc, total, c, hw, (const T *)src, (T *)dst));
+    CU_LAUNCHED("reorder");
+}
+
+/* --- bias --- */
+
+template <class T> __global__ void add_bias_k(T *y, const T *b, int64_t total, int64_t cols) {
+    GRID_STRIDE(i, total) y[i] += b[i % cols];
+}
+
+extern "C" void cuda_add_bias(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols) {
+    int64_t total = rows * cols;
+    if (total <= 0)
+        return;
+    DISPATCH_T("add_bias", t,
+               add_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                   (T *)y, (const T *)bias, total, cols));
+    CU_LAUNCHED("add_bias");
+}
+
+template <class T>
+__global__ void add_channel_bias_k(bool nhwc, T *y, const T *b, int64_t total, int64_t c,
+                                   int64_t hw) {
+    GRID_STRIDE(i, total) y[i] += b[nhwc ? i % c : (i / hw) % c];
+}
+
+extern "C" void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, int64_t c,
+                                      int64_t hw, void *y, const void *bias) {
+    int64_t total = n * c * hw;
+    if (total <= 0)
+        return;
+    DISPATCH_T("conv bias", t,
+               add_channel_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                   layout == FL_LAYOUT_NHWC, (T *)y, (const T *)bias, total, c, hw));
+    CU_LAUNCHED("conv bias");
+}
+
+/* --- activations --- */
+
+__device__ __forceinline__ float act_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double act_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float act_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ double act_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+template <class T> __global__ void act_fwd_k(fl_act a, const T *x, T *y, int64_t n) {
+    GRID_STRIDE(i, n) {
+        T v = x[i];
+        switch (a) {
+        case FL_ACT_RELU: v = v < (T)0 ? (T)0 : v; break;
+        case FL_ACT_TANH: v = act_tanh(v); break;
+        case FL_ACT_SIGMOID: v = act_sigmoid(v); break;
+        default: break;
+        }
+        y[i] = v;
+    }
+}
+
+template <class T>
+__global__ void act_bwd_k(fl_act a, const T *x, const T *y, const T *dy, T *dx, int64_t n) {
+    GRID_STRIDE(i, n) {
+        T d = dy[i];
+        switch (a) {
+        case FL_ACT_RELU: d = x[i] > (T)0 ? d : (T)0; break;
+        case FL_ACT_TANH: d = d * ((T)1 - y[i] * y[i]); break;
+        case FL_ACT_SIGMOID: d = d * y[i] * ((T)1 - y[i]); break;
+        default: break;
+        }
+        dx[i] = d;
+    }
+}
+
+static void check_act(const char *op, fl_act a) {
+    if ((unsigned)a > FL_ACT_SIGMOID)
+        cuda_fatal(op, "the activation check", "unknown activation", __FILE__, __LINE__);
+}
+
+extern "C" void cuda_act_forward(fl_dtype t, fl_act act, const void *x, void *y, int64_t n) {
+    check_act("act_forward", act);
+    if (n <= 0 || (act == FL_ACT_NONE && x == y))
+        return;
+    DISPATCH_T("act_forward", t,
+               act_fwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(act, (const T *)x,
+                                                                          (T *)y, n));
+    CU_LAUNCHED("act_forward");
+}
+
+extern "C" void cuda_act_backward(fl_dtype t, fl_act act, const void *x, const void *y,
+                                  const void *dy, void *dx, int64_t n) {
+    check_act("act_backward", act);
+    if (n <= 0 || (act == FL_ACT_NONE && dx == dy))
+        return;
+    DISPATCH_T("act_backward", t,
+               act_bwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
+                   act, (const T *)x, (const T *)y, (const T *)dy, (T *)dx, n));
+    CU_LAUNCHED("act_backward");
+}
+
+/* --- axpy, scale, optimizer updates (scalars rounded to T first, as the CPU table does) --- */
+
+template <class T> __global__ void axpy_k(int64_t n, T a, const T *x, T *y) {
+    GRID_STRIDE(i, n) y[i] += a * x[i];
+}
+template <class T> __global__ void scale_k(int64_t n, T a, T *x) {
+    GRID_STRIDE(i, n) x[i] *= a;
+}
+
+extern "C" void cuda_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y) {
+    if (n <= 0)
+        return;
+    DISPATCH_T("axpy", t,
+               axpy_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (T)a, (const T *)x,
+                                                                       (T *)y));
+    CU_LAUNCHED("axpy");
+}
+
+extern "C" void cuda_scale(fl_dtype t, int64_t n, double a, void *x) {
+    if (n <= 0)
+        return;
+    DISPATCH_T("scale", t,
+               scale_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (T)a, (T *)x));
+    CU_LAUNCHED("scale");
+}
+
+template <class T> __global__ void sgd_k(int64_t n, T *w, const T *g, T lr, T wd) {
+    GRID_STRIDE(i, n) w[i] -= lr * (g[i] + wd * w[i]);
+}
+
+template <class T>
+__global__ void momentum_k(int64_t n, T *w, const T *g, T *v, T lr, T mu, T wd, bool nesterov) {
+    GRID_STRIDE(i, n) {
+        T d = g[i] + wd * w[i];
+        T vi = mu * v[i] + d;
+        v[i] = vi;
+        w[i] -= lr * (nesterov ? d + mu * vi : vi);
+    }
+}
+
+extern "C" void cuda_sgd_update(fl_dtype t, int64_t n, void *w, const void *g, double lr,
+                                double wd) {
+    if (n <= 0)
+        return;
+    DISPATCH_T("sgd_update", t,
+               sgd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (T *)w, (const T *)g,
+                                                                      (T)lr, (T)wd));
+    CU_LAUNCHED("sgd_update");
+}
+
+extern "C" void cuda_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, void *v,
+                                     double lr, double mu, double wd, bool nesterov) {
+    if (n <= 0)
+        return;
+    DISPATCH_T("momentum_update", t,
+               momentum_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
+                   n, (T *)w, (const T *)g, (T *)v, (T)lr, (T)mu, (T)wd, nesterov));
+    CU_LAUNCHED("momentum_update");
+}
+
+/* --- the residual add --- */
+
+template <class T> __global__ void add_fwd_k(const T *a, const T *b, T *y, int64_t n, bool relu) {
+    GRID_STRIDE(i, n) {
+        T v = a[i] + b[i];
+        y[i] = relu ? (v > (T)0 ? v : (T)0) : v;
+    }
+}
+
+template <class T>
+__global__ void add_bwd_k(const T *y, const T *dy, T *da, T *db, int64_t n, bool relu) {
+    GRID_STRIDE(i, n) {
+        T v = relu ? relu_keep(y[i], dy[i]) : dy[i];
+        if (da)
+            da[i] = v;
+        if (db)
+            db[i] = v;
+    }
+}
+
+extern "C" void cuda_add_forward(fl_dtype t, const void *a, const void *b, void *y, int64_t n,
+                                 bool relu) {
+    if (n <= 0)
+        return;
+    DISPATCH_T("add_forward", t,
+               add_fwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
+                   (const T *)a, (const T *)b, (T *)y, n, relu));
+    CU_LAUNCHED("add_forward");
+}
+
+extern "C" void cuda_add_backward(fl_dtype t, const void *y, const void *dy, void *da, void *db,
+                                  int64_t n, bool relu) {
+    if (n <= 0 || (!da && !db))
+        return;
+    DISPATCH_T("add_backward", t,
+               add_bwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
+                   (const T *)y, (const T *)dy, (T *)da, (T *)db, n, relu));
+    CU_LAUNCHED("add_backward");
+}
+
+/* --- dropout: Philox4x32-10 (Salmon et al. SC 2011) as src/core/rng.c computes it --- */
+
+__device__ __forceinline__ void philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
+                                           uint32_t k0, uint32_t k1, uint32_t out[4]) {
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c0 = n0;
+        c1 = (uint32_t)p1;
+        c2 = n2;
+        c3 = (uint32_t)p0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
+}
+
+/* one thread per block of 4 elements: element i kept when word i % 4 of the block at counter
+ * (i / 4, step), key seed, is >= thresh */
+template <class T>
+__global__ void dropout_k(uint32_t k0, uint32_t k1, uint64_t step, uint32_t thresh, T scale,
+                          const T *in, T *out, int64_t n) {
+    int64_t quads = (n + 3) / 4;
+    GRID_STRIDE(q, quads) {
+        uint32_t r[4];
+        philox4x32((uint32_t)q, (uint32_t)((uint64_t)q >> 32), (uint32_t)step,
+                   (uint32_t)(step >> 32), k0, k1, r);
+        for (int j = 0; j < 4 && 4 * q + j < n; j++) {
+            int64_t i = 4 * q + j;
+            out[i] = r[j] >= thresh ? in[i] * scale : (T)0;
+        }
+    }
+}
+
+extern "C" void cuda_dropout_mask(fl_dtype t, uint64_t seed, uint64_t step, double p,
+                                  const void *in, void *out, int64_t n) {
+    if (n <= 0)
+        return;
+    uint32_t thresh = (uint32_t)(uint64_t)(p * 4294967296.0); /* the CPU's conversion */
+    DISPATCH_T("dropout_mask", t,
+               dropout_k<T><<<blocks_for((n + 3) / 4), THREADS, 0, cuda_stream()>>>(
+                   (uint32_t)seed, (uint32_t)(seed >> 32), step, thresh, (T)(1.0 / (1.0 - p)),
+                   (const T *)in, (T *)out, n));
+    CU_LAUNCHED("dropout_mask");
+}
+
+/* --- the option-A shortcut: every output element written once (zeros included) --- */
+
+template <class T>
+__global__ void pad_fwd_k(bool nhwc, int64_t total, int64_t c, int64_t h, int64_t w,
+                          int64_t stride, int64_t oc, int64_t oh, int64_t ow, const T *x, T *y) {
+    int64_t off = (oc - c) / 2;
+    GRID_STRIDE(i, total) {
+        coord4 k = coord_of(nhwc, i, oc, oh, ow);
+        int64_t ch = k.c - off;
+        y[i] = ch >= 0 && ch < c ? x[index_of(nhwc, k.n, ch, k.y * stride, k.x * stride, c, h, w)]
+                                 : (T)0;
+    }
+}
+
+template <class T>
+__global__ void pad_bwd_k(bool nhwc, int64_t total, int64_t c, int64_t h, int64_t w,
+                          int64_t stride, int64_t oc, int64_t oh, int64_t ow, T *x, const T *y) {
+    int64_t off = (oc - c) / 2;
+    GRID_STRIDE(i, total) {
+        coord4 k = coord_of(nhwc, i, c, h, w);
+        bool hit = k.y % stride == 0 && k.x % stride == 0;
+        x[i] = hit ? y[index_of(nhwc, k.n, k.c + off, k.y / stride, k.x / stride, oc, oh, ow)]
+                   : (T)0;
+    }
+}
+
+extern "C" void cuda_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t h,
+                                 int64_t w, int64_t stride, int64_t oc, void *x, void *y,
+                                 bool forward) {
+    int64_t oh = (h + stride - 1) / stride, ow = (w + stride - 1) / stride;
+    int64_t total = forward ? n * oc * oh * ow : n * c * h * w;
+    if (total <= 0)
+        return;
+    bool nhwc = layout == FL_LAYOUT_NHWC;
+    if (forward)
+        DISPATCH_T("channel_pad", t,
+                   pad_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                       nhwc, total, c, h, w, stride, oc, oh, ow, (const T *)x, (T *)y));
+    else
+        DISPATCH_T("channel_pad", t,
+                   pad_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                       nhwc, total, c, h, w, stride, oc, oh, ow, (T *)x, (const T *)y));
+    CU_LAUNCHED("channel_pad");
+}

@@ -1,0 +1,54 @@
+/* gemm.c - the cuda backend's GEMM: cuBLAS Sgemm / Dgemm on row-major matrices by the usual
+ * operand swap (row-major C = A B is column-major C^T = B^T A^T). TF32 is off unless
+ * FLEET_CUDA_TF32=1 (device_bind sets the handle's math mode); k = 0 is C = beta C. */
+#include "cuda_impl.h"
+
+#include <cublas_v2.h>
+#include <limits.h>
+
+static void check(cublasStatus_t s, const char *call) {
+    if (s != CUBLAS_STATUS_SUCCESS)
+        cuda_fatal("gemm", call, cublasGetStatusString(s), __FILE__, __LINE__);
+}
+
+static int as_int(int64_t v) {
+    if (v < 0 || v > INT_MAX)
+        cuda_fatal("gemm", "the size check", "a dimension or leading dimension is beyond int",
+                   __FILE__, __LINE__);
+    return (int)v;
+}
+
+void cuda_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+               double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+               void *c, int64_t ldc) {
+    if (m <= 0 || n <= 0)
+        return;
+    cuda_require_bound("gemm");
+    cuda_here();
+    cublasHandle_t h = cuda_g.blas;
+    if (k <= 0) { /* no product: C = beta C, row by row (C's padding columns untouched) */
+        for (int64_t i = 0; i < m; i++) {
+            size_t es = t == FL_DTYPE_F64 ? 8 : 4;
+            void *row = (char *)c + (size_t)(i * ldc) * es;
+            if (beta == 0)
+                CU_CHECK("gemm", cudaMemsetAsync(row, 0, (size_t)n * es, cuda_stream()));
+            else if (beta != 1)
+                cuda_scale(t, n, beta, row);
+        }
+        return;
+    }
+    cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int im = as_int(m), in = as_int(n), ik = as_int(k);
+    int ilda = as_int(lda), ildb = as_int(ldb), ildc = as_int(ldc);
+    if (t == FL_DTYPE_F32) {
+        float al = (float)alpha, be = (float)beta;
+        check(cublasSgemm(h, ob, oa, in, im, ik, &al, b, ildb, a, ilda, &be, c, ildc),
+              "cublasSgemm");
+    } else if (t == FL_DTYPE_F64) {
+        check(cublasDgemm(h, ob, oa, in, im, ik, &alpha, b, ildb, a, ilda, &beta, c, ildc),
+              "cublasDgemm");
+    } else {
+        cuda_bad_dtype("gemm", t);
+    }
+}

@@ -1,0 +1,1231 @@
+/* test_cuda_backend.c - every op of the cuda table against fl_backend_ref() (and, where the cuda
+ * kernels promise the CPU's bits, against the cpu table bit for bit), on the shapes of
+ * backend_cases.h, forward and backward, f32 (TF32 off) and f64: inputs made on the host, copied
+ * to the device with the table's copy, results copied back and compared on the host. Also the
+ * allocator (zero-filled, aligned, peak reused), streams and events, determinism (ops run twice
+ * give the same bits), and device_bind's errors. Skipped (77) without a GPU; a summary table of
+ * the worst error per op against its tolerance ends the run. */
+#include "fleet/backend.h"
+#include "fleet/rng.h"
+#include "fleet/status.h"
+#include "backend_cases.h"
+#include "test.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static fl_rng rng;
+static const fl_backend *G, *R, *CPU; /* cuda, ref, cpu */
+
+/* ------------------------------------------------------------------------------------------ */
+/* host and device buffers */
+
+static size_t esz(fl_dtype t) { return t == FL_DTYPE_F64 ? 8 : 4; }
+
+static double get(fl_dtype t, const void *p, int64_t i) {
+    return t == FL_DTYPE_F32 ? ((const float *)p)[i] : ((const double *)p)[i];
+}
+static void set(fl_dtype t, void *p, int64_t i, double v) {
+    if (t == FL_DTYPE_F32)
+        ((float *)p)[i] = (float)v;
+    else
+        ((double *)p)[i] = v;
+}
+
+static void *hbuf(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    FL_ASSERT(p);
+    return p;
+}
+static void *hrand(fl_dtype t, int64_t n, double lo, double hi) {
+    void *p = hbuf((size_t)n * esz(t));
+    for (int64_t i = 0; i < n; i++)
+        set(t, p, i, lo + (hi - lo) * fl_rng_uniform_f64(&rng));
+    return p;
+}
+static void *hdup(const void *src, size_t bytes) {
+    void *p = hbuf(bytes);
+    if (bytes)
+        memcpy(p, src, bytes);
+    return p;
+}
+/* a device copy of bytes of host memory */
+static void *dput(const void *h, size_t bytes) {
+    void *d = G->alloc(bytes);
+    if (!d) {
+        fprintf(stderr, "cuda alloc of %zu bytes: %s\n", bytes, fl_errmsg());
+        exit(1);
+    }
+    G->copy(d, h, bytes, FL_COPY_H2D, NULL);
+    return d;
+}
+/* a host copy of bytes of device memory */
+static void *dget(const void *d, size_t bytes) {
+    void *h = hbuf(bytes);
+    G->copy(h, d, bytes, FL_COPY_D2H, NULL);
+    G->stream_sync(NULL);
+    return h;
+}
+static void dback(void *h, const void *d, size_t bytes) {
+    G->copy(h, d, bytes, FL_COPY_D2H, NULL);
+    G->stream_sync(NULL);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* comparisons, and the worst error seen per op for the summary */
+
+#define MAX_OPS 64
+static struct {
+    const char *op;
+    double worst, tol;
+    long checks;
+} ops[MAX_OPS];
+static int nops;
+
+static void note(const char *op, double err, double tol) {
+    int i = 0;
+    while (i < nops && strcmp(ops[i].op, op))
+        i++;
+    if (i == nops) {
+        FL_ASSERT(nops < MAX_OPS);
+        ops[nops++].op = op;
+    }
+    ops[i].worst = fmax(ops[i].worst, err);
+    ops[i].tol = fmax(ops[i].tol, tol);
+    ops[i].checks++;
+}
+
+/* |got - want| <= atol + rtol |want| elementwise; the worst |diff| / (atol + rtol max|want|)
+ * ... noted as |diff| relative to 1 + max |want| */
+static int near(const char *op, const char *what, fl_dtype t, const void *got, const void *want,
+                int64_t n, double atol, double rtol) {
+    double *g = hbuf((size_t)n * sizeof *g), *w = hbuf((size_t)n * sizeof *w), mx = 0, md = 0;
+    for (int64_t i = 0; i < n; i++) {
+        g[i] = get(t, got, i), w[i] = get(t, want, i);
+        mx = fmax(mx, fabs(w[i]));
+        double d = fabs(g[i] - w[i]);
+        md = isnan(d) ? INFINITY : fmax(md, d);
+    }
+    note(op, md / (1 + mx), (atol + rtol * mx) / (1 + mx));
+    char label[400];
+    snprintf(label, sizeof label, "%s [%s]", what, fl_dtype_name(t));
+    int ok = CHECK_CLOSE(label, g, w, n, atol, rtol);
+    free(g), free(w);
+    return ok;
+}
+
+/* max |got - want| <= tol (1 + max |want|), as test_backend_onednn.c */
+static int rel(const char *op, const char *what, fl_dtype t, const void *got, const void *want,
+               int64_t n, double tol) {
+    double mx = 0;
+    for (int64_t i = 0; i < n; i++)
+        mx = fmax(mx, fabs(get(t, want, i)));
+    return near(op, what, t, got, want, n, tol * (1 + mx), 0);
+}
+
+/* the same bytes */
+static int same_bits(const char *op, const char *what, const void *got, const void *want,
+                     size_t bytes) {
+    note(op, memcmp(got, want, bytes) ? INFINITY : 0, 0);
+    if (!memcmp(got, want, bytes))
+        return 1;
+    const unsigned char *a = got, *b = want;
+    size_t i = 0;
+    while (a[i] == b[i])
+        i++;
+    fprintf(stderr, "%s: %s: bits differ from byte %zu on (of %zu)\n", op, what, i, bytes);
+    test_failures++;
+    return 0;
+}
+
+/* f32 kernels differ from the double-accumulating ref by a few ulps; f64 by rounding order */
+static double tol(fl_dtype t) { return t == FL_DTYPE_F32 ? 2e-6 : 1e-13; }
+
+static const fl_dtype dtypes[] = {FL_DTYPE_F32, FL_DTYPE_F64};
+
+/* NCHW (N, C, HW) <-> layout on the host, of dtype t */
+static void to_layout(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw, const void *src,
+                      void *dst) {
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t i = 0; i < hw; i++)
+                set(t, dst, l == FL_LAYOUT_NHWC ? (b * hw + i) * c + ch : (b * c + ch) * hw + i,
+                    get(t, src, (b * c + ch) * hw + i));
+}
+static void from_layout(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
+                        const void *src, void *dst) {
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t i = 0; i < hw; i++)
+                set(t, dst, (b * c + ch) * hw + i,
+                    get(t, src, l == FL_LAYOUT_NHWC ? (b * hw + i) * c + ch : (b * c + ch) * hw + i));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* memory, copies, streams, events, the allocator's peak, device_bind's errors */
+
+/* alloc, fill, sum, free on a thread of its own */
+static void *other_thread(void *arg) {
+    void *d = G->alloc(1000 * sizeof(float));
+    G->fill(FL_DTYPE_F32, d, 1000, 1.5);
+    *(double *)arg = G->sum(FL_DTYPE_F32, d, 1000);
+    G->free(d);
+    return NULL;
+}
+
+static void test_memory(void) {
+    size_t peak0 = G->memory_peak();
+    CHECK(peak0 > 0); /* device_bind allocated cuBLAS's workspace */
+    size_t big = 3u << 20;
+    float *d = G->alloc(big);
+    CHECK(d && (uintptr_t)d % 64 == 0);
+    size_t peak1 = G->memory_peak();
+    CHECK(peak1 >= peak0 + big);
+    float *h = dget(d, big);
+    bool zero = true;
+    for (size_t i = 0; i < big / 4; i++)
+        zero &= h[i] == 0;
+    CHECK(zero);
+    G->fill(FL_DTYPE_F32, d, (int64_t)(big / 4), 3.5);
+    dback(h, d, big);
+    CHECK(h[0] == 3.5f && h[big / 4 - 1] == 3.5f);
+    G->free(d);
+    /* the same size again: from the cache (no new device memory), zero-filled again */
+    float *d2 = G->alloc(big);
+    CHECK(G->memory_peak() == peak1);
+    dback(h, d2, big);
+    zero = true;
+    for (size_t i = 0; i < big / 4; i++)
+        zero &= h[i] == 0;
+    CHECK(zero);
+    G->free(d2);
+    free(h);
+    /* a step's worth of sizes, freed and allocated again: the peak stays */
+    static const size_t sizes[] = {0, 1, 63, 64, 4096, 4097, 100000, 1 << 20, 12345678};
+    void *p[sizeof sizes / sizeof sizes[0]];
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            p[i] = G->alloc(sizes[i]);
+            CHECK(p[i] && (uintptr_t)p[i] % 64 == 0);
+        }
+        size_t peak = G->memory_peak();
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+            G->free(p[i]);
+        if (round > 0)
+            CHECK(G->memory_peak() == peak);
+        static size_t first;
+        if (round == 0)
+            first = peak;
+        else
+            CHECK(peak == first);
+    }
+    G->free(NULL);
+
+    /* copies of every kind; a pageable host buffer works */
+    int64_t n = 100003;
+    double *a = hrand(FL_DTYPE_F64, n, -1, 1), *b = hbuf((size_t)n * 8), *c = hbuf((size_t)n * 8);
+    void *da = dput(a, (size_t)n * 8), *db = G->alloc((size_t)n * 8);
+    G->copy(db, da, (size_t)n * 8, FL_COPY_D2D, NULL);
+    dback(b, db, (size_t)n * 8);
+    CHECK(!memcmp(a, b, (size_t)n * 8));
+    G->copy(c, a, (size_t)n * 8, FL_COPY_H2H, NULL);
+    G->stream_sync(NULL);
+    CHECK(!memcmp(a, c, (size_t)n * 8));
+
+    /* a copy in a stream of its own, then the default stream waits for its event */
+    fl_stream *s = G->stream_create();
+    fl_event *e = G->event_create();
+    CHECK(s && e);
+    for (int64_t i = 0; i < n; i++)
+        c[i] = 2 * a[i];
+    G->copy(db, c, (size_t)n * 8, FL_COPY_H2D, s);
+    G->event_record(e, s);
+    G->event_wait(NULL, e);
+    G->scale(FL_DTYPE_F64, n, 0.5, db);
+    G->event_sync(e);
+    G->stream_sync(s);
+    dback(b, db, (size_t)n * 8);
+    CHECK(!memcmp(a, b, (size_t)n * 8));
+    /* and the other way: the stream copies back what the default stream wrote */
+    G->scale(FL_DTYPE_F64, n, 4, db);
+    G->event_record(e, NULL);
+    G->event_wait(s, e);
+    G->copy(b, db, (size_t)n * 8, FL_COPY_D2H, s);
+    G->stream_sync(s);
+    bool ok = true;
+    for (int64_t i = 0; i < n; i++)
+        ok &= b[i] == 4 * a[i];
+    CHECK(ok);
+    G->event_free(e);
+    G->stream_free(s);
+    G->free(da), G->free(db);
+    free(a), free(b), free(c);
+
+    /* another thread than the one that bound the device: the same device */
+    pthread_t th;
+    double sum = 0;
+    CHECK(pthread_create(&th, NULL, other_thread, &sum) == 0);
+    pthread_join(th, NULL);
+    CHECK(sum == 1.5 * 1000);
+
+    /* device_bind: the bound device again is fine; a device that is not there is named */
+    CHECK_OK(G->device_bind(0));
+    CHECK_RC(G->device_bind(999), FL_EINVAL);
+    CHECK_MSG("CUDA device 999");
+    CHECK_MSG("device(s) visible");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the fc layer's and optimizers' ops */
+
+static void test_gemm(fl_dtype t) {
+    for (size_t s = 0; s < sizeof gemm_sizes / sizeof gemm_sizes[0]; s++) {
+        int64_t m = gemm_sizes[s][0], n = gemm_sizes[s][1], k = gemm_sizes[s][2];
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (size_t c = 0; c < sizeof gemm_ab / sizeof gemm_ab[0]; c++) {
+                    if (m * n * k > 100000 && c != 1)
+                        continue;
+                    double alpha = gemm_ab[c][0], beta = gemm_ab[c][1];
+                    int64_t arows = ta ? k : m, acols = ta ? m : k;
+                    int64_t brows = tb ? n : k, bcols = tb ? k : n;
+                    int64_t lda = acols + 3, ldb = bcols + 3, ldc = n + 3;
+                    void *a = hrand(t, arows * lda, -1, 1), *b = hrand(t, brows * ldb, -1, 1);
+                    void *cr = hrand(t, m * ldc, -1, 1);
+                    if (beta == 0)
+                        for (int64_t i = 0; i < m * ldc; i += 2)
+                            set(t, cr, i, NAN);
+                    size_t cb = (size_t)(m * ldc) * esz(t);
+                    void *da = dput(a, (size_t)(arows * lda) * esz(t));
+                    void *dbb = dput(b, (size_t)(brows * ldb) * esz(t)), *dc = dput(cr, cb);
+                    G->gemm(t, ta, tb, m, n, k, alpha, da, lda, dbb, ldb, beta, dc, ldc);
+                    R->gemm(t, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cr, ldc);
+                    void *cg = dget(dc, cb);
+                    for (int64_t i = 0; i < m * ldc; i++) /* NaN padding kept on both: equal */
+                        if (isnan(get(t, cg, i)) && isnan(get(t, cr, i)))
+                            set(t, cg, i, 12345), set(t, cr, i, 12345);
+                    char what[128];
+                    snprintf(what, sizeof what, "gemm %c%c m=%lld n=%lld k=%lld alpha=%g beta=%g",
+                             ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n,
+                             (long long)k, alpha, beta);
+                    near("gemm", what, t, cg, cr, m * ldc, tol(t) * (double)(k + 1) * 2, tol(t));
+                    G->free(da), G->free(dbb), G->free(dc);
+                    free(a), free(b), free(cr), free(cg);
+                }
+    }
+}
+
+static void test_bias_sum_rows(fl_dtype t) {
+    for (size_t s = 0; s < NSHAPES2D; s++) {
+        int64_t rows = shapes2d[s][0], cols = shapes2d[s][1], n = rows * cols;
+        char what[96];
+        void *y = hrand(t, n, -2, 2), *bias = hrand(t, cols, -1, 1);
+        void *dy = dput(y, (size_t)n * esz(t)), *dbias = dput(bias, (size_t)cols * esz(t));
+        G->add_bias(t, dy, dbias, rows, cols);
+        R->add_bias(t, y, bias, rows, cols);
+        void *got = dget(dy, (size_t)n * esz(t));
+        snprintf(what, sizeof what, "add_bias %lldx%lld", (long long)rows, (long long)cols);
+        near("add_bias", what, t, got, y, n, tol(t), tol(t));
+        for (int acc = 0; acc < 2; acc++) {
+            void *db = hrand(t, cols, -1, 1), *ddb = dput(db, (size_t)cols * esz(t));
+            G->sum_rows(t, dy, ddb, rows, cols, acc);
+            R->sum_rows(t, y, db, rows, cols, acc);
+            void *g = dget(ddb, (size_t)cols * esz(t));
+            snprintf(what, sizeof what, "sum_rows %lldx%lld accumulate=%d", (long long)rows,
+                     (long long)cols, acc);
+            near("sum_rows", what, t, g, db, cols, tol(t) * (double)(rows + 1), tol(t));
+            if (!acc) { /* deterministic: again, the same bits */
+                G->sum_rows(t, dy, ddb, rows, cols, false);
+                void *g2 = dget(ddb, (size_t)cols * esz(t));
+                same_bits("sum_rows", "run twice", g2, g, (size_t)cols * esz(t));
+                free(g2);
+            }
+            G->free(ddb), free(db), free(g);
+        }
+        G->free(dy), G->free(dbias), free(y), free(bias), free(got);
+    }
+}
+
+static void test_activations(fl_dtype t) {
+    for (int a = FL_ACT_NONE; a <= FL_ACT_SIGMOID; a++)
+        for (size_t s = 0; s < NCOUNTS; s++) {
+            int64_t n = counts[s];
+            size_t nb = (size_t)n * esz(t);
+            char what[96];
+            void *x = hrand(t, n, -12, 12);
+            if (n > 3)
+                set(t, x, 0, 0.3), set(t, x, 1, -100), set(t, x, 2, 100);
+            void *y = hbuf(nb), *dx = hbuf(nb), *dy = hrand(t, n, -1, 1);
+            R->act_forward(t, (fl_act)a, x, y, n);
+            R->act_backward(t, (fl_act)a, x, y, dy, dx, n);
+            void *gx = dput(x, nb), *gy = G->alloc(nb), *gdy = dput(dy, nb), *gdx = G->alloc(nb);
+            G->act_forward(t, (fl_act)a, gx, gy, n);
+            void *h = dget(gy, nb);
+            snprintf(what, sizeof what, "act_forward %s n=%lld", fl_act_name((fl_act)a),
+                     (long long)n);
+            near("act_forward", what, t, h, y, n, tol(t) / 2, tol(t) / 2);
+            G->act_forward(t, (fl_act)a, gx, gx, n); /* in place */
+            void *h2 = dget(gx, nb);
+            same_bits("act_forward", "in place", h2, h, nb);
+            /* backward from the ref's y, as test_kernels.c */
+            G->copy(gy, y, nb, FL_COPY_H2D, NULL);
+            G->copy(gx, x, nb, FL_COPY_H2D, NULL);
+            G->act_backward(t, (fl_act)a, gx, gy, gdy, gdx, n);
+            void *h3 = dget(gdx, nb);
+            snprintf(what, sizeof what, "act_backward %s n=%lld", fl_act_name((fl_act)a),
+                     (long long)n);
+            near("act_backward", what, t, h3, dx, n, tol(t) / 2, tol(t) / 2);
+            G->act_backward(t, (fl_act)a, gx, gy, gdy, gdy, n); /* dx aliases dy */
+            void *h4 = dget(gdy, nb);
+            same_bits("act_backward", "in place", h4, h3, nb);
+            G->free(gx), G->free(gy), G->free(gdy), G->free(gdx);
+            free(x), free(y), free(dx), free(dy), free(h), free(h2), free(h3), free(h4);
+        }
+    /* NaN propagates; +-inf saturate */
+    double special[] = {NAN, INFINITY, -INFINITY};
+    double want[][3] = {{NAN, INFINITY, -INFINITY}, {NAN, INFINITY, 0}, {NAN, 1, -1}, {NAN, 1, 0}};
+    for (int a = FL_ACT_NONE; a <= FL_ACT_SIGMOID; a++) {
+        void *x = hbuf(3 * esz(t));
+        for (int i = 0; i < 3; i++)
+            set(t, x, i, special[i]);
+        void *gx = dput(x, 3 * esz(t)), *gy = G->alloc(3 * esz(t));
+        G->act_forward(t, (fl_act)a, gx, gy, 3);
+        void *y = dget(gy, 3 * esz(t));
+        CHECK(isnan(get(t, y, 0)));
+        CHECK(get(t, y, 1) == want[a][1]);
+        CHECK(get(t, y, 2) == want[a][2]);
+        G->free(gx), G->free(gy), free(x), free(y);
+    }
+}
+
+/* axpy, scale and the optimizer updates: within tol of the ref, and the cpu table's bits (the
+ * same float operations: .cu files are built with --fmad=false) */
+static void test_axpy_scale_updates(fl_dtype t) {
+    for (size_t s = 0; s < NCOUNTS; s++) {
+        int64_t n = counts[s];
+        size_t nb = (size_t)n * esz(t);
+        char what[128];
+        void *x = hrand(t, n, -1, 1), *y = hrand(t, n, -1, 1);
+        void *yr = hdup(y, nb), *yc = hdup(y, nb), *gx = dput(x, nb), *gy = dput(y, nb);
+        G->axpy(t, n, -0.37, gx, gy);
+        R->axpy(t, n, -0.37, x, yr);
+        CPU->axpy(t, n, -0.37, x, yc);
+        G->scale(t, n, 1.7, gy);
+        R->scale(t, n, 1.7, yr);
+        CPU->scale(t, n, 1.7, yc);
+        void *h = dget(gy, nb);
+        snprintf(what, sizeof what, "axpy + scale n=%lld", (long long)n);
+        near("axpy, scale", what, t, h, yr, n, 2 * tol(t), 2 * tol(t));
+        same_bits("axpy, scale (cpu bits)", what, h, yc, nb);
+        G->free(gx), G->free(gy), free(x), free(y), free(yr), free(yc), free(h);
+
+        for (int wd = 0; wd < 2; wd++) {
+            double decay = wd ? 1e-2 : 0;
+            void *w = hrand(t, n, -1, 1), *g = hrand(t, n, -1, 1);
+            void *wr = hdup(w, nb), *wc = hdup(w, nb), *gw = dput(w, nb), *gg = dput(g, nb);
+            G->sgd_update(t, n, gw, gg, 0.1, decay);
+            R->sgd_update(t, n, wr, g, 0.1, decay);
+            CPU->sgd_update(t, n, wc, g, 0.1, decay);
+            void *hw = dget(gw, nb);
+            snprintf(what, sizeof what, "sgd_update n=%lld wd=%g", (long long)n, decay);
+            near("sgd_update", what, t, hw, wr, n, tol(t), tol(t));
+            same_bits("sgd_update (cpu bits)", what, hw, wc, nb);
+            free(hw);
+            for (int nesterov = 0; nesterov < 2; nesterov++) {
+                void *v = hrand(t, n, -1, 1), *vr = hdup(v, nb), *vc = hdup(v, nb);
+                void *gv = dput(v, nb);
+                for (int step = 0; step < 3; step++) {
+                    G->momentum_update(t, n, gw, gg, gv, 0.1, 0.9, decay, nesterov);
+                    R->momentum_update(t, n, wr, g, vr, 0.1, 0.9, decay, nesterov);
+                    CPU->momentum_update(t, n, wc, g, vc, 0.1, 0.9, decay, nesterov);
+                }
+                void *hw2 = dget(gw, nb), *hv = dget(gv, nb);
+                snprintf(what, sizeof what, "momentum_update n=%lld wd=%g nesterov=%d",
+                         (long long)n, decay, nesterov);
+                near("momentum_update", what, t, hw2, wr, n, 4 * tol(t), 4 * tol(t));
+                near("momentum_update", what, t, hv, vr, n, 4 * tol(t), 4 * tol(t));
+                same_bits("momentum_update (cpu bits)", what, hw2, wc, nb);
+                same_bits("momentum_update (cpu bits)", what, hv, vc, nb);
+                G->free(gv), free(v), free(vr), free(vc), free(hw2), free(hv);
+            }
+            G->free(gw), G->free(gg), free(w), free(g), free(wr), free(wc);
+        }
+    }
+}
+
+static void test_reductions(fl_dtype t) {
+    for (size_t s = 0; s < sizeof reduce_ns / sizeof reduce_ns[0]; s++) {
+        int64_t n = reduce_ns[s];
+        void *x = hrand(t, n, -1, 1.5), *gx = dput(x, (size_t)n * esz(t));
+        double asum = 0, sq = 0;
+        for (int64_t i = 0; i < n; i++)
+            asum += fabs(get(t, x, i)), sq += get(t, x, i) * get(t, x, i);
+        char what[96];
+        snprintf(what, sizeof what, "sum n=%lld", (long long)n);
+        double got = G->sum(t, gx, n), want = R->sum(t, x, n);
+        near("sum", what, FL_DTYPE_F64, &got, &want, 1, 1e-12 * (asum + 1), 0);
+        snprintf(what, sizeof what, "sumsq n=%lld", (long long)n);
+        double got2 = G->sumsq(t, gx, n), want2 = R->sumsq(t, x, n);
+        near("sumsq", what, FL_DTYPE_F64, &got2, &want2, 1, 1e-12 * (sq + 1), 0);
+        double again = G->sum(t, gx, n), again2 = G->sumsq(t, gx, n);
+        same_bits("sum", "run twice", &again, &got, sizeof got);
+        same_bits("sumsq", "run twice", &again2, &got2, sizeof got2);
+        G->free(gx), free(x);
+    }
+}
+
+static int32_t *rand_labels(int64_t rows, int64_t classes) {
+    int32_t *l = hbuf((size_t)rows * sizeof *l);
+    for (int64_t r = 0; r < rows; r++)
+        l[r] = (int32_t)fl_rng_below(&rng, (uint64_t)classes);
+    return l;
+}
+
+static void test_softmax(fl_dtype t) {
+    for (size_t s = 0; s < sizeof softmax_shapes / sizeof softmax_shapes[0]; s++) {
+        int64_t rows = softmax_shapes[s][0], classes = softmax_shapes[s][1], n = rows * classes;
+        size_t nb = (size_t)n * esz(t), lb = (size_t)rows * sizeof(int32_t);
+        for (int huge = 0; huge < 2; huge++) {
+            char what[128];
+            double scale = huge ? 1e4 : 3;
+            void *x = hrand(t, n, -scale, scale), *p = hbuf(nb);
+            int32_t *lab = rand_labels(rows, classes);
+            void *gx = dput(x, nb), *gp = G->alloc(nb), *gl = dput(lab, lb);
+            double loss = G->softmax_xent_forward(t, gx, gl, gp, rows, classes);
+            double loss_ref = R->softmax_xent_forward(t, x, lab, p, rows, classes);
+            snprintf(what, sizeof what, "softmax_xent_forward %lldx%lld scale %g",
+                     (long long)rows, (long long)classes, scale);
+            CHECK(isfinite(loss));
+            near("softmax_xent_forward loss", what, FL_DTYPE_F64, &loss, &loss_ref, 1,
+                 tol(t) * (double)(rows + 1), tol(t));
+            void *hp = dget(gp, nb);
+            near("softmax_xent_forward probs", what, t, hp, p, n, tol(t), tol(t));
+            double again = G->softmax_xent_forward(t, gx, gl, gp, rows, classes);
+            same_bits("softmax_xent_forward loss", "run twice", &again, &loss, sizeof loss);
+            /* probs may alias logits */
+            void *gx2 = dput(x, nb);
+            double loss2 = G->softmax_xent_forward(t, gx2, gl, gx2, rows, classes);
+            void *hp2 = dget(gx2, nb);
+            same_bits("softmax_xent_forward probs", "in place", hp2, hp, nb);
+            same_bits("softmax_xent_forward loss", "in place", &loss2, &loss, sizeof loss);
+            /* backward from the ref's probs */
+            double bs = rows ? 1.0 / (double)rows : 1;
+            void *d = hbuf(nb), *gd = G->alloc(nb);
+            G->copy(gp, p, nb, FL_COPY_H2D, NULL);
+            G->softmax_xent_backward(t, gp, gl, gd, rows, classes, bs);
+            R->softmax_xent_backward(t, p, lab, d, rows, classes, bs);
+            void *hd = dget(gd, nb);
+            near("softmax_xent_backward", what, t, hd, d, n, tol(t), tol(t));
+            G->softmax_xent_backward(t, gp, gl, gp, rows, classes, bs); /* in place */
+            void *hd2 = dget(gp, nb);
+            same_bits("softmax_xent_backward", "in place", hd2, hd, nb);
+            /* label smoothing's terms */
+            double st = G->xent_smooth_term(t, gx, rows, classes);
+            double st_ref = R->xent_smooth_term(t, x, rows, classes);
+            near("xent_smooth_term", what, FL_DTYPE_F64, &st, &st_ref, 1,
+                 1e-12 * (double)(rows + 1) * (1 + scale), 1e-12);
+            void *dc = hdup(d, nb); /* all three from the ref's gradient */
+            G->copy(gd, d, nb, FL_COPY_H2D, NULL);
+            G->xent_smooth_backward(t, gl, gd, rows, classes, 0.9, 0.1 / (double)classes);
+            R->xent_smooth_backward(t, lab, d, rows, classes, 0.9, 0.1 / (double)classes);
+            CPU->xent_smooth_backward(t, lab, dc, rows, classes, 0.9, 0.1 / (double)classes);
+            void *hs = dget(gd, nb);
+            near("xent_smooth_backward", what, t, hs, d, n, tol(t), tol(t));
+            same_bits("xent_smooth_backward (cpu bits)", what, hs, dc, nb);
+            G->free(gx), G->free(gp), G->free(gl), G->free(gx2), G->free(gd);
+            free(x), free(p), free(lab), free(hp), free(hp2), free(d), free(hd), free(hd2);
+            free(dc), free(hs);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the small layers: residual add, dropout, option-A shortcut, reorder, fill */
+
+static void test_layer_ops(fl_dtype t) {
+    for (size_t s = 0; s < NCOUNTS; s++) {
+        int64_t n = counts[s];
+        size_t nb = (size_t)n * esz(t);
+        char what[96];
+        snprintf(what, sizeof what, "n=%lld", (long long)n);
+        void *a = hrand(t, n, -1, 1), *b = hrand(t, n, -1, 1), *dy = hrand(t, n, -1, 1);
+        void *ga = dput(a, nb), *gb = dput(b, nb), *gdy = dput(dy, nb), *gy = G->alloc(nb);
+        void *gda = G->alloc(nb), *gdb = G->alloc(nb);
+        for (int relu = 0; relu < 2; relu++) {
+            void *y = hbuf(nb), *da = hbuf(nb), *db = hbuf(nb);
+            R->add_forward(t, a, b, y, n, relu);
+            G->add_forward(t, ga, gb, gy, n, relu);
+            void *hy = dget(gy, nb);
+            same_bits("add_forward", what, hy, y, nb);
+            R->add_backward(t, y, dy, da, db, n, relu);
+            G->add_backward(t, gy, gdy, gda, gdb, n, relu);
+            void *hda = dget(gda, nb), *hdb = dget(gdb, nb);
+            same_bits("add_backward", what, hda, da, nb);
+            same_bits("add_backward", what, hdb, db, nb);
+            G->add_backward(t, gy, gdy, NULL, gdb, n, relu); /* either may be NULL */
+            G->add_forward(t, ga, gb, ga, n, relu);         /* y may alias a */
+            void *hy2 = dget(ga, nb);
+            same_bits("add_forward", "in place", hy2, y, nb);
+            G->copy(ga, a, nb, FL_COPY_H2D, NULL);
+            free(y), free(da), free(db), free(hy), free(hda), free(hdb), free(hy2);
+        }
+        /* dropout: the cpu table's masks, bit for bit */
+        static const double ps[] = {0.1, 0.5};
+        for (int i = 0; i < 2; i++) {
+            void *o = hbuf(nb);
+            uint64_t seed = 0x123456789abcdefULL + (uint64_t)i, step = 7 + (uint64_t)i * 0x100000001ULL;
+            CPU->dropout_mask(t, seed, step, ps[i], a, o, n);
+            G->dropout_mask(t, seed, step, ps[i], ga, gy, n);
+            void *h = dget(gy, nb);
+            same_bits("dropout_mask (cpu bits)", what, h, o, nb);
+            G->dropout_mask(t, seed, step, ps[i], gy, gy, n); /* in place: the mask again */
+            CPU->dropout_mask(t, seed, step, ps[i], o, o, n);
+            void *h2 = dget(gy, nb);
+            same_bits("dropout_mask (cpu bits)", "in place", h2, o, nb);
+            free(o), free(h), free(h2);
+        }
+        G->free(ga), G->free(gb), G->free(gdy), G->free(gy), G->free(gda), G->free(gdb);
+        free(a), free(b), free(dy);
+    }
+    /* fill */
+    void *gf = G->alloc(1001 * esz(t)), *hf = hbuf(1001 * esz(t)), *rf = hbuf(1001 * esz(t));
+    G->fill(t, gf, 1001, -2.75);
+    R->fill(t, rf, 1001, -2.75);
+    dback(hf, gf, 1001 * esz(t));
+    same_bits("fill", "1001", hf, rf, 1001 * esz(t));
+    G->free(gf), free(hf), free(rf);
+
+    /* reorder and the option-A shortcut, both layouts, against the ref */
+    static const int64_t shapes[][5] = {/* n, c, h, w, stride -> oc */
+                                        {2, 3, 5, 7, 2}, {1, 16, 32, 32, 2}, {3, 5, 4, 4, 1},
+                                        {2, 8, 7, 9, 3}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t n = shapes[s][0], c = shapes[s][1], h = shapes[s][2], w = shapes[s][3];
+        int64_t st = shapes[s][4], oc = 2 * c + (s == 2), oh = (h + st - 1) / st;
+        int64_t ow = (w + st - 1) / st, nx = n * c * h * w, ny = n * oc * oh * ow;
+        char what[96];
+        snprintf(what, sizeof what, "%lldx%lldx%lldx%lld stride %lld -> %lld", (long long)n,
+                 (long long)c, (long long)h, (long long)w, (long long)st, (long long)oc);
+        void *x = hrand(t, nx, -1, 1), *r = hbuf((size_t)nx * esz(t));
+        void *gx = dput(x, (size_t)nx * esz(t)), *gr = G->alloc((size_t)nx * esz(t));
+        for (int to = 0; to < 2; to++) {
+            R->reorder(t, to, n, c, h * w, x, r);
+            G->reorder(t, to, n, c, h * w, gx, gr);
+            void *hr = dget(gr, (size_t)nx * esz(t));
+            same_bits("reorder", what, hr, r, (size_t)nx * esz(t));
+            free(hr);
+        }
+        for (int li = 0; li < 2; li++) {
+            fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+            void *y = hbuf((size_t)ny * esz(t)), *xb = hbuf((size_t)nx * esz(t));
+            void *gy = G->alloc((size_t)ny * esz(t)), *gxb = G->alloc((size_t)nx * esz(t));
+            void *yv = hrand(t, ny, -1, 1), *gyv = dput(yv, (size_t)ny * esz(t));
+            R->channel_pad(t, l, n, c, h, w, st, oc, x, y, true);
+            G->channel_pad(t, l, n, c, h, w, st, oc, gx, gy, true);
+            void *hy = dget(gy, (size_t)ny * esz(t));
+            same_bits("channel_pad forward", what, hy, y, (size_t)ny * esz(t));
+            R->channel_pad(t, l, n, c, h, w, st, oc, xb, yv, false);
+            G->channel_pad(t, l, n, c, h, w, st, oc, gxb, gyv, false);
+            void *hx = dget(gxb, (size_t)nx * esz(t));
+            same_bits("channel_pad backward", what, hx, xb, (size_t)nx * esz(t));
+            G->free(gy), G->free(gxb), G->free(gyv);
+            free(y), free(xb), free(yv), free(hy), free(hx);
+        }
+        G->free(gx), G->free(gr), free(x), free(r);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* convolution: every case in both layouts (f32), the small ones in f64 */
+
+static double conv_tol(fl_dtype t, int64_t k) {
+    if (t == FL_DTYPE_F64)
+        return 1e-12 * sqrt((double)k + 1);
+    double v = 2.5e-7 * sqrt((double)k);
+    return v < 1e-5 ? 1e-5 : v > 1e-4 ? 1e-4 : v;
+}
+
+static void check_conv(fl_dtype t, const conv_case *cc) {
+    fl_conv_desc d = {.dtype = t, .oc = cc->oc, .groups = cc->groups, .bias = cc->bias,
+                      .g = {.c = cc->ic, .h = cc->h, .w = cc->w, .kh = cc->kh, .kw = cc->kw,
+                            .sh = cc->sh, .sw = cc->sw, .ph = cc->ph, .pw = cc->pw, .dh = cc->dh,
+                            .dw = cc->dw}};
+    CHECK(fl_conv_geom_out(&d.g));
+    int64_t n = cc->n, N = cc->n + cc->extra, oh = d.g.oh, ow = d.g.ow;
+    int64_t in = cc->ic * cc->h * cc->w, out = cc->oc * oh * ow;
+    int64_t nw = cc->oc * (cc->ic / cc->groups) * cc->kh * cc->kw;
+    size_t e = esz(t);
+    double ws = 1 / sqrt((double)nw / (double)cc->oc);
+    void *x = hrand(t, N * in, -1, 1), *w = hrand(t, nw, -ws, ws), *b = hrand(t, cc->oc, -.5, .5);
+    void *dy = hrand(t, n * out, -1, 1), *dw0 = hrand(t, nw, -1, 1), *db0 = hrand(t, cc->oc, -1, 1);
+    const void *bias = cc->bias ? b : NULL;
+
+    /* the reference: forward on N images, the backwards on the first n */
+    d.layout = FL_LAYOUT_NCHW, d.max_batch = N;
+    fl_conv_plan *rp = R->conv_plan_create(&d);
+    CHECK(rp);
+    if (!rp)
+        return;
+    void *rs = R->alloc(R->conv_scratch_bytes(rp));
+    void *y_ref = hbuf((size_t)(N * out) * e), *dx_ref = hbuf((size_t)(n * in) * e);
+    void *dw_ref = hbuf((size_t)nw * e), *db_ref = hbuf((size_t)cc->oc * e);
+    void *dwa_ref = hbuf((size_t)nw * e), *dba_ref = hbuf((size_t)cc->oc * e);
+    R->conv_forward(rp, N, x, w, bias, y_ref, rs);
+    R->conv_backward_data(rp, n, dy, w, dx_ref, rs);
+    R->conv_backward_filter(rp, n, x, dy, dw_ref, cc->bias ? db_ref : NULL, false, rs);
+    for (int64_t i = 0; i < nw; i++)
+        set(t, dwa_ref, i, get(t, dw0, i) + get(t, dw_ref, i));
+    for (int64_t i = 0; i < cc->oc; i++)
+        set(t, dba_ref, i, get(t, db0, i) + get(t, db_ref, i));
+    R->free(rs);
+    R->conv_plan_free(rp);
+
+    int64_t kf = cc->ic / cc->groups * cc->kh * cc->kw, kd = cc->oc / cc->groups * cc->kh * cc->kw;
+    int64_t kw_ = n * oh * ow;
+    void *xl = hbuf((size_t)(N * in) * e), *dyl = hbuf((size_t)(n * out) * e);
+    void *tmp = hbuf((size_t)(N * out + n * in) * e);
+    void *gw = dput(w, (size_t)nw * e), *gb = dput(b, (size_t)cc->oc * e);
+    for (int li = 0; li < 2; li++) {
+        fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+        char what[600];
+        d.layout = l, d.max_batch = N;
+        fl_conv_plan *p = G->conv_plan_create(&d);
+        if (!p && t == FL_DTYPE_F64 && l == FL_LAYOUT_NHWC) {
+            /* cuDNN may have no f64 channels-last algorithm: then a clear refusal */
+            fprintf(stderr, "%s f64 NHWC: not planned: %s\n", cc->name, fl_errmsg());
+            CHECK_MSG("NHWC");
+            continue;
+        }
+        CHECK(p);
+        if (!p) {
+            fprintf(stderr, "%s %s: cuda plan: %s\n", cc->name, fl_layout_name(l), fl_errmsg());
+            continue;
+        }
+        size_t sb = G->conv_scratch_bytes(p);
+        void *s = G->alloc(sb);
+        to_layout(t, l, N, cc->ic, cc->h * cc->w, x, xl);
+        to_layout(t, l, n, cc->oc, oh * ow, dy, dyl);
+        void *gx = dput(xl, (size_t)(N * in) * e), *gdy = dput(dyl, (size_t)(n * out) * e);
+        void *gy = G->alloc((size_t)(N * out) * e), *gdx = G->alloc((size_t)(n * in) * e);
+        void *gdw = G->alloc((size_t)nw * e), *gdb = G->alloc((size_t)cc->oc * e);
+        const void *gbias = cc->bias ? gb : NULL;
+        /* forward at the plan's max batch, then the batch of n (other algorithms) */
+        for (int k = 0; k < 2; k++) {
+            int64_t nn = k ? n : N;
+            G->conv_forward(p, nn, gx, gw, gbias, gy, s);
+            void *h = dget(gy, (size_t)(nn * out) * e);
+            from_layout(t, l, nn, cc->oc, oh * ow, h, tmp);
+            snprintf(what, sizeof what, "%s %s: forward, batch %lld", cc->name,
+                     fl_layout_name(l), (long long)nn);
+            rel("conv forward", what, t, tmp, y_ref, nn * out, conv_tol(t, kf));
+            free(h);
+        }
+        G->conv_backward_data(p, n, gdy, gw, gdx, s);
+        void *hdx = dget(gdx, (size_t)(n * in) * e);
+        from_layout(t, l, n, cc->ic, cc->h * cc->w, hdx, tmp);
+        snprintf(what, sizeof what, "%s %s: backward data", cc->name, fl_layout_name(l));
+        rel("conv backward data", what, t, tmp, dx_ref, n * in, conv_tol(t, kd));
+        G->conv_backward_filter(p, n, gx, gdy, gdw, cc->bias ? gdb : NULL, false, s);
+        void *hdw = dget(gdw, (size_t)nw * e), *hdb = dget(gdb, (size_t)cc->oc * e);
+        snprintf(what, sizeof what, "%s %s: dw", cc->name, fl_layout_name(l));
+        rel("conv backward filter", what, t, hdw, dw_ref, nw, conv_tol(t, kw_));
+        if (cc->bias) {
+            snprintf(what, sizeof what, "%s %s: dbias", cc->name, fl_layout_name(l));
+            rel("conv backward filter", what, t, hdb, db_ref, cc->oc, conv_tol(t, kw_));
+        }
+        /* bit-repeatable: the backwards again */
+        G->conv_backward_data(p, n, gdy, gw, gdx, s);
+        G->conv_backward_filter(p, n, gx, gdy, gdw, cc->bias ? gdb : NULL, false, s);
+        void *hdx2 = dget(gdx, (size_t)(n * in) * e), *hdw2 = dget(gdw, (size_t)nw * e);
+        void *hdb2 = dget(gdb, (size_t)cc->oc * e);
+        snprintf(what, sizeof what, "%s %s: run twice", cc->name, fl_layout_name(l));
+        same_bits("conv backward data (repeat)", what, hdx2, hdx, (size_t)(n * in) * e);
+        same_bits("conv backward filter (repeat)", what, hdw2, hdw, (size_t)nw * e);
+        same_bits("conv backward filter (repeat)", what, hdb2, hdb, (size_t)cc->oc * e);
+        /* accumulating into dw0, db0 */
+        G->copy(gdw, dw0, (size_t)nw * e, FL_COPY_H2D, NULL);
+        G->copy(gdb, db0, (size_t)cc->oc * e, FL_COPY_H2D, NULL);
+        G->conv_backward_filter(p, n, gx, gdy, gdw, cc->bias ? gdb : NULL, true, s);
+        void *hdwa = dget(gdw, (size_t)nw * e), *hdba = dget(gdb, (size_t)cc->oc * e);
+        snprintf(what, sizeof what, "%s %s: dw accumulated", cc->name, fl_layout_name(l));
+        rel("conv backward filter", what, t, hdwa, dwa_ref, nw, conv_tol(t, kw_));
+        if (cc->bias) {
+            snprintf(what, sizeof what, "%s %s: dbias accumulated", cc->name, fl_layout_name(l));
+            rel("conv backward filter", what, t, hdba, dba_ref, cc->oc, conv_tol(t, kw_));
+        }
+        G->free(gx), G->free(gdy), G->free(gy), G->free(gdx), G->free(gdw), G->free(gdb);
+        G->free(s);
+        G->conv_plan_free(p);
+        free(hdx), free(hdw), free(hdb), free(hdx2), free(hdw2), free(hdb2), free(hdwa), free(hdba);
+    }
+    G->free(gw), G->free(gb);
+    free(x), free(w), free(b), free(dy), free(dw0), free(db0), free(xl), free(dyl), free(tmp);
+    free(y_ref), free(dx_ref), free(dw_ref), free(db_ref), free(dwa_ref), free(dba_ref);
+}
+
+static void test_conv(void) {
+    for (size_t i = 0; i < N_CONV_CASES; i++)
+        check_conv(FL_DTYPE_F32, &conv_cases[i]);
+    for (int i = 0; i < N_CONV_RANDOM; i++) {
+        conv_case c;
+        char name[400];
+        conv_case_random(&rng, i, &c, name, sizeof name);
+        check_conv(FL_DTYPE_F32, &c);
+        check_conv(FL_DTYPE_F64, &c);
+    }
+    for (size_t i = 0; i < 12; i++) /* the small named cases in f64 */
+        check_conv(FL_DTYPE_F64, &conv_cases[i]);
+
+    /* a bad descriptor fails with a message, not an abort */
+    fl_conv_desc d = {.dtype = FL_DTYPE_F32, .layout = FL_LAYOUT_NCHW, .max_batch = 2, .oc = 5,
+                      .groups = 2, .g = {.c = 4, .h = 5, .w = 5, .kh = 3, .kw = 3, .sh = 1,
+                                         .sw = 1, .dh = 1, .dw = 1}};
+    CHECK(fl_conv_geom_out(&d.g));
+    CHECK(G->conv_plan_create(&d) == NULL); /* 5 output channels in 2 groups */
+    CHECK_MSG("groups");
+    d.oc = 6, d.dtype = FL_DTYPE_F16;
+    CHECK(G->conv_plan_create(&d) == NULL);
+    CHECK_MSG("f32 or f64");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* pooling: max exactly the ref's (first largest on ties), average within rounding */
+
+static void check_pool(fl_dtype t, const pool_case *pc, fl_pool pool) {
+    fl_conv_geom g = {.c = pc->c, .h = pc->h, .w = pc->w, .kh = pc->kh, .kw = pc->kw,
+                      .sh = pc->sh, .sw = pc->sw, .ph = pc->ph, .pw = pc->pw, .dh = pc->dh,
+                      .dw = pc->dw};
+    CHECK(fl_conv_geom_out(&g));
+    int64_t n = pc->n, in = pc->c * pc->h * pc->w, out = pc->c * g.oh * g.ow;
+    size_t e = esz(t);
+    void *x = hbuf((size_t)(n * in) * e), *dy = hrand(t, n * out, -1, 1);
+    if (pc->ties)
+        for (int64_t i = 0; i < n * in; i++)
+            set(t, x, i, fl_rng_below(&rng, 8) < 5 ? 0 : (double)fl_rng_below(&rng, 3));
+    else
+        for (int64_t i = 0; i < n * in; i++)
+            set(t, x, i, 2 * fl_rng_uniform_f64(&rng) - 1);
+    void *y_ref = hbuf((size_t)(n * out) * e), *dx_ref = hbuf((size_t)(n * in) * e);
+    R->pool_forward(t, FL_LAYOUT_NCHW, pool, n, &g, x, y_ref);
+    R->pool_backward(t, FL_LAYOUT_NCHW, pool, n, &g, x, dy, dx_ref);
+    bool max = pool == FL_POOL_MAX;
+    void *xl = hbuf((size_t)(n * in) * e), *dyl = hbuf((size_t)(n * out) * e);
+    void *tmp = hbuf((size_t)(n * in + n * out) * e);
+    for (int li = 0; li < 2; li++) {
+        fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+        char what[400];
+        snprintf(what, sizeof what, "%s pool %s %s", max ? "max" : "avg", pc->name,
+                 fl_layout_name(l));
+        to_layout(t, l, n, pc->c, pc->h * pc->w, x, xl);
+        to_layout(t, l, n, pc->c, g.oh * g.ow, dy, dyl);
+        void *gx = dput(xl, (size_t)(n * in) * e), *gdy = dput(dyl, (size_t)(n * out) * e);
+        void *gy = G->alloc((size_t)(n * out) * e), *gdx = G->alloc((size_t)(n * in) * e);
+        G->pool_forward(t, l, pool, n, &g, gx, gy);
+        G->pool_backward(t, l, pool, n, &g, gx, gdy, gdx);
+        void *hy = dget(gy, (size_t)(n * out) * e), *hdx = dget(gdx, (size_t)(n * in) * e);
+        from_layout(t, l, n, pc->c, g.oh * g.ow, hy, tmp);
+        if (max)
+            same_bits("max pool forward", what, tmp, y_ref, (size_t)(n * out) * e);
+        else
+            rel("avg pool forward", what, t, tmp, y_ref, n * out, t == FL_DTYPE_F32 ? 2e-6 : 1e-14);
+        from_layout(t, l, n, pc->c, pc->h * pc->w, hdx, tmp);
+        if (max)
+            same_bits("max pool backward", what, tmp, dx_ref, (size_t)(n * in) * e);
+        else
+            rel("avg pool backward", what, t, tmp, dx_ref, n * in, t == FL_DTYPE_F32 ? 2e-6 : 1e-14);
+        G->free(gx), G->free(gdy), G->free(gy), G->free(gdx), free(hy), free(hdx);
+    }
+    free(x), free(dy), free(y_ref), free(dx_ref), free(xl), free(dyl), free(tmp);
+}
+
+static void test_pool(void) {
+    for (size_t i = 0; i < N_POOL_CASES; i++)
+        for (int k = 0; k < 2; k++) {
+            fl_dtype t = dtypes[k];
+            check_pool(t, &pool_cases[i], FL_POOL_MAX);
+            check_pool(t, &pool_cases[i], FL_POOL_AVG);
+        }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* batch norm: training and inference, with and without the ReLU, both layouts */
+
+#define TOL_BN_FWD 2e-5
+#define TOL_BN_BWD 1e-4
+
+static void check_bn(fl_dtype t, const bn_case *bc) {
+    int64_t n = bc->n, c = bc->c, hw = bc->hw, nx = n * c * hw;
+    const double eps = 1e-5;
+    size_t e = esz(t), xb = (size_t)nx * e, cb = (size_t)c * e, db = (size_t)c * sizeof(double);
+    double tf = t == FL_DTYPE_F32 ? TOL_BN_FWD : 1e-10, tb = t == FL_DTYPE_F32 ? TOL_BN_BWD : 1e-10;
+    void *x = hbuf(xb), *gamma = hrand(t, c, 0.5, 1.5), *beta = hrand(t, c, -0.5, 0.5);
+    void *dy = hrand(t, nx, -1, 1), *dg0 = hrand(t, c, -1, 1), *db0 = hrand(t, c, -1, 1);
+    double *rmean = hbuf(db), *rvar = hbuf(db), *mref = hbuf(db), *vref = hbuf(db);
+    for (int64_t ch = 0; ch < c; ch++) {
+        double off = 4 * fl_rng_uniform_f64(&rng) - 2, sc = 0.2 + 2 * fl_rng_uniform_f64(&rng);
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t i = 0; i < hw; i++)
+                set(t, x, (b * c + ch) * hw + i, off + sc * (2 * fl_rng_uniform_f64(&rng) - 1));
+        rmean[ch] = off + 0.1 * (fl_rng_uniform_f64(&rng) - 0.5);
+        rvar[ch] = sc * sc / 3 * (0.5 + fl_rng_uniform_f64(&rng));
+    }
+    void *y_ref = hbuf(xb), *dx_ref = hbuf(xb), *dg_ref = hbuf(cb), *db_ref = hbuf(cb);
+    void *dga_ref = hbuf(cb), *dba_ref = hbuf(cb), *xl = hbuf(xb), *dyl = hbuf(xb);
+    void *ryl = hbuf(xb), *tmp = hbuf(xb);
+    void *gg = dput(gamma, cb), *gbeta = dput(beta, cb), *gdg = G->alloc(cb), *gdb = G->alloc(cb);
+    double *gm = G->alloc(db), *gv = G->alloc(db);
+    for (int training = 1; training >= 0; training--)
+        for (int relu = 0; relu < 2; relu++) {
+            double *sm = training ? mref : rmean, *sv = training ? vref : rvar;
+            R->bn_forward(t, FL_LAYOUT_NCHW, n, c, hw, x, gamma, beta, eps, training, sm, sv,
+                          relu, y_ref);
+            R->bn_backward(t, FL_LAYOUT_NCHW, n, c, hw, x, relu ? y_ref : NULL, dy, gamma, sm, sv,
+                           eps, training, dx_ref, dg_ref, db_ref, false);
+            for (int64_t i = 0; i < c; i++) {
+                set(t, dga_ref, i, get(t, dg0, i) + get(t, dg_ref, i));
+                set(t, dba_ref, i, get(t, db0, i) + get(t, db_ref, i));
+            }
+            for (int li = 0; li < 2; li++) {
+                fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+                char pre[200], what[300];
+                snprintf(pre, sizeof pre, "bn (%lld, %lld, %lld) %s %s%s", (long long)n,
+                         (long long)c, (long long)hw, fl_layout_name(l),
+                         training ? "training" : "inference", relu ? " relu" : "");
+                const char *opf = training ? "bn forward training" : "bn forward inference";
+                const char *opb = training ? "bn backward training" : "bn backward inference";
+                to_layout(t, l, n, c, hw, x, xl);
+                to_layout(t, l, n, c, hw, dy, dyl);
+                to_layout(t, l, n, c, hw, y_ref, ryl);
+                void *gx = dput(xl, xb), *gy = G->alloc(xb), *gdy = dput(dyl, xb);
+                void *gry = dput(ryl, xb), *gdx = G->alloc(xb);
+                G->copy(gm, rmean, db, FL_COPY_H2D, NULL);
+                G->copy(gv, rvar, db, FL_COPY_H2D, NULL);
+                G->bn_forward(t, l, n, c, hw, gx, gg, gbeta, eps, training, gm, gv, relu, gy);
+                void *hy = dget(gy, xb);
+                from_layout(t, l, n, c, hw, hy, tmp);
+                snprintf(what, sizeof what, "%s: y", pre);
+                rel(opf, what, t, tmp, y_ref, nx, tf);
+                double *hm = dget(gm, db), *hv = dget(gv, db);
+                if (training) {
+                    snprintf(what, sizeof what, "%s: mean", pre);
+                    rel(opf, what, FL_DTYPE_F64, hm, mref, c, 1e-10); /* both in double */
+                    snprintf(what, sizeof what, "%s: var", pre);
+                    rel(opf, what, FL_DTYPE_F64, hv, vref, c, 1e-10);
+                } else { /* read, not written */
+                    same_bits(opf, "running mean untouched", hm, rmean, db);
+                    same_bits(opf, "running var untouched", hv, rvar, db);
+                }
+                /* repeatable, and y may alias x */
+                G->bn_forward(t, l, n, c, hw, gx, gg, gbeta, eps, training, gm, gv, relu, gx);
+                void *hy2 = dget(gx, xb);
+                same_bits(opf, "again, in place", hy2, hy, xb);
+                /* backward with the ref's statistics */
+                G->copy(gm, sm, db, FL_COPY_H2D, NULL);
+                G->copy(gv, sv, db, FL_COPY_H2D, NULL);
+                G->copy(gx, xl, xb, FL_COPY_H2D, NULL);
+                G->bn_backward(t, l, n, c, hw, gx, relu ? gry : NULL, gdy, gg, gm, gv, eps,
+                               training, gdx, gdg, gdb, false);
+                void *hdx = dget(gdx, xb), *hdg = dget(gdg, cb), *hdb = dget(gdb, cb);
+                from_layout(t, l, n, c, hw, hdx, tmp);
+                snprintf(what, sizeof what, "%s: dx", pre);
+                rel(opb, what, t, tmp, dx_ref, nx, tb);
+                snprintf(what, sizeof what, "%s: dgamma", pre);
+                rel(opb, what, t, hdg, dg_ref, c, tb);
+                snprintf(what, sizeof what, "%s: dbeta", pre);
+                rel(opb, what, t, hdb, db_ref, c, tb);
+                G->bn_backward(t, l, n, c, hw, gx, relu ? gry : NULL, gdy, gg, gm, gv, eps,
+                               training, gdx, gdg, gdb, false);
+                void *hdx2 = dget(gdx, xb);
+                same_bits(opb, "run twice", hdx2, hdx, xb);
+                for (int with_dx = 0; with_dx < 2; with_dx++) { /* accumulating */
+                    G->copy(gdg, dg0, cb, FL_COPY_H2D, NULL);
+                    G->copy(gdb, db0, cb, FL_COPY_H2D, NULL);
+                    G->bn_backward(t, l, n, c, hw, gx, relu ? gry : NULL, gdy, gg, gm, gv, eps,
+                                   training, with_dx ? gdx : NULL, gdg, gdb, true);
+                    void *a1 = dget(gdg, cb), *a2 = dget(gdb, cb);
+                    snprintf(what, sizeof what, "%s%s: dgamma accumulated", pre,
+                             with_dx ? "" : " no dx");
+                    rel(opb, what, t, a1, dga_ref, c, tb);
+                    snprintf(what, sizeof what, "%s%s: dbeta accumulated", pre,
+                             with_dx ? "" : " no dx");
+                    rel(opb, what, t, a2, dba_ref, c, tb);
+                    free(a1), free(a2);
+                }
+                G->free(gx), G->free(gy), G->free(gdy), G->free(gry), G->free(gdx);
+                free(hy), free(hm), free(hv), free(hy2), free(hdx), free(hdg), free(hdb);
+                free(hdx2);
+            }
+        }
+    G->free(gg), G->free(gbeta), G->free(gdg), G->free(gdb), G->free(gm), G->free(gv);
+    free(x), free(gamma), free(beta), free(dy), free(dg0), free(db0), free(rmean), free(rvar);
+    free(mref), free(vref), free(y_ref), free(dx_ref), free(dg_ref), free(db_ref);
+    free(dga_ref), free(dba_ref), free(xl), free(dyl), free(ryl), free(tmp);
+}
+
+static void test_bn(void) {
+    for (size_t i = 0; i < N_BN_CASES; i++)
+        check_bn(FL_DTYPE_F32, &bn_cases[i]);
+    for (size_t i = 0; i < 4; i++)
+        check_bn(FL_DTYPE_F64, &bn_cases[i]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Deep Gradient Compression: the CPU kernels' results, from the same inputs */
+
+static float *frand(int64_t n, double sd) {
+    float *p = hbuf((size_t)n * sizeof *p);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = (float)(sd * fl_rng_normal(&rng));
+    return p;
+}
+
+/* k of n at sparsity s: ceil(n (1 - s)), at least 1 */
+static int64_t dgc_k_of(int64_t n, double s) {
+    int64_t k = (int64_t)ceil((double)n * (1 - s));
+    return k < 1 ? 1 : k;
+}
+
+/* the device's selection from v against the CPU's from the same v: the same count and, where
+ * the orders are promised equal, the same indices in the same order; else the same set */
+static void same_selection(const char *op, const char *what, const int32_t *got, int64_t ng,
+                           const int32_t *want, int64_t nw, int64_t n, bool order) {
+    if (ng != nw) {
+        fprintf(stderr, "%s: %s: %lld chosen, the cpu %lld\n", op, what, (long long)ng,
+                (long long)nw);
+        test_failures++;
+        note(op, INFINITY, 0);
+        return;
+    }
+    if (order) {
+        same_bits(op, what, got, want, (size_t)ng * sizeof *got);
+        return;
+    }
+    char *in = hbuf((size_t)n + 1);
+    for (int64_t j = 0; j < nw; j++)
+        in[want[j]] = 1;
+    bool ok = true;
+    for (int64_t j = 0; j < ng; j++)
+        ok &= got[j] >= 0 && got[j] < n && in[got[j]]-- == 1;
+    note(op, ok ? 0 : INFINITY, 0);
+    if (!ok) {
+        fprintf(stderr, "%s: %s: another set of indices than the cpu's\n", op, what);
+        test_failures++;
+    }
+    free(in);
+}
+
+static void test_dgc_select(void) {
+    static const int64_t sizes[] = {0, 1, 7, 1000, 16384, 100000, 300001};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int64_t n = sizes[si];
+        size_t fb = (size_t)n * sizeof(float), ib = (size_t)n * sizeof(int32_t);
+        float *v = hbuf(fb + 4), *scratch = hbuf(fb + 4 * (size_t)(n / 100 + 4096));
+        int32_t *idx = hbuf(ib + 4);
+        float *gv = G->alloc(fb), *gs = G->alloc(fb + 4 * (size_t)(n / 100 + 4096));
+        int32_t *gi = G->alloc(ib);
+        for (int kind = 0; kind < 4; kind++) {
+            /* 0 normal, 1 half zeros, 2 all zeros, 3 few magnitudes (ties) */
+            for (int64_t i = 0; i < n; i++) {
+                double x = fl_rng_normal(&rng);
+                v[i] = kind == 0   ? (float)x
+                     : kind == 1   ? (fl_rng_below(&rng, 2) ? (float)x : 0.0f)
+                     : kind == 2   ? 0.0f
+                                   : (float)((x < 0 ? -1 : 1) * (double)(1 + fl_rng_below(&rng, 3)));
+            }
+            G->copy(gv, v, fb, FL_COPY_H2D, NULL);
+            const int64_t ks[] = {n / 1000, n / 100, n / 10, n / 2, n, n + 5, 1, 0};
+            for (size_t s = 0; s < sizeof ks / sizeof ks[0]; s++) {
+                int64_t k = ks[s];
+                char what[128];
+                snprintf(what, sizeof what, "n %lld kind %d k %lld", (long long)n, kind,
+                         (long long)k);
+                int64_t want = R->dgc_select_exact(n, v, k, idx, scratch);
+                int64_t got = G->dgc_select_exact(n, gv, k, gi, gs);
+                int32_t *h = dget(gi, (size_t)(got > 0 ? got : 0) * sizeof(int32_t));
+                same_selection("dgc_select_exact", what, h, got, idx, want, n, true);
+                free(h);
+            }
+        }
+        G->free(gv), G->free(gs), G->free(gi), free(v), free(scratch), free(idx);
+    }
+}
+
+/* accumulation (u, v bit-identical to the CPU's), and the fused accumulate + select */
+static void test_dgc_accumulate(void) {
+    static const int64_t sizes[] = {1, 1000, 70000, 262144};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int64_t n = sizes[si];
+        size_t fb = (size_t)n * sizeof(float), ib = (size_t)n * sizeof(int32_t);
+        size_t sb = fb + 4 * (size_t)(n / 100 + 4096);
+        float *scratch = hbuf(sb), *gs = G->alloc(sb);
+        int32_t *idx = hbuf(ib), *gi = G->alloc(ib);
+        float *gg = G->alloc(fb), *gw = G->alloc(fb), *gu = G->alloc(fb), *gv = G->alloc(fb);
+        for (int mode = 0; mode < 3; mode++) {
+            fl_dgc_accum_args a = {.clip_scale = 0.5, .decay = 1e-3, .momentum = 0.9,
+                                   .nesterov = mode == 1, .correction = mode != 2};
+            float *w = frand(n, 1), *u = frand(n, 1), *v = frand(n, 3);
+            G->copy(gw, w, fb, FL_COPY_H2D, NULL);
+            G->copy(gu, u, fb, FL_COPY_H2D, NULL);
+            G->copy(gv, v, fb, FL_COPY_H2D, NULL);
+            float hint_c = 0, hint_g = 0;
+            for (int step = 0; step < 3; step++) {
+                float *g = frand(n, 1);
+                G->copy(gg, g, fb, FL_COPY_H2D, NULL);
+                char what[128];
+                snprintf(what, sizeof what, "n %lld mode %d step %d", (long long)n, mode, step);
+                int64_t k = dgc_k_of(n, step == 1 ? 0.999 : 0.99);
+                if (step == 0) { /* plain accumulation */
+                    R->dgc_accumulate(n, g, w, u, v, &a);
+                    G->dgc_accumulate(n, gg, gw, gu, gv, &a);
+                } else { /* fused, the hint carried from step to step */
+                    int pc = -1, pg = -1;
+                    int64_t want = R->dgc_accumulate_select(n, g, w, u, v, &a, k, idx, scratch,
+                                                            (uint64_t)step, &hint_c, &pc);
+                    int64_t got = G->dgc_accumulate_select(n, gg, gw, gu, gv, &a, k, gi, gs,
+                                                           (uint64_t)step, &hint_g, &pg);
+                    int32_t *h = dget(gi, (size_t)(got > 0 ? got : 0) * sizeof(int32_t));
+                    /* the same order except after the CPU's fourth pass (exact selection) */
+                    same_selection("dgc_accumulate_select", what, h, got, idx, want, n, pc < 4);
+                    CHECK(hint_g == hint_c);
+                    CHECK(pg == 0 || pg == 1);
+                    free(h);
+                }
+                float *hu = dget(gu, fb), *hv = dget(gv, fb);
+                same_bits("dgc_accumulate (cpu bits)", what, hu, u, fb);
+                same_bits("dgc_accumulate (cpu bits)", what, hv, v, fb);
+                free(hu), free(hv), free(g);
+            }
+            free(w), free(u), free(v);
+        }
+        G->free(gs), G->free(gi), G->free(gg), G->free(gw), G->free(gu), G->free(gv);
+        free(scratch), free(idx);
+    }
+}
+
+/* encoding; the scatter-add and the pairs' step with repeated indices across "ranks" (the
+ * CPU's sums bit for bit), an index outside the space; the dense step */
+static void test_dgc_pairs(void) {
+    /* encode */
+    int64_t n = 5000, cnt = 700;
+    float *v = frand(n, 1), *u = frand(n, 1);
+    int32_t *idx = hbuf((size_t)cnt * sizeof *idx);
+    for (int64_t j = 0; j < cnt; j++)
+        idx[j] = (int32_t)((j * 7919) % n); /* distinct, unordered */
+    fl_dgc_pair *pairs = hbuf((size_t)cnt * sizeof *pairs);
+    float *gv = dput(v, (size_t)n * 4), *gu = dput(u, (size_t)n * 4);
+    int32_t *gi = dput(idx, (size_t)cnt * 4);
+    fl_dgc_pair *gp = G->alloc((size_t)cnt * sizeof *gp);
+    for (int mask = 0; mask < 2; mask++) {
+        R->dgc_encode(idx, cnt, 1000, v, mask ? u : NULL, pairs);
+        G->dgc_encode(gi, cnt, 1000, gv, mask ? gu : NULL, gp);
+        void *hp = dget(gp, (size_t)cnt * sizeof *gp), *hv = dget(gv, (size_t)n * 4);
+        void *hu = dget(gu, (size_t)n * 4);
+        same_bits("dgc_encode", "pairs", hp, pairs, (size_t)cnt * sizeof *pairs);
+        same_bits("dgc_encode", "v", hv, v, (size_t)n * 4);
+        same_bits("dgc_encode", "u", hu, u, (size_t)n * 4);
+        free(hp), free(hv), free(hu);
+    }
+    G->dgc_encode(gi, 0, 0, gv, gu, gp); /* nothing selected */
+    G->free(gv), G->free(gu), G->free(gi), G->free(gp);
+    free(v), free(u), free(idx), free(pairs);
+
+    /* scatter-add and apply over 3 segments, 8 "ranks" of pairs with many repeats */
+    const int nseg = 3;
+    int64_t start[] = {0, 50000, 50001, 120000}, total = start[nseg];
+    int64_t np = 200000;
+    fl_dgc_pair *p = hbuf((size_t)np * sizeof *p);
+    for (int64_t j = 0; j < np; j++) {
+        /* a third of the pairs on 64 hot indices: long runs to add in order */
+        p[j].index = (int32_t)(fl_rng_below(&rng, 3) ? fl_rng_below(&rng, (uint64_t)total)
+                                                     : 1000 * fl_rng_below(&rng, 64));
+        p[j].value = (float)fl_rng_normal(&rng);
+    }
+    float *hs[3], *gs[3], *hw[3], *gw[3];
+    for (int s = 0; s < nseg; s++) {
+        int64_t len = start[s + 1] - start[s];
+        hs[s] = frand(len, 1), hw[s] = frand(len, 1);
+        gs[s] = dput(hs[s], (size_t)len * 4), gw[s] = dput(hw[s], (size_t)len * 4);
+    }
+    fl_dgc_pair *gpp = dput(p, (size_t)np * sizeof *p);
+    int64_t rc_c = R->dgc_scatter_add(p, np, nseg, start, hs);
+    int64_t rc_g = G->dgc_scatter_add(gpp, np, nseg, start, (float *const *)gs);
+    CHECK(rc_c == -1 && rc_g == -1);
+    R->dgc_apply_pairs(p, np, nseg, start, hw, 0.1 / 8);
+    G->dgc_apply_pairs(gpp, np, nseg, start, (float *const *)gw, 0.1 / 8);
+    for (int s = 0; s < nseg; s++) {
+        size_t len = (size_t)(start[s + 1] - start[s]) * 4;
+        float *a = dget(gs[s], len), *b = dget(gw[s], len);
+        same_bits("dgc_scatter_add (cpu bits)", "200000 pairs, repeats", a, hs[s], len);
+        same_bits("dgc_apply_pairs (cpu bits)", "200000 pairs, repeats", b, hw[s], len);
+        free(a), free(b);
+    }
+    /* nothing received; an index outside the space: its position, the pairs before it added */
+    CHECK(G->dgc_scatter_add(gpp, 0, nseg, start, (float *const *)gs) == -1);
+    fl_dgc_pair bad[] = {{3, 1.0f}, {7, 2.0f}, {(int32_t)total, 1.0f}, {2, 1.0f}, {-1, 1.0f}};
+    fl_dgc_pair *gbad = dput(bad, sizeof bad);
+    rc_c = R->dgc_scatter_add(bad, 5, nseg, start, hs);
+    rc_g = G->dgc_scatter_add(gbad, 5, nseg, start, (float *const *)gs);
+    CHECK(rc_c == 2 && rc_g == 2);
+    float *a0 = dget(gs[0], (size_t)start[1] * 4);
+    same_bits("dgc_scatter_add (cpu bits)", "up to a bad index", a0, hs[0], (size_t)start[1] * 4);
+    free(a0);
+    G->free(gbad), G->free(gpp), free(p);
+    for (int s = 0; s < nseg; s++)
+        G->free(gs[s]), G->free(gw[s]), free(hs[s]), free(hw[s]);
+
+    /* the dense step: 0 no velocity, 1 velocity, 2 Nesterov */
+    int64_t m = 100003;
+    for (int mode = 0; mode < 3; mode++) {
+        float *w = frand(m, 1), *g = frand(m, 1), *uu = frand(m, 1);
+        float *dw = dput(w, (size_t)m * 4), *dg = dput(g, (size_t)m * 4);
+        float *du = dput(uu, (size_t)m * 4);
+        R->dgc_apply_dense(m, w, g, mode ? uu : NULL, 0.1, 0.5, 0.9, mode == 2, 1e-2);
+        G->dgc_apply_dense(m, dw, dg, mode ? du : NULL, 0.1, 0.5, 0.9, mode == 2, 1e-2);
+        float *a = dget(dw, (size_t)m * 4), *b = dget(dg, (size_t)m * 4), *c = dget(du, (size_t)m * 4);
+        same_bits("dgc_apply_dense (cpu bits)", "w", a, w, (size_t)m * 4);
+        same_bits("dgc_apply_dense (cpu bits)", "g zeroed", b, g, (size_t)m * 4);
+        same_bits("dgc_apply_dense (cpu bits)", "u", c, uu, (size_t)m * 4);
+        G->free(dw), G->free(dg), G->free(du), free(w), free(g), free(uu), free(a), free(b), free(c);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+int main(void) {
+    G = fl_backend_cuda();
+    if (!G)
+        TEST_SKIP("no CUDA device (fleet was built without CUDA)");
+    unsetenv("FLEET_CUDA_TF32"); /* f32 is checked with TF32 off */
+    if (G->device_bind(0) != FL_OK) {
+        char why[600];
+        snprintf(why, sizeof why, "no CUDA device (%s)", fl_errmsg());
+        TEST_SKIP(why);
+    }
+    R = fl_backend_ref();
+    CPU = fl_backend_cpu();
+    fl_rng_init(&rng, 20251125, 0);
+    test_memory();
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {
+        fl_dtype t = dtypes[i];
+        test_gemm(t);
+        test_bias_sum_rows(t);
+        test_activations(t);
+        test_axpy_scale_updates(t);
+        test_reductions(t);
+        test_softmax(t);
+        test_layer_ops(t);
+    }
+    test_conv();
+    test_pool();
+    test_bn();
+    test_dgc_select();
+    test_dgc_accumulate();
+    test_dgc_pairs();
+    fprintf(stderr, "%-34s %8s %-11s %-11s\n", "op", "checks", "worst", "tolerance");
+    for (int i = 0; i < nops; i++)
+        fprintf(stderr, "%-34s %8ld %-11.2g %-11.2g\n", ops[i].op, ops[i].checks, ops[i].worst,
+                ops[i].tol);
+    fprintf(stderr, "memory_peak: %.1f MiB\n", (double)G->memory_peak() / (1 << 20));
+    TEST_DONE();
+}
