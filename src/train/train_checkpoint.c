@@ -6,7 +6,8 @@
  * Which ranks write is decided from the state itself, so that no strategy needs a special
  * case: every rank checksums its state and one allreduce tells whether they all agree. If they
  * do, rank 0's model.safetensors stands for all; if not (DGC's residuals, Local SGD between
- * synchronisations), or when checkpoint.per_rank is set, every rank writes rank_<r>.safetensors. */
+ * synchronisations), or when checkpoint.per_rank is set, every rank writes rank_<r>.safetensors.
+ * Tensors in a device's memory are read and written through host copies (fl_train_stage). */
 #include "train/train_impl.h"
 
 #include "fleet/checkpoint.h"
@@ -40,11 +41,18 @@ enum {
 /* Everything a checkpoint holds, borrowed from the trainer, in file order: network tensors
  * first, then training state (optimizer, distributed optimizer, train.state). */
 typedef struct {
-    fl_param **p;
+    fl_param **p;      /* host memory: a device's tensors replaced by their copies in stage */
     int        n, nnet;
     fl_param   progress;
     int64_t    progress_v[ST_N];
+    fl_train_stage stage;
 } state_list;
+
+static void release(state_list *s) {
+    fl_train_stage_free(&s->stage);
+    free(s->p);
+    s->p = NULL;
+}
 
 static int collect(trainer *t, state_list *s) {
     int nnet = fl_net_num_params(t->net), nopt = fl_optim_num_state(t->opt);
@@ -65,7 +73,10 @@ static int collect(trainer *t, state_list *s) {
     int64_t shape[1] = {ST_N};
     fl_tensor_view(&s->progress.value, FL_DTYPE_I64, 1, shape, s->progress_v);
     s->p[s->n++] = &s->progress;
-    return FL_OK;
+    int rc = fl_train_stage_create(&s->stage, s->p, s->n);
+    if (rc < 0)
+        release(s);
+    return rc;
 }
 
 /* The effective configuration as YAML (fl_config_print); malloc'd, NULL when out of memory. */
@@ -151,6 +162,7 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
     const char *root = cfg->checkpoint.dir;
     state_list s = {0};
     FL_TRY(collect(t, &s));
+    fl_train_stage_pull(&s.stage, fl_net_backend(t->net));
     int64_t *v = s.progress_v;
     v[ST_VERSION] = STATE_VERSION;
     v[ST_STEP] = pos->step;
@@ -194,7 +206,7 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
             snprintf(path, sizeof path, "%s/model.safetensors", dir);
         rc = write_file(t, cfg, &s, path, per_rank);
     }
-    free(s.p);
+    release(&s);
     /* 2. all written (or one failed: then every rank fails) before `latest` moves */
     double failed = rc < 0 ? 1.0 : 0.0;
     char msg[512];
@@ -293,6 +305,8 @@ static int resume(trainer *t, const fl_train_config *cfg, train_pos *pos) {
                      "%s workers)", path, world ? world : "?", t->world, world ? world : "?");
     if (rc >= 0)
         rc = fl_ckpt_load(st, s.p, s.n, FL_CKPT_STRICT, NULL, 0, NULL);
+    if (rc >= 0)
+        fl_train_stage_push(&s.stage, fl_net_backend(t->net));
     if (rc >= 0) {
         const int64_t *v = s.progress_v;
         if (v[ST_VERSION] != STATE_VERSION || v[ST_WORLD] != t->world || v[ST_STEP] < 0 ||
@@ -326,7 +340,7 @@ static int resume(trainer *t, const fl_train_config *cfg, train_pos *pos) {
             }
         }
     }
-    free(s.p);
+    release(&s);
     fl_safetensors_close(st);
     return rc;
 }
@@ -384,9 +398,13 @@ static int pretrained(trainer *t, const fl_train_config *cfg) {
     state_list s = {0};
     if (rc >= 0)
         rc = collect(t, &s);
-    if (rc >= 0) /* the network's tensors only */
+    if (rc >= 0) /* the network's tensors only; those not in the file keep their values */
+        fl_train_stage_pull(&s.stage, fl_net_backend(t->net));
+    if (rc >= 0)
         rc = fl_ckpt_load(st, s.p, s.nnet, FL_CKPT_PARTIAL, skip, nskip, &rep);
-    free(s.p);
+    if (rc >= 0)
+        fl_train_stage_push(&s.stage, fl_net_backend(t->net));
+    release(&s);
     if (rc >= 0 && t->rank == 0) {
         FL_INFO("pretrained: %d of %d tensors loaded from %s", rep.loaded,
                 fl_net_num_params(t->net), path);
@@ -484,10 +502,16 @@ static int save_inference_model(trainer *t, const fl_train_config *cfg) {
         if (!p) {
             rc = fl_fail(FL_ENOMEM, "inference model: out of memory");
         } else {
-            for (int i = 0; i < fl_net_num_params(t->net); i++)
+            int n = fl_net_num_params(t->net);
+            for (int i = 0; i < n; i++)
                 p[i] = fl_net_param(t->net, i);
-            rc = fl_ckpt_save(path, p, fl_net_num_params(t->net), meta,
-                              (int)(sizeof meta / sizeof meta[0]));
+            fl_train_stage h;
+            rc = fl_train_stage_create(&h, p, n);
+            if (rc >= 0) {
+                fl_train_stage_pull(&h, fl_net_backend(t->net));
+                rc = fl_ckpt_save(path, p, n, meta, (int)(sizeof meta / sizeof meta[0]));
+            }
+            fl_train_stage_free(&h);
             free(p);
         }
     }
