@@ -4,15 +4,15 @@
 # cannot touch: any host read or write of it outside the table aborts, naming the allocation,
 # as does host memory handed to its kernels). Every run here is made twice, on the cpu backend
 # and on devsim, and must print the same losses, accuracies and evaluations and end with the
-# same checkpoint tensors, bit for bit: the quick-start MLP (one worker, evaluations, the
-# inference model and fleet-eval on it), a CIFAR ResNet-8 on the shapes task (one worker, and
-# two under fleetrun with dense buckets overlapped with backward), the MLP on two workers with
-# f16 allreduce and gradient merge, DGC after its rampup (allgather with the dense fallback,
-# and on 6 workers the sparse exchange, which drops pairs), Local SGD, and resumes of stopped devsim runs (ResNet-8; DGC on two
-# workers) against the uninterrupted cpu runs. Then the device selection: fleetrun --gpus gives
-# each worker its GPU (FLAGS_selected_gpus), and train.device: gpu without a GPU backend, with
-# train.backend cpu, or with a GPU that is not there is refused before training (exit 2) by a
-# message naming train.device.
+# same checkpoint tensors, bit for bit: an MLP (one worker, evaluations, the inference model and
+# fleet-eval on it), configs/quickstart.yaml, a CIFAR ResNet-8 on the shapes task (one worker,
+# and two under fleetrun with dense buckets overlapped with backward), the MLP on two workers
+# with f16 allreduce and gradient merge, DGC after its rampup (allgather with the dense
+# fallback; on 6 workers the sparse exchange, which drops pairs), Local SGD, and resumes of
+# stopped devsim runs (ResNet-8; DGC on two workers) against the uninterrupted cpu runs. Then
+# the device selection: fleetrun --gpus gives each worker its GPU (FLAGS_selected_gpus), and
+# train.device: gpu without a GPU backend, with train.backend cpu, or with a GPU that is not
+# there is refused before training (exit 2) by a message naming train.device.
 set -u
 bin="${FLEET_BIN:?}"
 build="${FLEET_BUILD:?}"
@@ -145,6 +145,11 @@ grep -q 'dev_peak [0-9]* MB' "$tmp/mlp1_dev.out" && ! grep -q dev_peak "$tmp/mlp
   diff <(grep samples "$tmp/ev_cpu.out") <(grep samples "$tmp/ev_dev.out") &&
   echo "ok: fleet-eval on devsim: the same logits and $(grep -o 'loss [0-9.]*' "$tmp/ev_dev.out")" ||
   { echo "FAIL: fleet-eval on cpu and devsim"; cat "$tmp/ev_cpu.out" "$tmp/ev_dev.out"; fail=1; }
+
+# the quick start itself, 40 steps and the final evaluation
+cp "${FLEET_SRC:?}/configs/quickstart.yaml" "$tmp/quickstart.yaml"
+pair quickstart 1 1 quickstart -o train.max_steps=40 -o train.log_interval=8 \
+  -o train.log_dir="$tmp/qs_log"
 
 # 2. ResNet-8 on shapes, one worker (batch norm's running statistics, evaluation after epoch 0),
 # and resumed from a devsim checkpoint at step 10
