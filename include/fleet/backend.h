@@ -14,6 +14,21 @@
  * oneDNN). A CUDA
  * backend joins behind the same table.
  *
+ * Memory rule (what a device backend relies on; tests/support/devsim.c enforces it on the CPU):
+ * every data pointer a table function takes is backend memory, from its alloc: activations,
+ * weights, gradients, optimizer state, labels (int32), batch norm's mean and var (C doubles
+ * each), DGC's grad, w, u, v, idx, pairs and scratch, a convolution's scratch. Host memory are
+ * the scalars and the struct arguments (fl_conv_desc, fl_conv_geom, fl_dgc_accum_args), the
+ * small metadata arrays `start` (int64 per segment) and the host arrays of segment pointers
+ * `dst` / `w` of dgc_scatter_add and dgc_apply_pairs (whose entries point to backend memory),
+ * and `hint` and `passes` of dgc_accumulate_select; values a function returns come back to
+ * the host. The host never reads or writes backend memory itself: it copies with `copy`
+ * (FL_COPY_H2D / D2H) or computes with a table function. Comm (src/comm) sees only host
+ * memory: strategies stage buffers through fl_backend_stage_out / fl_backend_stage_in below.
+ * fl_argmax is a host function over host memory. On a backend with host_memory true (cpu,
+ * ref, onednn) backend memory is host memory and the copies are skipped, so following the
+ * rule costs those backends nothing.
+ *
  * Every kernel takes a dtype, FL_DTYPE_F32 or FL_DTYPE_F64 (f64 exists so gradient checks can use
  * finite differences), and raw pointers into the backend's memory; sizes may be 0. Results do
  * not depend on the thread count in any of the three tables: sums run over fixed chunks in a
@@ -316,6 +331,13 @@ const fl_backend *fl_backend_cuda(void);
  * cpu).
  * NULL with a message naming the valid ones when unknown or not built in. */
 const fl_backend *fl_backend_by_name(const char *name);
+
+/* What fl_tensor.device says of a tensor in be's memory: the host's (FL_DEVICE_CPU) when
+ * be->host_memory, else a device's. */
+static inline fl_device fl_backend_device(const fl_backend *be) {
+    fl_device d = {be->host_memory ? FL_DEVICE_CPU : FL_DEVICE_CUDA, 0};
+    return d;
+}
 
 /* The host memory holding `bytes` of backend memory src, for comm to send: src itself on a
  * host-memory backend (free), else staging after a device-to-host copy in stream s (complete

@@ -70,6 +70,9 @@ typedef struct fl_layer_ops {
     int (*infer_shape)(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
                        int64_t *out_shape);
     /* Fills parameter values (called by fl_net_build after memory is placed). May be NULL.
+     * The values' data are host memory here (on a device backend a host copy, which
+     * fl_net_build then copies to the device): init writes them directly and calls no table
+     * function.
      * rng is stream 0x1000 + j of the build seed, j being the network index of the layer's
      * first parameter; a layer gives its parameter i stream 0x1000 + j + i (the same seed,
      * position 0), so every parameter of a network has a stream of its own. */
@@ -213,7 +216,10 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
                  uint64_t seed);
 /* Runs the layers on x (B, in_shape...), B <= max_batch (else FL_ESHAPE). *out (borrowed,
  * valid until the next forward) is the last layer's output. x is borrowed too: backward reads
- * it, so it must stay alive and unchanged until fl_net_backward. */
+ * it, so it must stay alive and unchanged until fl_net_backward. x's data, *out's, dout's and
+ * every parameter's value and gradient are the backend's memory (backend.h's memory rule): on
+ * a device the caller copies its input there and the output back (the tensors the network
+ * plans say so in their `device`). */
 int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tensor **out);
 /* Back-propagates dout (the gradient of the loss w.r.t. the last output) through the layers of
  * the last forward. Gradients overwrite (or add to, see fl_net_set_accumulate) the flat
@@ -271,9 +277,13 @@ int       fl_net_out_shape(const fl_net *net, int64_t *shape);
 void      fl_net_summary(const fl_net *net, FILE *out);
 
 /* --- losses and metrics --- */
+/* FL_EINVAL naming the first row whose label is outside [0, classes); labels in host memory. */
+int fl_labels_check(const int32_t *labels, int64_t rows, int64_t classes);
 /* Mean softmax cross-entropy over the batch: probs (B, C) receives softmax(logits);
- * *loss = mean over rows of -log p[label]. Labels outside [0, C) fail with FL_EINVAL naming
- * the row. */
+ * *loss = mean over rows of -log p[label]. logits, probs and labels are k's memory. Labels
+ * outside [0, C) fail with FL_EINVAL naming the row where the host can read them (k's
+ * host_memory); on a device the caller checks its host labels with fl_labels_check before
+ * copying them there. */
 int fl_softmax_xent_forward(const fl_backend *k, const fl_tensor *logits,
                             const int32_t *labels, fl_tensor *probs, double *loss);
 /* dlogits = (probs - onehot) / B: the gradient of the mean loss. dlogits may be probs. */
@@ -287,7 +297,8 @@ int fl_softmax_xent_smooth_forward(const fl_backend *k, const fl_tensor *logits,
                                    double *loss);
 int fl_softmax_xent_smooth_backward(const fl_backend *k, const fl_tensor *probs,
                                     const int32_t *labels, double epsilon, fl_tensor *dlogits);
-/* Number of rows whose label is among the k largest logits (ties counted against). */
+/* Number of rows whose label is among the k largest logits (ties counted against). A host
+ * function: logits and labels in host memory (on a device, copy the logits back first). */
 int64_t fl_topk_correct(const fl_tensor *logits, const int32_t *labels, int k);
 
 /* --- model zoo --- */

@@ -47,7 +47,8 @@ typedef struct fl_optim fl_optim;
 
 /* An optimizer over params[0..n) (borrowed: they must outlive it; only trainable ones with a
  * gradient are updated). Momentum allocates one zeroed velocity per trainable parameter, same
- * shape and dtype, named "opt.velocity.<param name>" (LARS likewise). Returns NULL and sets
+ * shape and dtype, named "opt.velocity.<param name>" (LARS likewise), in k's memory as the
+ * parameters are (their tensors' `device` says so). Returns NULL and sets
  * fl_errmsg on a bad config (momentum outside [0, 1), momentum or nesterov with SGD, nesterov
  * with LARS, weight_decay < 0, lars_coeff <= 0, lars_weight_decay or epsilon < 0) or on
  * parameters whose value or gradient is not of `dtype` (f32 or f64). */

@@ -46,6 +46,10 @@ void fl_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n);
 
 typedef enum { FL_DEVICE_CPU = 0, FL_DEVICE_CUDA = 1 } fl_device_type;
 
+/* Where a tensor's memory is. FL_DEVICE_CPU: host memory (also the memory of the CPU
+ * backends, whose memory is the host's); FL_DEVICE_CUDA: the memory of a backend whose
+ * host_memory is false (the cuda backend's, or the tests' stand-in for a device), which the
+ * host reaches only through the backend's copy (backend.h's memory rule). */
 typedef struct {
     fl_device_type type;
     int index; /* GPU ordinal; 0 on CPU */
@@ -73,6 +77,11 @@ void fl_tensor_free(fl_tensor *x);
 
 /* Fills a caller-provided struct as a borrowing view (no allocation). */
 void fl_tensor_view(fl_tensor *x, fl_dtype t, int ndim, const int64_t *shape, void *data);
+
+/* Whether the host may read and write x's data directly (x->device is FL_DEVICE_CPU). */
+static inline bool fl_tensor_on_host(const fl_tensor *x) {
+    return x->device.type == FL_DEVICE_CPU;
+}
 
 /* Product of shape[0..ndim); 1 for ndim == 0. */
 int64_t fl_shape_numel(int ndim, const int64_t *shape);

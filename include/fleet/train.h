@@ -8,6 +8,7 @@
 #ifndef FLEET_TRAIN_H
 #define FLEET_TRAIN_H
 
+#include "fleet/backend.h"
 #include "fleet/config.h"
 #include "fleet/strategy.h"
 
@@ -19,13 +20,19 @@
 extern "C" {
 #endif
 
-/* train.backend: the compute backend (fl_backend_by_name; auto = onednn where built) */
+/* train.backend: the compute backend (fl_backend_by_name; auto = onednn where built, cuda
+ * with train.device: gpu) */
 typedef enum {
     FL_TRAIN_COMPUTE_AUTO = 0,
     FL_TRAIN_COMPUTE_CPU,
     FL_TRAIN_COMPUTE_ONEDNN,
-    FL_TRAIN_COMPUTE_REF
+    FL_TRAIN_COMPUTE_REF,
+    FL_TRAIN_COMPUTE_CUDA
 } fl_train_compute;
+
+/* train.device: where the network computes. gpu: the cuda backend on the GPU that
+ * FLAGS_selected_gpus names (its first entry, as Paddle takes it; 0 when unset) */
+typedef enum { FL_TRAIN_DEVICE_CPU = 0, FL_TRAIN_DEVICE_GPU = 1 } fl_train_device;
 
 typedef enum { FL_MODEL_MLP = 0, FL_MODEL_RESNET = 1, FL_MODEL_RESNET_CIFAR = 2 } fl_model_type;
 typedef enum {
@@ -104,6 +111,7 @@ typedef struct fl_train_config {
         int64_t seed;         /* initialisation and shuffling */
         int64_t threads;      /* compute threads; 0: leave OpenMP's default */
         int     backend;      /* fl_train_compute: the compute backend (docs/backends.md) */
+        int     device;       /* fl_train_device */
         char    log_dir[256]; /* rank 0 writes metrics.jsonl here; "" for none */
         bool    eval_train;   /* also evaluate over the whole training set after each epoch */
     } train;
@@ -157,10 +165,19 @@ typedef struct {
  * (fl_net_activation_bytes) and peak = the process's peak resident memory, in MB:
  *   worker_index: 0, epoch 0, step 10, loss 0.6931, acc1 0.5000, lr 0.1000, ips 812.4 img/s,
  *   comm 0.3 MB, act 0.4 MB, peak 12 MB
+ * followed, on a backend that counts its memory (memory_peak: the GPU's), by
+ * ", dev_peak N MB": the most device memory held at once so far. With train.device: gpu the
+ * GPU is bound first (an error before training, naming train.device, where there is none).
  * and evaluation lines (sharded over the ranks, the same numbers on each) after each epoch.
  * Rank 0 alone writes metrics.jsonl. A dead peer fails the call with a message naming it.
  * result may be NULL. */
 int fl_train_run(const fl_train_config *cfg, fl_train_result *result);
+
+/* The backend train.device: gpu trains on, in place of fl_backend_cuda(): a seam for tests,
+ * which install a guarded stand-in for a device (tests/support/devsim.h) so that every device
+ * path of the trainer and of fl_infer_run runs on a machine without a GPU. NULL restores
+ * cuda. Process-wide; call it before anything is built (not thread-safe). */
+void fl_train_set_gpu_backend(const fl_backend *be);
 
 /* Prints the model cfg describes, built for the training data at train.batch_size
  * (fl_net_summary: layer names, types, output shapes, parameters; with strategy.recompute which

@@ -3,8 +3,9 @@
  * running-average update (momentum 0.1, unbiased running variance) in training, running
  * statistics in inference, eps 1e-5; optionally with the following ReLU fused in. The
  * computation is the backend's (bn_forward, bn_backward); the layer keeps the mean and
- * variance a forward used (C doubles each, allocated at create) for backward, and updates the
- * running statistics. */
+ * variance a forward used (C doubles each, the backend's memory, allocated when the network is
+ * built) for backward, and updates the running statistics on the host: in place on the CPU
+ * backends, through host copies of the 4 C values on a device. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -20,8 +21,43 @@ typedef struct {
     int64_t   c, hw;
     fl_layout layout;         /* of the input: the network's for (C, H, W), else NCHW */
     bool      relu, training; /* training: of the last forward */
-    double   *mean, *var;     /* (C) each, one allocation: what the last forward used */
+    const fl_backend *mk;     /* the backend whose memory holds mean and var */
+    double   *mean, *var;     /* (C) each, one allocation of mk's: what the last forward used */
+    /* host copies where mk's memory is not the host's (NULL on the CPU backends): the
+     * statistics (mean, then var) and the running statistics (running_mean, then
+     * running_var, in the network's dtype) */
+    double   *hstat;
+    void     *hrun;
 } bn_impl;
+
+static void free_stats(bn_impl *bn) {
+    if (bn->mk)
+        bn->mk->free(bn->mean);
+    free(bn->hstat);
+    free(bn->hrun);
+    bn->mk = NULL;
+    bn->mean = bn->var = bn->hstat = NULL;
+    bn->hrun = NULL;
+}
+
+/* mean and var in the memory of the layer's backend (set by the network before it infers
+ * shapes), and their host copies on a device */
+static int alloc_stats(fl_layer *l, bn_impl *bn) {
+    if (bn->mk == l->k)
+        return FL_OK;
+    free_stats(bn);
+    size_t bytes = (size_t)(2 * bn->c) * sizeof(double);
+    if (!(bn->mean = l->k->alloc(bytes)))
+        return fl_fail(FL_ENOMEM, "%s: cannot allocate its statistics", l->name);
+    bn->mk = l->k;
+    bn->var = bn->mean + bn->c;
+    if (!l->k->host_memory &&
+        (!(bn->hstat = malloc(bytes)) || !(bn->hrun = malloc(bytes)))) {
+        free_stats(bn);
+        return fl_fail(FL_ENOMEM, "%s: out of memory", l->name);
+    }
+    return FL_OK;
+}
 
 static int bn_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
                           int64_t *out_shape) {
@@ -32,6 +68,7 @@ static int bn_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int
                        fl_shape_str(in_ndim, in_shape, buf, sizeof buf), (long long)bn->c);
     bn->hw = fl_shape_numel(in_ndim - 1, in_shape + 1);
     bn->layout = in_ndim == 3 ? l->layout : FL_LAYOUT_NCHW;
+    FL_TRY(alloc_stats(l, bn));
     *out_ndim = in_ndim;
     memcpy(out_shape, in_shape, (size_t)in_ndim * sizeof *in_shape);
     return FL_OK;
@@ -60,25 +97,52 @@ static void bn_init(fl_layer *l, fl_rng *rng) {
     }
 }
 
+/* Host views of the running statistics (running_mean, running_var: the parameters themselves on
+ * the CPU backends, else copies in hrun made now when `read`). */
+static void running_on_host(fl_layer *l, bn_impl *bn, bool read, void **rm, void **rv) {
+    const fl_backend *k = l->k;
+    void *drm = l->params[2].value.data, *drv = l->params[3].value.data;
+    size_t rb = (size_t)bn->c * fl_dtype_size(l->dtype);
+    *rm = fl_backend_stage_buf(k, drm, bn->hrun);
+    *rv = fl_backend_stage_buf(k, drv, (char *)bn->hrun + rb);
+    if (read && !k->host_memory) {
+        k->copy(*rm, drm, rb, FL_COPY_D2H, NULL);
+        k->copy(*rv, drv, rb, FL_COPY_D2H, NULL);
+        k->stream_sync(NULL);
+    }
+}
+
 static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
     bn_impl *bn = l->impl;
+    const fl_backend *k = l->k;
     int64_t b = x->shape[0], c = bn->c;
+    size_t sbytes = (size_t)(2 * c) * sizeof(double); /* mean, then var */
     const void *gamma = l->params[0].value.data, *beta = l->params[1].value.data;
-    void *rm = l->params[2].value.data, *rv = l->params[3].value.data;
-    if (!training)
+    void *rm, *rv;
+    if (!training) { /* mean, var (double) = the running statistics (the network's dtype) */
+        running_on_host(l, bn, true, &rm, &rv);
+        double *hmean = fl_backend_stage_buf(k, bn->mean, bn->hstat), *hvar = hmean + c;
         for (int64_t i = 0; i < c; i++) {
-            bn->mean[i] = get(l->dtype, rm, i);
-            bn->var[i] = get(l->dtype, rv, i);
+            hmean[i] = get(l->dtype, rm, i);
+            hvar[i] = get(l->dtype, rv, i);
         }
-    l->k->bn_forward(l->dtype, bn->layout, b, c, bn->hw, x->data, gamma, beta, BN_EPS, training,
-                     bn->mean, bn->var, bn->relu, y->data);
+        fl_backend_stage_in(k, bn->mean, hmean, sbytes, NULL);
+    }
+    k->bn_forward(l->dtype, bn->layout, b, c, bn->hw, x->data, gamma, beta, BN_EPS, training,
+                  bn->mean, bn->var, bn->relu, y->data);
     if (training && !l->replay) { /* a recomputation changes no state */
+        const double *mean = fl_backend_stage_out(k, bn->mean, bn->hstat, sbytes, NULL);
+        const double *var = mean + c;
+        running_on_host(l, bn, true, &rm, &rv);
         double cnt = (double)(b * bn->hw);
         for (int64_t i = 0; i < c; i++) {
-            double unbiased = cnt > 1 ? bn->var[i] * cnt / (cnt - 1) : bn->var[i];
-            put(l->dtype, rm, i, (1 - BN_MOMENTUM) * get(l->dtype, rm, i) + BN_MOMENTUM * bn->mean[i]);
+            double unbiased = cnt > 1 ? var[i] * cnt / (cnt - 1) : var[i];
+            put(l->dtype, rm, i, (1 - BN_MOMENTUM) * get(l->dtype, rm, i) + BN_MOMENTUM * mean[i]);
             put(l->dtype, rv, i, (1 - BN_MOMENTUM) * get(l->dtype, rv, i) + BN_MOMENTUM * unbiased);
         }
+        size_t rb = (size_t)c * fl_dtype_size(l->dtype);
+        fl_backend_stage_in(k, l->params[2].value.data, rm, rb, NULL);
+        fl_backend_stage_in(k, l->params[3].value.data, rv, rb, NULL);
     }
     bn->training = training;
     return FL_OK;
@@ -96,7 +160,7 @@ static int bn_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y, cons
 
 static void bn_destroy(fl_layer *l) {
     bn_impl *bn = l->impl;
-    free(bn->mean);
+    free_stats(bn);
     free(bn);
 }
 
@@ -117,19 +181,14 @@ fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu) {
         return NULL;
     }
     bn_impl *bn = calloc(1, sizeof *bn);
-    double *mem = bn ? calloc((size_t)(2 * channels), sizeof *mem) : NULL;
-    if (!mem) {
-        free(bn);
+    if (!bn) {
         fl_fail(FL_ENOMEM, "%s: out of memory", name);
         return NULL;
     }
     bn->c = channels;
     bn->relu = relu;
-    bn->mean = mem;
-    bn->var = mem + channels;
     fl_layer *l = fl_layer_new(&bn_ops, name, bn);
     if (!l) {
-        free(mem);
         free(bn);
         return NULL;
     }

@@ -69,8 +69,9 @@ static void conv_init(fl_layer *l, fl_rng *rng) {
         else
             ((double *)w->data)[i] = v;
     }
+    /* init writes host memory (fl_net_build moves it to a device): no table function here */
     if (c->o.bias)
-        l->k->fill(l->dtype, l->params[1].value.data, l->params[1].value.numel, 0.0);
+        memset(l->params[1].value.data, 0, fl_tensor_nbytes(&l->params[1].value));
 }
 
 static int conv_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {

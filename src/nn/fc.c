@@ -50,8 +50,13 @@ static int fc_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
     if (fc->bias) {
         size_t row = (size_t)fc->out * fl_dtype_size(l->dtype);
         const void *bias = l->params[1].value.data; // (OUT)
-        for (int64_t r = 0; r < b; r++)
-            l->k->copy((char *)y->data + (size_t)r * row, bias, row, FL_COPY_D2D, NULL);
+        /* every row of y = bias: one row, then the rows so far doubled (log2 B copies, which
+         * on a device are as many launches) */
+        if (b > 0)
+            l->k->copy(y->data, bias, row, FL_COPY_D2D, NULL);
+        for (int64_t r = 1; r < b; r *= 2)
+            l->k->copy((char *)y->data + (size_t)r * row, y->data,
+                       (size_t)(r < b - r ? r : b - r) * row, FL_COPY_D2D, NULL);
         beta = 1;
     }
     // y (B, OUT) = x (B, IN) @ W^T (IN, OUT) + y

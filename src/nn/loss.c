@@ -1,7 +1,9 @@
 /* loss.c - mean softmax cross-entropy (forward and backward, optionally with label smoothing)
  * and top-k accuracy counts.
  * These check what the kernels assume (2-D shapes, matching dtypes, labels in range) and turn
- * violations into errors naming the row, then call the fused kernels. */
+ * violations into errors naming the row, then call the fused kernels. Labels are backend
+ * memory: the range check reads them here only where the host can (host_memory); a caller on a
+ * device checks its host copy with fl_labels_check before copying it there. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -33,7 +35,7 @@ static int check_pair(const char *a_name, const fl_tensor *a, const char *b_name
     return FL_OK;
 }
 
-static int check_labels(const int32_t *labels, int64_t rows, int64_t classes) {
+int fl_labels_check(const int32_t *labels, int64_t rows, int64_t classes) {
     FL_ASSERT(labels || rows == 0);
     for (int64_t r = 0; r < rows; r++)
         if (labels[r] < 0 || labels[r] >= classes)
@@ -48,7 +50,8 @@ int fl_softmax_xent_forward(const fl_backend *k, const fl_tensor *logits,
         k = fl_backend_cpu();
     FL_TRY(check_pair("logits", logits, "probs", probs));
     int64_t b = logits->shape[0], c = logits->shape[1];
-    FL_TRY(check_labels(labels, b, c));
+    if (k->host_memory)
+        FL_TRY(fl_labels_check(labels, b, c));
     double total = k->softmax_xent_forward(logits->dtype, logits->data, labels, probs->data, b, c);
     *loss = b > 0 ? total / (double)b : 0.0;
     return FL_OK;
@@ -60,7 +63,8 @@ int fl_softmax_xent_backward(const fl_backend *k, const fl_tensor *probs,
         k = fl_backend_cpu();
     FL_TRY(check_pair("probs", probs, "dlogits", dlogits));
     int64_t b = probs->shape[0], c = probs->shape[1];
-    FL_TRY(check_labels(labels, b, c));
+    if (k->host_memory)
+        FL_TRY(fl_labels_check(labels, b, c));
     if (b > 0)
         k->softmax_xent_backward(probs->dtype, probs->data, labels, dlogits->data, b, c,
                                  1.0 / (double)b);
@@ -132,6 +136,7 @@ STAMP_TOPK(double, f64)
 
 int64_t fl_topk_correct(const fl_tensor *logits, const int32_t *labels, int k) {
     FL_ASSERT(logits->ndim == 2);
+    FL_ASSERT(fl_tensor_on_host(logits)); /* a device's logits: copy them to the host first */
     int64_t rows = logits->shape[0], cols = logits->shape[1];
     if (k < 1 || rows == 0)
         return 0;

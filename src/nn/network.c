@@ -530,6 +530,12 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         net->k->stream_sync(NULL);
         fl_free_aligned(host);
     }
+    /* every tensor the network planned is the backend's memory */
+    fl_device dev = fl_backend_device(net->k);
+    for (int i = 0; i < net->nparams; i++)
+        net->params[i].value.device = net->params[i].grad.device = dev;
+    for (int i = 0; i < net->nlayers; i++)
+        net->out[i].device = net->dout[i].device = dev;
     net->built = true;
     return FL_OK;
 fail:
@@ -712,7 +718,7 @@ void fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena, 
 
 void fl_net_zero_grad(fl_net *net) {
     if (net->built)
-        memset(net->flat_grads, 0, (size_t)net->numel * fl_dtype_size(net->dtype));
+        net->k->fill(net->dtype, net->flat_grads, net->numel, 0.0);
 }
 
 fl_dtype fl_net_dtype(const fl_net *net) { return net->dtype; }

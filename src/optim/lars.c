@@ -56,7 +56,7 @@ void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_p
     void *w = p->value.data;
     const void *g = p->grad.data;
     if (c->weight_decay > 0) { // the L2 regulariser is part of the gradient LARS sees
-        memcpy(scratch, g, fl_tensor_nbytes(&p->value));
+        k->copy(scratch, g, fl_tensor_nbytes(&p->value), FL_COPY_D2D, NULL);
         k->axpy(t, n, c->weight_decay, w, scratch);
         g = scratch;
     }

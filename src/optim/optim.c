@@ -25,8 +25,9 @@ struct fl_optim {
     int                  nstate;
     fl_param            *state;       /* (nstate) velocities, Momentum only */
     int                 *velocity_of; /* (n) index into state, or -1 */
-    void                *block;       /* the velocities' memory */
-    void                *lars_scratch;/* LARS with weight_decay: g + wd w of the largest param */
+    void                *block;       /* the velocities' memory (k's) */
+    void                *lars_scratch;/* LARS with weight_decay: g + wd w of the largest param
+                                       * (k's memory) */
 };
 
 static int check_config(const fl_optim_config *c) {
@@ -115,10 +116,9 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         }
     }
     opt->state = calloc((size_t)(nstate ? nstate : 1), sizeof *opt->state);
-    opt->block = fl_alloc_aligned(bytes);
+    opt->block = k->alloc(bytes); /* zero-filled */
     if (!opt->state || !opt->block)
         goto nomem;
-    memset(opt->block, 0, bytes);
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         const fl_param *p = &params[i];
@@ -131,6 +131,7 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         memcpy(v->name + plen, p->name, nlen + 1);
         fl_tensor_view(&v->value, dtype, p->value.ndim, p->value.shape, (char *)opt->block + off);
         fl_tensor_view(&v->grad, dtype, p->value.ndim, p->value.shape, NULL);
+        v->value.device = fl_backend_device(k);
         v->trainable = false;
         off += padded_bytes(p);
         opt->velocity_of[i] = opt->nstate++;
@@ -140,7 +141,7 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         for (int i = 0; i < n; i++)
             if (params[i].trainable && fl_tensor_nbytes(&params[i].value) > most)
                 most = fl_tensor_nbytes(&params[i].value);
-        if (!(opt->lars_scratch = fl_alloc_aligned(most ? most : 64)))
+        if (!(opt->lars_scratch = k->alloc(most)))
             goto nomem;
     }
     return opt;
@@ -155,8 +156,8 @@ fail:
 void fl_optim_free(fl_optim *opt) {
     if (!opt)
         return;
-    fl_free_aligned(opt->block);
-    fl_free_aligned(opt->lars_scratch);
+    opt->k->free(opt->block);
+    opt->k->free(opt->lars_scratch);
     free(opt->state);
     free(opt->velocity_of);
     free(opt);

@@ -154,9 +154,12 @@ static int launch(fl_dist_optim *d, dense *ds, bucket *b) {
     int rc;
     if (d->s.fp16_allreduce) {
         /* divided by N (and k) in f32 before the cast, so that the f16 sum over N workers
-         * overflows only where the average itself would */
+         * overflows only where the average itself would; cast on the host (on a device, from
+         * the host copy) */
         fl_net_backend(d->net)->scale(t, b->n, d->grad_scale / d->world, g);
-        fl_f32_to_f16_n(g, ds->staging + b->off, (size_t)b->n);
+        const float *hg = fl_backend_stage_out(fl_net_backend(d->net), g, wire_of(d, ds, b),
+                                               (size_t)b->n * sizeof(float), NULL);
+        fl_f32_to_f16_n(hg, ds->staging + b->off, (size_t)b->n);
         rc = fl_comm_iallreduce(d->comm, ds->staging + b->off, (size_t)b->n, FL_DTYPE_F16,
                                 FL_REDOP_SUM, &b->req);
     } else {
@@ -214,12 +217,11 @@ static void complete(fl_dist_optim *d, dense *ds, bool keep) {
         }
         if (!keep || ds->error)
             continue;
-        void *g = range_of(d, b);
+        void *g = range_of(d, b), *wire = wire_of(d, ds, b);
         if (d->s.fp16_allreduce)
-            fl_f16_to_f32_n(ds->staging + b->off, g, (size_t)b->n);
-        else
-            fl_backend_stage_in(fl_net_backend(d->net), g, wire_of(d, ds, b),
-                                (size_t)b->n * fl_dtype_size(fl_net_dtype(d->net)), NULL);
+            fl_f16_to_f32_n(ds->staging + b->off, wire, (size_t)b->n);
+        fl_backend_stage_in(fl_net_backend(d->net), g, wire,
+                            (size_t)b->n * fl_dtype_size(fl_net_dtype(d->net)), NULL);
         if (!d->s.fp16_allreduce && d->grad_scale != 1.0)
             fl_net_backend(d->net)->scale(fl_net_dtype(d->net), b->n, d->grad_scale, g);
     }

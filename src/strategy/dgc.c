@@ -11,7 +11,10 @@
  * worker receives at most ~5 k pairs whatever N, and the pairs its global threshold drops go
  * back into the accumulators (docs/dgc.md "Beyond 128 workers"). The arithmetic is in
  * dgc_math.c; this file plans buffers, talks to the communicator and keeps the state (u, v per
- * rank) checkpointable. */
+ * rank) checkpointable. The arrays the kernels work on are the backend's memory; what the
+ * communicator sends and receives is host memory: on a device the pairs, the small tensors'
+ * gradients and the dense fallback's v travel through host copies (on the CPU backends those
+ * are the arrays themselves). */
 #include "dgc_math.h"
 #include "strategy_impl.h"
 
@@ -38,13 +41,17 @@ typedef struct {
     int64_t     *start;  /* (nct + 1) their ranges in the compressed index space */
     float      **gseg;   /* (nct) their gradients: the scatter-add target */
     float      **wseg;   /* (nct) their values */
+    float      **vseg;   /* (nct) their accumulators: where the sparse exchange's dropped pairs
+                          * return */
     int64_t      cnumel; /* compressed elements */
     float       *ublock, *vblock; /* (cnumel) the state's memory, u and v of every tensor */
+    float       *hv;     /* (cnumel) host copy of vblock for the dense fallback's allreduce */
     fl_param   **dp;     /* (ndp) trainable tensors that stay dense */
     fl_param   **dvel;   /* (ndp) their optimizer velocities (borrowed from the optimizer) */
     int          ndp;
     int64_t      dnumel;
     float       *dstage;  /* (dnumel) their gradients packed for one allreduce */
+    float       *hdstage; /* (dnumel) its host copy, for comm */
     fl_param   **vel_of;  /* (nparams) optimizer velocity of each parameter, or NULL */
     float       *scratch; /* selection: largest tensor + its sample */
     int32_t     *idx;     /* selection: largest tensor */
@@ -52,12 +59,15 @@ typedef struct {
     dgc_pair    *send;    /* (send_cap) this rank's pairs: tensor c's kk[c] at soff[c] */
     dgc_pair    *recv;    /* (max(world, DGC_SPARSE_BUDGET) * send_cap) allgather: every rank's,
                            * tensor c's at world * soff[c]; sparse: the kept sums */
+    dgc_pair    *hsend, *hrecv; /* host copies of send and recv, for comm (and the padding) */
+    int32_t     *kidx;    /* (send_cap) the sparse exchange's kept indices, whose u is masked */
     int64_t      send_cap;
     double       said;     /* sparsity whose dense fallback was last logged; -1: none */
     int          said_exchange; /* the exchange last logged; -1: none */
     int64_t      pairs, dropped; /* pairs given to the exchange, dropped by its threshold */
-    /* the sparse exchange: this rank's pairs in index order, the kept sums, the kept flags */
-    int32_t     *xidx;
+    /* the sparse exchange (host memory): this rank's pairs in index order, the kept sums, the
+     * kept flags */
+    int32_t     *xidx;    /* host memory, as xval, xkept, oidx and oval */
     float       *xval;
     uint8_t     *xkept;
     int32_t     *oidx; /* (DGC_SPARSE_BUDGET * send_cap) the kept sums */
@@ -84,22 +94,29 @@ static void destroy(fl_dist_optim *d) {
     dgc *g = d->impl;
     if (!g)
         return;
+    const fl_backend *be = fl_net_backend(d->net);
     wait_launched(g);
     fl_dense_state_free(g->dense);
     free(g->ct);
     free(g->start);
     free(g->gseg);
     free(g->wseg);
-    fl_free_aligned(g->ublock);
-    fl_free_aligned(g->vblock);
+    free(g->vseg);
+    be->free(g->ublock);
+    be->free(g->vblock);
+    fl_free_aligned(g->hv);
     free(g->dp);
     free(g->dvel);
-    fl_free_aligned(g->dstage);
+    be->free(g->dstage);
+    fl_free_aligned(g->hdstage);
     free(g->vel_of);
-    fl_free_aligned(g->scratch);
-    fl_free_aligned(g->idx);
-    fl_free_aligned(g->send);
-    fl_free_aligned(g->recv);
+    be->free(g->scratch);
+    be->free(g->idx);
+    be->free(g->send);
+    be->free(g->recv);
+    be->free(g->kidx);
+    fl_free_aligned(g->hsend);
+    fl_free_aligned(g->hrecv);
     free(g->ct_of);
     free(g->kk);
     free(g->cnt);
@@ -138,8 +155,9 @@ static int find_velocities(fl_dist_optim *d, dgc *g) {
     return FL_OK;
 }
 
-static void *alloc_or_fail(size_t bytes, int *rc, const char *what) {
-    void *p = fl_alloc_aligned(bytes ? bytes : 1);
+/* bytes of host memory (be NULL) or of be's memory */
+static void *alloc_or_fail(const fl_backend *be, size_t bytes, int *rc, const char *what) {
+    void *p = be ? be->alloc(bytes) : fl_alloc_aligned(bytes ? bytes : 1);
     if (!p && *rc == FL_OK)
         *rc = fl_fail(FL_ENOMEM, "strategy.dgc: cannot allocate %zu bytes for %s", bytes, what);
     return p;
@@ -168,6 +186,7 @@ static int name_state(fl_param *st, const char *what, const fl_param *p, float *
                                   "characters",
                        what, p->name, sizeof st->name - 1);
     fl_tensor_view(&st->value, FL_DTYPE_F32, p->value.ndim, p->value.shape, mem);
+    st->value.device = p->value.device; /* the network's backend's memory, as p */
     fl_tensor_view(&st->grad, FL_DTYPE_F32, p->value.ndim, p->value.shape, NULL);
     st->trainable = false;
     return FL_OK;
@@ -201,6 +220,7 @@ static int setup(fl_dist_optim *d) {
     g->start = calloc(nps + 1, sizeof *g->start);
     g->gseg = calloc(nps, sizeof *g->gseg);
     g->wseg = calloc(nps, sizeof *g->wseg);
+    g->vseg = calloc(nps, sizeof *g->vseg);
     g->dp = calloc(nps, sizeof *g->dp);
     g->dvel = calloc(nps, sizeof *g->dvel);
     g->ct_of = malloc(nps * sizeof *g->ct_of);
@@ -212,7 +232,8 @@ static int setup(fl_dist_optim *d) {
     g->hint = calloc(nps, sizeof *g->hint);
     g->hint_k = calloc(nps, sizeof *g->hint_k);
     g->step = -1;
-    if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->dp || !g->dvel ||
+    if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->vseg || !g->dp ||
+        !g->dvel ||
         !g->ct_of || !g->kk || !g->cnt || !g->soff || !g->prepared || !g->req || !g->hint ||
         !g->hint_k) {
         rc = fl_fail(FL_ENOMEM, "strategy.dgc: out of memory planning %d parameters", np);
@@ -250,28 +271,45 @@ static int setup(fl_dist_optim *d) {
                      (long long)g->cnumel, INT32_MAX);
         goto fail;
     }
-    g->ublock = alloc_or_fail((size_t)g->cnumel * sizeof(float), &rc, "the momentum u");
-    g->vblock = alloc_or_fail((size_t)g->cnumel * sizeof(float), &rc, "the accumulator v");
-    g->dstage = alloc_or_fail((size_t)g->dnumel * sizeof(float), &rc, "the dense gradients");
+    /* the kernels' arrays in the backend's memory (zero-filled), comm's in the host's: on a
+     * device, host copies of what travels */
+    const fl_backend *be = fl_net_backend(d->net);
+    bool dev = !be->host_memory;
+    size_t cbytes = (size_t)g->cnumel * sizeof(float), dbytes = (size_t)g->dnumel * sizeof(float);
+    g->ublock = alloc_or_fail(be, cbytes, &rc, "the momentum u");
+    g->vblock = alloc_or_fail(be, cbytes, &rc, "the accumulator v");
+    g->dstage = alloc_or_fail(be, dbytes, &rc, "the dense gradients");
     int64_t sample = max_numel / 100 > 4096 ? max_numel / 100 : 4096;
-    g->scratch = alloc_or_fail((size_t)(max_numel + sample) * sizeof(float), &rc, "selection");
-    g->idx = alloc_or_fail((size_t)max_numel * sizeof(int32_t), &rc, "selection");
+    g->scratch = alloc_or_fail(be, (size_t)(max_numel + sample) * sizeof(float), &rc,
+                               "selection");
+    g->idx = alloc_or_fail(be, (size_t)max_numel * sizeof(int32_t), &rc, "selection");
     g->send_cap = plan_send_cap(d, g);
-    g->send = alloc_or_fail((size_t)g->send_cap * sizeof(dgc_pair), &rc, "the pairs sent");
+    size_t send_bytes = (size_t)g->send_cap * sizeof(dgc_pair);
+    g->send = alloc_or_fail(be, send_bytes, &rc, "the pairs sent");
     int64_t recv_cap = g->send_cap * (d->world > DGC_SPARSE_BUDGET ? d->world : DGC_SPARSE_BUDGET);
-    g->recv = alloc_or_fail((size_t)recv_cap * sizeof(dgc_pair), &rc, "the pairs received");
+    size_t recv_bytes = (size_t)recv_cap * sizeof(dgc_pair);
+    g->recv = alloc_or_fail(be, recv_bytes, &rc, "the pairs received");
+    if (dev) {
+        g->hsend = alloc_or_fail(NULL, send_bytes, &rc, "the pairs sent");
+        g->hrecv = alloc_or_fail(NULL, recv_bytes, &rc, "the pairs received");
+        if (d->world > 1) {
+            g->hdstage = alloc_or_fail(NULL, dbytes, &rc, "the dense gradients");
+            g->hv = alloc_or_fail(NULL, cbytes, &rc, "the dense fallback");
+        }
+    }
     if (s->dgc_configs.exchange != DGC_EXCHANGE_ALLGATHER && d->world > 1) {
         size_t cap = (size_t)g->send_cap, keep = DGC_SPARSE_BUDGET * cap;
-        g->xidx = alloc_or_fail(cap * sizeof(int32_t), &rc, "the sparse exchange");
-        g->xval = alloc_or_fail(cap * sizeof(float), &rc, "the sparse exchange");
-        g->xkept = alloc_or_fail(cap, &rc, "the sparse exchange");
-        g->oidx = alloc_or_fail(keep * sizeof(int32_t), &rc, "the sparse exchange");
-        g->oval = alloc_or_fail(keep * sizeof(float), &rc, "the sparse exchange");
+        g->xidx = alloc_or_fail(NULL, cap * sizeof(int32_t), &rc, "the sparse exchange");
+        g->xval = alloc_or_fail(NULL, cap * sizeof(float), &rc, "the sparse exchange");
+        g->xkept = alloc_or_fail(NULL, cap, &rc, "the sparse exchange");
+        g->oidx = alloc_or_fail(NULL, keep * sizeof(int32_t), &rc, "the sparse exchange");
+        g->oval = alloc_or_fail(NULL, keep * sizeof(float), &rc, "the sparse exchange");
+        g->kidx = alloc_or_fail(be, cap * sizeof(int32_t), &rc, "the sparse exchange");
     }
     if (rc < 0)
         goto fail;
-    memset(g->ublock, 0, (size_t)g->cnumel * sizeof(float));
-    memset(g->vblock, 0, (size_t)g->cnumel * sizeof(float));
+    for (int c = 0; c < g->nct; c++)
+        g->vseg[c] = g->vblock + g->start[c];
     for (int c = 0; c < g->nct; c++) {
         ctensor *t = &g->ct[c];
         if ((rc = name_state(&t->u, "u", t->p, g->ublock + g->start[c])) < 0 ||
@@ -317,10 +355,19 @@ static void wait_launched(dgc *g) {
 
 /* The dense phase ends: each rank's u starts from the common velocity, so that the sum of the
  * ranks' u over N is the dense Momentum's velocity and training goes on without a jump. */
-static void start_compression(dgc *g) {
+static void start_compression(const fl_backend *be, dgc *g) {
     for (int c = 0; c < g->nct; c++)
-        memcpy(g->ct[c].u.value.data, g->ct[c].vel->value.data,
-               (size_t)g->ct[c].p->value.numel * sizeof(float));
+        be->copy(g->ct[c].u.value.data, g->ct[c].vel->value.data,
+                 (size_t)g->ct[c].p->value.numel * sizeof(float), FL_COPY_D2D, NULL);
+}
+
+/* Where comm reads the pairs sent and writes those received: send and recv themselves on the
+ * CPU backends, else their host copies. */
+static dgc_pair *send_wire(const fl_dist_optim *d, const dgc *g) {
+    return fl_backend_stage_buf(fl_net_backend(d->net), g->send, g->hsend);
+}
+static dgc_pair *recv_wire(const fl_dist_optim *d, const dgc *g) {
+    return fl_backend_stage_buf(fl_net_backend(d->net), g->recv, g->hrecv);
 }
 
 /* The sparsity of update `step` (-1: the dense phase before rampup_begin_step). */
@@ -355,7 +402,7 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
     }
     g->launched = 0;
     if (step == d->s.dgc_configs.rampup_begin_step)
-        start_compression(g);
+        start_compression(fl_net_backend(d->net), g);
     if (g->soff[g->nct] > g->send_cap) /* a sparsity outside the planned schedule */
         return fl_fail(FL_ESTATE, "strategy dgc: step %lld: %lld pairs exceed the %lld planned",
                        (long long)step, (long long)g->soff[g->nct], (long long)g->send_cap);
@@ -404,10 +451,13 @@ static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
                                     (uint64_t)g->step * 1000003u + (uint64_t)c, &g->hint[c],
                                     NULL);
     }
-    dgc_pair *out = g->send + g->soff[c];
     bool mask = s->dgc_configs.momentum_masking && acc.correction;
-    /* the sparse exchange masks u only where its pair is kept (dgc_settle_sparse) */
-    be->dgc_encode(g->idx, cnt, g->start[c], v, mask && !g->xsparse ? u : NULL, out);
+    /* the sparse exchange masks u only where its pair is kept (dgc_settle_split) */
+    be->dgc_encode(g->idx, cnt, g->start[c], v, mask && !g->xsparse ? u : NULL,
+                   g->send + g->soff[c]);
+    /* the pairs where comm reads them (copied back from a device), padded there */
+    dgc_pair *out = send_wire(d, g) + g->soff[c];
+    fl_backend_stage_out(be, g->send + g->soff[c], out, (size_t)cnt * sizeof *out, NULL);
     g->cnt[c] = cnt;
     g->pairs += cnt;
     for (int64_t j = cnt; j < kk; j++)
@@ -425,7 +475,7 @@ static int launch_ready(fl_dist_optim *d, dgc *g) {
         if (!g->prepared[c])
             break;
         int64_t kk = g->kk[c];
-        dgc_pair *in = g->send + g->soff[c], *out = g->recv + d->world * g->soff[c];
+        dgc_pair *in = send_wire(d, g) + g->soff[c], *out = recv_wire(d, g) + d->world * g->soff[c];
         if (d->world == 1) {
             memcpy(out, in, (size_t)kk * sizeof *in);
         } else if (kk > 0) {
@@ -473,15 +523,16 @@ static void abandon(fl_dist_optim *d) {
     g->error = 0;
 }
 
-static void dense_pack(dgc *g, bool unpack) {
+/* The small tensors' gradients packed into dstage (or unpacked from it), on the backend. */
+static void dense_pack(const fl_backend *be, dgc *g, bool unpack) {
     int64_t off = 0;
     for (int i = 0; i < g->ndp; i++) {
         fl_param *p = g->dp[i];
         size_t bytes = (size_t)p->value.numel * sizeof(float);
         if (unpack)
-            memcpy(p->grad.data, g->dstage + off, bytes);
+            be->copy(p->grad.data, g->dstage + off, bytes, FL_COPY_D2D, NULL);
         else
-            memcpy(g->dstage + off, p->grad.data, bytes);
+            be->copy(g->dstage + off, p->grad.data, bytes, FL_COPY_D2D, NULL);
         off += p->value.numel;
     }
 }
@@ -506,12 +557,15 @@ static int fallback_step(fl_dist_optim *d, dgc *g, double sp, double lr) {
         g->said = sp;
     }
     if (d->world > 1 && g->cnumel > 0) {
-        int rc = fl_comm_allreduce(d->comm, g->vblock, (size_t)g->cnumel, FL_DTYPE_F32,
-                                   FL_REDOP_AVG);
+        size_t bytes = (size_t)g->cnumel * sizeof(float);
+        float *wire = fl_backend_stage_buf(be, g->vblock, g->hv);
+        fl_backend_stage_out(be, g->vblock, wire, bytes, NULL);
+        int rc = fl_comm_allreduce(d->comm, wire, (size_t)g->cnumel, FL_DTYPE_F32, FL_REDOP_AVG);
         if (rc < 0)
             return fl_fail_prefix(rc, "strategy dgc: step %lld: dense fallback allreduce of %lld "
                                       "values",
                                   (long long)step, (long long)g->cnumel);
+        fl_backend_stage_in(be, g->vblock, wire, bytes, NULL);
     }
     for (int c = 0; c < g->nct; c++)
         be->dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->ct[c].v.value.data,
@@ -537,12 +591,13 @@ static int cmp_pair_index(const void *a, const void *b) {
 }
 
 /* The sparse allreduce of this rank's real pairs (the padding left out), tensor by tensor in
- * index order; the kept sums land in recv as pairs (*total of them), this rank's dropped pairs
- * go back into v and its kept ones are masked in u. Collective. */
+ * index order; the kept sums land in recv's wire as pairs (*total of them), this rank's
+ * dropped pairs go back into v and its kept ones are masked in u. Collective. */
 static int exchange_sparse(fl_dist_optim *d, dgc *g, int64_t *total) {
+    const fl_backend *be = fl_net_backend(d->net);
     int64_t m = 0, k = g->soff[g->nct], got = 0;
     for (int c = 0; c < g->nct; c++) {
-        dgc_pair *p = g->send + g->soff[c];
+        dgc_pair *p = send_wire(d, g) + g->soff[c];
         qsort(p, (size_t)g->cnt[c], sizeof *p, cmp_pair_index);
         for (int64_t j = 0; j < g->cnt[c]; j++, m++) {
             g->xidx[m] = p[j].index;
@@ -555,11 +610,23 @@ static int exchange_sparse(fl_dist_optim *d, dgc *g, int64_t *total) {
         return fl_fail_prefix(rc, "strategy dgc: step %lld: sparse allreduce of %lld pairs",
                               (long long)g->step, (long long)m);
     bool mask = d->s.dgc_configs.momentum_masking && d->s.dgc_configs.momentum_correction;
-    dgc_settle_sparse(m, g->xidx, g->xval, g->xkept, g->ublock, g->vblock, mask);
-    for (int64_t i = 0; i < m; i++)
-        g->dropped += !g->xkept[i];
+    /* sorted on the host, applied by the backend: the dropped pairs (into send's wire, whose
+     * pairs are spent) are added back to v, then u is masked at the kept indices (the encode
+     * zeroes them; its pairs, a by-product, go to send, now free on the device too) */
+    dgc_pair *back = send_wire(d, g);
+    int32_t *masked = fl_backend_stage_buf(be, g->kidx, g->xidx);
+    int64_t nmasked, nback;
+    dgc_settle_split(m, g->xidx, g->xval, g->xkept, mask, masked, &nmasked, back, &nback);
+    fl_backend_stage_in(be, g->send, back, (size_t)nback * sizeof *back, NULL);
+    fl_backend_stage_in(be, g->kidx, masked, (size_t)nmasked * sizeof *masked, NULL);
+    if (nback > 0)
+        be->dgc_scatter_add(g->send, nback, g->nct, g->start, g->vseg);
+    if (nmasked > 0)
+        be->dgc_encode(g->kidx, nmasked, 0, g->ublock, NULL, g->send);
+    g->dropped += nback;
+    dgc_pair *recv = recv_wire(d, g);
     for (int64_t i = 0; i < got; i++)
-        g->recv[i] = (dgc_pair){.index = g->oidx[i], .value = g->oval[i]};
+        recv[i] = (dgc_pair){.index = g->oidx[i], .value = g->oval[i]};
     *total = got;
     return FL_OK;
 }
@@ -588,11 +655,12 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
     int64_t total = d->world * g->soff[g->nct];
     if (g->xsparse)
         FL_TRY(exchange_sparse(d, g, &total));
-    int64_t bad = dgc_check_pairs(g->recv, total, g->cnumel);
+    const dgc_pair *recv = recv_wire(d, g); /* checked on the host, then moved to the device */
+    int64_t bad = dgc_check_pairs(recv, total, g->cnumel);
     if (bad >= 0 && g->xsparse)
         return fl_fail(FL_EPEER, "strategy dgc: step %lld: the sparse allreduce returned index %d "
                                  "outside the %lld compressed values",
-                       (long long)step, g->recv[bad].index, (long long)g->cnumel);
+                       (long long)step, recv[bad].index, (long long)g->cnumel);
     if (bad >= 0) {
         int c = 0;
         while (c + 1 < g->nct && bad >= d->world * g->soff[c + 1])
@@ -600,13 +668,14 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
         int64_t r = (bad - d->world * g->soff[c]) / (g->kk[c] ? g->kk[c] : 1);
         return fl_fail(FL_EPEER, "strategy dgc: step %lld: rank %lld sent index %d outside the "
                                  "%lld compressed values",
-                       (long long)step, (long long)r, g->recv[bad].index, (long long)g->cnumel);
+                       (long long)step, (long long)r, recv[bad].index, (long long)g->cnumel);
     }
+    fl_backend_stage_in(be, g->recv, recv, (size_t)total * sizeof *recv, NULL);
     if (corr && wdc) { /* the paper's step: the pairs, as plain SGD */
         be->dgc_apply_pairs(g->recv, total, g->nct, g->start, g->wseg, lr / (double)d->world);
     } else { /* the ablations: a whole-tensor step on the aggregate */
         for (int c = 0; c < g->nct; c++)
-            memset(g->gseg[c], 0, (size_t)g->ct[c].p->value.numel * sizeof(float));
+            be->fill(FL_DTYPE_F32, g->gseg[c], g->ct[c].p->value.numel, 0.0);
         be->dgc_scatter_add(g->recv, total, g->nct, g->start, g->gseg);
         for (int c = 0; c < g->nct; c++)
             be->dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->gseg[c],
@@ -663,10 +732,13 @@ static int update(fl_dist_optim *d, double lr) {
      * applied while that travels */
     rc = sparse ? sparse_launch_rest(d, g, gscale) : FL_OK;
     fl_request *dreq = NULL;
+    float *dwire = fl_backend_stage_buf(k, g->dstage, g->hdstage);
+    size_t dbytes = (size_t)g->dnumel * sizeof(float);
     if (rc == FL_OK && d->world > 1 && g->dnumel > 0) {
-        dense_pack(g, false);
-        rc = fl_comm_iallreduce(d->comm, g->dstage, (size_t)g->dnumel, FL_DTYPE_F32,
-                                FL_REDOP_AVG, &dreq);
+        dense_pack(k, g, false);
+        fl_backend_stage_out(k, g->dstage, dwire, dbytes, NULL);
+        rc = fl_comm_iallreduce(d->comm, dwire, (size_t)g->dnumel, FL_DTYPE_F32, FL_REDOP_AVG,
+                                &dreq);
         if (rc < 0) {
             dreq = NULL;
             rc = fl_fail_prefix(rc, "strategy dgc: step %lld: allreduce of the dense tensors",
@@ -677,7 +749,7 @@ static int update(fl_dist_optim *d, double lr) {
         rc = sparse_apply(d, g, lr);
     } else if (rc == FL_OK) {
         if (step == s->dgc_configs.rampup_begin_step)
-            start_compression(g);
+            start_compression(k, g);
         rc = fallback_step(d, g, sp, lr);
     }
     char msg[512]; /* the first failure's message, before waiting overwrites it */
@@ -696,8 +768,10 @@ static int update(fl_dist_optim *d, double lr) {
     g->step = -1;
 
     /* the small tensors: their average, then Momentum with the optimizer's velocity */
-    if (d->world > 1 && g->dnumel > 0)
-        dense_pack(g, true);
+    if (d->world > 1 && g->dnumel > 0) {
+        fl_backend_stage_in(k, g->dstage, dwire, dbytes, NULL);
+        dense_pack(k, g, true);
+    }
     for (int i = 0; i < g->ndp; i++)
         k->momentum_update(FL_DTYPE_F32, g->dp[i]->value.numel, g->dp[i]->value.data,
                            g->dp[i]->grad.data, g->dvel[i]->value.data, lr, oc->momentum,

@@ -64,14 +64,18 @@ dgc_exchange dgc_choose_exchange(dgc_exchange mode, int world, int64_t k, double
                : DGC_EXCHANGE_ALLGATHER;
 }
 
-void dgc_settle_sparse(int64_t m, const int32_t *idx, const float *val, const uint8_t *kept,
-                       float *u, float *v, bool mask) {
+void dgc_settle_split(int64_t m, const int32_t *idx, const float *val, const uint8_t *kept,
+                      bool mask, int32_t *masked, int64_t *nmasked, dgc_pair *back,
+                      int64_t *nback) {
+    int64_t nm = 0, nb = 0;
     for (int64_t i = 0; i < m; i++) {
         if (!kept[i])
-            v[idx[i]] = val[i];
+            back[nb++] = (dgc_pair){.index = idx[i], .value = val[i]};
         else if (mask)
-            u[idx[i]] = 0;
+            masked[nm++] = idx[i];
     }
+    *nmasked = nm;
+    *nback = nb;
 }
 
 double dgc_local_clip_norm(double clip_norm, int world) {

@@ -62,11 +62,16 @@ dgc_exchange dgc_choose_exchange(dgc_exchange mode, int world, int64_t k, double
 bool dgc_sparse_pays(int world, double s, dgc_exchange mode);
 
 /* After a sparse allreduce of this rank's m pairs (global indices idx, values val sent from v,
- * which encoding zeroed): a kept pair's momentum is masked (u[idx] = 0, when `mask`), a dropped
- * pair's value goes back to the accumulator (v[idx] = val): it competes again next step, as
- * an entry never selected does. u and v are the whole compressed index space. */
-void dgc_settle_sparse(int64_t m, const int32_t *idx, const float *val, const uint8_t *kept,
-                       float *u, float *v, bool mask);
+ * which encoding zeroed), what goes back into the accumulators, sorted out on the host for the
+ * backend to apply: a kept pair's momentum is masked (u[idx] = 0, when `mask`): its index goes
+ * to masked[0 .. *nmasked); a dropped pair's value goes back to the accumulator (v[idx] = val;
+ * it competes again next step, as an entry never selected does): the pair goes to
+ * back[0 .. *nback), which the strategy adds to v (encoding zeroed v there and selection never
+ * picks a zero, so 0 + val is exactly val). masked may be idx itself (each is written at or
+ * before the place read). */
+void dgc_settle_split(int64_t m, const int32_t *idx, const float *val, const uint8_t *kept,
+                      bool mask, int32_t *masked, int64_t *nmasked, dgc_pair *back,
+                      int64_t *nback);
 
 /* Local gradient clipping threshold: clip_norm * N^(-1/2) (paper sec. 3.2, seed 000). */
 double dgc_local_clip_norm(double clip_norm, int world);

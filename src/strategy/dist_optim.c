@@ -12,13 +12,26 @@
 #include <string.h>
 
 /* Copies rank 0's parameter block (trainable values, then buffers, contiguous) to every rank:
- * the replicas' own initialisations are discarded, as DDP does at construction. */
+ * the replicas' own initialisations are discarded, as DDP does at construction. On a device
+ * the block goes through a host copy (comm sees host memory only). */
 static int broadcast_params(fl_dist_optim *d) {
+    const fl_backend *k = fl_net_backend(d->net);
     int64_t count = 0;
     for (int i = 0; i < fl_net_num_params(d->net); i++)
         count += fl_net_param(d->net, i)->value.numel;
-    int rc = fl_comm_broadcast(d->comm, fl_net_flat_params(d->net), (size_t)count,
-                               fl_net_dtype(d->net), 0);
+    size_t bytes = (size_t)count * fl_dtype_size(fl_net_dtype(d->net));
+    void *params = fl_net_flat_params(d->net), *host = NULL;
+    if (!k->host_memory && !(host = fl_alloc_aligned(bytes ? bytes : 1)))
+        return fl_fail(FL_ENOMEM, "distributed optimizer: cannot allocate %zu bytes to "
+                                  "broadcast the parameters", bytes);
+    void *wire = fl_backend_stage_buf(k, params, host);
+    fl_backend_stage_out(k, params, wire, bytes, NULL);
+    int rc = fl_comm_broadcast(d->comm, wire, (size_t)count, fl_net_dtype(d->net), 0);
+    if (rc >= 0) {
+        fl_backend_stage_in(k, params, wire, bytes, NULL);
+        k->stream_sync(NULL);
+    }
+    fl_free_aligned(host);
     if (rc < 0)
         return fl_fail_prefix(rc, "distributed optimizer: broadcasting rank 0's parameters");
     return FL_OK;

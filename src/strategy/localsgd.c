@@ -124,6 +124,7 @@ static int setup(fl_dist_optim *d) {
         FL_ASSERT(off >= 0 && off + p->value.numel <= ls->numel); /* trainable values first */
         fl_tensor_view(&s->value, t, p->value.ndim, p->value.shape,
                        (char *)ls->snapshot + (size_t)off * es);
+        s->value.device = fl_backend_device(be); /* checkpoints copy it through the host */
         s->trainable = false;
     }
     int64_t two = 2;

@@ -6,7 +6,8 @@
  * Which ranks write is decided from the state itself, so that no strategy needs a special
  * case: every rank checksums its state and one allreduce tells whether they all agree. If they
  * do, rank 0's model.safetensors stands for all; if not (DGC's residuals, Local SGD between
- * synchronisations), or when checkpoint.per_rank is set, every rank writes rank_<r>.safetensors. */
+ * synchronisations), or when checkpoint.per_rank is set, every rank writes rank_<r>.safetensors.
+ * Tensors in a device's memory are read and written through host copies (fl_train_stage). */
 #include "train/train_impl.h"
 
 #include "fleet/checkpoint.h"
@@ -43,11 +44,18 @@ enum {
 /* Everything a checkpoint holds, borrowed from the trainer, in file order: network tensors
  * first, then training state (optimizer, distributed optimizer, train.state). */
 typedef struct {
-    fl_param **p;
+    fl_param **p;      /* host memory: a device's tensors replaced by their copies in stage */
     int        n, nnet;
     fl_param   progress;
     int64_t    progress_v[ST_N];
+    fl_train_stage stage;
 } state_list;
+
+static void release(state_list *s) {
+    fl_train_stage_free(&s->stage);
+    free(s->p);
+    s->p = NULL;
+}
 
 static int collect(trainer *t, state_list *s) {
     int nnet = fl_net_num_params(t->net), nopt = fl_optim_num_state(t->opt);
@@ -68,7 +76,10 @@ static int collect(trainer *t, state_list *s) {
     int64_t shape[1] = {ST_N};
     fl_tensor_view(&s->progress.value, FL_DTYPE_I64, 1, shape, s->progress_v);
     s->p[s->n++] = &s->progress;
-    return FL_OK;
+    int rc = fl_train_stage_create(&s->stage, s->p, s->n);
+    if (rc < 0)
+        release(s);
+    return rc;
 }
 
 /* The effective configuration as YAML (fl_config_print); malloc'd, NULL when out of memory. */
@@ -171,6 +182,7 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
     const char *root = cfg->checkpoint.dir;
     state_list s = {0};
     FL_TRY(collect(t, &s));
+    fl_train_stage_pull(&s.stage, fl_net_backend(t->net));
     int64_t *v = s.progress_v;
     v[ST_VERSION] = STATE_VERSION;
     v[ST_STEP] = pos->step;
@@ -213,7 +225,7 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
             snprintf(path, sizeof path, "%s/model.safetensors", dir);
         rc = write_file(t, cfg, &s, path, per_rank);
     }
-    free(s.p);
+    release(&s);
     /* 2. all written (or one failed: then every rank fails) before `latest` moves */
     double failed = rc < 0 ? 1.0 : 0.0;
     char msg[512];
@@ -385,11 +397,13 @@ static int resume(trainer *t, const fl_train_config *cfg, train_pos *pos) {
         s.progress.value.shape[0] = s.progress.value.numel = STATE_N_V1; /* layout 1 */
     if (rc >= 0)
         rc = fl_ckpt_load(st, s.p, s.n, FL_CKPT_STRICT, NULL, 0, NULL);
-    if (rc >= 0 && nfiles > 1 && w0 != t->world) {
+    if (rc >= 0 && nfiles > 1 && w0 != t->world) { /* on the host stand-ins, before the push */
         kind = merge_kinds(t, &s);
         rc = kind ? fl_train_merge_ranks(t, dir, w0, s.p, kind, s.n)
                   : fl_fail(FL_ENOMEM, "resume: out of memory");
     }
+    if (rc >= 0)
+        fl_train_stage_push(&s.stage, fl_net_backend(t->net));
     if (rc >= 0) {
         int64_t *v = s.progress_v;
         if (v[ST_VERSION] == 1 && s.progress.value.numel == STATE_N_V1)
@@ -436,7 +450,7 @@ static int resume(trainer *t, const fl_train_config *cfg, train_pos *pos) {
         }
     }
     free(kind);
-    free(s.p);
+    release(&s);
     fl_safetensors_close(st);
     return rc;
 }
@@ -494,9 +508,13 @@ static int pretrained(trainer *t, const fl_train_config *cfg) {
     state_list s = {0};
     if (rc >= 0)
         rc = collect(t, &s);
-    if (rc >= 0) /* the network's tensors only */
+    if (rc >= 0) /* the network's tensors only; those not in the file keep their values */
+        fl_train_stage_pull(&s.stage, fl_net_backend(t->net));
+    if (rc >= 0)
         rc = fl_ckpt_load(st, s.p, s.nnet, FL_CKPT_PARTIAL, skip, nskip, &rep);
-    free(s.p);
+    if (rc >= 0)
+        fl_train_stage_push(&s.stage, fl_net_backend(t->net));
+    release(&s);
     if (rc >= 0 && t->rank == 0) {
         FL_INFO("pretrained: %d of %d tensors loaded from %s", rep.loaded,
                 fl_net_num_params(t->net), path);
@@ -594,10 +612,16 @@ static int save_inference_model(trainer *t, const fl_train_config *cfg) {
         if (!p) {
             rc = fl_fail(FL_ENOMEM, "inference model: out of memory");
         } else {
-            for (int i = 0; i < fl_net_num_params(t->net); i++)
+            int n = fl_net_num_params(t->net);
+            for (int i = 0; i < n; i++)
                 p[i] = fl_net_param(t->net, i);
-            rc = fl_ckpt_save(path, p, fl_net_num_params(t->net), meta,
-                              (int)(sizeof meta / sizeof meta[0]));
+            fl_train_stage h;
+            rc = fl_train_stage_create(&h, p, n);
+            if (rc >= 0) {
+                fl_train_stage_pull(&h, fl_net_backend(t->net));
+                rc = fl_ckpt_save(path, p, n, meta, (int)(sizeof meta / sizeof meta[0]));
+            }
+            fl_train_stage_free(&h);
             free(p);
         }
     }

@@ -128,9 +128,14 @@ static const fl_cfg_key own_keys[] = {
      "seed of initialisation and shuffling"},
     {"train.threads", FL_CFG_INT, OFF(train.threads), 0, 0, 1024, NULL, false,
      "compute threads; 0: OpenMP's default (OMP_NUM_THREADS)"},
-    {"train.backend", FL_CFG_ENUM, OFF(train.backend), 0, 0, 0, "auto|cpu|onednn|ref", false,
+    {"train.backend", FL_CFG_ENUM, OFF(train.backend), 0, 0, 0, "auto|cpu|onednn|ref|cuda",
+     false,
      "compute backend: onednn (oneDNN convolutions, NHWC), cpu (im2col + OpenBLAS), ref "
-     "(plain loops); auto: onednn where built, else cpu"},
+     "(plain loops), cuda (cuBLAS, cuDNN; train.device: gpu); auto: cuda on a GPU, else onednn "
+     "where built, else cpu"},
+    {"train.device", FL_CFG_ENUM, OFF(train.device), 0, 0, 0, "cpu|gpu", false,
+     "where the network computes: gpu binds the GPU FLAGS_selected_gpus names (fleetrun "
+     "--gpus sets it; 0 when unset) and trains with the cuda backend"},
     {"train.log_dir", FL_CFG_STRING, OFF(train.log_dir), sizeof(((fl_train_config *)0)->train.log_dir),
      0, 0, NULL, false, "directory for rank 0's metrics.jsonl; empty: none"},
     {"train.eval_train", FL_CFG_BOOL, OFF(train.eval_train), 0, 0, 0, NULL, false,
@@ -226,6 +231,16 @@ void fl_train_config_defaults(fl_train_config *cfg) {
 
 /* checks that involve more than one key; messages name the keys */
 static int check_cross_keys(const fl_train_config *cfg) {
+    static const char *const compute[] = {"auto", "cpu", "onednn", "ref", "cuda"};
+    bool gpu = cfg->train.device == FL_TRAIN_DEVICE_GPU;
+    if (gpu && cfg->train.backend != FL_TRAIN_COMPUTE_AUTO &&
+        cfg->train.backend != FL_TRAIN_COMPUTE_CUDA)
+        return fl_fail(FL_ECONFIG, "train.device: gpu needs train.backend auto or cuda, but it "
+                                   "is %s, which computes on the CPU",
+                       compute[cfg->train.backend]);
+    if (!gpu && cfg->train.backend == FL_TRAIN_COMPUTE_CUDA)
+        return fl_fail(FL_ECONFIG, "train.backend: cuda computes on a GPU: it needs "
+                                   "train.device: gpu (train.device is cpu)");
     if (cfg->optimizer.type != FL_OPTIM_MOMENTUM && cfg->optimizer.nesterov)
         return fl_fail(FL_ECONFIG, "optimizer.nesterov: needs optimizer.type: momentum");
     if (cfg->optimizer.lr.schedule == FL_LR_PIECEWISE &&

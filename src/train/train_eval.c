@@ -19,22 +19,22 @@ static int eval_shard(trainer *t, const fl_train_config *cfg, fl_dataset *ds, do
         return fl_fail_prefix(FL_EINVAL, "evaluation");
     const fl_backend *k = fl_net_backend(t->net);
     const fl_tensor *x, *logits;
-    const int32_t *labels;
+    const int32_t *labels, *dlabels;
     int rc = fl_prefetch_seek(l, 0, 0);
     while (rc >= 0 && (rc = fl_prefetch_next(l, &x, &labels)) == 1) {
         int64_t b = x->shape[0];
         if (b == 0) /* this rank's slice of the last, partial global batch is empty */
             continue;
-        if ((rc = fl_net_forward(t->net, x, false, &logits)) < 0)
+        fl_tensor dx, probs, hview;
+        if ((rc = fl_train_batch_put(&t->batch, x, labels, &dx, &dlabels, &probs)) < 0 ||
+            (rc = fl_net_forward(t->net, &dx, false, &logits)) < 0)
             break;
-        fl_tensor probs;
-        int64_t pshape[2] = {b, logits->shape[1]};
-        fl_tensor_view(&probs, FL_DTYPE_F32, 2, pshape, t->probs->data);
         double l_mean;
-        if ((rc = fl_softmax_xent_forward(k, logits, labels, &probs, &l_mean)) < 0)
+        if ((rc = fl_softmax_xent_forward(k, logits, dlabels, &probs, &l_mean)) < 0)
             break;
         sums[0] += l_mean * (double)b;
-        sums[1] += (double)fl_topk_correct(logits, labels, 1);
+        sums[1] += (double)fl_topk_correct(fl_train_batch_logits(&t->batch, logits, &hview),
+                                           labels, 1);
         sums[2] += (double)b;
     }
     fl_prefetch_free(l);
@@ -53,10 +53,19 @@ static int average_buffers(trainer *t) {
     if (t->world == 1 || all == trainable)
         return FL_OK;
     fl_dtype dt = fl_net_dtype(t->net);
+    const fl_backend *k = fl_net_backend(t->net);
     char *buffers = (char *)fl_net_flat_params(t->net) + (size_t)trainable * fl_dtype_size(dt);
-    int rc = fl_comm_allreduce(fl_fleet_comm(t->fleet), buffers, (size_t)(all - trainable), dt,
+    size_t bytes = (size_t)(all - trainable) * fl_dtype_size(dt);
+    /* comm sees host memory: on a device the buffers go through t->hbuffers */
+    void *wire = fl_backend_stage_buf(k, buffers, t->hbuffers);
+    fl_backend_stage_out(k, buffers, wire, bytes, NULL);
+    int rc = fl_comm_allreduce(fl_fleet_comm(t->fleet), wire, (size_t)(all - trainable), dt,
                                FL_REDOP_AVG);
-    return rc < 0 ? fl_fail_prefix(rc, "averaging the running statistics") : FL_OK;
+    if (rc < 0)
+        return fl_fail_prefix(rc, "averaging the running statistics");
+    fl_backend_stage_in(k, buffers, wire, bytes, NULL);
+    k->stream_sync(NULL);
+    return FL_OK;
 }
 
 /* Image lists under data.bad_images: skip: this rank's line "skipped N images (M missing, C

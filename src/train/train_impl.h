@@ -10,6 +10,55 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* A batch where the network computes (train_device.c): the loader's batches are host memory;
+ * on a device backend they are copied into x and labels, the loss's buffer probs is the
+ * backend's memory, and the logits come back into host memory for accuracy. On the CPU
+ * backends (host_memory) nothing is copied: x and labels are NULL and the loader's own batch
+ * is used. */
+typedef struct {
+    const fl_backend *k;
+    int64_t  max_batch, sample, classes; /* sample: values per sample */
+    void    *x;       /* (max_batch, sample) f32, k's memory; NULL on the CPU backends */
+    int32_t *labels;  /* (max_batch) k's memory; NULL on the CPU backends */
+    float   *probs;   /* (max_batch, classes) k's memory: softmax, then its gradient */
+    float   *logits;  /* (max_batch, classes) host copy of the logits; NULL on the CPU */
+} fl_train_batch;
+
+/* Plans b for batches of up to max_batch samples of `sample` values on k. FL_ENOMEM. */
+int  fl_train_batch_init(fl_train_batch *b, const fl_backend *k, int64_t max_batch,
+                         int64_t sample, int64_t classes);
+void fl_train_batch_clear(fl_train_batch *b);
+/* The loader's batch (x, labels: host memory) where k computes: *dx and *dlabels are x and
+ * labels themselves on the CPU backends, else copies in b. On a device the labels are checked
+ * first (fl_labels_check: the loss cannot read them there); labels NULL: none to copy (an
+ * unlabelled evaluation). *probs views b's loss buffer for the batch's rows. */
+int  fl_train_batch_put(fl_train_batch *b, const fl_tensor *x, const int32_t *labels,
+                        fl_tensor *dx, const int32_t **dlabels, fl_tensor *probs);
+/* The network's logits in host memory, for accuracy (fl_topk_correct): logits themselves on
+ * the CPU backends, else a copy in b viewed by *view. */
+const fl_tensor *fl_train_batch_logits(fl_train_batch *b, const fl_tensor *logits,
+                                       fl_tensor *view);
+
+/* The backend cfg's train.device and train.backend name; with train.device: gpu the GPU
+ * FLAGS_selected_gpus names is bound first, once per process (device_bind). NULL with a
+ * message naming train.device (no GPU backend, no such GPU) or train.backend. */
+const fl_backend *fl_train_compute_backend(const fl_train_config *cfg);
+
+/* Host stand-ins for the tensors of a checkpoint list that live in a device's memory
+ * (fl_tensor_on_host false): fl_train_stage_create puts a host copy in place of each such
+ * p[i]; pull copies their values from the device, push writes them back. Nothing is copied
+ * where every tensor is host memory (the CPU backends). */
+typedef struct {
+    fl_param **orig;   /* (n) the tensors replaced, NULL where p[i] was kept */
+    fl_param  *copy;   /* (n) their host copies */
+    char      *mem;
+    int        n;
+} fl_train_stage;
+int  fl_train_stage_create(fl_train_stage *h, fl_param **p, int n);
+void fl_train_stage_pull(const fl_train_stage *h, const fl_backend *k);
+void fl_train_stage_push(const fl_train_stage *h, const fl_backend *k);
+void fl_train_stage_free(fl_train_stage *h);
+
 typedef struct {
     fl_fleet      *fleet;
     int            rank, world;
@@ -18,7 +67,9 @@ typedef struct {
     fl_net        *net;
     fl_optim      *opt;
     fl_dist_optim *dopt;      /* wraps opt; replaces backward + step */
-    fl_tensor     *probs;     /* (B, C) softmax of the last forward; reused as dlogits */
+    fl_train_batch batch;     /* the batch on the network's backend, its loss buffer */
+    void          *hbuffers;  /* host staging of the persistable buffers for their average
+                               * (a device backend with several ranks only) */
     fl_metrics    *metrics;   /* rank 0 only; NULL elsewhere or without train.log_dir */
     fl_lr_schedule sched;     /* indexed by optimizer update */
     int64_t        merge_k;   /* micro-batches (loader batches) per optimizer update */

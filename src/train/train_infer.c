@@ -108,8 +108,14 @@ static int load_weights(const fl_safetensors *st, fl_net *net) {
         for (char *tok = rc < 0 ? NULL : strtok(buf, ","); tok; tok = strtok(NULL, ","))
             skip[nskip++] = tok;
     }
+    fl_train_stage h = {0}; /* a device's tensors are loaded into host copies, then moved */
+    if (rc >= 0)
+        rc = fl_train_stage_create(&h, p, n);
     if (rc >= 0)
         rc = fl_ckpt_load(st, p, n, FL_CKPT_STRICT, skip, nskip, NULL);
+    if (rc >= 0)
+        fl_train_stage_push(&h, fl_net_backend(net));
+    fl_train_stage_free(&h);
     free(skip);
     free(buf);
     free(p);
@@ -121,12 +127,14 @@ static int run_eval(const fl_train_config *cfg, fl_dataset *ds, fl_net *net,
     int64_t n = ds->size, c = res->classes, b = cfg->train.batch_size, f = ds->sample_numel;
     float *logits = malloc((size_t)(n * c + 1) * sizeof *logits);
     float *inputs = a->inputs_npy ? malloc((size_t)(n * f + 1) * sizeof *inputs) : NULL;
-    float *probs = malloc((size_t)(b * c) * sizeof *probs);
+    fl_train_batch tb; /* the batch where the network computes, its loss buffer */
+    int rc = fl_train_batch_init(&tb, fl_net_backend(net), b, f, c);
     fl_loader_config lc = {.batch_size = b, .shuffle = false, .drop_last = false, .rank = 0,
                            .world = 1};
     fl_loader *l = fl_loader_create(ds, &lc);
-    int rc = FL_OK;
-    if (!logits || !probs || (a->inputs_npy && !inputs)) {
+    if (rc < 0)
+        goto out;
+    if (!logits || (a->inputs_npy && !inputs)) {
         rc = fl_fail(FL_ENOMEM, "out of memory for %lld x %lld logits", (long long)n,
                      (long long)c);
         goto out;
@@ -137,7 +145,7 @@ static int run_eval(const fl_train_config *cfg, fl_dataset *ds, fl_net *net,
     }
     const fl_backend *k = fl_net_backend(net);
     const fl_tensor *x, *out;
-    const int32_t *labels;
+    const int32_t *labels, *dlabels;
     double loss_sum = 0, top1 = 0, top5 = 0;
     int64_t at = 0;
     res->labelled = 1;
@@ -145,25 +153,26 @@ static int run_eval(const fl_train_config *cfg, fl_dataset *ds, fl_net *net,
         int64_t rows = x->shape[0];
         if (rows == 0)
             continue;
-        if ((rc = fl_net_forward(net, x, false, &out)) < 0)
-            break;
-        memcpy(logits + at * c, out->data, (size_t)(rows * c) * sizeof(float));
-        if (inputs)
-            memcpy(inputs + at * f, x->data, (size_t)(rows * f) * sizeof(float));
         for (int64_t i = 0; i < rows; i++)
             if (labels[i] < 0 || labels[i] >= c)
                 res->labelled = 0;
+        fl_tensor dx, pt, hview;
+        if ((rc = fl_train_batch_put(&tb, x, res->labelled ? labels : NULL, &dx, &dlabels,
+                                     &pt)) < 0 ||
+            (rc = fl_net_forward(net, &dx, false, &out)) < 0)
+            break;
+        const fl_tensor *hout = fl_train_batch_logits(&tb, out, &hview); /* host memory */
+        memcpy(logits + at * c, hout->data, (size_t)(rows * c) * sizeof(float));
+        if (inputs)
+            memcpy(inputs + at * f, x->data, (size_t)(rows * f) * sizeof(float));
         if (res->labelled) {
-            fl_tensor pt;
-            int64_t pshape[2] = {rows, c};
-            fl_tensor_view(&pt, FL_DTYPE_F32, 2, pshape, probs);
             double mean;
-            if ((rc = fl_softmax_xent_forward(k, out, labels, &pt, &mean)) < 0)
+            if ((rc = fl_softmax_xent_forward(k, out, dlabels, &pt, &mean)) < 0)
                 break;
             loss_sum += mean * (double)rows;
-            top1 += (double)fl_topk_correct(out, labels, 1);
+            top1 += (double)fl_topk_correct(hout, labels, 1);
             if (c >= 5)
-                top5 += (double)fl_topk_correct(out, labels, 5);
+                top5 += (double)fl_topk_correct(hout, labels, 5);
         }
         at += rows;
     }
@@ -186,7 +195,7 @@ static int run_eval(const fl_train_config *cfg, fl_dataset *ds, fl_net *net,
         rc = fl_npy_write_f32(a->inputs_npy, 2, shape, inputs);
 out:
     fl_loader_free(l);
-    free(probs);
+    fl_train_batch_clear(&tb);
     free(inputs);
     free(logits);
     return rc;

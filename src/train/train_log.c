@@ -35,10 +35,16 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     double act_mb = (double)fl_net_activation_bytes(t->net) / 1e6;
     struct rusage ru;
     double peak_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss * 1024.0 / 1e6 : NAN;
+    /* and on a device that counts it, the most device memory held at once */
+    const fl_backend *k = fl_net_backend(t->net);
+    double dev_mb = k->memory_peak ? (double)k->memory_peak() / 1e6 : NAN;
     printf("worker_index: %d, epoch %lld, step %lld, loss %.4f, acc1 %.4f, lr %.4f, "
-           "ips %.1f img/s, comm %.1f MB, act %.1f MB, peak %.0f MB\n",
+           "ips %.1f img/s, comm %.1f MB, act %.1f MB, peak %.0f MB",
            t->rank, (long long)epoch, (long long)step, loss, acc, lr, ips, comm_mb, act_mb,
            peak_mb);
+    if (k->memory_peak)
+        printf(", dev_peak %.0f MB", dev_mb);
+    printf("\n");
     fflush(stdout);
     res->last_loss = loss;
     w->loss_sum = 0;
@@ -66,6 +72,8 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     fl_metrics_int(t->metrics, "synced_steps", st.synced);
     fl_metrics_num(t->metrics, "act_mb", act_mb);
     fl_metrics_num(t->metrics, "peak_mb", peak_mb);
+    if (k->memory_peak)
+        fl_metrics_num(t->metrics, "dev_peak_mb", dev_mb);
     if (st.interval > 0)
         fl_metrics_int(t->metrics, "localsgd_k", st.interval);
     if (!isnan(st.sparsity))

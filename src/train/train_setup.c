@@ -99,14 +99,11 @@ bool fl_train_has_val(const fl_train_config *cfg) {
 /* ds (the training set) gives the input: the mlp's features, the resnets' channels */
 static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds);
 
-/* The model on the backend train.backend names. */
+/* The model on the backend train.device and train.backend name (its device bound). */
 static fl_net *make_model(const fl_train_config *cfg, const fl_dataset *ds) {
-    static const char *const names[] = {"auto", "cpu", "onednn", "ref"};
-    const fl_backend *be = fl_backend_by_name(names[cfg->train.backend]);
-    if (!be) {
-        fl_fail_prefix(FL_ECONFIG, "train.backend");
+    const fl_backend *be = fl_train_compute_backend(cfg);
+    if (!be)
         return NULL;
-    }
     fl_net *net = make_net(cfg, ds);
     if (net)
         fl_net_set_backend(net, be);
@@ -185,6 +182,9 @@ static int open_metrics(trainer *t, const fl_train_config *cfg) {
 int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     if (cfg->train.threads > 0)
         fl_kernels_set_threads((int)cfg->train.threads);
+    /* a GPU asked for and not there: said before joining the job */
+    if (!fl_train_compute_backend(cfg))
+        return FL_ECONFIG;
     /* a plain process is a job of one; comm.backend auto lets the environment decide */
     const char *backend = backend_names[cfg->comm.backend];
     int rc = fl_fleet_init(cfg->comm.backend == FL_TRAIN_BACKEND_AUTO ? NULL : backend, &t->fleet);
@@ -247,11 +247,16 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     t->base_world = t->world; /* until a checkpoint says otherwise */
     t->lr_scale = 1.0;
 
-    int64_t pshape[2] = {cfg->train.batch_size, cfg->data.classes};
-    t->probs = fl_tensor_create(FL_DTYPE_F32, 2, pshape);
-    if (!t->probs)
-        return fl_fail(FL_ENOMEM, "out of memory for the (%lld, %lld) loss buffer",
-                       (long long)pshape[0], (long long)pshape[1]);
+    const fl_backend *k = fl_net_backend(t->net);
+    FL_TRY(fl_train_batch_init(&t->batch, k, cfg->train.batch_size, t->train_set->sample_numel,
+                               cfg->data.classes));
+    size_t buffers = 0; /* persistable values after the trainable ones: averaged before evals */
+    for (int i = 0; i < fl_net_num_params(t->net); i++)
+        if (!fl_net_param(t->net, i)->trainable)
+            buffers += fl_tensor_nbytes(&fl_net_param(t->net, i)->value);
+    if (!k->host_memory && t->world > 1 && buffers > 0 &&
+        !(t->hbuffers = fl_alloc_aligned(buffers)))
+        return fl_fail(FL_ENOMEM, "out of memory for %zu bytes of host buffers", buffers);
     return open_metrics(t, cfg);
 }
 
@@ -288,7 +293,8 @@ fl_net *fl_train_make_model(const fl_train_config *cfg, const fl_dataset *ds) {
 
 void fl_train_teardown(trainer *t) {
     fl_metrics_close(t->metrics);
-    fl_tensor_free(t->probs);
+    fl_train_batch_clear(&t->batch);
+    fl_free_aligned(t->hbuffers);
     fl_dist_optim_free(t->dopt);
     fl_optim_free(t->opt);
     fl_net_free(t->net);

@@ -9,19 +9,21 @@
 #include <stdbool.h>
 
 /* One micro-batch: forward, loss, then fl_dist_minimize in place of backward + optimizer
- * step. *updated says whether the optimizer updated (with gradient_merge, every k-th call). */
+ * step. *updated says whether the optimizer updated (with gradient_merge, every k-th call).
+ * x and labels are the loader's (host memory); on a device they are copied there first, and
+ * the logits come back once for the accuracy. */
 static int train_step(trainer *t, const fl_tensor *x, const int32_t *labels, double lr,
                       double *loss, int64_t *correct, bool *updated) {
     const fl_tensor *logits;
-    FL_TRY(fl_net_forward(t->net, x, true, &logits));
-    fl_tensor probs;
-    int64_t pshape[2] = {x->shape[0], logits->shape[1]};
-    fl_tensor_view(&probs, FL_DTYPE_F32, 2, pshape, t->probs->data);
+    fl_tensor dx, probs, hview;
+    const int32_t *dlabels;
+    FL_TRY(fl_train_batch_put(&t->batch, x, labels, &dx, &dlabels, &probs));
+    FL_TRY(fl_net_forward(t->net, &dx, true, &logits));
     const fl_backend *k = fl_net_backend(t->net);
     double eps = t->label_smoothing;
-    FL_TRY(fl_softmax_xent_smooth_forward(k, logits, labels, eps, &probs, loss));
-    *correct = fl_topk_correct(logits, labels, 1);
-    FL_TRY(fl_softmax_xent_smooth_backward(k, &probs, labels, eps, &probs));
+    FL_TRY(fl_softmax_xent_smooth_forward(k, logits, dlabels, eps, &probs, loss));
+    *correct = fl_topk_correct(fl_train_batch_logits(&t->batch, logits, &hview), labels, 1);
+    FL_TRY(fl_softmax_xent_smooth_backward(k, &probs, dlabels, eps, &probs));
     if (x->shape[0] == 0) /* every sample of this rank's batch was a skipped image */
         *loss = 0;
     if (isfinite(*loss)) /* adaptive Local SGD follows the loss */

@@ -92,18 +92,21 @@ static void test_k_and_rules(void) {
     CHECK(dgc_choose_exchange(AG, 64, 1000000, 0.999) == AG);
     /* auto takes the one that pays when only one does: 32 workers at 0.9375, few pairs */
     CHECK(dgc_choose_exchange(AU, 32, 10, 0.9375) == SP);
-    /* the return of dropped pairs: kept -> u masked (when masking), dropped -> v restored */
+    /* the return of dropped pairs: kept -> u masked (when masking), dropped -> back to v */
     {
-        float u[6] = {1, 2, 3, 4, 5, 6}, v[6] = {0, 0, 0, 0, 0, 9};
-        const int32_t idx[3] = {0, 2, 4};
-        const float val[3] = {-1.5f, 2.5f, 7};
-        const uint8_t kept[3] = {1, 0, 1};
-        dgc_settle_sparse(3, idx, val, kept, u, v, true);
-        CHECK(u[0] == 0 && u[1] == 2 && u[2] == 3 && u[4] == 0 && u[5] == 6);
-        CHECK(v[0] == 0 && v[2] == 2.5f && v[4] == 0 && v[5] == 9);
-        float u2[6] = {1, 2, 3, 4, 5, 6}, v2[6] = {0};
-        dgc_settle_sparse(3, idx, val, kept, u2, v2, false);
-        CHECK(u2[0] == 1 && u2[4] == 5 && v2[2] == 2.5f && v2[0] == 0);
+        int32_t idx[4] = {0, 2, 4, 5}, masked[4];
+        const float val[4] = {-1.5f, 2.5f, 7, -3};
+        const uint8_t kept[4] = {1, 0, 1, 0};
+        dgc_pair back[4];
+        int64_t nm = -1, nb = -1;
+        dgc_settle_split(4, idx, val, kept, true, masked, &nm, back, &nb);
+        CHECK(nm == 2 && masked[0] == 0 && masked[1] == 4);
+        CHECK(nb == 2 && back[0].index == 2 && back[0].value == 2.5f && back[1].index == 5 &&
+              back[1].value == -3);
+        dgc_settle_split(4, idx, val, kept, false, masked, &nm, back, &nb);
+        CHECK(nm == 0 && nb == 2);
+        dgc_settle_split(4, idx, val, kept, true, idx, &nm, back, &nb); /* in place */
+        CHECK(nm == 2 && idx[0] == 0 && idx[1] == 4 && nb == 2 && back[1].index == 5);
     }
     /* local clipping at clip_norm * N^(-1/2) */
     CHECK_NEAR(dgc_local_clip_norm(2.0, 4), 1.0, 1e-15);
