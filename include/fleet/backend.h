@@ -94,6 +94,11 @@ typedef struct fl_conv_desc {
     fl_conv_geom g;
 } fl_conv_desc;
 
+/* The checks every backend's conv_plan_create makes first: dtype f32 or f64, sizes >= 1, groups
+ * dividing both channel counts, the output size fl_conv_geom_out gives, a known layout. 0, or
+ * FL_EINVAL / FL_ESHAPE with a message that begins with `who` ("onednn conv"). */
+int fl_conv_desc_check(const fl_conv_desc *d, const char *who);
+
 /* A backend's prepared convolution (algorithm, tiles, primitives); opaque, owned by the layer
  * that created it, used from one thread at a time. */
 typedef struct fl_conv_plan fl_conv_plan;

@@ -13,6 +13,25 @@ const fl_backend *fl_backend_onednn(void) { return NULL; }
 const fl_backend *fl_backend_cuda(void) { return NULL; }
 #endif
 
+int fl_conv_desc_check(const fl_conv_desc *d, const char *who) {
+    const fl_conv_geom *g = &d->g;
+    if (d->dtype != FL_DTYPE_F32 && d->dtype != FL_DTYPE_F64)
+        return fl_fail(FL_EINVAL, "%s: dtype %s: need f32 or f64", who,
+                       fl_dtype_name(d->dtype));
+    fl_conv_geom chk = *g;
+    if (d->max_batch < 1 || d->oc < 1 || d->groups < 1 || g->c % d->groups ||
+        d->oc % d->groups || !fl_conv_geom_out(&chk) || chk.oh != g->oh || chk.ow != g->ow)
+        return fl_fail(FL_ESHAPE,
+                       "%s: bad shape: batch %lld, %lld -> %lld channels in %lld groups, "
+                       "%lldx%lld input, %lldx%lld window, output %lldx%lld",
+                       who, (long long)d->max_batch, (long long)g->c, (long long)d->oc,
+                       (long long)d->groups, (long long)g->h, (long long)g->w,
+                       (long long)g->kh, (long long)g->kw, (long long)g->oh, (long long)g->ow);
+    if (d->layout != FL_LAYOUT_NCHW && d->layout != FL_LAYOUT_NHWC)
+        return fl_fail(FL_EINVAL, "%s: unknown layout %d", who, (int)d->layout);
+    return FL_OK;
+}
+
 /* " onednn cuda" as built, for the lists of valid names */
 static const char *optional_names(void) {
     static char buf[32];

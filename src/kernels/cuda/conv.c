@@ -209,25 +209,8 @@ static int plan_setup(fl_conv_plan *p, cudnnTensorFormat_t filter_fmt, char *why
 
 fl_conv_plan *cuda_conv_plan_create(const fl_conv_desc *d) {
     const fl_conv_geom *g = &d->g;
-    if (d->dtype != FL_DTYPE_F32 && d->dtype != FL_DTYPE_F64) {
-        fl_fail(FL_EINVAL, "cuda conv: dtype %s: need f32 or f64", fl_dtype_name(d->dtype));
+    if (fl_conv_desc_check(d, "cuda conv") < 0)
         return NULL;
-    }
-    fl_conv_geom chk = *g;
-    if (d->max_batch < 1 || d->oc < 1 || d->groups < 1 || g->c % d->groups ||
-        d->oc % d->groups || !fl_conv_geom_out(&chk) || chk.oh != g->oh || chk.ow != g->ow) {
-        fl_fail(FL_ESHAPE,
-                "cuda conv: bad shape: batch %lld, %lld -> %lld channels in %lld groups, "
-                "%lldx%lld input, %lldx%lld window, output %lldx%lld",
-                (long long)d->max_batch, (long long)g->c, (long long)d->oc, (long long)d->groups,
-                (long long)g->h, (long long)g->w, (long long)g->kh, (long long)g->kw,
-                (long long)g->oh, (long long)g->ow);
-        return NULL;
-    }
-    if (d->layout != FL_LAYOUT_NCHW && d->layout != FL_LAYOUT_NHWC) {
-        fl_fail(FL_EINVAL, "cuda conv: unknown layout %d", (int)d->layout);
-        return NULL;
-    }
     int64_t big = d->max_batch * (g->c > d->oc ? g->c : d->oc) * g->h * g->w;
     if (d->max_batch > INT_MAX || g->c > INT_MAX || d->oc > INT_MAX || g->h > INT_MAX ||
         g->w > INT_MAX || big > INT_MAX) {

@@ -621,25 +621,8 @@ static void bwd_w_block(void *ctx, int s) {
 
 fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
     const fl_conv_geom *g = &d->g;
-    if (d->dtype != FL_DTYPE_F32 && d->dtype != FL_DTYPE_F64) {
-        fl_fail(FL_EINVAL, "onednn conv: dtype %s: need f32 or f64", fl_dtype_name(d->dtype));
+    if (fl_conv_desc_check(d, "onednn conv") < 0)
         return NULL;
-    }
-    fl_conv_geom chk = *g;
-    if (d->max_batch < 1 || d->oc < 1 || d->groups < 1 || g->c % d->groups ||
-        d->oc % d->groups || !fl_conv_geom_out(&chk) || chk.oh != g->oh || chk.ow != g->ow) {
-        fl_fail(FL_ESHAPE,
-                "onednn conv: bad shape: batch %lld, %lld -> %lld channels in %lld groups, "
-                "%lldx%lld input, %lldx%lld window, output %lldx%lld",
-                (long long)d->max_batch, (long long)g->c, (long long)d->oc, (long long)d->groups,
-                (long long)g->h, (long long)g->w, (long long)g->kh, (long long)g->kw,
-                (long long)g->oh, (long long)g->ow);
-        return NULL;
-    }
-    if (d->layout != FL_LAYOUT_NCHW && d->layout != FL_LAYOUT_NHWC) {
-        fl_fail(FL_EINVAL, "onednn conv: unknown layout %d", (int)d->layout);
-        return NULL;
-    }
     fl_conv_plan *p = calloc(1, sizeof *p);
     if (!p) {
         fl_fail(FL_ENOMEM, "onednn conv: out of memory for a plan");
