@@ -88,6 +88,29 @@ bool fr_ip_equal(ip_addr x, ip_addr y) {
     return x.family == y.family && !memcmp(x.a, y.a, x.family == AF_INET ? 4 : 16);
 }
 
+socklen_t fr_sockaddr(ip_addr a, int port, struct sockaddr_storage *ss) {
+    memset(ss, 0, sizeof *ss);
+    if (a.family == AF_INET) {
+        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons((uint16_t)port);
+        memcpy(&s4->sin_addr, a.a, 4);
+        return sizeof *s4;
+    }
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons((uint16_t)port);
+    memcpy(&s6->sin6_addr, a.a, 16);
+    return sizeof *s6;
+}
+
+void fr_format_endpoint(char *out, const char *ip, int port) {
+    if (strchr(ip, ':'))
+        snprintf(out, ENDPOINT_MAX, "[%s]:%d", ip, port);
+    else
+        snprintf(out, ENDPOINT_MAX, "%s:%d", ip, port);
+}
+
 static int parse_ips(options *o, const char *list) {
     free(o->ips_buf);
     o->ips_buf = strdup(list);

@@ -62,21 +62,8 @@ int fr_coord_open(job *j) {
     j->coord = k;
     const char *ip = node_ip(j, 0);
     ip_addr a = fr_parse_ip(ip);
-    struct sockaddr_storage ss = {0};
-    socklen_t len;
-    if (a.family == AF_INET) {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-        s4->sin_family = AF_INET;
-        s4->sin_port = htons((uint16_t)j->o.coord_port);
-        memcpy(&s4->sin_addr, a.a, 4);
-        len = sizeof *s4;
-    } else {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-        s6->sin6_family = AF_INET6;
-        s6->sin6_port = htons((uint16_t)j->o.coord_port);
-        memcpy(&s6->sin6_addr, a.a, 16);
-        len = sizeof *s6;
-    }
+    struct sockaddr_storage ss;
+    socklen_t len = fr_sockaddr(a, j->o.coord_port, &ss);
     int one = 1, fd = socket(a.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd >= 0)
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

@@ -18,6 +18,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #define MAX_NODES     1024
@@ -131,6 +132,10 @@ int fr_check_program(const char *prog);
 ip_addr fr_parse_ip(const char *s);
 /* Same family and same address. */
 bool fr_ip_equal(ip_addr x, ip_addr y);
+/* a (IPv4 or IPv6) and port as a socket address in *ss; returns its length. */
+socklen_t fr_sockaddr(ip_addr a, int port, struct sockaddr_storage *ss);
+/* "ip:port", or "[ip]:port" for IPv6, into out (ENDPOINT_MAX bytes). */
+void fr_format_endpoint(char *out, const char *ip, int port);
 
 /* node.c: job set-up; each returns 0, or the status to exit with after telling why. */
 

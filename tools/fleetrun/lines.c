@@ -82,21 +82,8 @@ static void keepalive(int fd) {
 
 int fr_connect(const char *ip, int port, double until) {
     ip_addr a = fr_parse_ip(ip);
-    struct sockaddr_storage ss = {0};
-    socklen_t len;
-    if (a.family == AF_INET) {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-        s4->sin_family = AF_INET;
-        s4->sin_port = htons((uint16_t)port);
-        memcpy(&s4->sin_addr, a.a, 4);
-        len = sizeof *s4;
-    } else {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-        s6->sin6_family = AF_INET6;
-        s6->sin6_port = htons((uint16_t)port);
-        memcpy(&s6->sin6_addr, a.a, 16);
-        len = sizeof *s6;
-    }
+    struct sockaddr_storage ss;
+    socklen_t len = fr_sockaddr(a, port, &ss);
     for (int tries = 0; tries < 1000000; tries++) {
         int fd = socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)

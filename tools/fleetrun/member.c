@@ -29,13 +29,6 @@ int fr_member_connect(job *j) {
 
 static int port_base(const job *j) { return j->o.port ? j->o.port : FR_DEFAULT_PORT; }
 
-static void format_endpoint(char *out, const char *ip, int port) {
-    if (strchr(ip, ':'))
-        snprintf(out, ENDPOINT_MAX, "[%s]:%d", ip, port);
-    else
-        snprintf(out, ENDPOINT_MAX, "%s:%d", ip, port);
-}
-
 /* "GO <round> <n> <node>:<nproc>..." (text after the tab cut off): the round's ranks and
  * endpoints; 0, or 1 when the message does not make sense. */
 static int apply_go(job *j, const char *msg) {
@@ -69,7 +62,7 @@ static int apply_go(job *j, const char *msg) {
     int r = 0;
     for (int m = 0; m < n; m++)
         for (int i = 0; i < nproc[m]; i++)
-            format_endpoint(j->endpoints[r++], j->o.ips[node[m]], port_base(j) + i);
+            fr_format_endpoint(j->endpoints[r++], j->o.ips[node[m]], port_base(j) + i);
     size_t used = 0;
     for (int k = 0; k < total; k++)
         used += (size_t)sprintf(j->endpoints_str + used, "%s%s", k ? "," : "", j->endpoints[k]);
@@ -101,8 +94,6 @@ static void on_line(job *j, char *line) {
     j->stopped_remote = true;
     if (j->phase == PHASE_RUN && fr_groups_alive(j)) {
         fr_say("stopping this node's %d worker(s): %s", fr_groups_alive(j), why);
-        if (j->failed_unsignalled < 0)
-            j->failed_unsignalled = j->nfailed;
         fr_enter_phase(j, PHASE_TERM, j->o.grace);
     }
 }

@@ -133,31 +133,13 @@ int fr_make_token(job *j) {
     return 0;
 }
 
-static void format_endpoint(char *out, const char *ip, int port) {
-    if (strchr(ip, ':'))
-        snprintf(out, ENDPOINT_MAX, "[%s]:%d", ip, port);
-    else
-        snprintf(out, ENDPOINT_MAX, "%s:%d", ip, port);
-}
-
 /* One listening socket per local worker on IP:0; the kernel picks free ports. */
 static int bind_sockets(job *j) {
     const char *ip = j->o.ips[j->node];
     ip_addr a = fr_parse_ip(ip);
     for (int i = 0; i < j->o.nproc; i++) {
-        struct sockaddr_storage ss = {0};
-        socklen_t len;
-        if (a.family == AF_INET) {
-            struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-            s4->sin_family = AF_INET;
-            memcpy(&s4->sin_addr, a.a, 4);
-            len = sizeof *s4;
-        } else {
-            struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-            s6->sin6_family = AF_INET6;
-            memcpy(&s6->sin6_addr, a.a, 16);
-            len = sizeof *s6;
-        }
+        struct sockaddr_storage ss;
+        socklen_t len = fr_sockaddr(a, 0, &ss);
         int fd = socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0 || bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, SOMAXCONN) < 0 ||
             getsockname(fd, (struct sockaddr *)&ss, &len) < 0) {
@@ -170,7 +152,7 @@ static int bind_sockets(job *j) {
                                              : ((struct sockaddr_in6 *)&ss)->sin6_port);
         j->w[i].listen_fd = fd;
         j->w[i].child_listen_fd = fd;
-        format_endpoint(j->endpoints[(size_t)j->node * j->o.nproc + i], ip, port);
+        fr_format_endpoint(j->endpoints[(size_t)j->node * j->o.nproc + i], ip, port);
     }
     return 0;
 }
@@ -193,7 +175,7 @@ int fr_make_endpoints(job *j) {
         int port = o->port ? o->port : FR_DEFAULT_PORT;
         for (int n = 0; n < o->nnodes; n++)
             for (int i = 0; i < o->nproc; i++)
-                format_endpoint(j->endpoints[(size_t)n * o->nproc + i], o->ips[n], port + i);
+                fr_format_endpoint(j->endpoints[(size_t)n * o->nproc + i], o->ips[n], port + i);
     }
     size_t used = 0;
     for (int r = 0; r < j->nranks; r++)
