@@ -242,6 +242,12 @@ bad "--max_restarts: 'x'" --max-restarts x true
 bad "not an IPv4" --ips 1.2.3,4.5.6.7 true
 bad "not one of --ips" --ips 127.0.0.1,127.0.0.2 --node_ip 127.0.0.3 true
 FLAGS_START_PORT=abc bad "FLAGS_START_PORT" true
+bad "--nnodes: '3:2' is not MIN:MAX" --nnodes 3:2 true
+bad "--nnodes: 'x' is not a number of nodes" --nnodes x true
+bad "--nnodes 1:3, but --ips lists 2 node\\(s\\)" --ips 127.0.0.1,127.0.0.2 --node_ip 127.0.0.1 --nnodes 1:3 true
+bad "--node_timeout: '0' is not a number of seconds" --node_timeout 0 true
+bad "--coord_port: '70000'" --coord_port 70000 true
+bad "--started_port 1 leaves no port below it" --ips 127.0.0.1,127.0.0.2 --node_ip 127.0.0.1 --max_restarts 1 --started_port 1 true
 timeout 30 "$run" --log_dir "$tmp/lognp" no-such-program-xyz >/dev/null 2>"$tmp/np.err"
 check "missing program: exit 127" test $? -eq 127
 check "missing program: named" grep -q "no-such-program-xyz" "$tmp/np.err"
