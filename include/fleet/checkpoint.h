@@ -66,6 +66,9 @@ int fl_ckpt_resolve(const char *path, char *dir, size_t cap);
  * "rank_<rank>.safetensors" (then *nfiles receives the number of rank files, for the world
  * size check). FL_EIO naming the directory when neither exists. */
 int fl_ckpt_rank_file(const char *dir, int rank, char *path, size_t cap, int *nfiles);
+/* Removes rank_<r>.safetensors for every r >= from from step directory dir (from 0: all of
+ * them; the world size: those a larger world left there). */
+void fl_ckpt_remove_rank_files(const char *dir, int from);
 /* Removes step directories of ROOT beyond the newest `keep` at or below the step `latest`
  * names, and every step directory above it (left by a run killed before it could finish a
  * save, then resumed from an earlier one). keep <= 0 keeps all below latest. */

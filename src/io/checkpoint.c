@@ -240,6 +240,22 @@ int fl_ckpt_rank_file(const char *dir, int rank, char *path, size_t cap, int *nf
     return FL_OK;
 }
 
+void fl_ckpt_remove_rank_files(const char *dir, int from) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int r, end = 0;
+        if (sscanf(e->d_name, "rank_%d.safetensors%n", &r, &end) == 1 && e->d_name[end] == 0 &&
+            r >= from) {
+            char path[1400];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    }
+    if (d)
+        closedir(d);
+}
+
 /* removes a step directory and the files in it (no subdirectories are made there) */
 static int remove_step_dir(const char *root, const char *name) {
     char dir[1100], file[1400];

@@ -12,7 +12,6 @@
 
 #include "fleet/checkpoint.h"
 
-#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,23 +135,6 @@ static int state_uniform(trainer *t, const state_list *s, bool *uniform) {
     return FL_OK;
 }
 
-/* Removes dir's rank_<r>.safetensors for r >= from. */
-static void remove_rank_files(const char *dir, int from) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        int r, end = 0;
-        if (sscanf(e->d_name, "rank_%d.safetensors%n", &r, &end) == 1 &&
-            e->d_name[end] == 0 && r >= from) {
-            char path[1400];
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-    }
-    if (d)
-        closedir(d);
-}
-
 static int write_file(trainer *t, const fl_train_config *cfg, const state_list *s,
                       const char *path, bool per_rank) {
     char *yaml = config_yaml(cfg), *names = state_names(s);
@@ -216,7 +198,7 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
             unlink(path);
         /* rank files of this layout's other writers stay; the rest (all of them, or those of
          * a larger world that began this step before a restart with fewer workers) go */
-        remove_rank_files(dir, per_rank ? t->world : 0);
+        fl_ckpt_remove_rank_files(dir, per_rank ? t->world : 0);
     }
     if (rc >= 0 && (per_rank || t->rank == 0)) {
         if (per_rank)
