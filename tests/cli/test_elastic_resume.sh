@@ -19,10 +19,7 @@ cd "$tmp" || exit 1
 unset FLAGS_START_PORT FLEET_JOB_TOKEN FLEET_LISTEN_FD FLEET_RESTART_COUNT
 export OMP_NUM_THREADS=1 FLEET_COMM_TIMEOUT=60
 fail=0
-check() { # check DESCRIPTION COMMAND...
-  local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
+. "$src/tests/cli/dist_train_lib.sh" # check
 job() { # job NPROC NAME ARGS...: fleet-train under fleetrun, output to NAME.out
   local n=$1 name=$2; shift 2
   timeout 120 "$run" --nproc_per_node "$n" --log_dir "log_$name" "$bin" \

@@ -33,10 +33,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail=0
-check() { # check DESCRIPTION COMMAND...
-  local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
+. "$src/tests/cli/dist_train_lib.sh" # check
 cd "$tmp" || exit 1
 
 port_free() { ! ss -Htln 2>/dev/null | awk '{print $4}' | grep -qE ":($1)\$"; }
