@@ -203,12 +203,16 @@ int fr_member_join(job *j) {
 }
 
 void fr_member_failed(job *j) {
-    if (j->coord_fd < 0 || j->stopped_remote || j->cause < 0)
+    if (j->coord_fd < 0 || j->cause < 0)
         return;
     const worker *w = &j->w[j->cause];
+    bool ours = j->failed_unsignalled >= 0 && w->reap_order > j->failed_unsignalled;
+    /* a STOP may arrive while this node gathers its own failures (another node's workers saw
+     * the reset first): a worker killed by a signal not ours still outranks their exit codes */
+    if (j->stopped_remote && (!WIFSIGNALED(w->status) || ours))
+        return;
     char how[64];
     fr_describe_status(w->status, how, sizeof how);
-    bool ours = j->failed_unsignalled >= 0 && w->reap_order > j->failed_unsignalled;
     fr_send_line(j->coord_fd, "FAIL %d %d %d\tnode %d (%s): worker %d (rank %d) %s", j->round,
                  j->exit_code, WIFSIGNALED(w->status) && !ours ? 1 : 0, j->node,
                  j->o.ips[j->node], j->cause, w->rank, how);
