@@ -4,15 +4,15 @@
  * exchange per rank and no rank waits on two peers at once. n - 1 steps; each rank sends and
  * receives exactly its own blocks (no forwarding): the volume is what the counts say, which is
  * what sparse collectives built on it need. */
-#include "tcp.h"
+#include "algorithms.h"
 
 #include "fleet/status.h"
 
 #include <string.h>
 
-int fl_pairwise_alltoallv(fl_transport *tp, const void *in, const size_t *send_counts, void *out,
+int fl_pairwise_alltoallv(fl_peers *tp, const void *in, const size_t *send_counts, void *out,
                           const size_t *recv_counts, size_t es) {
-    int r = fl_transport_rank(tp), n = fl_transport_size(tp);
+    int r = fl_peers_rank(tp), n = fl_peers_size(tp);
     const char *src = in;
     char *dst = out;
     /* this rank's block offsets and the totals, in one pass */
@@ -34,7 +34,7 @@ int fl_pairwise_alltoallv(fl_transport *tp, const void *in, const size_t *send_c
         int to = (r + s) % n, from = (r - s + n) % n;
         so = to == 0 ? 0 : so + send_counts[to - 1] * es;
         ro = from == n - 1 ? rtotal - recv_counts[n - 1] * es : ro - recv_counts[from] * es;
-        FL_TRY(fl_transport_sendrecv(tp, to, src + so, send_counts[to] * es, from, dst + ro,
+        FL_TRY(fl_peers_sendrecv(tp, to, src + so, send_counts[to] * es, from, dst + ro,
                                      recv_counts[from] * es, NULL, NULL));
     }
     return 0;

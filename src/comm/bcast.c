@@ -7,19 +7,19 @@
  * while scatter + allgather needs about 2 (p-1)/p * bytes / bw, nearly twice as long for large
  * buffers; its only cost is the pipeline's fill time, which a chunk of a few hundred KiB keeps
  * small. Both are deterministic: broadcast copies, it never combines. */
-#include "tcp.h"
+#include "algorithms.h"
 
 #include "fleet/status.h"
 
-int fl_bcast_tree(fl_transport *tp, void *buf, size_t nbytes, int root) {
-    int r = fl_transport_rank(tp), n = fl_transport_size(tp);
+int fl_bcast_tree(fl_peers *tp, void *buf, size_t nbytes, int root) {
+    int r = fl_peers_rank(tp), n = fl_peers_size(tp);
     int v = (r - root + n) % n; /* rank relative to the root */
     int mask = 1;
     /* receive from the parent: v with its lowest set bit cleared */
     while (mask < n) {
         if (v & mask) {
             int parent = (v - mask + root) % n;
-            FL_TRY(fl_transport_sendrecv(tp, -1, NULL, 0, parent, buf, nbytes, NULL, NULL));
+            FL_TRY(fl_peers_sendrecv(tp, -1, NULL, 0, parent, buf, nbytes, NULL, NULL));
             break;
         }
         mask <<= 1;
@@ -28,14 +28,14 @@ int fl_bcast_tree(fl_transport *tp, void *buf, size_t nbytes, int root) {
     for (mask >>= 1; mask > 0; mask >>= 1) {
         if (v + mask < n) {
             int child = (v + mask + root) % n;
-            FL_TRY(fl_transport_sendrecv(tp, child, buf, nbytes, -1, NULL, 0, NULL, NULL));
+            FL_TRY(fl_peers_sendrecv(tp, child, buf, nbytes, -1, NULL, 0, NULL, NULL));
         }
     }
     return 0;
 }
 
-int fl_bcast_chain(fl_transport *tp, void *buf, size_t nbytes, int root, size_t chunk) {
-    int r = fl_transport_rank(tp), n = fl_transport_size(tp);
+int fl_bcast_chain(fl_peers *tp, void *buf, size_t nbytes, int root, size_t chunk) {
+    int r = fl_peers_rank(tp), n = fl_peers_size(tp);
     int v = (r - root + n) % n;
     int left = v > 0 ? (r - 1 + n) % n : -1;
     int right = v < n - 1 ? (r + 1) % n : -1;
@@ -51,7 +51,7 @@ int fl_bcast_chain(fl_transport *tp, void *buf, size_t nbytes, int root, size_t 
         size_t soff = k > 0 ? (k - 1) * chunk : 0, roff = k * chunk;
         size_t slen = to < 0 ? 0 : (nbytes - soff < chunk ? nbytes - soff : chunk);
         size_t rlen = from < 0 ? 0 : (nbytes - roff < chunk ? nbytes - roff : chunk);
-        FL_TRY(fl_transport_sendrecv(tp, to, b + soff, slen, from, b + roff, rlen, NULL, NULL));
+        FL_TRY(fl_peers_sendrecv(tp, to, b + soff, slen, from, b + roff, rlen, NULL, NULL));
     }
     return 0;
 }

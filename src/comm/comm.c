@@ -9,8 +9,6 @@
  * with the first failure's message. */
 #include "comm_impl.h"
 
-#include "registry.h"
-
 #include "fleet/log.h"
 #include "fleet/status.h"
 
@@ -470,58 +468,6 @@ fl_comm *fl_comm_new(void) {
     atomic_init(&c->counters.bytes_sent, 0);
     atomic_init(&c->counters.bytes_received, 0);
     return c;
-}
-
-int fl_comm_init(const fl_comm_env *env, fl_comm **out) {
-    FL_ASSERT(out != NULL);
-    *out = NULL;
-    fl_comm_env own;
-    int rc;
-    bool read_env = env == NULL;
-    if (read_env) {
-        memset(&own, 0, sizeof own);
-        if ((rc = fl_comm_env_read(&own)) < 0)
-            return rc;
-        env = &own;
-    }
-    fl_comm *c = fl_comm_new();
-    if (!c) {
-        rc = FL_ENOMEM;
-        goto fail;
-    }
-    if ((rc = fl_comm_registry_open(c, env)) < 0)
-        goto fail;
-    if (read_env)
-        fl_comm_env_clear(&own);
-    *out = c;
-    return 0;
-fail:
-    fl_comm_free(c);
-    if (read_env)
-        fl_comm_env_clear(&own);
-    return rc;
-}
-
-int fl_comm_init_from_env(const char *backend_override, fl_comm **out) {
-    FL_ASSERT(out != NULL);
-    *out = NULL;
-    fl_comm_env env;
-    memset(&env, 0, sizeof env);
-    int rc = fl_comm_env_read(&env);
-    if (rc < 0)
-        return rc;
-    if (backend_override && backend_override[0]) {
-        if (strlen(backend_override) >= sizeof env.backend) {
-            rc = fl_fail(FL_EINVAL, "unknown comm backend \"%s\" (want tcp or mpi)",
-                         backend_override);
-            goto done;
-        }
-        snprintf(env.backend, sizeof env.backend, "%s", backend_override);
-    }
-    rc = fl_comm_init(&env, out);
-done:
-    fl_comm_env_clear(&env);
-    return rc;
 }
 
 void fl_comm_free(fl_comm *c) {

@@ -1,7 +1,7 @@
 /* comm_impl.h - what a communicator backend implements (a table of blocking collectives), and
  * the state every communicator shares: ranks, endpoints, counters, the async request queue.
  * comm.c validates arguments, keeps async requests in issue order on one comm thread, and
- * calls the backend; backends (tcp.c, mpi.c) never see requests. */
+ * calls the backend; backends (tcp.c, mpi.c) never see requests; registry.c makes them. */
 #ifndef FLEET_COMM_IMPL_H
 #define FLEET_COMM_IMPL_H
 
@@ -58,6 +58,11 @@ struct fl_comm {
     char                      fail_msg[512];
     int                       fail_code;
 };
+
+/* comm.c: a zeroed communicator with its locks initialised and no backend (ops NULL), to be
+ * filled by a backend constructor (registry.c) and released with fl_comm_free. NULL (message
+ * set) when out of memory. */
+fl_comm *fl_comm_new(void);
 
 /* Reductions used by every backend that reduces by itself: acc[i] = acc[i] op in[i] for
  * n elements (avg reduces as sum; fl_reduce_finalize divides by the rank count at the end).

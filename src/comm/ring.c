@@ -8,7 +8,7 @@
  * repeatable, and the allgather hands out one final value per segment, so all ranks agree bit
  * for bit. Buffers larger than n * seg_max_bytes go round in several passes, which bounds the
  * scratch buffer to one segment. */
-#include "tcp.h"
+#include "algorithms.h"
 
 #include "fleet/status.h"
 
@@ -63,36 +63,79 @@ static void reduce_rest(reduce_ctx *x, size_t n) {
         reduce_chunk(x, 0, n * x->es);
 }
 
-/* One pass of ring allreduce over m elements at b. */
-static int allreduce_pass(fl_transport *tp, char *b, size_t m, fl_dtype t, fl_redop op,
-                          size_t es, char *scratch) {
-    int r = fl_transport_rank(tp), n = fl_transport_size(tp);
+int fl_ring_owned(int r, int n) { return right_of(r, n); }
+
+void fl_ring_segment(size_t count, int n, int i, size_t *off, size_t *len) {
+    *off = seg_off(count, n, i);
+    *len = seg_len(count, n, i);
+}
+
+/* Reduce-scatter half of one pass over m elements at b: at step s send segment r-s, receive
+ * and reduce segment r-s-1; after n-1 steps rank r holds segment r+1 complete (combined in
+ * the order r+2, r+3, ..., r+1), not finalised. scratch holds one segment. */
+static int reduce_scatter_half(fl_peers *p, char *b, size_t m, fl_dtype t, fl_redop op,
+                               size_t es, char *scratch) {
+    int r = fl_peers_rank(p), n = fl_peers_size(p);
     int right = right_of(r, n), left = left_of(r, n);
-    /* reduce-scatter: at step s send segment r-s, receive and reduce segment r-s-1; after n-1
-     * steps rank r holds segment r+1 complete (combined in the order r+2, r+3, ..., r+1) */
     for (int s = 0; s < n - 1; s++) {
         int si = wrap((long)r - s, n), ri = wrap((long)r - s - 1, n);
         size_t rl = seg_len(m, n, ri);
         reduce_ctx x = {b + seg_off(m, n, ri) * es, scratch, es, 0, t, op};
-        FL_TRY(fl_transport_sendrecv(tp, right, b + seg_off(m, n, si) * es, seg_len(m, n, si) * es,
-                                     left, scratch, rl * es, reduce_chunk, &x));
+        FL_TRY(fl_peers_sendrecv(p, right, b + seg_off(m, n, si) * es, seg_len(m, n, si) * es,
+                                 left, scratch, rl * es, reduce_chunk, &x));
         reduce_rest(&x, rl);
-    }
-    int own = right_of(r, n);
-    fl_reduce_finalize(b + seg_off(m, n, own) * es, seg_len(m, n, own), t, op, n);
-    /* allgather: at step s send segment r+1-s (final), receive segment r-s in place */
-    for (int s = 0; s < n - 1; s++) {
-        int si = wrap((long)r + 1 - s, n), ri = wrap((long)r - s, n);
-        FL_TRY(fl_transport_sendrecv(tp, right, b + seg_off(m, n, si) * es, seg_len(m, n, si) * es,
-                                     left, b + seg_off(m, n, ri) * es, seg_len(m, n, ri) * es,
-                                     NULL, NULL));
     }
     return 0;
 }
 
-int fl_ring_allreduce(fl_transport *tp, fl_tcp_scratch *s, size_t seg_max_bytes, void *buf,
+/* Allgather half: at step s send segment r+1-s (final), receive segment r-s in place. */
+static int allgather_half(fl_peers *p, char *b, size_t m, size_t es) {
+    int r = fl_peers_rank(p), n = fl_peers_size(p);
+    int right = right_of(r, n), left = left_of(r, n);
+    for (int s = 0; s < n - 1; s++) {
+        int si = wrap((long)r + 1 - s, n), ri = wrap((long)r - s, n);
+        FL_TRY(fl_peers_sendrecv(p, right, b + seg_off(m, n, si) * es, seg_len(m, n, si) * es,
+                                 left, b + seg_off(m, n, ri) * es, seg_len(m, n, ri) * es, NULL,
+                                 NULL));
+    }
+    return 0;
+}
+
+int fl_ring_reduce_scatter_inplace(fl_peers *p, fl_scratch *s, void *buf, size_t count,
+                                   fl_dtype t, fl_redop op) {
+    int n = fl_peers_size(p);
+    size_t es = fl_dtype_size(t);
+    if (n == 1 || count == 0)
+        return 0;
+    char *scratch = fl_scratch_get(s, seg_len(count, n, 0) * es);
+    if (!scratch)
+        return FL_ENOMEM;
+    return reduce_scatter_half(p, buf, count, t, op, es, scratch);
+}
+
+int fl_ring_allgather_inplace(fl_peers *p, void *buf, size_t count, size_t es) {
+    if (fl_peers_size(p) == 1 || count == 0)
+        return 0;
+    return allgather_half(p, buf, count, es);
+}
+
+/* One pass of ring allreduce over m elements at b. */
+static int allreduce_pass(fl_peers *p, char *b, size_t m, fl_dtype t, fl_redop op, size_t es,
+                          char *scratch) {
+    int r = fl_peers_rank(p), n = fl_peers_size(p);
+    FL_TRY(reduce_scatter_half(p, b, m, t, op, es, scratch));
+    int own = right_of(r, n);
+    fl_reduce_finalize(b + seg_off(m, n, own) * es, seg_len(m, n, own), t, op, n);
+    return allgather_half(p, b, m, es);
+}
+
+size_t fl_ring_passes(size_t count, int n, size_t es, size_t seg_max_bytes) {
+    return pass_count(count, n, es, seg_max_bytes);
+}
+
+int fl_ring_allreduce(fl_peers *tp, fl_scratch *s, size_t seg_max_bytes, void *buf,
                       size_t count, fl_dtype t, fl_redop op) {
-    int n = fl_transport_size(tp);
+    int n = fl_peers_size(tp);
     size_t es = fl_dtype_size(t);
     if (n == 1 || count == 0) {
         fl_reduce_finalize(buf, count, t, op, n);
@@ -100,7 +143,7 @@ int fl_ring_allreduce(fl_transport *tp, fl_tcp_scratch *s, size_t seg_max_bytes,
     }
     size_t passes = pass_count(count, n, es, seg_max_bytes);
     size_t biggest = count / passes + (count % passes ? 1 : 0);
-    char *scratch = fl_tcp_scratch_get(s, seg_len(biggest, n, 0) * es);
+    char *scratch = fl_scratch_get(s, seg_len(biggest, n, 0) * es);
     if (!scratch)
         return FL_ENOMEM;
     char *b = buf;
@@ -116,10 +159,10 @@ int fl_ring_allreduce(fl_transport *tp, fl_tcp_scratch *s, size_t seg_max_bytes,
  * travel in two buffers used in turn, scratch and out, arranged so that the last step lands
  * in out: at step s rank r receives block r-s-2's partial from the left, adds its own
  * contribution, and at step s+1 sends it on. Block b is combined in the order b+1, b+2, ..., b. */
-static int reduce_scatter_pass(fl_transport *tp, const char *in, char *out, size_t count,
+static int reduce_scatter_pass(fl_peers *tp, const char *in, char *out, size_t count,
                                size_t lo, size_t m, fl_dtype t, fl_redop op, size_t es,
                                char *scratch) {
-    int r = fl_transport_rank(tp), n = fl_transport_size(tp);
+    int r = fl_peers_rank(tp), n = fl_peers_size(tp);
     int right = right_of(r, n), left = left_of(r, n);
     size_t bytes = m * es, stride = count * es;
     const char *mine = in + lo * es; /* block 0's slice; block i at mine + i * stride */
@@ -128,7 +171,7 @@ static int reduce_scatter_pass(fl_transport *tp, const char *in, char *out, size
         char *recv = (n - 2 - s) % 2 == 0 ? out + lo * es : scratch;
         int ri = wrap((long)r - s - 2, n);
         reduce_ctx x = {recv, mine + (size_t)ri * stride, es, 0, t, op};
-        FL_TRY(fl_transport_sendrecv(tp, right, send, bytes, left, recv, bytes, reduce_chunk, &x));
+        FL_TRY(fl_peers_sendrecv(tp, right, send, bytes, left, recv, bytes, reduce_chunk, &x));
         reduce_rest(&x, m);
         send = recv;
     }
@@ -136,9 +179,9 @@ static int reduce_scatter_pass(fl_transport *tp, const char *in, char *out, size
     return 0;
 }
 
-int fl_ring_reduce_scatter(fl_transport *tp, fl_tcp_scratch *s, size_t seg_max_bytes,
+int fl_ring_reduce_scatter(fl_peers *tp, fl_scratch *s, size_t seg_max_bytes,
                            const void *in, void *out, size_t count, fl_dtype t, fl_redop op) {
-    int r = fl_transport_rank(tp), n = fl_transport_size(tp);
+    int r = fl_peers_rank(tp), n = fl_peers_size(tp);
     size_t es = fl_dtype_size(t);
     if (count == 0)
         return 0;
@@ -151,7 +194,7 @@ int fl_ring_reduce_scatter(fl_transport *tp, fl_tcp_scratch *s, size_t seg_max_b
     size_t biggest = count / passes + (count % passes ? 1 : 0);
     char *scratch = NULL;
     if (n > 2) { /* with two ranks the single step receives straight into out */
-        scratch = fl_tcp_scratch_get(s, biggest * es);
+        scratch = fl_scratch_get(s, biggest * es);
         if (!scratch)
             return FL_ENOMEM;
     }
@@ -169,9 +212,9 @@ static size_t block_len(const size_t *counts, size_t count, size_t es, int i) {
     return (counts ? counts[i] : count) * es;
 }
 
-int fl_ring_allgatherv(fl_transport *tp, const void *in, void *out, const size_t *counts,
+int fl_ring_allgatherv(fl_peers *tp, const void *in, void *out, const size_t *counts,
                        size_t count, size_t es) {
-    int r = fl_transport_rank(tp), n = fl_transport_size(tp);
+    int r = fl_peers_rank(tp), n = fl_peers_size(tp);
     int right = right_of(r, n), left = left_of(r, n);
     char *o = out;
     size_t mine_off = 0, mine_len = block_len(counts, count, es, r);
@@ -192,7 +235,7 @@ int fl_ring_allgatherv(fl_transport *tp, const void *in, void *out, const size_t
         } else { /* block ri ends where the block just sent begins */
             recv_off = send_off - recv_len;
         }
-        FL_TRY(fl_transport_sendrecv(tp, right, o + send_off, send_len, left, o + recv_off,
+        FL_TRY(fl_peers_sendrecv(tp, right, o + send_off, send_len, left, o + recv_off,
                                      recv_len, NULL, NULL));
         send_off = recv_off;
         send_len = recv_len;

@@ -4,7 +4,8 @@
  * (bcast.c). One rank needs no network at all: collectives are local copies. */
 #include "tcp.h"
 
-#include "registry.h"
+#include "algorithms.h"
+#include "transport.h"
 
 #include "fleet/status.h"
 
@@ -48,37 +49,12 @@
 
 typedef struct {
     fl_transport  *tp; /* NULL for a single rank */
-    fl_tcp_scratch scratch;
+    fl_scratch     scratch;
     fl_tcp_tuning  tune;
 } tcp_state;
 
-void *fl_tcp_scratch_get(fl_tcp_scratch *s, size_t nbytes) {
-    if (nbytes <= s->cap && s->data)
-        return s->data;
-    /* grow by at least half again, so a slowly growing bucket size reallocates rarely */
-    size_t want = nbytes;
-    if (want < s->cap + s->cap / 2)
-        want = s->cap + s->cap / 2;
-    if (want < 4096)
-        want = 4096;
-    void *p = fl_alloc_aligned(want);
-    if (!p) {
-        fl_fail(FL_ENOMEM, "tcp: out of memory for a %zu-byte scratch buffer", want);
-        return NULL;
-    }
-    fl_free_aligned(s->data);
-    s->data = p;
-    s->cap = want;
-    return p;
-}
-
-void fl_tcp_scratch_free(fl_tcp_scratch *s) {
-    fl_free_aligned(s->data);
-    s->data = NULL;
-    s->cap = 0;
-}
-
 static tcp_state *state_of(const fl_comm *c) { return c->backend; }
+static fl_peers *peers(tcp_state *st) { return fl_transport_peers(st->tp); }
 
 static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
     tcp_state *st = state_of(c);
@@ -87,8 +63,8 @@ static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_red
         return 0;
     }
     if (count * fl_dtype_size(t) <= st->tune.rd_max_bytes)
-        return fl_rd_allreduce(st->tp, &st->scratch, buf, count, t, op);
-    return fl_ring_allreduce(st->tp, &st->scratch, st->tune.seg_max_bytes, buf, count, t, op);
+        return fl_rd_allreduce(peers(st), &st->scratch, buf, count, t, op);
+    return fl_ring_allreduce(peers(st), &st->scratch, st->tune.seg_max_bytes, buf, count, t, op);
 }
 
 static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
@@ -99,7 +75,7 @@ static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t coun
             memcpy(out, in, count * fl_dtype_size(t));
         return 0;
     }
-    return fl_ring_reduce_scatter(st->tp, &st->scratch, st->tune.seg_max_bytes, in, out, count,
+    return fl_ring_reduce_scatter(peers(st), &st->scratch, st->tune.seg_max_bytes, in, out, count,
                                   t, op);
 }
 
@@ -110,7 +86,7 @@ static int tcp_allgather(fl_comm *c, const void *in, void *out, size_t count, fl
             memcpy(out, in, count * fl_dtype_size(t));
         return 0;
     }
-    return fl_ring_allgatherv(st->tp, in, out, NULL, count, fl_dtype_size(t));
+    return fl_ring_allgatherv(peers(st), in, out, NULL, count, fl_dtype_size(t));
 }
 
 static int tcp_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts,
@@ -121,7 +97,7 @@ static int tcp_allgatherv(fl_comm *c, const void *in, void *out, const size_t *c
             memcpy(out, in, counts[0] * fl_dtype_size(t));
         return 0;
     }
-    return fl_ring_allgatherv(st->tp, in, out, counts, 0, fl_dtype_size(t));
+    return fl_ring_allgatherv(peers(st), in, out, counts, 0, fl_dtype_size(t));
 }
 
 static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
@@ -133,7 +109,7 @@ static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, 
             memcpy(out, in, send_counts[0] * es);
         return 0;
     }
-    return fl_pairwise_alltoallv(st->tp, in, send_counts, out, recv_counts, es);
+    return fl_pairwise_alltoallv(peers(st), in, send_counts, out, recv_counts, es);
 }
 
 static int tcp_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
@@ -142,13 +118,13 @@ static int tcp_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int ro
     if (!st->tp || bytes == 0)
         return 0;
     if (bytes <= st->tune.bcast_tree_max_bytes)
-        return fl_bcast_tree(st->tp, buf, bytes, root);
-    return fl_bcast_chain(st->tp, buf, bytes, root, st->tune.bcast_chunk_bytes);
+        return fl_bcast_tree(peers(st), buf, bytes, root);
+    return fl_bcast_chain(peers(st), buf, bytes, root, st->tune.bcast_chunk_bytes);
 }
 
 static int tcp_barrier(fl_comm *c) {
     tcp_state *st = state_of(c);
-    return st->tp ? fl_rd_barrier(st->tp) : 0;
+    return st->tp ? fl_rd_barrier(peers(st)) : 0;
 }
 
 static void tcp_destroy(fl_comm *c) {
@@ -156,7 +132,7 @@ static void tcp_destroy(fl_comm *c) {
     if (!st)
         return;
     fl_transport_free(st->tp);
-    fl_tcp_scratch_free(&st->scratch);
+    fl_scratch_free(&st->scratch);
     free(st);
     c->backend = NULL;
 }
@@ -243,29 +219,22 @@ fail:
     return rc;
 }
 
-int fl_comm_tcp_from_fds(int rank, int size, const int *fds, double timeout_s, fl_comm **out) {
-    *out = NULL;
+int fl_comm_tcp_open_fds(fl_comm *c, int rank, int size, const int *fds, double timeout_s) {
     FL_ASSERT(size >= 1 && size <= FL_COMM_MAX_RANKS && rank >= 0 && rank < size);
-    fl_comm *c = fl_comm_new();
     tcp_state *st = NULL;
-    int rc = FL_ENOMEM;
-    if (!c || (rc = new_state(&st)) < 0) { /* the fds are ours to close */
+    int rc = new_state(&st);
+    if (rc < 0) { /* the fds are ours to close */
         for (int r = 0; r < size; r++)
             if (r != rank && fds[r] >= 0)
                 close(fds[r]);
-        goto fail;
+        return rc;
     }
     c->rank = rank;
     c->size = size;
     c->ops = &tcp_ops;
-    c->backend = st;
-    if (size > 1 &&
-        (rc = fl_transport_from_fds(rank, size, fds, timeout_s, &c->counters, &st->tp)) < 0)
-        goto fail;
-    *out = c;
-    return 0;
-fail:
-    fl_comm_free(c); /* destroys st through tcp_destroy; NULL is a no-op */
+    c->backend = st; /* from here fl_comm_free destroys st through tcp_destroy */
+    if (size > 1)
+        rc = fl_transport_from_fds(rank, size, fds, timeout_s, &c->counters, &st->tp);
     return rc;
 }
 

@@ -57,9 +57,11 @@ typedef struct {
     size_t   abort_got;
     char     abort_msg[FL_WIRE_ABORT_MAX + 1];
     bool     closed;                     /* the peer closed or reset: nothing more comes */
+    bool     local;                      /* a unix socket: the peer shares this host */
 } conn;
 
 struct fl_transport {
+    fl_peers           peers;      /* first: the pair interface (peers.h) */
     int                rank, size;
     double             timeout_s;
     double             spin_s;     /* busy-poll budget per sendrecv before sleeping in poll */
@@ -643,6 +645,21 @@ fail:
 
 /* ---------------------------------------------------------------- creation */
 
+static int peers_sendrecv(fl_peers *p, int to, const void *sbuf, size_t sbytes, int from,
+                          void *rbuf, size_t rbytes, fl_recv_fn on_recv, void *ctx) {
+    return fl_transport_sendrecv((fl_transport *)p, to, sbuf, sbytes, from, rbuf, rbytes, on_recv,
+                                 ctx);
+}
+
+static const char *peers_name(const fl_peers *p, int rank) {
+    return fl_transport_peer_name((const fl_transport *)p, rank);
+}
+
+static void peers_free(fl_peers *p) { fl_transport_free((fl_transport *)p); }
+
+static const struct fl_peers_ops transport_peer_ops = {
+    .sendrecv = peers_sendrecv, .peer_name = peers_name, .free = peers_free};
+
 /* FLEET_COMM_SPIN_US: microseconds a rank busy-polls per sendrecv before it sleeps in poll
  * (default 50; 0 turns spinning off, e.g. when many more ranks than cores share a machine). */
 #define SPIN_US_DEFAULT 50
@@ -667,6 +684,7 @@ static int create(int rank, int size, int *fds, double timeout_s, fl_comm_counte
     fl_transport *t = calloc(1, sizeof *t);
     if (!t)
         goto nomem;
+    t->peers = (fl_peers){.ops = &transport_peer_ops, .rank = rank, .size = size};
     t->rank = rank;
     t->size = size;
     t->timeout_s = timeout_s > 0 ? timeout_s : 300;
@@ -691,6 +709,10 @@ static int create(int rank, int size, int *fds, double timeout_s, fl_comm_counte
             snprintf(where, sizeof where, "local");
         snprintf(c->name, sizeof c->name, "rank %d (%s)", p, where);
         if (c->fd >= 0) {
+            struct sockaddr_storage sa;
+            socklen_t len = sizeof sa;
+            c->local = getsockname(c->fd, (struct sockaddr *)&sa, &len) == 0 &&
+                       sa.ss_family == AF_UNIX;
             (void)fl_net_set_nonblock(c->fd);
             fl_net_tune(c->fd);
         }
@@ -851,6 +873,11 @@ void fl_transport_free(fl_transport *t) {
 
 int fl_transport_rank(const fl_transport *t) { return t->rank; }
 int fl_transport_size(const fl_transport *t) { return t->size; }
+fl_peers *fl_transport_peers(fl_transport *t) { return &t->peers; }
+
+bool fl_transport_is_local(const fl_transport *t, int rank) {
+    return rank >= 0 && rank < t->size && rank != t->rank && t->conns[rank].local;
+}
 
 const char *fl_transport_endpoint(const fl_transport *t, int rank) {
     if (rank < 0 || rank >= t->size || !t->endpoints)

@@ -1,19 +1,17 @@
 /* transport.h - the tcp backend's transport: one authenticated, full-duplex connection to every
  * peer, and the one primitive the algorithms use: send to one peer while receiving from
- * another (full duplex), in bounded frames, with a deadline. Algorithms (ring.c, rd.c,
- * bcast.c) talk to "rank r" and never see a socket, as gloo's algorithms only use pairs. */
+ * another (full duplex), in bounded frames, with a deadline. It implements the pair interface
+ * of peers.h, which is all the algorithms (algorithms.h) ever see. */
 #ifndef FLEET_TRANSPORT_H
 #define FLEET_TRANSPORT_H
 
 #include "comm_impl.h"
+#include "peers.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct fl_transport fl_transport;
-
-/* Called as each received chunk [off, off + len) of rbuf is complete, in order, so the caller
- * can reduce it while later chunks are still in flight (pipelining). */
-typedef void (*fl_recv_fn)(void *ctx, size_t off, size_t len);
 
 /* Listens on env's endpoint (or the inherited env->listen_fd), connects to every peer (rank r
  * connects to every lower rank, accepts every higher one), and authenticates each connection
@@ -36,6 +34,13 @@ void fl_transport_free(fl_transport *t);
 
 int fl_transport_rank(const fl_transport *t);
 int fl_transport_size(const fl_transport *t);
+
+/* The transport as the algorithms see it (peers.h): sendrecv is fl_transport_sendrecv, free is
+ * fl_transport_free. Owned by t. */
+fl_peers *fl_transport_peers(fl_transport *t);
+
+/* Whether rank r is reached through a unix socket (same host and network namespace: local.h). */
+bool fl_transport_is_local(const fl_transport *t, int rank);
 
 /* Sends sbytes of sbuf to rank `to` while receiving exactly rbytes into rbuf from rank `from`
  * (either side may be skipped with rank -1 or 0 bytes; to may equal from). Both sides of a

@@ -1,0 +1,61 @@
+/* algorithms.h - the collective algorithms, written against the pair interface (peers.h) so that
+ * any transport runs them (sockets, shared memory, a group of another transport's ranks). Every
+ * call is made by all ranks of the fl_peers with the same arguments except the buffers.
+ * Elements of es = fl_dtype_size(t) bytes. Private to src/comm and its tests. */
+#ifndef FLEET_ALGORITHMS_H
+#define FLEET_ALGORITHMS_H
+
+#include "comm_impl.h"
+#include "peers.h"
+#include "scratch.h"
+
+#include <stddef.h>
+
+/* --- ring.c: Patarasuk & Yuan 2009 --- */
+/* buf (count) becomes op over all ranks: ring reduce-scatter, then ring allgather, in passes of
+ * at most seg_max_bytes per segment. */
+int fl_ring_allreduce(fl_peers *p, fl_scratch *s, size_t seg_max_bytes, void *buf, size_t count,
+                      fl_dtype t, fl_redop op);
+/* The two halves of one ring allreduce pass, in place: buf (count) is cut into size segments
+ * (fl_ring_segment); after the reduce-scatter rank r's segment fl_ring_owned(r) holds op over
+ * all ranks (not finalised: avg is still the sum); the allgather then copies every rank's
+ * owned segment to all. Used by the hierarchical allreduce (hier.c). */
+int fl_ring_reduce_scatter_inplace(fl_peers *p, fl_scratch *s, void *buf, size_t count,
+                                   fl_dtype t, fl_redop op);
+int fl_ring_allgather_inplace(fl_peers *p, void *buf, size_t count, size_t es);
+/* Which segment rank r of n holds after fl_ring_reduce_scatter_inplace (r + 1 mod n), and
+ * where segment i of a buffer of count elements lies: [*off, *off + *len). One pass, no
+ * segment limit: callers bound memory by cutting the buffer (fl_ring_passes). */
+int    fl_ring_owned(int r, int n);
+void   fl_ring_segment(size_t count, int n, int i, size_t *off, size_t *len);
+/* How many passes fl_ring_allreduce makes for count elements (segments <= seg_max_bytes). */
+size_t fl_ring_passes(size_t count, int n, size_t es, size_t seg_max_bytes);
+/* in (size * count), out (count) = op over ranks of block rank of in; out must not overlap in. */
+int fl_ring_reduce_scatter(fl_peers *p, fl_scratch *s, size_t seg_max_bytes, const void *in,
+                           void *out, size_t count, fl_dtype t, fl_redop op);
+/* in (counts[rank] * es bytes) of every rank concatenated in rank order into out; counts NULL
+ * means every rank contributes `count` elements. in may be out's own slot (in place). */
+int fl_ring_allgatherv(fl_peers *p, const void *in, void *out, const size_t *counts,
+                       size_t count, size_t es);
+
+/* --- rd.c: Thakur, Rabenseifner & Gropp 2005 --- */
+/* buf (count) becomes op over all ranks in ceil(log2 size) (+2 for non-powers of two) steps. */
+int fl_rd_allreduce(fl_peers *p, fl_scratch *s, void *buf, size_t count, fl_dtype t,
+                    fl_redop op);
+/* Dissemination barrier: ceil(log2 size) rounds of one byte. */
+int fl_rd_barrier(fl_peers *p);
+
+/* --- alltoall.c: Thakur, Rabenseifner & Gropp 2005 --- */
+/* Pairwise exchange: rank r's in block j (send_counts[j] elements) goes to rank j's out block r
+ * (its recv_counts[r]); blocks in rank order. n - 1 full-duplex steps. */
+int fl_pairwise_alltoallv(fl_peers *p, const void *in, const size_t *send_counts, void *out,
+                          const size_t *recv_counts, size_t es);
+
+/* --- bcast.c --- */
+/* Binomial tree: ceil(log2 size) rounds of the whole buffer (small messages). */
+int fl_bcast_tree(fl_peers *p, void *buf, size_t nbytes, int root);
+/* Pipelined chain root -> root+1 -> ...: each rank receives and forwards chunk by chunk
+ * (large messages: every link carries the buffer once). */
+int fl_bcast_chain(fl_peers *p, void *buf, size_t nbytes, int root, size_t chunk);
+
+#endif /* FLEET_ALGORITHMS_H */
