@@ -162,6 +162,28 @@ int fl_request_wait(fl_request *req);
 /* 1 if complete (then fl_request_wait returns at once), 0 if not. */
 int fl_request_test(fl_request *req);
 
+/* --- node groups (Horovod's local and cross communicators) and hierarchical allreduce --- */
+/* Splits c's ranks into nodes of local_size consecutive ranks (0: the topology of the
+ * environment, fl_comm_env's local_size; LOCAL_WORLD_SIZE set by hand emulates several nodes on
+ * one machine): *node (may be NULL) gets a communicator of this node's ranks (rank = local
+ * rank), *cross one of the ranks with this local rank on every node (rank = node index). Both
+ * are views: they share c's connections, comm thread, failure state and counters (their stats
+ * are c's), collectives on c and on its views run one at a time in issue order, and they are
+ * freed with c (fl_comm_free on a view does nothing). Every rank calls it with the same
+ * local_size; a second call returns the same views. FL_EINVAL when the ranks do not divide into
+ * equal nodes or are not numbered node by node; FL_EUNSUPPORTED on backends without groups
+ * (mpi). Not collective: no message is exchanged. */
+int fl_comm_split_nodes(fl_comm *c, int local_size, fl_comm **node, fl_comm **cross);
+/* Paddle's use_hierarchical_allreduce: with on, allreduce on c (blocking and async) becomes a
+ * reduce-scatter inside the node, an allreduce of each rank's share among the nodes and an
+ * allgather inside the node (src/comm/hier.c), whenever there are several nodes of several
+ * ranks (splitting with the environment's topology first if c was not split). Results are
+ * bit-identical on every rank, and equal to the flat allreduce's up to rounding. Every rank
+ * makes the same choice; waits for outstanding requests. */
+int fl_comm_set_hierarchical(fl_comm *c, int on);
+/* Ranks per node: as split, else as the environment says (1 when it says nothing). */
+int fl_comm_local_size(const fl_comm *c);
+
 /* --- counters --- */
 typedef struct {
     uint64_t bytes_sent;     /* payload bytes this rank sent (headers included) */

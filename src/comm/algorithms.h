@@ -58,4 +58,19 @@ int fl_bcast_tree(fl_peers *p, void *buf, size_t nbytes, int root);
  * (large messages: every link carries the buffer once). */
 int fl_bcast_chain(fl_peers *p, void *buf, size_t nbytes, int root, size_t chunk);
 
+/* --- hier.c: hierarchical allreduce --- */
+typedef struct {
+    size_t rd_max_bytes;  /* the cross-node allreduce of a segment: recursive doubling up to
+                             this many bytes, else ring */
+    size_t seg_max_bytes; /* ring segments (node and cross rings) of at most this many bytes */
+} fl_hier_tuning;
+/* buf (count) becomes op over all ranks: node (L ranks of this node) reduce-scatter, cross (this
+ * local rank on each of M nodes) allreduce of the owned segment, node allgather. Every node has
+ * the same L, and node / cross number the ranks consistently (node rank l of node j is cross
+ * rank j of the group of local rank l). Bit-identical on every rank and repeatable; equal to
+ * the flat allreduce up to rounding. */
+int fl_hier_allreduce(fl_peers *node, fl_peers *cross, fl_scratch *s,
+                      const fl_hier_tuning *tune, void *buf, size_t count, fl_dtype t,
+                      fl_redop op);
+
 #endif /* FLEET_ALGORITHMS_H */

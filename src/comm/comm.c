@@ -67,18 +67,24 @@ struct comm_request_queue {
 
 /* --- shared state under the queue's mutex (plain when there is no comm thread yet) --- */
 
+/* The communicator whose queue, locks, failure state and statistics a view shares. */
+static fl_comm *root_of(const fl_comm *c) { return c->root ? c->root : (fl_comm *)c; }
+
 static void lock_shared(fl_comm *c) {
+    c = root_of(c);
     if (c->queue)
         pthread_mutex_lock(&c->queue->mu);
 }
 
 static void unlock_shared(fl_comm *c) {
+    c = root_of(c);
     if (c->queue)
         pthread_mutex_unlock(&c->queue->mu);
 }
 
 /* Records the first failure (message from this thread's fl_errmsg). */
 static void mark_failed(fl_comm *c, int code) {
+    c = root_of(c);
     lock_shared(c);
     if (!c->failed) {
         c->failed = true;
@@ -90,6 +96,7 @@ static void mark_failed(fl_comm *c, int code) {
 
 /* Caller holds the shared lock (or there is no queue). */
 static int failed_already(const fl_comm *c) {
+    c = root_of(c);
     return fl_fail(c->fail_code, "%s", c->fail_msg);
 }
 
@@ -142,10 +149,11 @@ static int execute(fl_comm *c, const call *a) {
         mark_failed(c, rc);
         return rc;
     }
-    lock_shared(c);
-    c->seconds += dt;
-    c->ops_done++;
-    unlock_shared(c);
+    fl_comm *root = root_of(c);
+    lock_shared(root);
+    root->seconds += dt;
+    root->ops_done++;
+    unlock_shared(root);
     return 0;
 }
 
@@ -324,7 +332,7 @@ static void *comm_thread(void *arg) {
         } else {
             pthread_mutex_unlock(&q->mu);
             pthread_mutex_lock(&c->exec_lock);
-            rc = execute(c, &r->a);
+            rc = execute(r->c, &r->a); /* r->c: c or one of its views */
             pthread_mutex_unlock(&c->exec_lock);
             if (rc < 0)
                 snprintf(r->msg, sizeof r->msg, "%s", fl_errmsg());
@@ -372,12 +380,13 @@ static void drain(fl_comm *c) {
 
 static int run_blocking(fl_comm *c, const call *a) {
     FL_TRY(validate(c, a));
-    drain(c); /* the comm thread is idle from here until this thread issues again */
-    if (c->failed)
-        return failed_already(c);
-    pthread_mutex_lock(&c->exec_lock);
+    fl_comm *root = root_of(c);
+    drain(root); /* the comm thread is idle from here until this thread issues again */
+    if (root->failed)
+        return failed_already(root);
+    pthread_mutex_lock(&root->exec_lock);
     int rc = execute(c, a);
-    pthread_mutex_unlock(&c->exec_lock);
+    pthread_mutex_unlock(&root->exec_lock);
     return rc;
 }
 
@@ -404,12 +413,13 @@ static int submit(fl_comm *c, const call *a, fl_request **req) {
             r->a.recv_counts = r->counts_copy + n;
         }
     }
-    int rc = c->queue ? 0 : start_queue(c);
+    fl_comm *root = root_of(c);
+    int rc = root->queue ? 0 : start_queue(root);
     if (rc < 0)
         goto fail;
-    comm_request_queue *q = c->queue;
+    comm_request_queue *q = root->queue;
     pthread_mutex_lock(&q->mu);
-    if (c->failed) {
+    if (root->failed) {
         rc = failed_already(c);
         pthread_mutex_unlock(&q->mu);
         goto fail;
@@ -433,7 +443,7 @@ fail:
 int fl_request_wait(fl_request *r) {
     if (!r)
         return 0;
-    comm_request_queue *q = r->c->queue;
+    comm_request_queue *q = root_of(r->c)->queue;
     pthread_mutex_lock(&q->mu);
     while (!r->done)
         pthread_cond_wait(&q->done, &q->mu);
@@ -449,7 +459,7 @@ int fl_request_wait(fl_request *r) {
 int fl_request_test(fl_request *r) {
     if (!r)
         return 1;
-    comm_request_queue *q = r->c->queue;
+    comm_request_queue *q = root_of(r->c)->queue;
     pthread_mutex_lock(&q->mu);
     int done = r->done;
     pthread_mutex_unlock(&q->mu);
@@ -457,6 +467,8 @@ int fl_request_test(fl_request *r) {
 }
 
 /* --- life cycle --- */
+
+static void free_blank_view(fl_comm *v); /* node groups, below */
 
 fl_comm *fl_comm_new(void) {
     fl_comm *c = calloc(1, sizeof *c);
@@ -471,7 +483,7 @@ fl_comm *fl_comm_new(void) {
 }
 
 void fl_comm_free(fl_comm *c) {
-    if (!c)
+    if (!c || c->root) /* a view goes with its communicator */
         return;
     comm_request_queue *q = c->queue;
     if (q) { /* the comm thread runs what was issued, then exits */
@@ -486,11 +498,118 @@ void fl_comm_free(fl_comm *c) {
         free(q);
         c->queue = NULL;
     }
+    free_blank_view(c->node_view); /* views first: they borrow the connections */
+    free_blank_view(c->cross_view);
     if (c->ops && c->ops->destroy)
         c->ops->destroy(c);
     free(c->endpoints);
     pthread_mutex_destroy(&c->exec_lock);
     free(c);
+}
+
+/* --- node groups --- */
+
+/* A blank view of root with the given rank, size and members' endpoints. */
+static fl_comm *new_view(fl_comm *root, int rank, int size, const int *members) {
+    fl_comm *v = fl_comm_new();
+    if (!v)
+        return NULL;
+    v->root = root;
+    v->rank = rank;
+    v->size = size;
+    if (root->endpoints) {
+        v->endpoints = calloc((size_t)size, sizeof *v->endpoints);
+        if (!v->endpoints) {
+            pthread_mutex_destroy(&v->exec_lock);
+            free(v);
+            fl_fail(FL_ENOMEM, "comm: out of memory");
+            return NULL;
+        }
+        for (int i = 0; i < size; i++)
+            memcpy(v->endpoints[i], root->endpoints[members[i]], FL_ENDPOINT_MAX);
+    }
+    return v;
+}
+
+static void free_blank_view(fl_comm *v) {
+    if (!v)
+        return;
+    if (v->ops && v->ops->destroy)
+        v->ops->destroy(v);
+    free(v->endpoints);
+    pthread_mutex_destroy(&v->exec_lock);
+    free(v);
+}
+
+int fl_comm_split_nodes(fl_comm *c, int local_size, fl_comm **node, fl_comm **cross) {
+    FL_ASSERT(c != NULL);
+    if (c->root)
+        return fl_fail(FL_EINVAL, "comm: a node group cannot be split again");
+    int L = local_size > 0 ? local_size : c->env_local_size > 0 ? c->env_local_size : 1;
+    if (c->size % L != 0)
+        return fl_fail(FL_EINVAL, "comm: %d ranks cannot form nodes of %d ranks each (every "
+                       "node needs the same number of ranks)", c->size, L);
+    if (local_size <= 0 && c->env_local_size > 0 && c->env_node != c->rank / L)
+        return fl_fail(FL_EINVAL, "comm: rank %d is on node %d, but node groups need ranks "
+                       "numbered node by node (node %d would hold ranks %d..%d)", c->rank,
+                       c->env_node, c->rank / L, c->rank / L * L, c->rank / L * L + L - 1);
+    if (c->node_view) {
+        if (c->split_local_size != L)
+            return fl_fail(FL_EINVAL, "comm: already split into nodes of %d ranks, not %d",
+                           c->split_local_size, L);
+    } else {
+        if (!c->ops->split)
+            return fl_fail(FL_EUNSUPPORTED, "comm: backend %s has no node groups (use tcp)",
+                           c->ops->name);
+        int M = c->size / L, me_node = c->rank / L, me_local = c->rank % L;
+        int *nm = malloc((size_t)L * sizeof *nm), *cm = malloc((size_t)M * sizeof *cm);
+        fl_comm *nv = NULL, *cv = NULL;
+        int rc = FL_ENOMEM;
+        if (nm && cm) {
+            for (int i = 0; i < L; i++)
+                nm[i] = me_node * L + i;
+            for (int j = 0; j < M; j++)
+                cm[j] = j * L + me_local;
+            nv = new_view(c, me_local, L, nm);
+            cv = nv ? new_view(c, me_node, M, cm) : NULL;
+            rc = cv ? c->ops->split(c, L, nv, cv) : FL_ENOMEM;
+        } else {
+            fl_fail(FL_ENOMEM, "comm: out of memory");
+        }
+        free(nm);
+        free(cm);
+        if (rc < 0) {
+            free_blank_view(nv);
+            free_blank_view(cv);
+            return rc;
+        }
+        c->node_view = nv;
+        c->cross_view = cv;
+        c->split_local_size = L;
+    }
+    if (node)
+        *node = c->node_view;
+    if (cross)
+        *cross = c->cross_view;
+    return 0;
+}
+
+int fl_comm_set_hierarchical(fl_comm *c, int on) {
+    FL_ASSERT(c != NULL);
+    if (on && !c->node_view)
+        FL_TRY(fl_comm_split_nodes(c, 0, NULL, NULL));
+    drain(c);
+    pthread_mutex_lock(&c->exec_lock);
+    c->hierarchical = on != 0;
+    pthread_mutex_unlock(&c->exec_lock);
+    return 0;
+}
+
+int fl_comm_local_size(const fl_comm *c) {
+    FL_ASSERT(c != NULL);
+    const fl_comm *r = root_of(c);
+    return r->split_local_size ? r->split_local_size
+                               : r->env_local_size > 0 ? r->env_local_size : 1;
 }
 
 /* --- queries --- */
@@ -519,7 +638,7 @@ const char *fl_comm_endpoint(const fl_comm *c, int r) {
 
 void fl_comm_get_stats(const fl_comm *c, fl_comm_stats *out) {
     FL_ASSERT(c != NULL && out != NULL);
-    fl_comm *m = (fl_comm *)c; /* the lock is not part of the value */
+    fl_comm *m = root_of(c); /* the lock is not part of the value */
     out->bytes_sent = atomic_load(&m->counters.bytes_sent);
     out->bytes_received = atomic_load(&m->counters.bytes_received);
     lock_shared(m);
@@ -530,6 +649,7 @@ void fl_comm_get_stats(const fl_comm *c, fl_comm_stats *out) {
 
 void fl_comm_reset_stats(fl_comm *c) {
     FL_ASSERT(c != NULL);
+    c = root_of(c);
     atomic_store(&c->counters.bytes_sent, 0);
     atomic_store(&c->counters.bytes_received, 0);
     lock_shared(c);

@@ -30,6 +30,10 @@ struct fl_comm_ops {
                       const size_t *recv_counts, fl_dtype t);
     int  (*broadcast)(fl_comm *c, void *buf, size_t count, fl_dtype t, int root);
     int  (*barrier)(fl_comm *c);
+    /* Fills the blank views node (the local_size ranks of this node) and cross (this local rank
+     * on every node), whose rank and size comm.c has set: their ops and backend state, over
+     * c's connections. NULL: the backend has no node groups. */
+    int  (*split)(fl_comm *c, int local_size, fl_comm *node, fl_comm *cross);
     /* Releases backend state (connections, MPI). */
     void (*destroy)(fl_comm *c);
 };
@@ -57,6 +61,15 @@ struct fl_comm {
     bool                      failed;    /* a collective failed: the communicator is unusable */
     char                      fail_msg[512];
     int                       fail_code;
+    /* topology as the environment described it (fl_comm_env): ranks per node, this rank's node */
+    int                       env_local_size, env_node;
+    /* node groups (fl_comm_split_nodes): views of this communicator, owned by it */
+    fl_comm                  *node_view, *cross_view;
+    int                       split_local_size;
+    bool                      hierarchical; /* allreduce runs node / cross / node (hier.c) */
+    /* a view: the communicator whose queue, locks, failure state and counters it shares
+     * (NULL for a communicator of its own) */
+    fl_comm                  *root;
 };
 
 /* comm.c: a zeroed communicator with its locks initialised and no backend (ops NULL), to be

@@ -67,6 +67,8 @@ int fl_comm_init(const fl_comm_env *env, fl_comm **out) {
     }
     if ((rc = fl_comm_registry_open(c, env)) < 0)
         goto fail;
+    c->env_local_size = env->local_size;
+    c->env_node = env->node;
     if (read_env)
         fl_comm_env_clear(&own);
     *out = c;

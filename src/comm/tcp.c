@@ -5,6 +5,7 @@
 #include "tcp.h"
 
 #include "algorithms.h"
+#include "group.h"
 #include "transport.h"
 
 #include "fleet/status.h"
@@ -48,19 +49,28 @@
 #define TCP_BCAST_CHUNK_BYTES ((size_t)256 << 10)
 
 typedef struct {
-    fl_transport  *tp; /* NULL for a single rank */
+    fl_transport  *tp;    /* the connections; NULL for a single rank and for views */
+    fl_peers      *group; /* a view's ranks (group.h) over its communicator's tp; owned */
     fl_scratch     scratch;
     fl_tcp_tuning  tune;
 } tcp_state;
 
 static tcp_state *state_of(const fl_comm *c) { return c->backend; }
-static fl_peers *peers(tcp_state *st) { return fl_transport_peers(st->tp); }
+/* Whom the collectives talk to; NULL: this rank alone (a single rank, or a view of one). */
+static fl_peers *peers(tcp_state *st) {
+    return st->group ? st->group : st->tp ? fl_transport_peers(st->tp) : NULL;
+}
 
 static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
     tcp_state *st = state_of(c);
-    if (!st->tp) {
+    if (!peers(st)) {
         fl_reduce_finalize(buf, count, t, op, 1);
         return 0;
+    }
+    if (c->hierarchical && c->node_view && c->node_view->size > 1 && c->cross_view->size > 1) {
+        fl_hier_tuning ht = {st->tune.rd_max_bytes, st->tune.seg_max_bytes};
+        return fl_hier_allreduce(peers(state_of(c->node_view)), peers(state_of(c->cross_view)),
+                                 &st->scratch, &ht, buf, count, t, op);
     }
     if (count * fl_dtype_size(t) <= st->tune.rd_max_bytes)
         return fl_rd_allreduce(peers(st), &st->scratch, buf, count, t, op);
@@ -70,7 +80,7 @@ static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_red
 static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
                               fl_redop op) {
     tcp_state *st = state_of(c);
-    if (!st->tp) {
+    if (!peers(st)) {
         if (count)
             memcpy(out, in, count * fl_dtype_size(t));
         return 0;
@@ -81,7 +91,7 @@ static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t coun
 
 static int tcp_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
     tcp_state *st = state_of(c);
-    if (!st->tp) {
+    if (!peers(st)) {
         if (count && in != out)
             memcpy(out, in, count * fl_dtype_size(t));
         return 0;
@@ -92,7 +102,7 @@ static int tcp_allgather(fl_comm *c, const void *in, void *out, size_t count, fl
 static int tcp_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts,
                           fl_dtype t) {
     tcp_state *st = state_of(c);
-    if (!st->tp) {
+    if (!peers(st)) {
         if (counts[0] && in != out)
             memcpy(out, in, counts[0] * fl_dtype_size(t));
         return 0;
@@ -104,7 +114,7 @@ static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, 
                          const size_t *recv_counts, fl_dtype t) {
     tcp_state *st = state_of(c);
     size_t es = fl_dtype_size(t);
-    if (!st->tp) { /* one rank: its own block (comm.c checked that both counts agree) */
+    if (!peers(st)) { /* one rank: its own block (comm.c checked that both counts agree) */
         if (send_counts[0])
             memcpy(out, in, send_counts[0] * es);
         return 0;
@@ -115,7 +125,7 @@ static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, 
 static int tcp_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
     tcp_state *st = state_of(c);
     size_t bytes = count * fl_dtype_size(t);
-    if (!st->tp || bytes == 0)
+    if (!peers(st) || bytes == 0)
         return 0;
     if (bytes <= st->tune.bcast_tree_max_bytes)
         return fl_bcast_tree(peers(st), buf, bytes, root);
@@ -124,17 +134,48 @@ static int tcp_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int ro
 
 static int tcp_barrier(fl_comm *c) {
     tcp_state *st = state_of(c);
-    return st->tp ? fl_rd_barrier(peers(st)) : 0;
+    return peers(st) ? fl_rd_barrier(peers(st)) : 0;
 }
 
 static void tcp_destroy(fl_comm *c) {
     tcp_state *st = state_of(c);
     if (!st)
         return;
+    fl_peers_free(st->group);
     fl_transport_free(st->tp);
     fl_scratch_free(&st->scratch);
     free(st);
     c->backend = NULL;
+}
+
+static int new_state(tcp_state **out);
+
+/* A view over the members' ranks of c's transport (a group of one needs no peers). */
+static int open_view(fl_comm *c, fl_comm *view, const int *members) {
+    tcp_state *st = state_of(c), *vs = NULL;
+    FL_TRY(new_state(&vs));
+    vs->tune = st->tune;
+    view->ops = c->ops;
+    view->backend = vs;
+    if (view->size > 1 && !(vs->group = fl_group_new(peers(st), members, view->size)))
+        return FL_ENOMEM;
+    return 0;
+}
+
+static int tcp_split(fl_comm *c, int L, fl_comm *node, fl_comm *cross) {
+    int M = c->size / L, me_node = c->rank / L, me_local = c->rank % L;
+    int *m = malloc((size_t)(L > M ? L : M) * sizeof *m);
+    if (!m)
+        return fl_fail(FL_ENOMEM, "tcp: out of memory");
+    for (int i = 0; i < L; i++)
+        m[i] = me_node * L + i;
+    int rc = open_view(c, node, m);
+    for (int j = 0; j < M && rc == 0; j++)
+        m[j] = j * L + me_local;
+    if (rc == 0)
+        rc = open_view(c, cross, m);
+    free(m);
+    return rc;
 }
 
 static const struct fl_comm_ops tcp_ops = {
@@ -146,6 +187,7 @@ static const struct fl_comm_ops tcp_ops = {
     .alltoallv = tcp_alltoallv,
     .broadcast = tcp_broadcast,
     .barrier = tcp_barrier,
+    .split = tcp_split,
     .destroy = tcp_destroy,
 };
 

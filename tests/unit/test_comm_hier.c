@@ -1,0 +1,220 @@
+/* test_comm_hier.c - node groups and the hierarchical allreduce without processes: L x M threads
+ * (layouts 2x2, 3x2, 2x3, 1x3, 3x1: ranks per node x nodes), each a rank of a tcp communicator
+ * over socketpairs, split into nodes of L (fl_comm_split_nodes):
+ *  - the whole collective matrix (tests/comm/comm_matrix.h) on the node view and on the cross
+ *    view, and on the communicator with hierarchical allreduce on (its expected values are the
+ *    flat sum: exact for small integers, within rounding for spread floats; every rank the same
+ *    bits), also with tiny ring segments so that buffers take many passes;
+ *  - hierarchical vs flat allreduce on the same random floats: equal within rounding, and
+ *    repeatable to the bit;
+ *  - async collectives on the communicator interleaved with blocking ones on its views complete
+ *    in issue order with the right results;
+ *  - bad splits are refused (ranks not divisible into nodes, a second split of another size). */
+#include "test.h"
+
+#include "comm/comm_matrix.h"
+#include "comm/tcp.h"
+
+#include "fleet/comm.h"
+#include "fleet/status.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* socketpairs between every two of n ranks: fds[r * n + q] is r's end towards q */
+static int *make_fds(int n) {
+    int *fds = malloc((size_t)n * (size_t)n * sizeof *fds);
+    for (int r = 0; r < n; r++) {
+        fds[r * n + r] = -1;
+        for (int q = r + 1; q < n; q++) {
+            int sv[2];
+            if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) {
+                perror("socketpair");
+                exit(1);
+            }
+            fds[r * n + q] = sv[0];
+            fds[q * n + r] = sv[1];
+        }
+    }
+    return fds;
+}
+
+typedef struct {
+    int                rank, L, M;
+    int               *fds;
+    long               failures;
+    pthread_barrier_t *bar;
+} rank_arg;
+
+#define FAILF(a, ...)                                                                             \
+    do {                                                                                          \
+        fprintf(stderr, "rank %d (%dx%d): ", (a)->rank, (a)->L, (a)->M);                          \
+        fprintf(stderr, __VA_ARGS__);                                                             \
+        fprintf(stderr, "\n");                                                                    \
+        (a)->failures++;                                                                          \
+    } while (0)
+
+static long run_matrix(fl_comm *c, const char *what, int L, int M) {
+    static const size_t counts[] = {0, 1, 7, 1000, 20011};
+    mx_ctx m = {.c = c, .seed = 11};
+    mx_run(&m, counts, 5);
+    if (m.failures && fl_comm_rank(c) == 0)
+        fprintf(stderr, "%dx%d, %s: %ld failures\n", L, M, what, m.failures);
+    return m.failures + (m.fatal ? 1 : 0);
+}
+
+static float value(int rank, size_t i) { /* spread over magnitudes: sums depend on order */
+    uint64_t x = mx_mix(((uint64_t)rank << 40) ^ i);
+    return (float)((double)(x >> 11) / 9007199254740992.0 - 0.5) *
+           powf(2.0f, (float)((x >> 3) % 24) - 12.0f);
+}
+
+static void hier_vs_flat(rank_arg *a, fl_comm *c) {
+    enum { N = 100003 }; /* odd, not divisible by any rank count here */
+    int n = a->L * a->M;
+    float *flat = malloc(N * sizeof *flat), *h1 = malloc(N * sizeof *h1),
+          *h2 = malloc(N * sizeof *h2);
+    for (size_t i = 0; i < N; i++)
+        flat[i] = h1[i] = h2[i] = value(a->rank, i);
+    if (fl_comm_set_hierarchical(c, 0) < 0 ||
+        fl_comm_allreduce(c, flat, N, FL_DTYPE_F32, FL_REDOP_AVG) < 0 ||
+        fl_comm_set_hierarchical(c, 1) < 0 ||
+        fl_comm_allreduce(c, h1, N, FL_DTYPE_F32, FL_REDOP_AVG) < 0 ||
+        fl_comm_allreduce(c, h2, N, FL_DTYPE_F32, FL_REDOP_AVG) < 0) {
+        FAILF(a, "allreduce: %s", fl_errmsg());
+        goto done;
+    }
+    if (memcmp(h1, h2, N * sizeof *h1) != 0)
+        FAILF(a, "hierarchical allreduce is not repeatable to the bit");
+    int bad = 0;
+    for (size_t i = 0; i < N && bad < 3; i++) {
+        double sum_abs = 0;
+        for (int q = 0; q < n; q++)
+            sum_abs += fabs((double)value(q, i));
+        double tol = 4.0 * n * 6e-8 * sum_abs / n + 1e-30;
+        if (fabs((double)h1[i] - (double)flat[i]) > tol) {
+            FAILF(a, "element %zu: hierarchical %.9g, flat %.9g", i, h1[i], flat[i]);
+            bad++;
+        }
+    }
+done:
+    free(flat);
+    free(h1);
+    free(h2);
+}
+
+/* An async allreduce on c, a blocking one on the node view, another async one on c: each gets
+ * its own right answer (ranks sum their rank numbers). */
+static void interleaved(rank_arg *a, fl_comm *c, fl_comm *node) {
+    int n = a->L * a->M;
+    double x[3] = {a->rank, a->rank, a->rank}, y = a->rank % a->L;
+    fl_request *r1 = NULL, *r2 = NULL;
+    int rc = fl_comm_iallreduce(c, &x[0], 1, FL_DTYPE_F64, FL_REDOP_SUM, &r1);
+    rc = rc < 0 ? rc : fl_comm_allreduce(node, &y, 1, FL_DTYPE_F64, FL_REDOP_SUM);
+    rc = rc < 0 ? rc : fl_comm_iallreduce(c, &x[1], 2, FL_DTYPE_F64, FL_REDOP_MAX, &r2);
+    int w1 = fl_request_wait(r1), w2 = fl_request_wait(r2);
+    if (rc < 0 || w1 < 0 || w2 < 0) {
+        FAILF(a, "interleaved: %s", fl_errmsg());
+        return;
+    }
+    double want_y = a->L * (a->L - 1) / 2.0;
+    if (x[0] != n * (n - 1) / 2.0 || y != want_y || x[1] != n - 1 || x[2] != n - 1)
+        FAILF(a, "interleaved: got %g %g %g %g", x[0], y, x[1], x[2]);
+}
+
+static void *rank_main(void *p) {
+    rank_arg *a = p;
+    int n = a->L * a->M;
+    fl_comm *c = NULL, *node = NULL, *cross = NULL, *again = NULL;
+    if (fl_comm_tcp_from_fds(a->rank, n, a->fds, 60, &c) < 0) {
+        FAILF(a, "fl_comm_tcp_from_fds: %s", fl_errmsg());
+        pthread_barrier_wait(a->bar);
+        return NULL;
+    }
+    pthread_barrier_wait(a->bar);
+    if (fl_comm_split_nodes(c, a->L, &node, &cross) < 0) {
+        FAILF(a, "split: %s", fl_errmsg());
+        fl_comm_free(c);
+        return NULL;
+    }
+    if (fl_comm_rank(node) != a->rank % a->L || fl_comm_size(node) != a->L ||
+        fl_comm_rank(cross) != a->rank / a->L || fl_comm_size(cross) != a->M ||
+        fl_comm_local_size(c) != a->L)
+        FAILF(a, "views: node %d/%d, cross %d/%d", fl_comm_rank(node), fl_comm_size(node),
+              fl_comm_rank(cross), fl_comm_size(cross));
+    if (fl_comm_split_nodes(c, a->L, &again, NULL) < 0 || again != node)
+        FAILF(a, "a second split of the same size must return the same views");
+    if (a->L > 1 && fl_comm_split_nodes(c, 1, NULL, NULL) != FL_EINVAL)
+        FAILF(a, "a second split of another size must be refused");
+    if (fl_comm_split_nodes(node, 1, NULL, NULL) != FL_EINVAL)
+        FAILF(a, "a view must not split again");
+    fl_comm_free(node); /* a no-op on a view */
+
+    a->failures += run_matrix(node, "node view", a->L, a->M);
+    a->failures += run_matrix(cross, "cross view", a->L, a->M);
+    if (fl_comm_set_hierarchical(c, 1) < 0)
+        FAILF(a, "set_hierarchical: %s", fl_errmsg());
+    a->failures += run_matrix(c, "hierarchical", a->L, a->M);
+    /* tiny segments: the node ring and the cross allreduce take many passes */
+    fl_tcp_tuning def, tu;
+    fl_comm_tcp_get_tuning(c, &def);
+    tu = def;
+    tu.seg_max_bytes = 4000;
+    tu.rd_max_bytes = 0;
+    fl_comm_tcp_set_tuning(c, &tu);
+    a->failures += run_matrix(c, "hierarchical, ring segments of 4000 bytes", a->L, a->M);
+    fl_comm_tcp_set_tuning(c, &def);
+    hier_vs_flat(a, c);
+    interleaved(a, c, node);
+    fl_comm_free(c);
+    return NULL;
+}
+
+static void run_layout(int L, int M) {
+    int n = L * M;
+    int *fds = make_fds(n);
+    rank_arg args[8];
+    pthread_t th[8];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)n);
+    double t0 = fl_now();
+    for (int r = 0; r < n; r++) {
+        args[r] = (rank_arg){.rank = r, .L = L, .M = M, .fds = fds + r * n, .bar = &bar};
+        pthread_create(&th[r], NULL, rank_main, &args[r]);
+    }
+    long failures = 0;
+    for (int r = 0; r < n; r++) {
+        pthread_join(th[r], NULL);
+        failures += args[r].failures;
+    }
+    pthread_barrier_destroy(&bar);
+    fprintf(stderr, "%d ranks per node x %d nodes: %ld failures, %.2f s\n", L, M, failures,
+            fl_now() - t0);
+    if (failures)
+        test_failures++;
+    free(fds);
+}
+
+static void test_bad_split(void) {
+    int *fds = make_fds(1);
+    fl_comm *c = NULL;
+    CHECK_OK(fl_comm_tcp_from_fds(0, 1, fds, 10, &c));
+    CHECK_RC(fl_comm_split_nodes(c, 2, NULL, NULL), FL_EINVAL);
+    CHECK_MSG("1 ranks cannot form nodes of 2");
+    fl_comm *node = NULL, *cross = NULL;
+    CHECK_OK(fl_comm_split_nodes(c, 0, &node, &cross)); /* no topology: nodes of one */
+    CHECK(fl_comm_size(node) == 1 && fl_comm_size(cross) == 1);
+    fl_comm_free(c);
+    free(fds);
+}
+
+int main(void) {
+    test_bad_split();
+    static const int layouts[][2] = {{2, 2}, {3, 2}, {2, 3}, {1, 3}, {3, 1}};
+    for (int i = 0; i < 5; i++)
+        run_layout(layouts[i][0], layouts[i][1]);
+    TEST_DONE();
+}
