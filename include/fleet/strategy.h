@@ -27,6 +27,12 @@ typedef struct fl_strategy {
     bool   overlap;              /* start a bucket's allreduce (DGC: a tensor's pairs) during
                                     backward (default true) */
     bool   fp16_allreduce;       /* send dense gradients as f16, pre-divided by N */
+    /* Paddle's use_hierarchical_allreduce (docs/comm.md "Hierarchical allreduce"): every
+     * allreduce runs inside the node, then between nodes, then inside the node again
+     * (fl_comm_set_hierarchical); with dgc the compression also works per node (docs/dgc.md
+     * "Hierarchical DGC"). inter_nranks: ranks per node (0: the launcher's LOCAL_WORLD_SIZE). */
+    bool    use_hierarchical_allreduce;
+    int64_t hierarchical_allreduce_inter_nranks;
     bool   gradient_merge;       /* accumulate k micro-batches before communicating */
     struct {
         int64_t k_steps;         /* default 1 */

@@ -81,6 +81,8 @@ typedef struct {
     int64_t     *soff;     /* (nct + 1) where they start in send */
     bool        *prepared; /* (nct) accumulated, selected and encoded */
     fl_request **req;      /* (nct) each tensor's allgather in flight, or NULL */
+    fl_request **xreq;     /* (nct) hierarchical: each tensor's allgather between nodes */
+    size_t      *xcounts;  /* (node size) hierarchical: the node allgatherv's counts */
     int          launched; /* tensors launched, in launch order: the last (c = nct - 1) first */
     float       *hint;     /* (nct) each tensor's k-th largest |v| at its last selection, or 0 */
     int64_t     *hint_k;   /* (nct) the k it was for (a new k starts without one) */
@@ -128,6 +130,8 @@ static void destroy(fl_dist_optim *d) {
     fl_free_aligned(g->oval);
     free(g->prepared);
     free(g->req);
+    free(g->xreq);
+    free(g->xcounts);
     free(g->hint);
     free(g->hint_k);
     free(g);
@@ -229,12 +233,14 @@ static int setup(fl_dist_optim *d) {
     g->soff = calloc(nps + 1, sizeof *g->soff);
     g->prepared = calloc(nps, sizeof *g->prepared);
     g->req = calloc(nps, sizeof *g->req);
+    g->xreq = calloc(nps, sizeof *g->xreq);
+    g->xcounts = calloc(d->node ? (size_t)fl_comm_size(d->node) : 1, sizeof *g->xcounts);
     g->hint = calloc(nps, sizeof *g->hint);
     g->hint_k = calloc(nps, sizeof *g->hint_k);
     g->step = -1;
     if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->vseg || !g->dp ||
         !g->dvel ||
-        !g->ct_of || !g->kk || !g->cnt || !g->soff || !g->prepared || !g->req || !g->hint ||
+        !g->ct_of || !g->kk || !g->cnt || !g->soff || !g->prepared || !g->req || !g->hint || !g->xreq || !g->xcounts ||
         !g->hint_k) {
         rc = fl_fail(FL_ENOMEM, "strategy.dgc: out of memory planning %d parameters", np);
         goto fail;
@@ -347,10 +353,24 @@ static void wait_launched(dgc *g) {
     if (!g->req)
         return;
     for (int c = 0; c < g->nct; c++) {
+        fl_request_wait(g->xreq[c]);
         fl_request_wait(g->req[c]);
-        g->req[c] = NULL;
+        g->req[c] = g->xreq[c] = NULL;
     }
     g->launched = 0;
+}
+
+/* Hierarchical DGC (docs/dgc.md): with use_hierarchical_allreduce and several nodes of several
+ * ranks, the compressed tensors' gradients are averaged inside the node first, so that u and v
+ * are the node's (the same on each of its ranks), and the nodes exchange pairs: the "workers"
+ * of DGC's exchange are the nodes. */
+static bool hierarchical(const fl_dist_optim *d) {
+    return d->node && fl_comm_size(d->node) > 1 && fl_comm_size(d->cross) > 1;
+}
+
+/* How many parties exchange pairs: the nodes, or the workers. */
+static int exchange_world(const fl_dist_optim *d) {
+    return hierarchical(d) ? fl_comm_size(d->cross) : d->world;
 }
 
 /* The dense phase ends: each rank's u starts from the common velocity, so that the sum of the
@@ -381,7 +401,9 @@ static double sparsity_of(const fl_dist_optim *d, int64_t step) {
 /* Whether update `step` at sparsity sp exchanges pairs (else: dense, or the dense fallback). */
 static bool sparse_step(const fl_dist_optim *d, double sp) {
     return sp >= 0 && !(d->s.dgc_configs.dense_fallback &&
-                        !dgc_sparse_pays(d->world, sp, (dgc_exchange)d->s.dgc_configs.exchange));
+                        !dgc_sparse_pays(exchange_world(d), sp,
+                                         hierarchical(d) ? DGC_EXCHANGE_ALLGATHER
+                                                         : (dgc_exchange)d->s.dgc_configs.exchange));
 }
 
 static bool local_clipping(const fl_dist_optim *d) {
@@ -394,7 +416,9 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
     if (g->step == step)
         return FL_OK;
     g->step = step;
-    g->early = !local_clipping(d); /* clipping needs the norm of every gradient first */
+    /* clipping needs the norm of every gradient first; the hierarchical step the node's
+     * average of every gradient */
+    g->early = !local_clipping(d) && !hierarchical(d);
     for (int c = 0; c < g->nct; c++) {
         g->kk[c] = dgc_k(g->ct[c].p->value.numel, sp);
         g->soff[c + 1] = g->soff[c] + g->kk[c];
@@ -407,9 +431,17 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
         return fl_fail(FL_ESTATE, "strategy dgc: step %lld: %lld pairs exceed the %lld planned",
                        (long long)step, (long long)g->soff[g->nct], (long long)g->send_cap);
     int64_t k = g->soff[g->nct];
-    dgc_exchange e = dgc_choose_exchange((dgc_exchange)d->s.dgc_configs.exchange, d->world, k, sp);
+    dgc_exchange e = hierarchical(d) ? DGC_EXCHANGE_ALLGATHER
+                                     : dgc_choose_exchange((dgc_exchange)d->s.dgc_configs.exchange,
+                                                           d->world, k, sp);
     g->xsparse = e == DGC_EXCHANGE_SPARSE;
-    if (d->world > 1 && g->said_exchange != (int)e) {
+    if (hierarchical(d) && g->said_exchange != (int)e) {
+        FL_INFO("strategy dgc: step %lld: %lld pairs per node, hierarchical: %d nodes of %d "
+                "workers, each worker sends 1/%d of its node's pairs to the other nodes",
+                (long long)step, (long long)k, fl_comm_size(d->cross), fl_comm_size(d->node),
+                fl_comm_size(d->node));
+        g->said_exchange = (int)e;
+    } else if (d->world > 1 && g->said_exchange != (int)e) {
         FL_INFO("strategy dgc: step %lld: %lld pairs per worker, %d workers: exchange by %s "
                 "(estimate at 1 Gbit/s: allgather %.2f ms, sparse allreduce %.2f ms)",
                 (long long)step, (long long)k, d->world,
@@ -465,6 +497,68 @@ static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
     g->prepared[c] = true;
 }
 
+/* Tensor c's pairs between nodes: the node's kk pairs (the same on each of its L ranks) are cut
+ * into L pieces; local rank l allgathers piece l with the other nodes (M pieces received, so
+ * the node's link carries kk (M - 1) pairs in all, 1/L of them per rank), then the node
+ * allgathers the pieces: every rank holds the M nodes' kk pairs, piece by piece. */
+static int launch_hierarchical(fl_dist_optim *d, dgc *g, int c) {
+    int L = fl_comm_size(d->node), M = fl_comm_size(d->cross), l = fl_comm_rank(d->node);
+    int64_t kk = g->kk[c];
+    dgc_pair *in = send_wire(d, g) + g->soff[c], *out = recv_wire(d, g) + M * g->soff[c];
+    int64_t off = 0, mine = 0;
+    for (int q = 0; q < L; q++) {
+        int64_t len = kk / L + (q < kk % L ? 1 : 0);
+        if (q == l)
+            mine = off;
+        g->xcounts[q] = (size_t)(M * len * 2);
+        off += len;
+    }
+    int64_t len = kk / L + (l < kk % L ? 1 : 0);
+    int rc = fl_comm_iallgather(d->cross, in + mine, out + M * mine, (size_t)len * 2,
+                                FL_DTYPE_I32, &g->xreq[c]);
+    if (rc == FL_OK)
+        rc = fl_comm_iallgatherv(d->node, out + M * mine, out, g->xcounts, FL_DTYPE_I32,
+                                 &g->req[c]);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "strategy dgc: step %lld: hierarchical allgather of %s's %lld "
+                                  "pairs", (long long)g->step, g->ct[c].p->name, (long long)kk);
+    return FL_OK;
+}
+
+/* The node's average of the compressed tensors' gradients (hierarchical DGC), in place. */
+static int node_average(fl_dist_optim *d, dgc *g) {
+    const fl_backend *be = fl_net_backend(d->net);
+    int rc = FL_OK;
+    for (int c = 0; c < g->nct && rc == FL_OK; c++) {
+        size_t n = (size_t)g->ct[c].p->value.numel;
+        float *wire = fl_backend_stage_buf(be, g->gseg[c], g->hv ? g->hv + g->start[c] : NULL);
+        fl_backend_stage_out(be, g->gseg[c], wire, n * sizeof(float), NULL);
+        rc = fl_comm_iallreduce(d->node, wire, n, FL_DTYPE_F32, FL_REDOP_AVG, &g->xreq[c]);
+        if (rc < 0)
+            g->xreq[c] = NULL;
+    }
+    char msg[512] = "";
+    if (rc < 0)
+        snprintf(msg, sizeof msg, "%s", fl_errmsg());
+    for (int c = 0; c < g->nct; c++) {
+        int rc1 = fl_request_wait(g->xreq[c]);
+        g->xreq[c] = NULL;
+        if (rc1 < 0 && rc == FL_OK) {
+            rc = rc1;
+            snprintf(msg, sizeof msg, "%s", fl_errmsg());
+        }
+        if (rc == FL_OK) {
+            size_t n = (size_t)g->ct[c].p->value.numel;
+            float *wire = fl_backend_stage_buf(be, g->gseg[c], g->hv ? g->hv + g->start[c] : NULL);
+            fl_backend_stage_in(be, g->gseg[c], wire, n * sizeof(float), NULL);
+        }
+    }
+    if (rc < 0)
+        return fl_fail(rc, "strategy dgc: step %lld: the node's average of the gradients: %s",
+                       (long long)DIST_STEP(d), msg);
+    return FL_OK;
+}
+
 /* Starts the exchange of prepared tensors in launch order only (the last tensor first, as
  * backward produces them): every rank issues the same collectives in the same order. */
 static int launch_ready(fl_dist_optim *d, dgc *g) {
@@ -475,6 +569,11 @@ static int launch_ready(fl_dist_optim *d, dgc *g) {
         if (!g->prepared[c])
             break;
         int64_t kk = g->kk[c];
+        if (hierarchical(d)) {
+            FL_TRY(launch_hierarchical(d, g, c));
+            g->launched++;
+            continue;
+        }
         dgc_pair *in = send_wire(d, g) + g->soff[c], *out = recv_wire(d, g) + d->world * g->soff[c];
         if (d->world == 1) {
             memcpy(out, in, (size_t)kk * sizeof *in);
@@ -641,8 +740,11 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
     int rc = FL_OK;
     char msg[512]; /* the first failure's message: later waits overwrite fl_errmsg */
     for (int c = g->nct - 1; c >= 0; c--) {
+        int rc0 = fl_request_wait(g->xreq[c]);
         int rc1 = fl_request_wait(g->req[c]);
-        g->req[c] = NULL;
+        g->req[c] = g->xreq[c] = NULL;
+        if (rc0 < 0)
+            rc1 = rc0;
         if (rc1 < 0 && rc == FL_OK) {
             rc = fl_fail_prefix(rc1, "strategy dgc: step %lld: allgather of %s's pairs",
                                 (long long)step, g->ct[c].p->name);
@@ -652,7 +754,8 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
     g->launched = 0;
     if (rc < 0)
         return fl_fail(rc, "%s", msg);
-    int64_t total = d->world * g->soff[g->nct];
+    const int xw = exchange_world(d);
+    int64_t total = xw * g->soff[g->nct];
     if (g->xsparse)
         FL_TRY(exchange_sparse(d, g, &total));
     const dgc_pair *recv = recv_wire(d, g); /* checked on the host, then moved to the device */
@@ -660,6 +763,10 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
     if (bad >= 0 && g->xsparse)
         return fl_fail(FL_EPEER, "strategy dgc: step %lld: the sparse allreduce returned index %d "
                                  "outside the %lld compressed values",
+                       (long long)step, recv[bad].index, (long long)g->cnumel);
+    if (bad >= 0 && hierarchical(d))
+        return fl_fail(FL_EPEER, "strategy dgc: step %lld: a node sent index %d outside the "
+                                 "%lld compressed values",
                        (long long)step, recv[bad].index, (long long)g->cnumel);
     if (bad >= 0) {
         int c = 0;
@@ -672,14 +779,14 @@ static int sparse_apply(fl_dist_optim *d, dgc *g, double lr) {
     }
     fl_backend_stage_in(be, g->recv, recv, (size_t)total * sizeof *recv, NULL);
     if (corr && wdc) { /* the paper's step: the pairs, as plain SGD */
-        be->dgc_apply_pairs(g->recv, total, g->nct, g->start, g->wseg, lr / (double)d->world);
+        be->dgc_apply_pairs(g->recv, total, g->nct, g->start, g->wseg, lr / (double)xw);
     } else { /* the ablations: a whole-tensor step on the aggregate */
         for (int c = 0; c < g->nct; c++)
             be->fill(FL_DTYPE_F32, g->gseg[c], g->ct[c].p->value.numel, 0.0);
         be->dgc_scatter_add(g->recv, total, g->nct, g->start, g->gseg);
         for (int c = 0; c < g->nct; c++)
             be->dgc_apply_dense(g->ct[c].p->value.numel, g->wseg[c], g->gseg[c],
-                            corr ? NULL : g->ct[c].u.value.data, lr, 1.0 / d->world,
+                            corr ? NULL : g->ct[c].u.value.data, lr, 1.0 / xw,
                             oc->momentum, oc->nesterov, wdc ? 0 : oc->weight_decay);
     }
     return FL_OK;
@@ -720,9 +827,15 @@ static int update(fl_dist_optim *d, double lr) {
         if (gscale != 1.0)
             k->scale(FL_DTYPE_F32, fl_net_numel(d->net), gscale, fl_net_flat_grads(d->net));
         gscale = 1.0;
+        /* hierarchical: u and v are the node's, fed by the node's average (also in the dense
+         * fallback's steps, so that they stay the same on every rank of the node) */
+        if (hierarchical(d) && (rc = node_average(d, g)) < 0) {
+            abandon(d);
+            return rc;
+        }
         if (local_clipping(d))
             fl_clip_grad_norm(k, FL_DTYPE_F32, fl_net_param(d->net, 0), fl_net_num_params(d->net),
-                              dgc_local_clip_norm(oc->clip_norm, d->world));
+                              dgc_local_clip_norm(oc->clip_norm, exchange_world(d)));
     } else if (gscale != 1.0) {
         for (int i = 0; i < g->ndp; i++)
             k->scale(FL_DTYPE_F32, g->dp[i]->value.numel, gscale, g->dp[i]->grad.data);

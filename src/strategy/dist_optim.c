@@ -77,6 +77,16 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
         d->ops = &fl_localsgd_ops;
     else
         d->ops = &fl_dense_ops;
+    if (s->use_hierarchical_allreduce && d->world > 1) {
+        int rc = fl_comm_split_nodes(d->comm, (int)s->hierarchical_allreduce_inter_nranks,
+                                     &d->node, &d->cross);
+        if (rc == 0)
+            rc = fl_comm_set_hierarchical(d->comm, 1);
+        if (rc < 0) {
+            fl_fail_prefix(rc, "strategy.use_hierarchical_allreduce");
+            goto fail;
+        }
+    }
     if (d->world > 1 && broadcast_params(d) < 0)
         goto fail;
     if (d->ops->setup(d) < 0) {

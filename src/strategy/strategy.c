@@ -24,6 +24,12 @@ static const fl_cfg_key keys[] = {
      "start a bucket's allreduce during backward, as soon as its gradients are final"},
     {"fp16_allreduce", FL_CFG_BOOL, OFF(fp16_allreduce), 0, 0, 0, NULL, false,
      "send dense gradients as f16 (divided by the worker count first): half the bytes"},
+    {"use_hierarchical_allreduce", FL_CFG_BOOL, OFF(use_hierarchical_allreduce), 0, 0, 0, NULL,
+     false, "allreduce inside each node, then between nodes (one share per local rank), then "
+     "inside the node; with dgc, compress each node's sum once"},
+    {"hierarchical_allreduce_inter_nranks", FL_CFG_INT,
+     OFF(hierarchical_allreduce_inter_nranks), 0, 0, 4096, NULL, false,
+     "ranks per node for use_hierarchical_allreduce; 0: the launcher's LOCAL_WORLD_SIZE"},
     {"gradient_merge", FL_CFG_BOOL, OFF(gradient_merge), 0, 0, 0, NULL, false,
      "accumulate k_steps micro-batches locally, then communicate and update once"},
     {"gradient_merge_configs.k_steps", FL_CFG_INT, OFF(gradient_merge_configs.k_steps), 0, 1, 1e6,

@@ -55,6 +55,8 @@ struct fl_dist_optim {
     const struct strategy_ops *ops;
     void                      *impl;  /* the strategy's state */
     int                        rank, world;
+    /* use_hierarchical_allreduce: views of comm (fl_comm_split_nodes), NULL otherwise */
+    fl_comm                   *node, *cross;
     int64_t                    k_steps;    /* micro-batches per update: gradient merge's k, or 1 */
     double                     grad_scale; /* 1/k under gradient merge with avg, else 1 */
     uint64_t                   bytes_base; /* fl_comm_stats.bytes_sent once created */
