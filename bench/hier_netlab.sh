@@ -11,8 +11,10 @@
 #   no-comm     the same 4 processes, 2 per host, each a job of one: no communication
 # Per cell: the step time (global batch / ips of rank 0's progress windows after the first
 # SKIP, median), the communication time (step - no-comm step), and the bytes that crossed the
-# slow link per step (host 0's eth0 tx + rx bytes over the run / steps: both directions of the
-# inter-host traffic, since every byte between the hosts passes there). Each cell is the median
+# slow link per step: host 0's eth0 tx + rx bytes (both directions of the inter-host traffic:
+# every byte between the hosts passes there) of a run of STEPS steps minus those of a run of
+# one step, over STEPS - 1 (so that the start's parameter broadcast and the end's evaluation
+# are not counted). Each cell is the median
 # over ROUNDS rounds; the configurations rotate order from round to round.
 #
 # Usage: bench/hier_netlab.sh [BUILD_DIR]
@@ -39,7 +41,8 @@ hosts=2 per=2
 world=$((hosts * per))
 lab_mine=0
 
-args_of() { # CFG -> fleet-train arguments
+args_of() { # CFG [STEPS] -> fleet-train arguments
+  local steps=${2:-$steps}
   local a=(-c "$here/dgc_netlab.yaml" -o "model.hidden=[$(printf '1024,%.0s' {1..15})1024]"
            -o data.features=1024 -o train.batch_size="$batch"
            -o data.train_size=$((steps * world * batch)) -o train.log_interval="$interval"
@@ -58,13 +61,28 @@ args_of() { # CFG -> fleet-train arguments
 link_bytes() { # host 0's eth0 bytes, both directions
   if ((loopback)); then echo 0; return; fi
   on_host 0 cat /sys/class/net/eth0/statistics/tx_bytes /sys/class/net/eth0/statistics/rx_bytes |
-    awk '{ s += $1 } END { print s }'
+    awk '{ s += $1 } END { printf "%.0f\n", s }'
 }
 
 # run_cfg ROUND CFG: one run, its step time (ms) and link bytes per step into $raw
 run_cfg() {
-  local round=$1 cfg=$2 out=$work/$1.$2 port=$((20000 + RANDOM % 20000)) a b0 b1 ms
-  mapfile -t a < <(args_of "$cfg")
+  local round=$1 cfg=$2 out=$work/$1.$2 a b0 b1 ms one
+  if [[ $cfg == no-comm ]]; then one=0; else
+    run_job "$cfg" 1 "$out.one"
+    one=$job_bytes
+  fi
+  run_job "$cfg" "$steps" "$out"
+  ms=$job_ms
+  local per=$(((job_bytes - one) / (steps - 1)))
+  echo "$round $cfg $ms $per" >>"$raw"
+  echo "round $round $cfg: step $ms ms, slow link $per bytes/step" >&2
+}
+
+# run_job CFG STEPS OUT: one job; sets job_ms (its step time) and job_bytes (link bytes)
+job_bytes=0 job_ms=nan
+run_job() {
+  local cfg=$1 steps=$2 out=$3 port=$((20000 + RANDOM % 20000)) a b0 b1 ms
+  mapfile -t a < <(args_of "$cfg" "$steps")
   b0=$(link_bytes)
   if [[ $cfg == no-comm ]]; then
     local i j pids=()
@@ -95,8 +113,8 @@ run_cfg() {
     ms=$(window_ms "$skip" $((world * batch)) "$out" | median)
   fi
   b1=$(link_bytes)
-  echo "$round $cfg $ms $(((b1 - b0) / steps))" >>"$raw"
-  echo "round $round $cfg: step $ms ms, slow link $(((b1 - b0) / steps)) bytes/step" >&2
+  job_bytes=$((b1 - b0))
+  job_ms=$ms
 }
 
 cell() { awk -v c="$1" -v f="$2" '$2 == c { print $f }' "$raw" | median; }
