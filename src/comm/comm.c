@@ -596,6 +596,8 @@ int fl_comm_split_nodes(fl_comm *c, int local_size, fl_comm **node, fl_comm **cr
 
 int fl_comm_set_hierarchical(fl_comm *c, int on) {
     FL_ASSERT(c != NULL);
+    if (c->root)
+        return fl_fail(FL_EINVAL, "comm: a node group has no hierarchy of its own");
     if (on && !c->node_view)
         FL_TRY(fl_comm_split_nodes(c, 0, NULL, NULL));
     drain(c);

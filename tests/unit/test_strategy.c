@@ -103,7 +103,9 @@ static void test_schema(void) {
             CHECK(strcmp(schema[i].path, schema[j].path) != 0);
     }
     const char *want[] = {"strategy.fuse_grad_size_in_MB", "strategy.overlap",
-                          "strategy.fp16_allreduce", "strategy.gradient_merge",
+                          "strategy.fp16_allreduce", "strategy.use_hierarchical_allreduce",
+                          "strategy.hierarchical_allreduce_inter_nranks",
+                          "strategy.gradient_merge",
                           "strategy.gradient_merge_configs.k_steps",
                           "strategy.gradient_merge_configs.avg", "strategy.dgc",
                           "strategy.dgc_configs.rampup_begin_step",
