@@ -136,6 +136,9 @@ typedef struct {
     int64_t pairs;    /* DGC: (index, value) pairs this worker gave to the exchange, and of */
     int64_t dropped;  /* them those a sparse allreduce's global threshold dropped (returned to
                        * its accumulator), over the updates this object completed; 0 else */
+    double  loss_scale; /* strategy.amp: the loss scale the next update uses; NaN without amp */
+    int64_t skipped;  /* strategy.amp: updates skipped for inf/NaN gradients since the run began
+                       * (restored by a checkpoint); 0 without amp */
 } fl_dist_stats;
 void fl_dist_get_stats(const fl_dist_optim *d, fl_dist_stats *out);
 
