@@ -148,6 +148,14 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
     }
     fl_comm_stats st;
     fl_comm_get_stats(d->comm, &st);
+    if (d->amp && d->world > 1) { /* what one found-inf flag sends, for fl_dist_stats.synced */
+        bool found;
+        if (amp_found_anywhere(d, &found) < 0)
+            goto fail;
+        uint64_t before = st.bytes_sent;
+        fl_comm_get_stats(d->comm, &st);
+        d->amp_flag_bytes = st.bytes_sent - before;
+    }
     d->bytes_base = st.bytes_sent;
     return d;
 fail:
@@ -202,9 +210,7 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
     fl_net_set_accumulate(d->net, false);
     bool skip = false;
     if (d->amp) {
-        uint64_t flag_before = fl_dist_bytes_sent(d);
         rc = amp_found_anywhere(d, &skip);
-        sent_before += fl_dist_bytes_sent(d) - flag_before; /* the flag is not the strategy's */
         if (rc < 0) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", fl_errmsg());
@@ -221,8 +227,8 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
         return rc;
     if (d->amp)
         fl_amp_update(&d->amp_rule, skip, d->amp_mem);
-    if (!skip && fl_dist_bytes_sent(d) != sent_before)
-        d->synced++;
+    if (!skip && fl_dist_bytes_sent(d) - sent_before > d->amp_flag_bytes)
+        d->synced++; /* the strategy sent something: more than the found-inf flag */
     if (updated)
         *updated = true;
     return FL_OK;

@@ -85,6 +85,7 @@ struct fl_dist_optim {
     int64_t                    inject_step; /* FLEET_AMP_INJECT_INF (0: none) */
     int                        inject_rank; /* -1: every rank */
     bool                       inject_now;  /* the next gradient-ready call injects */
+    uint64_t                   amp_flag_bytes; /* what one flag's allreduce sends */
 };
 
 /* The live counters, by name. */
