@@ -85,7 +85,13 @@ void fl_dist_optim_free(fl_dist_optim *d);
  * a cycle only accumulate (the first overwrites the previous gradients); the k_steps-th also
  * communicates, divides the merged gradient by k_steps if avg, and updates. *updated (may be
  * NULL) says whether this call updated. A job of one communicates nothing. Allocates nothing
- * itself (the communicator's requests aside). A collective call on every worker, from the
+ * itself (the communicator's requests aside). Under strategy.amp (docs/amp.md; set up by
+ * fl_distributed_optimizer, which makes net compute its white-listed layers in f16/bf16 from
+ * then on) backward starts from dout times the loss scale, each worker checks its gradients
+ * for inf/NaN, one allreduce (max) combines the flag, and a step with an inf anywhere is
+ * skipped on every worker: *updated is true (the step is consumed: the counters move on), no
+ * parameter or state changes, fl_dist_stats.skipped counts it; else the strategy runs on
+ * unscaled gradients. The scale then follows Paddle's update_loss_scaling. A collective call on every worker, from the
  * thread that issues the communicator's collectives. */
 int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *updated);
 
@@ -100,7 +106,9 @@ int64_t fl_dist_step(const fl_dist_optim *d);
 
 /* The distributed optimizer's state for checkpoints: named tensors, borrowed, live (writing
  * their values restores the state): index 0 is "dist.counters" (i64: updates done,
- * micro-batches done in the current gradient-merge cycle), then the strategy's own, e.g.
+ * micro-batches done in the current gradient-merge cycle), under strategy.amp index 1 is
+ * "amp.state" (f64: loss scale, good steps, bad steps, skipped steps; the same on every
+ * rank), then the strategy's own, e.g.
  * "dgc.u.<param>", "localsgd.snapshot.<param>", "localsgd.counters". Their number and shapes
  * are fixed once fl_distributed_optimizer returns; the state of every rank may differ (DGC),
  * so save it per rank. fl_dist_state returns NULL for i outside [0, fl_dist_num_state). */
@@ -136,6 +144,9 @@ typedef struct {
     int64_t pairs;    /* DGC: (index, value) pairs this worker gave to the exchange, and of */
     int64_t dropped;  /* them those a sparse allreduce's global threshold dropped (returned to
                        * its accumulator), over the updates this object completed; 0 else */
+    double  loss_scale; /* strategy.amp: the loss scale the next update uses; NaN without amp */
+    int64_t skipped;  /* strategy.amp: updates skipped for inf/NaN gradients since the run began
+                       * (restored by a checkpoint); 0 without amp */
 } fl_dist_stats;
 void fl_dist_get_stats(const fl_dist_optim *d, fl_dist_stats *out);
 

@@ -248,6 +248,28 @@ size_t fl_net_activation_bytes(const fl_net *net);
 /* Its three parts: the outputs kept from forward to backward (all of them without
  * recompute), the arena the other outputs share, and the output gradients. */
 void   fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena, size_t *grads);
+/* Mixed precision, emulated (strategy.amp; docs/amp.md): after build, the layers whose type is
+ * in white_types (comma-separated, e.g. "conv2d,fc"; fl_layer_type_known) compute as f16 or
+ * bf16 tensor-core operations do: each reads its inputs and trainable parameters rounded to
+ * low (FL_DTYPE_F16 or FL_DTYPE_BF16; batch norm's scale and shift stay f32) and its output is
+ * rounded; in backward its output gradient, input gradients and parameter gradients are
+ * rounded too (so an f16 gradient above 65504 becomes inf). The kernels compute in f32; the
+ * parameters (master weights) and their gradient block stay f32, rounded copies live in
+ * buffers this allocates once (the largest white layer's inputs and parameters, the last
+ * output's gradient). Works on every backend with amp_round (cpu, onednn, ref) and with
+ * recompute (a replayed layer rounds alike). low FL_DTYPE_F32 turns it off and frees them.
+ * FL_EINVAL for another dtype, an unknown type (listed in the message) or an f64 network,
+ * FL_ESTATE before build, FL_EUNSUPPORTED on a backend without amp_round. */
+int  fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types);
+/* Loss scaling (mixed precision on): backward starts from dout times scale (> 0, default 1),
+ * in a buffer of the network's (dout itself is not written). */
+void fl_net_set_loss_scale(fl_net *net, float scale);
+/* Whether layer i computes in reduced precision. */
+bool fl_net_amp_white(const fl_net *net, int i);
+/* Whether type is the ops->type of a layer of src/nn ("fc", "conv2d", "batch_norm", ...), and
+ * all of them, comma-separated, for messages. */
+bool        fl_layer_type_known(const char *type);
+const char *fl_layer_type_names(void);
 /* When on, backward adds to existing gradients instead of overwriting (gradient merge). */
 void fl_net_set_accumulate(fl_net *net, bool on);
 void fl_net_zero_grad(fl_net *net);

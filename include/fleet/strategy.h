@@ -1,8 +1,8 @@
 /* strategy.h - the distributed strategy (Paddle's DistributedStrategy): which way the workers
  * keep their replicas in step, with the key names of the seed documents and DESIGN.md.
  *
- * Every key of DESIGN.md's strategy table exists here. Keys whose feature has not landed yet
- * are refused by fl_strategy_check with "not implemented yet" when set, never ignored.
+ * Every key of DESIGN.md's strategy table exists here, and every feature has landed;
+ * fl_strategy_check refuses combinations that cannot work, never ignores them.
  * Read from the `strategy:` section of a config through fl_strategy_schema. */
 #ifndef FLEET_STRATEGY_H
 #define FLEET_STRATEGY_H
@@ -17,6 +17,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* amp_configs.dtype: the reduced precision white-listed layers compute in */
+enum { FL_AMP_FLOAT16 = 0, FL_AMP_BFLOAT16 = 1 };
 
 /* adaptive_localsgd_configs.rule: where init_k_steps enters the interval rule */
 enum { FL_LOCALSGD_RULE_PADDLE = 0, FL_LOCALSGD_RULE_ADACOMM = 1 };
@@ -96,15 +99,23 @@ typedef struct fl_strategy {
         char   exclude_from_weight_decay[256]; /* comma-separated name fragments */
     } lars_configs;
 
-    /* mixed precision with dynamic loss scaling (not implemented yet) */
+    /* Mixed precision (docs/amp.md; Paddle's amp_configs): the white-listed layer types compute
+     * in f16 or bf16 (emulated on the CPU: fl_net_set_amp), master weights and optimizer state
+     * stay f32; the loss gradient is multiplied by the loss scale, the gradients are unscaled
+     * in f32 before the strategy sees them, and a step whose gradients hold an inf or NaN on
+     * any worker is skipped on every worker, the scale following Paddle's
+     * update_loss_scaling (src/strategy/amp.h). */
     bool amp;
     struct {
-        double  init_loss_scaling;
-        bool    use_dynamic_loss_scaling;
-        int64_t incr_every_n_steps;
-        int64_t decr_every_n_nan_or_inf;
-        double  incr_ratio;
-        double  decr_ratio;
+        double  init_loss_scaling;        /* default 32768 */
+        bool    use_dynamic_loss_scaling; /* default true; false: the scale stays */
+        int64_t incr_every_n_steps;       /* finite steps in a row before scale *= incr_ratio */
+        int64_t decr_every_n_nan_or_inf;  /* inf/NaN steps before scale *= decr_ratio (>= 1) */
+        double  incr_ratio;               /* default 2 */
+        double  decr_ratio;               /* default 0.8 */
+        int     dtype;                    /* FL_AMP_FLOAT16 (default) or FL_AMP_BFLOAT16 */
+        char    custom_white_list[256];   /* layer types added to the white list (conv2d, fc) */
+        char    custom_black_list[256];   /* layer types computing in f32 whatever the lists */
     } amp_configs;
 
     /* recompute (fl_net_set_recompute): keep the outputs of the checkpoint layers only */
@@ -117,7 +128,7 @@ typedef struct fl_strategy {
 /* Paddle's defaults: fuse 32 MiB, overlap on, gradient_merge k_steps 1 and avg; dgc rampup
  * 0 / 1 / [0.999], min_compress_numel 16384, sampled selection, fallback and the five
  * techniques on; localsgd 1 / 1; adaptive_localsgd 1 / 1; lars 0.001 / 0.0005 / 0; amp
- * 32768 / dynamic / 1000 / 2 / 2.0 / 0.8; every switch off. */
+ * 32768 / dynamic / 1000 / 2 / 2.0 / 0.8 / float16, no custom lists; every switch off. */
 void fl_strategy_defaults(fl_strategy *s);
 
 /* The schema of the strategy section, for embedding in a larger config: keys are
@@ -131,19 +142,17 @@ int fl_strategy_schema(const char *prefix, size_t base_offset, fl_cfg_key *out, 
 
 /* Refuses what cannot run, in this order, with a message that names the key and says why:
  * - values out of range that a struct filled in code can hold (fuse_grad_size_in_MB negative or
- *   not finite, gradient_merge_configs.k_steps < 1): FL_ECONFIG;
- * - combinations that cannot work, whatever lands later (dgc with a non-momentum optimizer,
- *   dgc with localsgd or adaptive_localsgd, localsgd with adaptive_localsgd, fp16_allreduce
- *   with localsgd or adaptive_localsgd, dgc with fp16_allreduce or lars, lars with a
- *   non-momentum optimizer), and dgc with an empty sparsity list: FL_ECONFIG, e.g.
- *   "strategy.dgc needs optimizer.type momentum (Deep Gradient Compression corrects momentum)";
- * - a feature switched on that is not implemented yet (amp):
- *   FL_EUNSUPPORTED, "strategy.amp: not implemented yet in this version of fleet";
- * - any key of such a feature's configs that was set, even to its default: FL_EUNSUPPORTED,
- *   "strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented yet in this
- *   version of fleet". was_set (may be NULL: this check is skipped) is indexed like the keys
- *   fl_strategy_schema writes, e.g. the was_set of fl_config_load plus the position of the
- *   strategy keys in the caller's schema.
+ *   not finite, gradient_merge_configs.k_steps < 1, amp_configs' numbers): FL_ECONFIG;
+ * - combinations that cannot work (dgc with a non-momentum optimizer, dgc with localsgd or
+ *   adaptive_localsgd, localsgd with adaptive_localsgd, fp16_allreduce with localsgd or
+ *   adaptive_localsgd, dgc with fp16_allreduce or lars, lars with a non-momentum optimizer),
+ *   and dgc with an empty sparsity list: FL_ECONFIG, e.g. "strategy.dgc needs optimizer.type
+ *   momentum (Deep Gradient Compression corrects momentum)";
+ * - amp_configs.custom_white_list / custom_black_list naming something that is not a layer
+ *   type (fl_layer_type_known; the black list also takes the loss, softmax_with_cross_entropy),
+ *   or the same type in both: FL_ECONFIG, "strategy.amp_configs.custom_white_list: 'conv' is
+ *   not a layer type (fc, conv2d, ...)". Checked whether amp is on or not (a typo is said).
+ * was_set is no longer read (it may be NULL); it stays for the callers that pass it.
  * The messages always say "strategy.", whatever prefix the schema was built with. */
 int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type optimizer);
 

@@ -71,3 +71,20 @@ void nn_fill_uniform(fl_tensor *t, fl_rng *r, double bound) {
             v[i] = (2.0 * fl_rng_uniform_f64(r) - 1.0) * bound;
     }
 }
+
+/* Every ops->type of the layers in src/nn, for mixed precision's lists (fl_net_set_amp). */
+static const char *const layer_types[] = {"fc", "conv2d", "batch_norm", "pool2d",
+                                          "global_avg_pool", "add", "dropout", "shortcut_pad",
+                                          "relu", "tanh", "sigmoid", "identity"};
+
+bool fl_layer_type_known(const char *type) {
+    for (size_t i = 0; i < sizeof layer_types / sizeof layer_types[0]; i++)
+        if (strcmp(type, layer_types[i]) == 0)
+            return true;
+    return false;
+}
+
+const char *fl_layer_type_names(void) {
+    return "fc, conv2d, batch_norm, pool2d, global_avg_pool, add, dropout, shortcut_pad, relu, "
+           "tanh, sigmoid, identity";
+}

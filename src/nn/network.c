@@ -52,6 +52,7 @@ struct fl_net {
     size_t             kept_bytes, arena_bytes, grad_bytes; /* activation memory: outputs
                                                              * kept, arena, output gradients */
     bool               fwd_training;   /* of the last forward, which backward replays */
+    nn_amp            *amp;            /* mixed precision (fl_net_set_amp); NULL: off */
 };
 
 fl_net *fl_net_create(fl_dtype dtype, const fl_backend *k) {
@@ -78,6 +79,8 @@ void fl_net_set_backend(fl_net *net, const fl_backend *k) {
 
 /* Frees what fl_net_build allocated and returns the network to its unbuilt state. */
 static void unplan(fl_net *net) {
+    nn_amp_free(net->k, net->amp);
+    net->amp = NULL;
     net->k->free(net->flat_params);
     net->k->free(net->flat_grads);
     net->k->free(net->act_mem);
@@ -543,6 +546,32 @@ fail:
     return rc;
 }
 
+/* Layer i's forward on its inputs (x: the network input in the network's layout). A layer
+ * that computes in reduced precision (fl_net_set_amp) reads rounded copies of its inputs and
+ * parameters, and its output is rounded after. */
+static int layer_forward(fl_net *net, int i, const fl_tensor *x, bool training) {
+    fl_layer *l = net->layers[i];
+    const fl_tensor *a = l->inputs[0] < 0 ? x : &net->out[l->inputs[0]];
+    const fl_tensor *bx = NULL;
+    if (l->ninputs == 2)
+        bx = l->inputs[1] < 0 ? x : &net->out[l->inputs[1]];
+    bool amp = net->amp && net->amp->white[i];
+    fl_tensor ra, rb;
+    if (amp) {
+        a = nn_amp_input(net->amp, net->k, 0, a, &ra);
+        if (bx)
+            bx = nn_amp_input(net->amp, net->k, 1, bx, &rb);
+        nn_amp_params(net->amp, net->k, l, true);
+    }
+    int rc = bx ? l->ops->forward2(l, a, bx, &net->out[i], training)
+                : l->ops->forward(l, a, &net->out[i], training);
+    if (amp) {
+        nn_amp_params(net->amp, net->k, l, false);
+        nn_amp_round(net->amp, net->k, &net->out[i]);
+    }
+    return rc;
+}
+
 int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tensor **out) {
     FL_ASSERT(net && x && out);
     char got[96], want[96];
@@ -573,16 +602,9 @@ int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tens
     }
     x = &xl;
     for (int i = 0; i < net->nlayers; i++) {
-        fl_layer *l = net->layers[i];
         set_batch(&net->out[i], b);
         set_batch(&net->dout[i], b);
-        const fl_tensor *a = l->inputs[0] < 0 ? x : &net->out[l->inputs[0]];
-        if (l->ninputs == 2) {
-            const fl_tensor *bx = l->inputs[1] < 0 ? x : &net->out[l->inputs[1]];
-            FL_TRY(l->ops->forward2(l, a, bx, &net->out[i], training));
-        } else {
-            FL_TRY(l->ops->forward(l, a, &net->out[i], training));
-        }
+        FL_TRY(layer_forward(net, i, x, training));
     }
     net->x = *x;
     net->fwd_training = training;
@@ -602,15 +624,8 @@ static int replay_segment(fl_net *net, int seg, int last) {
         if (net->plan.kept[i])
             continue;
         fl_layer *l = net->layers[i];
-        const fl_tensor *a = l->inputs[0] < 0 ? &net->x : &net->out[l->inputs[0]];
         l->replay = true;
-        int rc;
-        if (l->ninputs == 2) {
-            const fl_tensor *bx = l->inputs[1] < 0 ? &net->x : &net->out[l->inputs[1]];
-            rc = l->ops->forward2(l, a, bx, &net->out[i], net->fwd_training);
-        } else {
-            rc = l->ops->forward(l, a, &net->out[i], net->fwd_training);
-        }
+        int rc = layer_forward(net, i, &net->x, net->fwd_training);
         l->replay = false;
         if (rc < 0)
             return fl_fail_prefix(rc, "%s: recomputing its output for backward", l->name);
@@ -631,6 +646,14 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
                        fl_dtype_name(last->dtype),
                        fl_shape_str(last->ndim, last->shape, want, sizeof want));
     memset(net->dout_set, 0, (size_t)net->nlayers * sizeof *net->dout_set);
+    fl_tensor scaled = *dout; /* mixed precision: dout times the loss scale, in our buffer */
+    if (net->amp) {
+        scaled.data = net->amp->dout;
+        net->k->copy(scaled.data, dout->data, fl_tensor_nbytes(dout), FL_COPY_D2D, NULL);
+        if (net->amp->loss_scale != 1.0f)
+            net->k->scale(FL_DTYPE_F32, scaled.numel, net->amp->loss_scale, scaled.data);
+        dout = &scaled;
+    }
     int valid = net->plan.segment[net->nlayers - 1]; /* the segment whose outputs are in place */
     for (int i = net->nlayers - 1; i >= 0; i--) {
         fl_layer *l = net->layers[i];
@@ -639,11 +662,24 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
             FL_TRY(replay_segment(net, valid, i));
         }
         const fl_tensor *dy = i == net->nlayers - 1 ? dout : &net->dout[i];
+        /* reduced precision: rounded inputs, output gradient and parameters; gradients added
+         * to (gradient merge) are kept aside, so that only this backward's are rounded */
+        bool amp = net->amp && net->amp->white[i];
+        bool aside = amp && net->accumulate && nn_amp_rounds_params(l);
+        fl_tensor rin[2];
+        if (amp) {
+            nn_amp_round(net->amp, net->k, i == net->nlayers - 1 ? &scaled : &net->dout[i]);
+            if (aside)
+                nn_amp_grads_save(net->amp, net->k, l);
+            nn_amp_params(net->amp, net->k, l, true);
+        }
         const fl_tensor *in[2];
         fl_tensor *din[2], sum[2];
         for (int k = 0; k < l->ninputs; k++) {
             int from = l->inputs[k];
             in[k] = from < 0 ? &net->x : &net->out[from];
+            if (amp)
+                in[k] = nn_amp_input(net->amp, net->k, k, in[k], &rin[k]);
             din[k] = NULL; // the network input's gradient is not needed
             if (from < 0)
                 continue;
@@ -656,11 +692,20 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
                 din[k] = &sum[k];
             }
         }
-        if (l->ninputs == 2)
-            FL_TRY(l->ops->backward2(l, in[0], in[1], &net->out[i], dy, din[0], din[1],
-                                     net->accumulate));
-        else
-            FL_TRY(l->ops->backward(l, in[0], &net->out[i], dy, din[0], net->accumulate));
+        bool acc = net->accumulate && !aside;
+        int rc = l->ninputs == 2 ? l->ops->backward2(l, in[0], in[1], &net->out[i], dy, din[0],
+                                                     din[1], acc)
+                                 : l->ops->backward(l, in[0], &net->out[i], dy, din[0], acc);
+        if (amp) {
+            nn_amp_params(net->amp, net->k, l, false);
+            if (rc < 0)
+                return rc;
+            nn_amp_grads_finish(net->amp, net->k, l, aside);
+            for (int k = 0; k < l->ninputs; k++)
+                if (din[k])
+                    nn_amp_round(net->amp, net->k, din[k]);
+        }
+        FL_TRY(rc);
         for (int k = 0; k < l->ninputs; k++)
             if (din[k] && din[k]->data != net->dout[l->inputs[k]].data)
                 net->k->axpy(net->dtype, din[k]->numel, 1.0, din[k]->data,
@@ -674,6 +719,87 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
 }
 
 void fl_net_set_accumulate(fl_net *net, bool on) { net->accumulate = on; }
+
+/* Values per sample of a planned (batch, ...) tensor. */
+static int64_t sample_numel(const fl_tensor *t) { return fl_shape_numel(t->ndim - 1, t->shape + 1); }
+
+int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
+    FL_ASSERT(net);
+    nn_amp_free(net->k, net->amp);
+    net->amp = NULL;
+    if (low == FL_DTYPE_F32)
+        return FL_OK;
+    if (low != FL_DTYPE_F16 && low != FL_DTYPE_BF16)
+        return fl_fail(FL_EINVAL, "net: amp: dtype %s (f16 or bf16, or f32 for off)",
+                       fl_dtype_name(low));
+    if (!net->built)
+        return fl_fail(FL_ESTATE, "net: amp: set after fl_net_build");
+    if (net->dtype != FL_DTYPE_F32)
+        return fl_fail(FL_EINVAL, "net: amp: the network computes in %s; mixed precision "
+                       "needs f32 master weights", fl_dtype_name(net->dtype));
+    if (!net->k->amp_round)
+        return fl_fail(FL_EUNSUPPORTED, "net: amp: the %s backend cannot round to %s (its "
+                       "table has no amp_round); the cpu, onednn and ref backends can",
+                       net->k->name, fl_dtype_name(low));
+    /* which layers: every type named must be one a network can hold */
+    char list[512];
+    int ntypes = 0;
+    const char *types[64];
+    snprintf(list, sizeof list, "%s", white_types ? white_types : "");
+    for (char *save = NULL, *tok = strtok_r(list, ", \t", &save); tok;
+         tok = strtok_r(NULL, ", \t", &save)) {
+        if (!fl_layer_type_known(tok))
+            return fl_fail(FL_EINVAL, "net: amp: '%s' is not a layer type (%s)", tok,
+                           fl_layer_type_names());
+        if (ntypes < 64)
+            types[ntypes++] = tok;
+    }
+    /* the buffers: the largest white layer's inputs and parameters, the last output */
+    size_t in_bytes = 0;
+    int64_t wnumel = 0;
+    int maxparams = 0;
+    bool *is_white = calloc((size_t)net->nlayers, sizeof *is_white);
+    if (!is_white)
+        return fl_fail(FL_ENOMEM, "net: amp: out of memory");
+    for (int i = 0; i < net->nlayers; i++) {
+        fl_layer *l = net->layers[i];
+        for (int t = 0; t < ntypes; t++)
+            is_white[i] |= strcmp(l->ops->type, types[t]) == 0;
+        if (!is_white[i])
+            continue;
+        for (int k = 0; k < l->ninputs; k++) {
+            int from = l->inputs[k];
+            int64_t sample = from < 0 ? fl_shape_numel(net->in_ndim, net->in_shape)
+                                      : sample_numel(&net->out[from]);
+            size_t nb = (size_t)(net->max_batch * sample) * sizeof(float);
+            in_bytes = nb > in_bytes ? nb : in_bytes;
+        }
+        int64_t n = 0;
+        for (int p = 0; p < l->nparams; p++)
+            if (l->params[p].trainable)
+                n += l->params[p].value.numel;
+        wnumel = n > wnumel ? n : wnumel;
+        maxparams = l->nparams > maxparams ? l->nparams : maxparams;
+    }
+    const fl_tensor *last = &net->out[net->nlayers - 1];
+    size_t dout_bytes = (size_t)(sample_numel(last) * net->max_batch) * sizeof(float);
+    int rc = nn_amp_create(net->k, low, net->nlayers, in_bytes, wnumel, maxparams, dout_bytes,
+                           &net->amp);
+    if (rc == FL_OK)
+        memcpy(net->amp->white, is_white, (size_t)net->nlayers * sizeof *is_white);
+    free(is_white);
+    return rc;
+}
+
+void fl_net_set_loss_scale(fl_net *net, float scale) {
+    FL_ASSERT(net && net->amp && scale > 0);
+    net->amp->loss_scale = scale;
+}
+
+bool fl_net_amp_white(const fl_net *net, int i) {
+    FL_ASSERT(net && i >= 0 && i < net->nlayers);
+    return net->amp && net->amp->white[i];
+}
 
 int fl_net_set_recompute(fl_net *net, const char *checkpoints) {
     FL_ASSERT(net);

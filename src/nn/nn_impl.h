@@ -42,6 +42,37 @@ void nn_recompute_plan_free(nn_recompute_plan *p);
 void nn_recompute_plan_sizes(const nn_recompute_plan *p, int nlayers, const size_t *bytes,
                              size_t *kept, size_t *arena);
 
+/* Mixed precision's emulation (amp.c; fl_net_set_amp): the rounded copies a white-listed
+ * layer computes on, all of the network's backend memory, sized at set-up for the largest
+ * white layer and the largest batch. */
+typedef struct {
+    fl_dtype low;        /* FL_DTYPE_F16 or FL_DTYPE_BF16 */
+    bool    *white;      /* [nlayers] the layer computes in low */
+    float    loss_scale; /* multiplies the output gradient at the start of backward */
+    void    *in[2];      /* a white layer's inputs, rounded (the largest input, max batch) */
+    void    *w;          /* its trainable parameters' values, rounded */
+    void    *g;          /* accumulate mode: its gradients before its backward */
+    void    *dout;       /* the last output's gradient times loss_scale (max batch) */
+    void   **saved;      /* [most parameters of a layer] the values' own pointers */
+} nn_amp;
+
+int  nn_amp_create(const fl_backend *k, fl_dtype low, int nlayers, size_t in_bytes,
+                   int64_t wnumel, int maxparams, size_t dout_bytes, nn_amp **out);
+void nn_amp_free(const fl_backend *k, nn_amp *a); /* NULL: no-op */
+/* Whether a white layer's parameters are rounded (all but batch norm's). */
+bool nn_amp_rounds_params(const fl_layer *l);
+/* t's values rounded in place. */
+void nn_amp_round(const nn_amp *a, const fl_backend *k, fl_tensor *t);
+/* x rounded into input buffer slot (0, 1): *view, which it returns, describes the copy. */
+const fl_tensor *nn_amp_input(nn_amp *a, const fl_backend *k, int slot, const fl_tensor *x,
+                              fl_tensor *view);
+/* on: l's trainable parameter values point at rounded copies; off: back at the masters. */
+void nn_amp_params(nn_amp *a, const fl_backend *k, fl_layer *l, bool on);
+/* Accumulate mode: l's gradients are kept aside (save) before a backward that overwrites them;
+ * finish rounds what that backward wrote and, when saved, adds the kept sum back in f32. */
+void nn_amp_grads_save(nn_amp *a, const fl_backend *k, fl_layer *l);
+void nn_amp_grads_finish(nn_amp *a, const fl_backend *k, fl_layer *l, bool saved);
+
 /* Fills t (F32 or F64) with U(-bound, bound). */
 void nn_fill_uniform(fl_tensor *t, fl_rng *r, double bound);
 

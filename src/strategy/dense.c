@@ -290,6 +290,7 @@ const struct strategy_ops fl_dense_ops = {
     .name = "dense",
     .setup = setup,
     .grad_ready = grad_ready,
+    .grad_ready_undoable = true, /* it only starts allreduces */
     .update = update,
     .abandon = abandon,
     .destroy = destroy,

@@ -1,7 +1,10 @@
 /* dist_optim.c - the distributed optimizer (Paddle's fleet.distributed_optimizer): makes the
  * replicas start identical, runs the step that replaces minimize (gradient merge, backward with
  * the gradient-ready hook, the optimizer), and leaves the averaging to a strategy behind
- * struct strategy_ops, so that DGC and Local SGD plug in beside dense. */
+ * struct strategy_ops, so that DGC and Local SGD plug in beside dense. Mixed precision's loss
+ * scaling is part of the step's frame, around whichever strategy runs: the scale goes into
+ * backward, a found-inf flag is gathered per gradient and combined over the workers, and a
+ * step with an inf or NaN anywhere is skipped everywhere (docs/amp.md). */
 #include "strategy_impl.h"
 
 #include "fleet/status.h"
@@ -37,6 +40,63 @@ static int broadcast_params(fl_dist_optim *d) {
     return FL_OK;
 }
 
+/* strategy.amp: the network computes the white-listed layers in reduced precision, the state
+ * starts at init_loss_scaling, and the test hook is read. */
+static int amp_setup(fl_dist_optim *d) {
+    char white[512];
+    FL_TRY(fl_amp_white_types(&d->s, white, sizeof white));
+    fl_dtype low = d->s.amp_configs.dtype == FL_AMP_BFLOAT16 ? FL_DTYPE_BF16 : FL_DTYPE_F16;
+    int rc = fl_net_set_amp(d->net, low, white);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "strategy.amp");
+    d->amp = true;
+    fl_amp_rule_from(&d->s, &d->amp_rule);
+    fl_amp_state_init(&d->amp_rule, d->amp_mem);
+    snprintf(d->amp_state.name, sizeof d->amp_state.name, "amp.state");
+    int64_t n = FL_AMP_NSTATE;
+    fl_tensor_view(&d->amp_state.value, FL_DTYPE_F64, 1, &n, d->amp_mem);
+    FL_TRY(fl_amp_inject_parse(getenv("FLEET_AMP_INJECT_INF"), &d->inject_step,
+                               &d->inject_rank));
+    if (d->inject_step > 0)
+        FL_WARN("FLEET_AMP_INJECT_INF: an inf goes into a gradient of step %lld on %s (a test "
+                "hook)", (long long)d->inject_step,
+                d->inject_rank < 0 ? "every rank" : d->inject_rank == d->rank ? "this rank"
+                                                                               : "another rank");
+    FL_DEBUG("strategy amp: %s in %s, loss scale %g (%s)", fl_dtype_name(low), white,
+             d->amp_mem[FL_AMP_SCALE], d->amp_rule.dynamic ? "dynamic" : "static");
+    return FL_OK;
+}
+
+/* The gradient-ready hook under strategy.amp, called for every trainable parameter of the
+ * update's last backward as its (scaled, merged) gradient becomes final: the test hook's inf,
+ * then this rank's found-inf flag, then the strategy's own hook when it may run (amp_next). */
+static void amp_grad_ready(void *ctx, fl_param *p) {
+    fl_dist_optim *d = ctx;
+    const fl_backend *k = fl_net_backend(d->net);
+    if (d->inject_now) {
+        k->fill(FL_DTYPE_F32, p->grad.data, 1, INFINITY);
+        d->inject_now = false;
+    }
+    if (!d->amp_found && !isfinite(k->sum(FL_DTYPE_F32, p->grad.data, p->grad.numel)))
+        d->amp_found = true;
+    if (d->amp_next)
+        d->amp_next(ctx, p);
+}
+
+/* Whether any worker found an inf or NaN in this update's gradients: one allreduce (max) of a
+ * flag, which also waits for the sends the hooks started. */
+static int amp_found_anywhere(fl_dist_optim *d, bool *found) {
+    int32_t flag = d->amp_found;
+    if (d->world > 1) {
+        int rc = fl_comm_allreduce(d->comm, &flag, 1, FL_DTYPE_I32, FL_REDOP_MAX);
+        if (rc < 0)
+            return fl_fail_prefix(rc, "strategy.amp: step %lld: combining the found-inf flag",
+                                  (long long)DIST_STEP(d) + 1);
+    }
+    *found = flag != 0;
+    return FL_OK;
+}
+
 fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
                                         const fl_strategy *s) {
     FL_ASSERT(f && net && opt && s);
@@ -67,10 +127,13 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
     d->k_steps = s->gradient_merge ? s->gradient_merge_configs.k_steps : 1;
     d->grad_scale = s->gradient_merge && s->gradient_merge_configs.avg ? 1.0 / (double)d->k_steps
                                                                        : 1.0;
+    d->merge_scale = d->grad_scale;
     d->loss = NAN;
     snprintf(d->counters.name, sizeof d->counters.name, "dist.counters");
     int64_t two = 2;
     fl_tensor_view(&d->counters.value, FL_DTYPE_I64, 1, &two, d->counter_mem);
+    if (s->amp && amp_setup(d) < 0)
+        goto fail;
     if (s->dgc)
         d->ops = &fl_dgc_ops;
     else if (s->localsgd || s->adaptive_localsgd)
@@ -95,6 +158,14 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
     }
     fl_comm_stats st;
     fl_comm_get_stats(d->comm, &st);
+    if (d->amp && d->world > 1) { /* what one found-inf flag sends, for fl_dist_stats.synced */
+        bool found;
+        if (amp_found_anywhere(d, &found) < 0)
+            goto fail;
+        uint64_t before = st.bytes_sent;
+        fl_comm_get_stats(d->comm, &st);
+        d->amp_flag_bytes = st.bytes_sent - before;
+    }
     d->bytes_base = st.bytes_sent;
     return d;
 fail:
@@ -118,6 +189,8 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
      * cycle overwrites the previous update's gradients, the later ones add to them */
     bool last = DIST_MICRO(d) + 1 >= d->k_steps;
     fl_net_set_accumulate(d->net, DIST_MICRO(d) > 0);
+    if (d->amp) /* one scale for every micro-batch of an update: their sum is scaled alike */
+        fl_net_set_loss_scale(d->net, (float)d->amp_mem[FL_AMP_SCALE]);
     if (!last) {
         FL_TRY(fl_net_backward(d->net, dout, NULL, NULL));
         DIST_MICRO(d)++;
@@ -126,6 +199,16 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
     fl_grad_ready_fn hook = d->s.overlap ? d->ops->grad_ready : NULL;
     uint64_t sent_before = fl_dist_bytes_sent(d); /* the strategy's bytes: what this update sends */
     int rc;
+    if (d->amp) {
+        /* the strategy sees unscaled gradients: grad_scale divides by the loss scale (dense
+         * averages the scaled ones and unscales the average: an inf survives the sum) */
+        d->grad_scale = d->merge_scale / d->amp_mem[FL_AMP_SCALE];
+        d->amp_found = false;
+        d->amp_next = hook && d->ops->grad_ready_undoable ? hook : NULL;
+        d->inject_now = d->inject_step == DIST_STEP(d) + 1 &&
+                        (d->inject_rank < 0 || d->inject_rank == d->rank);
+        hook = amp_grad_ready;
+    }
     rc = fl_net_backward(d->net, dout, hook, d);
     if (rc < 0) {
         char msg[512];
@@ -135,13 +218,27 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
     }
     DIST_MICRO(d) = 0;
     fl_net_set_accumulate(d->net, false);
-    rc = d->ops->update(d, lr);
+    bool skip = false;
+    if (d->amp) {
+        rc = amp_found_anywhere(d, &skip);
+        if (rc < 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", fl_errmsg());
+            d->ops->abandon(d);
+            return fl_fail(rc, "%s", msg);
+        }
+    }
+    /* a skipped step (Paddle: the optimizer does not run when found_inf) is still a step: the
+     * data, the schedule and the counters move on; parameters and every state stay */
+    rc = skip ? (d->ops->abandon(d), FL_OK) : d->ops->update(d, lr);
     DIST_STEP(d)++;
     d->loss = NAN;
     if (rc < 0)
         return rc;
-    if (fl_dist_bytes_sent(d) != sent_before)
-        d->synced++;
+    if (d->amp)
+        fl_amp_update(&d->amp_rule, skip, d->amp_mem);
+    if (!skip && fl_dist_bytes_sent(d) - sent_before > d->amp_flag_bytes)
+        d->synced++; /* the strategy sent something: more than the found-inf flag */
     if (updated)
         *updated = true;
     return FL_OK;
@@ -161,24 +258,31 @@ int64_t fl_dist_step(const fl_dist_optim *d) {
     return d->counter_mem[0];
 }
 
+/* The frame's own state tensors: dist.counters, and amp.state under strategy.amp. */
+static int own_state(const fl_dist_optim *d) { return 1 + d->amp; }
+
 int fl_dist_num_state(const fl_dist_optim *d) {
     FL_ASSERT(d);
-    return 1 + (d->ops && d->ops->num_state ? d->ops->num_state(d) : 0);
+    return own_state(d) + (d->ops && d->ops->num_state ? d->ops->num_state(d) : 0);
 }
 
 fl_param *fl_dist_state(fl_dist_optim *d, int i) {
     FL_ASSERT(d);
     if (i == 0)
         return &d->counters;
+    if (i == 1 && d->amp)
+        return &d->amp_state;
     if (i < 0 || i >= fl_dist_num_state(d))
         return NULL;
-    return d->ops->state(d, i - 1);
+    return d->ops->state(d, i - own_state(d));
 }
 
 fl_state_merge fl_dist_state_merge(const fl_dist_optim *d, int i) {
     FL_ASSERT(d && i >= 0 && i < fl_dist_num_state(d));
-    if (i > 0 && d->ops->merge)
-        return d->ops->merge(d, i - 1);
+    if (i == 1 && d->amp)
+        return FL_STATE_SAME; /* the same scale and counters on every rank */
+    if (i >= own_state(d) && d->ops->merge)
+        return d->ops->merge(d, i - own_state(d));
     fl_dtype t = fl_dist_state((fl_dist_optim *)d, i)->value.dtype;
     return t == FL_DTYPE_I64 || t == FL_DTYPE_I32 ? FL_STATE_SAME : FL_STATE_MEAN;
 }
@@ -193,7 +297,11 @@ uint64_t fl_dist_bytes_sent(const fl_dist_optim *d) {
 void fl_dist_get_stats(const fl_dist_optim *d, fl_dist_stats *out) {
     FL_ASSERT(d && out);
     *out = (fl_dist_stats){.updates = DIST_STEP(d), .synced = d->synced, .interval = 0,
-                           .sparsity = NAN};
+                           .sparsity = NAN, .loss_scale = NAN};
+    if (d->amp) {
+        out->loss_scale = d->amp_mem[FL_AMP_SCALE];
+        out->skipped = (int64_t)d->amp_mem[FL_AMP_SKIPPED];
+    }
     if (d->ops && d->ops->stats)
         d->ops->stats(d, out);
 }

@@ -8,7 +8,7 @@
 bool fl_localsgd_rule_due(int64_t step, int64_t begin_step, int64_t last_sync, int64_t k) {
     if (step <= begin_step)
         return true;
-    return step - last_sync == k;
+    return step - last_sync >= k; /* >: the due step was skipped (strategy.amp) */
 }
 
 double fl_localsgd_rule_lr0(double lr0, double lr) {

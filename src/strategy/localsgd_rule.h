@@ -13,7 +13,8 @@
 
 /* Whether step (>= 1) synchronises: every step while step <= begin_step (synchronous warm-up,
  * post-local SGD: Lin et al. 2018, arXiv:1808.07217, sec. 3), afterwards when
- * step - last_sync == k (last_sync: the last step that synchronised). */
+ * step - last_sync >= k (last_sync: the last step that synchronised; more than k only when
+ * the due step was skipped for inf/NaN gradients under strategy.amp: the next one averages). */
 bool fl_localsgd_rule_due(int64_t step, int64_t begin_step, int64_t last_sync, int64_t k);
 
 /* The reference learning rate lr0 of the interval rule after a step with rate lr, given the

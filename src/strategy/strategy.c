@@ -1,8 +1,9 @@
 /* strategy.c - the distributed strategy: Paddle's defaults, the schema of the `strategy:` config
  * section (one table, as the trainer's schema), and the checks that refuse what cannot run:
- * features that have not landed yet (never silently ignored) and combinations that cannot work. */
+ * combinations that cannot work and values a config file could not have produced. */
 #include "fleet/strategy.h"
 
+#include "amp.h"
 #include "fleet/status.h"
 
 #include <math.h>
@@ -100,7 +101,9 @@ static const fl_cfg_key keys[] = {
      0, NULL, false, "comma-separated name fragments of parameters without weight decay"},
 
     {"amp", FL_CFG_BOOL, OFF(amp), 0, 0, 0, NULL, false,
-     "mixed precision with dynamic loss scaling (GPU; not implemented yet)"},
+     "mixed precision: white-listed layers in f16/bf16 (emulated on the CPU), f32 master "
+     "weights, loss scaling; a step with inf/nan gradients on any worker is skipped "
+     "(docs/amp.md)"},
     {"amp_configs.init_loss_scaling", FL_CFG_DOUBLE, OFF(amp_configs.init_loss_scaling), 0, 1,
      1e30, NULL, false, "initial loss scale"},
     {"amp_configs.use_dynamic_loss_scaling", FL_CFG_BOOL,
@@ -113,7 +116,16 @@ static const fl_cfg_key keys[] = {
     {"amp_configs.incr_ratio", FL_CFG_DOUBLE, OFF(amp_configs.incr_ratio), 0, 1, 1e3, NULL, false,
      "growth factor of the scale"},
     {"amp_configs.decr_ratio", FL_CFG_DOUBLE, OFF(amp_configs.decr_ratio), 0, 1e-6, 1, NULL,
-     false, "shrink factor of the scale"},
+     false, "shrink factor of the scale (never below 1)"},
+    {"amp_configs.dtype", FL_CFG_ENUM, OFF(amp_configs.dtype), 0, 0, 0, "float16|bfloat16",
+     false, "the reduced precision of the white-listed layers"},
+    {"amp_configs.custom_white_list", FL_CFG_STRING, OFF(amp_configs.custom_white_list),
+     SIZE(amp_configs.custom_white_list), 0, 0, NULL, false,
+     "comma-separated layer types computing in reduced precision besides conv2d and fc, e.g. "
+     "batch_norm,add"},
+    {"amp_configs.custom_black_list", FL_CFG_STRING, OFF(amp_configs.custom_black_list),
+     SIZE(amp_configs.custom_black_list), 0, 0, NULL, false,
+     "comma-separated layer types kept in f32, e.g. fc (besides the loss and batch_norm)"},
 
     {"recompute", FL_CFG_BOOL, OFF(recompute), 0, 0, 0, NULL, false,
      "keep only the checkpoint layers' outputs, recompute the rest in backward"},
@@ -156,6 +168,7 @@ void fl_strategy_defaults(fl_strategy *s) {
     s->amp_configs.decr_every_n_nan_or_inf = 2;
     s->amp_configs.incr_ratio = 2.0;
     s->amp_configs.decr_ratio = 0.8;
+    s->amp_configs.dtype = FL_AMP_FLOAT16;
 }
 
 /* Full paths per prefix, built on first use and kept for the life of the program (the
@@ -212,19 +225,6 @@ int fl_strategy_schema(const char *prefix, size_t base_offset, fl_cfg_key *out, 
     return NKEYS;
 }
 
-/* The features that have not landed yet: their switch, and the keys of their configs. */
-static const struct {
-    const char *name;    /* "dgc": the switch, strategy.dgc */
-    size_t      offset;  /* of the bool */
-    const char *configs; /* "dgc_configs.": keys starting so belong to it */
-} pending[] = {
-    {"amp", OFF(amp), "amp_configs."},
-};
-
-static bool flag_at(const fl_strategy *s, size_t offset) {
-    return *(const bool *)((const char *)s + offset);
-}
-
 int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type optimizer) {
     FL_ASSERT(s);
     /* values out of range (a config file cannot produce these; a struct filled in code can) */
@@ -277,26 +277,8 @@ int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type o
         return fl_fail(FL_ECONFIG, "strategy.lars needs optimizer.type momentum (LARS scales "
                                    "the learning rate of Momentum per layer)");
 
-    /* features that have not landed: refused when switched on or configured, never ignored */
-    int npending = (int)(sizeof pending / sizeof pending[0]);
-    for (int f = 0; f < npending; f++)
-        if (flag_at(s, pending[f].offset))
-            return fl_fail(FL_EUNSUPPORTED,
-                           "strategy.%s: not implemented yet in this version of fleet",
-                           pending[f].name);
-    if (was_set) {
-        for (int i = 0; i < NKEYS; i++) {
-            if (!was_set[i])
-                continue;
-            for (int f = 0; f < npending; f++)
-                if (strncmp(keys[i].path, pending[f].configs, strlen(pending[f].configs)) == 0)
-                    return fl_fail(FL_EUNSUPPORTED,
-                                   "strategy.%s: set, but strategy.%s is not implemented yet in "
-                                   "this version of fleet",
-                                   keys[i].path, pending[f].name);
-        }
-    }
-    return FL_OK;
+    (void)was_set; /* every feature has landed: nothing is refused for being configured */
+    return fl_amp_check_config(s);
 }
 
 void fl_strategy_optim_config(const fl_strategy *s, fl_optim_config *oc) {

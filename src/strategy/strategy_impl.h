@@ -6,6 +6,7 @@
 #ifndef FLEET_STRATEGY_IMPL_H
 #define FLEET_STRATEGY_IMPL_H
 
+#include "amp.h"
 #include "fleet/fleet.h"
 
 #include <stdbool.h>
@@ -20,9 +21,14 @@ struct strategy_ops {
      * parameter's gradient becomes final. Errors are kept and reported by update. d->step is
      * the 0-based index of the update being computed. */
     void (*grad_ready)(void *ctx, fl_param *p);
+    /* Whether grad_ready only starts sending, so that abandon leaves no trace of it: under
+     * strategy.amp, where a step may be skipped after backward, only such a hook runs during
+     * backward (dense's); a hook that changes the strategy's state (DGC's residuals) is left
+     * out and update does its work instead, as with overlap off. */
+    bool grad_ready_undoable;
     /* After a successful backward of an update's last micro-batch (the flat gradient block
      * holds this worker's gradients, merged over d->k_steps micro-batches, not yet multiplied
-     * by d->grad_scale): everything up to updated parameters with learning rate lr, e.g.
+     * by d->grad_scale, which under strategy.amp unscales them too): everything up to updated parameters with learning rate lr, e.g.
      * average the gradients (times grad_scale) and call fl_optim_step. d->step is the 0-based
      * index of this update and d->loss the local loss set for it (NaN if none). Leaves nothing
      * outstanding. dist_optim.c increments d->step afterwards, also on failure. */
@@ -58,7 +64,10 @@ struct fl_dist_optim {
     /* use_hierarchical_allreduce: views of comm (fl_comm_split_nodes), NULL otherwise */
     fl_comm                   *node, *cross;
     int64_t                    k_steps;    /* micro-batches per update: gradient merge's k, or 1 */
-    double                     grad_scale; /* 1/k under gradient merge with avg, else 1 */
+    double                     grad_scale; /* what the strategy multiplies the local gradients
+                                            * by: 1/k under gradient merge with avg (else 1),
+                                            * divided by the loss scale under strategy.amp */
+    double                     merge_scale; /* the gradient-merge part of grad_scale */
     uint64_t                   bytes_base; /* fl_comm_stats.bytes_sent once created */
     double                     loss;       /* local loss of the current update, NaN if unset */
     int64_t                    synced;     /* updates that sent bytes (fl_dist_stats) */
@@ -66,6 +75,19 @@ struct fl_dist_optim {
      * micro-batches done in the current update. The live counters, checkpointed as they are. */
     fl_param                   counters;
     int64_t                    counter_mem[2];
+    /* strategy.amp (amp.h): "amp.state", f64 (FL_AMP_NSTATE), the live loss scale and
+     * counters; the rule; this update's found-inf flag (this rank's, until combined) and the
+     * strategy hook the AMP hook passes on to (NULL: none during backward); the test hook */
+    bool                       amp;
+    fl_amp_rule                amp_rule;
+    fl_param                   amp_state;
+    double                     amp_mem[FL_AMP_NSTATE];
+    bool                       amp_found;
+    fl_grad_ready_fn           amp_next;
+    int64_t                    inject_step; /* FLEET_AMP_INJECT_INF (0: none) */
+    int                        inject_rank; /* -1: every rank */
+    bool                       inject_now;  /* the next gradient-ready call injects */
+    uint64_t                   amp_flag_bytes; /* what one flag's allreduce sends */
 };
 
 /* The live counters, by name. */

@@ -44,6 +44,11 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
            peak_mb);
     if (k->memory_peak)
         printf(", dev_peak %.0f MB", dev_mb);
+    /* strategy.amp: the scale the next update uses, and the updates skipped so far */
+    fl_dist_stats st;
+    fl_dist_get_stats(t->dopt, &st);
+    if (!isnan(st.loss_scale))
+        printf(", loss_scale %g, skipped %lld", st.loss_scale, (long long)st.skipped);
     printf("\n");
     fflush(stdout);
     res->last_loss = loss;
@@ -54,8 +59,6 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
     w->updates = 0;
     if (!t->metrics)
         return FL_OK;
-    fl_dist_stats st;
-    fl_dist_get_stats(t->dopt, &st);
     fl_metrics_begin(t->metrics);
     fl_metrics_str(t->metrics, "phase", "train");
     fl_metrics_int(t->metrics, "epoch", epoch);
@@ -78,6 +81,10 @@ int fl_train_log_progress(trainer *t, train_window *w, int64_t epoch, int64_t st
         fl_metrics_int(t->metrics, "localsgd_k", st.interval);
     if (!isnan(st.sparsity))
         fl_metrics_num(t->metrics, "dgc_sparsity", st.sparsity);
+    if (!isnan(st.loss_scale)) {
+        fl_metrics_num(t->metrics, "loss_scale", st.loss_scale);
+        fl_metrics_int(t->metrics, "skipped_steps", st.skipped);
+    }
     if (st.pairs > 0)
         fl_metrics_num(t->metrics, "dgc_dropped", (double)st.dropped / (double)st.pairs);
     return fl_metrics_end(t->metrics);

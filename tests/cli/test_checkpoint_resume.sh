@@ -6,7 +6,8 @@
 # under fleetrun: dense with rank 0's file, dense with one file per rank, DGC and Local SGD
 # (whose state differs by rank, so the save goes per rank by itself). Also: resuming from a
 # periodic checkpoint of the uninterrupted run gives its end too; a checkpoint of 2 workers is
-# refused by a job of 1 naming both counts; a changed key is warned about by name.
+# refused by a job of 1 naming both counts; a changed key is warned about by name. Under
+# strategy.amp the loss scale and its counters resume exactly too.
 set -u
 bin="${FLEET_BIN:?}/fleet-train"
 run="${FLEET_BIN:?}/fleetrun"
@@ -96,6 +97,13 @@ grep -q "the state differs between ranks" "$tmp/dgc2_stop.out" "$tmp/dgc2_stop.e
   { echo "FAIL: dgc2: no per-rank warning"; fail=1; }
 # 6. Local SGD, every 4 steps: step 21 falls between synchronisations
 case_resume localsgd2 2 2 -o strategy.localsgd=true -o strategy.localsgd_configs.k_steps=4
+
+# 6b. mixed precision: the loss scale and its counters (amp.state) resume exactly; an inf on
+# rank 1 at step 7 (skipped) and growth every 5 finite steps leave them mid-count at step 21
+FLEET_AMP_INJECT_INF=7,1 case_resume amp2 2 1 -o strategy.amp=true \
+  -o strategy.amp_configs.incr_every_n_steps=5 -o strategy.amp_configs.init_loss_scaling=1024
+grep -q '^worker_index: 0, epoch 0, step 32, .*, loss_scale 65536, skipped 1$' "$tmp/amp2_full.out" ||
+  { echo "FAIL: amp2: the uninterrupted run's scale is not 1024 x 2^6 after 32 steps, 1 skipped"; fail=1; }
 
 # 7. a 2-worker checkpoint resumed by a job of 1: rescaled, and said (test_elastic_resume.sh
 # checks how)

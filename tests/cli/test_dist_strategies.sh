@@ -9,7 +9,7 @@
 #   call; avg=false is k times the gradient (SGD: the same run as avg=true with k times the
 #   learning rate; one step's parameter delta is 4 times avg=true's);
 # - the seed's example, examples/mlp_dist, runs on 2 workers;
-# - a strategy that is not implemented, or cannot work, fails before training with the reason.
+# - a strategy that cannot work, or is misconfigured (amp's lists), fails before training with the reason.
 set -u
 run="${FLEET_BIN:?}/fleetrun"
 prog="${FLEET_BUILD:?}/tests/dist/dist_train"
@@ -102,8 +102,8 @@ refused() { # refused NAME PATTERN NPROC ARGS...
 refused dgc_sgd "dist_train: error: strategy.dgc needs optimizer.type momentum (Deep Gradient Compression corrects momentum)" 1 --dgc
 refused dgc_fp16 "dist_train: error: strategy.dgc cannot be combined with strategy.fp16_allreduce" 1 --dgc --optimizer momentum --fp16-allreduce
 refused dgc_fp16_fleetrun "dist_train: error: strategy.dgc cannot be combined with strategy.fp16_allreduce" 2 --dgc --optimizer momentum --fp16-allreduce
-refused amp "dist_train: error: strategy.amp: not implemented yet in this version of fleet" 1 -o strategy.amp=true --optimizer momentum
+refused amp "dist_train: error: strategy.amp_configs.custom_white_list: 'fc2' is not a layer type" 1 -o strategy.amp=true -o strategy.amp_configs.custom_white_list=fc2 --optimizer momentum
 refused localsgd_fp16 "strategy.fp16_allreduce cannot be combined with strategy.localsgd" 1 -o strategy.localsgd=true --fp16-allreduce
-refused amp_configs "strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented yet" 1 -o 'strategy.amp_configs.incr_ratio=3'
+refused amp_configs "strategy.amp_configs.custom_white_list: 'add' is also in strategy.amp_configs.custom_black_list" 1 -o 'strategy.amp_configs.custom_white_list=add' -o 'strategy.amp_configs.custom_black_list=add'
 refused bad_key "unknown key 'strategy.fuse_grad_size_in_mb'" 1 -o strategy.fuse_grad_size_in_mb=4
 exit $fail

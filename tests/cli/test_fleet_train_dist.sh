@@ -127,7 +127,7 @@ losses "$tmp/merge.out" >"$tmp/merge.txt"
 check "gradient_merge 2 x (2 x 64) and 2 x 128: every printed line within 1e-4" \
   same_within 0.00011 "$tmp/two.txt" "$tmp/merge.txt"
 
-# 4. not implemented / refused strategies stop before training, naming the key: exit 2
+# 4. refused strategies stop before training, naming the key: exit 2
 expect_error() { # expect_error NAME PATTERN ARGS...
   local name=$1 pattern=$2; shift 2
   timeout 60 "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
@@ -141,15 +141,17 @@ expect_error dgc_fp16 "fleet-train: error: -o strategy.dgc=true: strategy.dgc ca
 expect_error dgc_fp16_fleetrun "fleet-train: error: -o strategy.dgc=true: strategy.dgc cannot be combined with strategy.fp16_allreduce" \
   "$run" --nproc_per_node 2 --log_dir "$tmp/logD" "$bin" -c "$cfg" -o strategy.dgc=true \
   -o strategy.fp16_allreduce=true
-expect_error amp "fleet-train: error: -o strategy.amp=true: strategy.amp: not implemented yet" \
-  "$bin" -c "$cfg" -o strategy.amp=true
+expect_error amp_list "fleet-train: error: -o strategy.amp_configs.custom_white_list=conv: strategy.amp_configs.custom_white_list: 'conv' is not a layer type" \
+  "$bin" -c "$cfg" -o strategy.amp=true -o strategy.amp_configs.custom_white_list=conv
+expect_error amp_gpu "fleet-train: error: -o strategy.amp=true: strategy.amp: not with train.device: gpu yet" \
+  "$bin" -c "$cfg" -o strategy.amp=true -o train.device=gpu
 expect_error dgc_sgd "-o strategy.dgc=true: strategy.dgc needs optimizer.type momentum" \
   "$bin" -c "$cfg" -o strategy.dgc=true -o optimizer.type=sgd
 printf 'model:\n  type: mlp\ndata:\n  type: teacher\nstrategy:\n  localsgd: true\n  adaptive_localsgd: true\n' >"$tmp/both.yaml"
 expect_error localsgd_both "both.yaml:6: strategy.localsgd cannot be combined with strategy.adaptive_localsgd" \
   "$bin" -c "$tmp/both.yaml"
-printf 'model:\n  type: mlp\ndata:\n  type: teacher\nstrategy:\n  amp_configs:\n    incr_ratio: 3\n' >"$tmp/cfgs.yaml"
-expect_error amp_configs "cfgs.yaml:7: strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented" \
+printf 'model:\n  type: mlp\ndata:\n  type: teacher\nstrategy:\n  amp_configs:\n    custom_black_list: softmaxx\n' >"$tmp/cfgs.yaml"
+expect_error amp_configs "cfgs.yaml:7: strategy.amp_configs.custom_black_list: 'softmaxx' is not a layer type" \
   "$bin" -c "$tmp/cfgs.yaml"
 expect_error bad_backend "-o comm.backend=nccl: comm.backend: 'nccl' is not one of auto, tcp, mpi" \
   "$bin" -c "$cfg" -o comm.backend=nccl

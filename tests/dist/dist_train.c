@@ -32,6 +32,7 @@ static void usage(FILE *f) {
             "  --dgc  -o strategy.KEY=VALUE (any strategy key)\n"
             "  --check-dgc (DGC's conservation, every update: dgc_ledger.h; no --merge)\n"
             "  --out FILE (final parameters, f32)  --out-init FILE (after the broadcast)\n"
+            "  --out-every-rank (each rank r also writes its parameters to FILE.r)\n"
             "dist_train --compare A B [--rtol R (1e-5)] [--base C --factor F]\n"
             "  max |a - b| / max |b| over the parameters; with --base: a - c against F (b - c)\n");
 }
@@ -114,7 +115,7 @@ typedef struct {
     double      momentum, weight_decay, lr, clip_norm;
     bool        nesterov;
     int64_t     batch, steps, seed, data_size, threads;
-    bool        random_data, check_dgc;
+    bool        random_data, check_dgc, out_every_rank;
     const char *out, *out_init;
     const char *overrides[MAX_OVERRIDES];
     int         noverrides;
@@ -148,6 +149,8 @@ static int parse(int argc, char **argv, options *o) {
             rc = add_override(o, "strategy.dgc", "true"), used = 0;
         else if (!strcmp(a, "--check-dgc"))
             o->check_dgc = true, used = 0;
+        else if (!strcmp(a, "--out-every-rank"))
+            o->out_every_rank = true, used = 0;
         else if (!v)
             goto bad;
         else if (!strcmp(a, "--optimizer") && (!strcmp(v, "sgd") || !strcmp(v, "momentum")))
@@ -318,9 +321,18 @@ static int train(const options *o, const fl_strategy *strategy) {
         if (o->out && (rc = write_params(net, o->out)) < 0)
             goto fail;
     }
+    if (o->out && o->out_every_rank) { /* replicas that must agree bit for bit */
+        char path[512];
+        snprintf(path, sizeof path, "%s.%d", o->out, rank);
+        if ((rc = write_params(net, path)) < 0)
+            goto fail;
+    }
+    fl_dist_stats st;
+    fl_dist_get_stats(dopt, &st);
+    if (!isnan(st.loss_scale)) /* strategy.amp: every rank's own view of the scale */
+        printf("dist_train: rank %d loss_scale %g skipped %lld\n", rank, st.loss_scale,
+               (long long)st.skipped);
     if (ledger) { /* every rank's own counts */
-        fl_dist_stats st;
-        fl_dist_get_stats(dopt, &st);
         printf("dist_train: rank %d dgc pairs %lld dropped %lld ledger %.3e\n", rank,
                (long long)st.pairs, (long long)st.dropped, dgc_ledger_worst(ledger));
     }

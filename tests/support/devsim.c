@@ -359,6 +359,11 @@ static void ds_scale(fl_dtype t, int64_t n, double a, void *x) {
     RUN(scale(t, n, a, x));
 }
 
+static void ds_amp_round(fl_dtype low, int64_t n, float *x) {
+    dev("amp_round", "x", x, nb(n, sizeof(float)));
+    RUN(amp_round(low, n, x));
+}
+
 static double ds_sum(fl_dtype t, const void *x, int64_t n) {
     dev("sum", "x", x, nb(n, es(t)));
     RUN_RET(double, sum(t, x, n));
@@ -705,6 +710,7 @@ static void init(void) {
     table.act_backward = ds_act_backward;
     table.axpy = ds_axpy;
     table.scale = ds_scale;
+    table.amp_round = ds_amp_round;
     table.sum = ds_sum;
     table.sumsq = ds_sumsq;
     table.softmax_xent_forward = ds_softmax_xent_forward;

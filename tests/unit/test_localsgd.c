@@ -68,6 +68,7 @@ static void test_schedule(void) {
     CHECK(fl_localsgd_rule_due(7, 7, 3, 100));  /* step == begin_step: synchronous */
     CHECK(!fl_localsgd_rule_due(8, 7, 7, 2));   /* one step after */
     CHECK(fl_localsgd_rule_due(9, 7, 7, 2));
+    CHECK(fl_localsgd_rule_due(10, 7, 7, 2)); /* step 9 was skipped (amp): 10 averages */
 }
 
 static void test_adaptive_rule(void) {

@@ -131,7 +131,8 @@ static void test_schema(void) {
                           "strategy.amp_configs.incr_every_n_steps",
                           "strategy.amp_configs.decr_every_n_nan_or_inf",
                           "strategy.amp_configs.incr_ratio", "strategy.amp_configs.decr_ratio",
-                          "strategy.recompute", "strategy.recompute_configs.checkpoints"};
+                          "strategy.amp_configs.dtype", "strategy.amp_configs.custom_white_list",
+                          "strategy.amp_configs.custom_black_list", "strategy.recompute", "strategy.recompute_configs.checkpoints"};
     CHECK(n == (int)(sizeof want / sizeof want[0]));
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (key_index(want[i]) < 0) {
@@ -176,8 +177,15 @@ static void test_load(void) {
     CHECK_OK(fl_strategy_check(&w.strategy, NULL, FL_OPTIM_MOMENTUM)); /* without was_set */
     CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM)); /* dgc has landed */
     CHECK_OK(load("strategy.amp_configs.incr_ratio: 3\n", NULL, 0, &w, was_set));
-    CHECK_RC(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM), FL_EUNSUPPORTED);
-    CHECK_MSG("strategy.amp_configs.incr_ratio: set, but strategy.amp is not implemented yet");
+    CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM)); /* amp has landed */
+    CHECK(w.strategy.amp_configs.incr_ratio == 3 && w.strategy.amp_configs.dtype == FL_AMP_FLOAT16);
+    CHECK_OK(load("strategy:\n  amp: true\n  amp_configs: {dtype: bfloat16, custom_white_list: "
+                  "'batch_norm, add', custom_black_list: fc}\n", NULL, 0, &w, was_set));
+    CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_SGD));
+    CHECK(w.strategy.amp && w.strategy.amp_configs.dtype == FL_AMP_BFLOAT16);
+    CHECK(strcmp(w.strategy.amp_configs.custom_white_list, "batch_norm, add") == 0);
+    CHECK_RC(load("strategy.amp_configs.dtype: float8\n", NULL, 0, &w, NULL), FL_ECONFIG);
+    CHECK_MSG("strategy.amp_configs.dtype");
 
     /* the config layer's refusals name the strategy key and its line */
     CHECK_RC(load("epochs: 2\nstrategy:\n  dgc_config:\n    sparsity: [0.9]\n", NULL, 0, &w, NULL),
@@ -197,59 +205,55 @@ static void test_load(void) {
     CHECK_MSG("strategy.dgc_configs.sparsity");
 }
 
-/* check(): each not-implemented switch, each of their config keys, each bad combination */
+/* check(): amp's lists, each bad combination */
 static void test_check(void) {
-    static const char *pending[] = {"amp"};
     wrapper w;
     bool was_set[MAX_KEYS];
-    char ov[128], want[160];
-    for (size_t f = 0; f < sizeof pending / sizeof pending[0]; f++) {
-        snprintf(ov, sizeof ov, "strategy.%s=true", pending[f]);
-        const char *o[] = {ov};
+    /* every feature has landed: each switch alone passes, with or without was_set */
+    static const char *sw[] = {"strategy.amp=true", "strategy.dgc=true", "strategy.lars=true",
+                               "strategy.localsgd=true", "strategy.gradient_merge=true"};
+    for (size_t f = 0; f < sizeof sw / sizeof sw[0]; f++) {
+        const char *o[] = {sw[f]};
         CHECK_OK(load(NULL, o, 1, &w, was_set));
-        CHECK_RC(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM), FL_EUNSUPPORTED);
-        snprintf(want, sizeof want, "strategy.%s: not implemented yet in this version of fleet",
-                 pending[f]);
-        CHECK_MSG(want);
-        CHECK(strcmp(fl_errmsg(), want) == 0);
+        CHECK_OK(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM));
     }
-    /* every key of their configs, set alone (to its default value: being set is enough) */
-    int nconfigs = 0;
-    for (int i = 1; i < nkeys - 1; i++) {
-        const char *key = schema[i].path + strlen("strategy.");
-        const char *dot = strchr(key, '.');
-        if (!dot || strncmp(key, "gradient_merge_configs.", 23) == 0 ||
-            strncmp(key, "localsgd_configs.", 17) == 0 ||
-            strncmp(key, "adaptive_localsgd_configs.", 26) == 0 ||
-            strncmp(key, "dgc_configs.", 12) == 0 || strncmp(key, "lars_configs.", 13) == 0 ||
-            strncmp(key, "recompute_configs.", 18) == 0)
-            continue; /* implemented: their configs load and pass */
-        wrapper d;
-        memset(&d, 0, sizeof d);
-        fl_strategy_defaults(&d.strategy);
-        char value[300];
-        fl_config_to_json(schema + i, 1, &d, value, sizeof value); /* {"path":VALUE} */
-        char *colon = strchr(value, ':');
-        value[strlen(value) - 1] = 0;
-        if (colon[1] == '"') { /* strings: the empty default is no value; give one */
-            snprintf(ov, sizeof ov, "%s=fc1", schema[i].path);
-        } else {
-            snprintf(ov, sizeof ov, "%s=%s", schema[i].path, colon + 1);
+    /* amp's lists: layer types only (the loss in the black list), never in both */
+    struct {
+        const char *ov;
+        const char *msg; /* NULL: accepted */
+    } lists[] = {
+        {"strategy.amp_configs.custom_white_list=conv2d,batch_norm,add", NULL},
+        {"strategy.amp_configs.custom_black_list=softmax_with_cross_entropy,fc", NULL},
+        {"strategy.amp_configs.custom_white_list=conv",
+         "strategy.amp_configs.custom_white_list: 'conv' is not a layer type (the types are fc, "
+         "conv2d,"},
+        {"strategy.amp_configs.custom_black_list=fc,softmaxx",
+         "strategy.amp_configs.custom_black_list: 'softmaxx' is not a layer type"},
+        {"strategy.amp_configs.custom_white_list=softmax_with_cross_entropy",
+         "strategy.amp_configs.custom_white_list: 'softmax_with_cross_entropy': the loss always "
+         "computes in f32"},
+    };
+    for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+        const char *o[] = {lists[i].ov};
+        CHECK_OK(load(NULL, o, 1, &w, NULL));
+        int rc = fl_strategy_check(&w.strategy, NULL, FL_OPTIM_SGD);
+        if (!lists[i].msg) {
+            CHECK_OK(rc);
+            continue;
         }
-        const char *o[] = {ov};
-        CHECK_OK(load(NULL, o, 1, &w, was_set));
-        CHECK_OK(fl_strategy_check(&w.strategy, NULL, FL_OPTIM_MOMENTUM));
-        CHECK_RC(fl_strategy_check(&w.strategy, was_set + 1, FL_OPTIM_MOMENTUM), FL_EUNSUPPORTED);
-        snprintf(want, sizeof want, "%s: set, but strategy.%.*s is not implemented yet in this "
-                 "version of fleet", schema[i].path, (int)(strstr(key, "_configs.") - key), key);
-        CHECK(strcmp(fl_errmsg(), want) == 0);
-        if (strcmp(fl_errmsg(), want) != 0)
-            fprintf(stderr, "  got  %s\n  want %s\n", fl_errmsg(), want);
-        nconfigs++;
+        CHECK_RC(rc, FL_ECONFIG);
+        CHECK(strncmp(fl_errmsg(), lists[i].msg, strlen(lists[i].msg)) == 0);
+        if (strncmp(fl_errmsg(), lists[i].msg, strlen(lists[i].msg)) != 0)
+            fprintf(stderr, "  got  %s\n  want %s\n", fl_errmsg(), lists[i].msg);
     }
-    CHECK(nconfigs == 6); /* amp's */
+    const char *both[] = {"strategy.amp_configs.custom_white_list=add,batch_norm",
+                          "strategy.amp_configs.custom_black_list=batch_norm"};
+    CHECK_OK(load(NULL, both, 2, &w, NULL));
+    CHECK_RC(fl_strategy_check(&w.strategy, NULL, FL_OPTIM_SGD), FL_ECONFIG);
+    CHECK_MSG("strategy.amp_configs.custom_white_list: 'batch_norm' is also in "
+              "strategy.amp_configs.custom_black_list");
 
-    /* combinations are refused with their reason, before "not implemented" */
+    /* combinations are refused with their reason */
     struct {
         const char *ov[2];
         fl_optim_type opt;
@@ -365,8 +369,9 @@ static void test_single_worker(void) {
 
     /* refusals: a strategy that does not pass check, an unbuilt network, f16 with f64 */
     s.amp = true;
+    snprintf(s.amp_configs.custom_white_list, sizeof s.amp_configs.custom_white_list, "conv");
     CHECK(fl_distributed_optimizer(fleet, nets[0], opts[0], &s) == NULL);
-    CHECK_MSG("strategy.amp: not implemented yet");
+    CHECK_MSG("strategy.amp_configs.custom_white_list: 'conv' is not a layer type");
     fl_strategy_defaults(&s);
     fl_net *unbuilt = fl_model_mlp(FL_DTYPE_F32, 6, hidden, 1, FL_ACT_TANH, 3);
     CHECK(fl_distributed_optimizer(fleet, unbuilt, opts[0], &s) == NULL);

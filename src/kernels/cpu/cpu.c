@@ -16,6 +16,7 @@ static const fl_backend cpu_ops = {
     .act_backward = cpu_act_backward,
     .axpy = cpu_axpy,
     .scale = cpu_scale,
+    .amp_round = cpu_amp_round,
     .sum = cpu_sum,
     .sumsq = cpu_sumsq,
     .softmax_xent_forward = cpu_softmax_xent_forward,

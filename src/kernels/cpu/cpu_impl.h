@@ -67,6 +67,7 @@ void cpu_sum_rows(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t co
                   bool accumulate);
 void cpu_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y);
 void cpu_scale(fl_dtype t, int64_t n, double a, void *x);
+void cpu_amp_round(fl_dtype low, int64_t n, float *x);
 void cpu_sgd_update(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd);
 void cpu_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
                          double mu, double wd, bool nesterov);

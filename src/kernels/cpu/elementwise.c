@@ -1,8 +1,10 @@
 /* elementwise.c - bias, column sums, axpy, scale and optimizer updates of the CPU table.
  * Each loop is vectorised with `omp simd` and split over threads only above PAR_MIN elements;
- * none of them reduces across elements except sum_rows, whose columns are independent. */
+ * none of them reduces across elements except sum_rows, whose columns are independent. Also
+ * mixed precision's f16/bf16 rounding. */
 #include "cpu_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 /* --- y (ROWS, COLS) += bias (COLS) --- */
@@ -102,4 +104,48 @@ void cpu_sgd_update(fl_dtype t, int64_t n, void *w, const void *g, double lr, do
 void cpu_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
                          double mu, double wd, bool nesterov) {
     DISPATCH(t, momentum, n, w, g, v, lr, mu, wd, nesterov);
+}
+
+/* --- x = (float)(low)x: f16 / bf16 rounding in f32 bits (mixed precision's emulation) ---
+ * Round to nearest even by adding half an ulp of the target (minus one, plus the kept lowest
+ * bit) and clearing the dropped bits; the carry moves into the exponent where it must. f16's
+ * subnormals (|x| < 2^-14, spacing 2^-24) are rounded by adding and taking away 0.5, whose
+ * f32 ulp is 2^-24 (exact under the default rounding mode; the build uses no -ffast-math). The
+ * reference (ref.c) converts with fl_f32_to_f16 and back; tests compare the two bit for bit. */
+static inline float amp_round_f16(float x) {
+    uint32_t u, a;
+    memcpy(&u, &x, sizeof u);
+    a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* inf and NaN stay */
+        return x;
+    if (a < 0x38800000u) { /* below 2^-14: f16 subnormal or zero */
+        float t = fabsf(x) + 0.5f;
+        return copysignf(t - 0.5f, x);
+    }
+    a += 0x0fffu + ((a >> 13) & 1u);
+    a &= ~0x1fffu;
+    if (a > 0x477fe000u) /* above 65504, f16's largest: inf */
+        a = 0x7f800000u;
+    u = (u & 0x80000000u) | a;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static inline float amp_round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) >= 0x7f800000u)
+        return x;
+    u += 0x7fffu + ((u >> 16) & 1u); /* near FLT_MAX this carries into inf, as bf16 does */
+    u &= 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+void cpu_amp_round(fl_dtype low, int64_t n, float *x) {
+    FL_ASSERT(low == FL_DTYPE_F16 || low == FL_DTYPE_BF16);
+    if (low == FL_DTYPE_F16)
+        ELEMENTWISE(n, i, x[i] = amp_round_f16(x[i]));
+    else
+        ELEMENTWISE(n, i, x[i] = amp_round_bf16(x[i]));
 }

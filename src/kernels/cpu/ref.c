@@ -177,6 +177,14 @@ static void ref_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, v
     }
 }
 
+/* The reference rounding: a cast to f16 / bf16 and back through core/half.c's conversions. */
+static void ref_amp_round(fl_dtype low, int64_t n, float *x) {
+    FL_ASSERT(low == FL_DTYPE_F16 || low == FL_DTYPE_BF16);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = low == FL_DTYPE_F16 ? fl_f16_to_f32(fl_f32_to_f16(x[i]))
+                                   : fl_bf16_to_f32(fl_f32_to_bf16(x[i]));
+}
+
 static fl_conv_plan *ref_conv_plan_create(const fl_conv_desc *d) {
     return cpu_conv_plan_create_with(fl_backend_ref(), d);
 }
@@ -191,6 +199,7 @@ static const fl_backend ref_ops = {
     .act_backward = ref_act_backward,
     .axpy = ref_axpy,
     .scale = ref_scale,
+    .amp_round = ref_amp_round,
     .sum = ref_sum,
     .sumsq = ref_sumsq,
     .softmax_xent_forward = ref_softmax_xent_forward,

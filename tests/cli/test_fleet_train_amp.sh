@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# test_fleet_train_amp.sh - fleet-train with strategy.amp: the CIFAR-style ResNet of
+# configs/shapes_resnet.yaml, made small (ResNet-8, 16x16 images, 512 steps of 32; about 4 s on
+# 2 cores), reaches the f32 run's validation accuracy within 0.5 points in float16 (the
+# longer run is bench/amp_accuracy.sh); the progress line ends with the loss scale and the
+# skipped steps and metrics.jsonl carries them; an inf injected at step 20 is skipped and said.
+set -u
+bin="${FLEET_BIN:?}/fleet-train"
+cfg="${FLEET_SRC:?}/configs/shapes_resnet.yaml"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+check() { # check DESCRIPTION COMMAND...
+  local what=$1; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
+}
+[ -x "$bin" ] || { echo "SKIPPED: fleet-train not built"; exit 77; }
+unset FLEET_AMP_INJECT_INF
+small=(-o model.depth=8 -o data.image_size=16 -o data.train_size=8192 -o data.val_size=1024
+  -o train.batch_size=32 -o train.epochs=2 -o train.log_interval=64 -o train.threads=2)
+
+acc() { grep ', eval ' "$tmp/$1.out" | tail -1 | sed -E 's/.*val_acc1 ([0-9.]+).*/\1/'; }
+timeout 300 "$bin" -c "$cfg" "${small[@]}" >"$tmp/f32.out" 2>&1
+check "f32: exit 0" test $? -eq 0
+FLEET_AMP_INJECT_INF=20 timeout 300 "$bin" -c "$cfg" "${small[@]}" -o strategy.amp=true \
+  -o train.log_dir="$tmp/m" >"$tmp/f16.out" 2>&1
+check "amp float16: exit 0" test $? -eq 0
+a32=$(acc f32) a16=$(acc f16)
+echo "ResNet-8 on 16x16 shapes, 512 steps of 32: validation accuracy f32 ${a32:-none}, amp float16 ${a16:-none}"
+check "amp float16 reaches f32's accuracy within 0.5 points (${a16:-none} >= ${a32:-none} - 0.005)" \
+  awk -v a="${a16:-0}" -v b="${a32:-1}" 'BEGIN { exit !(a >= b - 0.005 && b >= 0.9) }'
+check "progress line: loss_scale and skipped at its end" \
+  grep -qE '^worker_index: 0, epoch 1, step 512, loss [0-9.]+, acc1 [0-9.]+, lr [0-9.]+, ips [0-9.]+ img/s, comm 0.0 MB, act [0-9.]+ MB, peak [0-9]+ MB, loss_scale 32768, skipped 1$' "$tmp/f16.out"
+check "f32's progress line has neither" bash -c "! grep -q loss_scale '$tmp/f32.out'"
+check "the test hook is said" grep -q 'FLEET_AMP_INJECT_INF: an inf goes into a gradient of step 20 on every rank' "$tmp/f16.out"
+check "metrics.jsonl: loss_scale and skipped_steps" \
+  grep -q '"step":512,.*"loss_scale":32768,"skipped_steps":1' "$tmp/m/metrics.jsonl"
+exit $fail
