@@ -613,13 +613,15 @@ static void free_state(nccl_state *st) {
          * abort */
         double deadline = fl_now() + st->timeout_s;
         bool ok = true;
-        for (int i = 0; i < st->nlanes; i++)
-            if (st->lanes[i].comm && ncclCommFinalize(st->lanes[i].comm) != ncclSuccess &&
-                ncclGetLastError(st->lanes[i].comm) == NULL)
+        for (int i = 0; i < st->nlanes; i++) {
+            ncclResult_t r = st->lanes[i].comm ? ncclCommFinalize(st->lanes[i].comm)
+                                               : ncclSuccess;
+            if (r != ncclSuccess && r != ncclInProgress)
                 ok = false;
+        }
         for (int i = 0; i < st->nlanes && ok; i++) {
             unsigned round = 0;
-            ncclResult_t a = ncclInProgress;
+            ncclResult_t a = st->lanes[i].comm ? ncclInProgress : ncclSuccess;
             while (st->lanes[i].comm && ncclCommGetAsyncError(st->lanes[i].comm, &a) ==
                    ncclSuccess && a == ncclInProgress && fl_now() <= deadline)
                 backoff(&round);
