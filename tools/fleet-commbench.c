@@ -31,7 +31,7 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: fleet-commbench [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-o OP] [-d TYPE]\n"
-            "                       [-r REDOP] [-n ITERS] [-w WARMUP] [-c 1|0] [--backend tcp|mpi]\n"
+            "                       [-r REDOP] [-n ITERS] [-w WARMUP] [-c 1|0] [--backend tcp|mpi|nccl]\n"
             "One process per rank, started by a launcher:\n"
             "  fleetrun --nproc_per_node 4 fleet-commbench -b 1K -e 64M -f 4\n"
             "  mpirun -np 4 fleet-commbench --backend mpi -o allgather\n"
@@ -45,7 +45,7 @@ static void usage(FILE *f) {
             "  -n, --iters N        timed iterations per size (default 20)\n"
             "  -w, --warmup_iters N untimed iterations before them (default 2)\n"
             "  -c, --check 1|0      verify every result once per size (default 1)\n"
-            "      --backend B      tcp or mpi (default: mpi under mpirun, else tcp)\n"
+            "      --backend B      tcp, mpi or nccl (default: mpi under mpirun, else tcp)\n"
             "size is the whole buffer (for reduce_scatter the input, for allgather the output);\n"
             "time is the mean per iteration, max over ranks; algbw = size / time;\n"
             "busbw = algbw x 2(n-1)/n (allreduce), x (n-1)/n (reduce_scatter, allgather), x 1\n"
@@ -155,8 +155,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
                 return arg_error("-c: not 1 or 0", optarg);
             break;
         case 'B':
-            if (strcmp(optarg, "tcp") && strcmp(optarg, "mpi"))
-                return arg_error("--backend: not tcp or mpi", optarg);
+            if (strcmp(optarg, "tcp") && strcmp(optarg, "mpi") && strcmp(optarg, "nccl"))
+                return arg_error("--backend: not tcp, mpi or nccl", optarg);
             o->backend = optarg;
             break;
         case 'h': usage(stdout); return -1;

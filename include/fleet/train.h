@@ -44,11 +44,13 @@ typedef enum {
     FL_DATA_MNIST = 5,     /* MNIST-format IDX files (Fashion-MNIST by default) in data.root */
 } fl_data_type;
 typedef enum { FL_SHORTCUT_A = 0, FL_SHORTCUT_B = 1 } fl_shortcut_type;
-/* comm.backend: auto is mpi when started by mpirun (and mpi is built), else tcp */
+/* comm.backend: auto is mpi when started by mpirun (and mpi is built), else tcp; nccl only by
+ * name (GPU workers, docs/nccl.md) */
 typedef enum {
     FL_TRAIN_BACKEND_AUTO = 0,
     FL_TRAIN_BACKEND_TCP = 1,
     FL_TRAIN_BACKEND_MPI = 2,
+    FL_TRAIN_BACKEND_NCCL = 3,
 } fl_train_backend;
 
 typedef struct fl_train_config {

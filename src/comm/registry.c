@@ -1,9 +1,11 @@
 /* registry.c - makes communicators: a blank one from comm.c filled by the backend picked here
  * (env->backend if set, else mpi when the process was started by mpirun / srun, i.e.
  * OMPI_COMM_WORLD_SIZE or PMI_SIZE set, and fleet was built with MPI, else tcp). The only
- * place besides mpi.c that knows whether MPI was built. */
+ * place besides mpi.c and nccl.c that knows whether MPI and NCCL were built; nccl is chosen
+ * only by name (comm.backend: nccl, FLEET_COMM_BACKEND=nccl). */
 #include "registry.h"
 
+#include "nccl_comm.h"
 #include "tcp.h"
 
 #include "fleet/status.h"
@@ -30,6 +32,17 @@ int fl_comm_mpi_open(fl_comm *c, const fl_comm_env *env) {
 }
 #endif
 
+#ifndef FL_USE_NCCL
+bool fl_comm_nccl_available(void) { return false; }
+
+int fl_comm_nccl_open(fl_comm *c, const fl_comm_env *env) {
+    (void)c;
+    return fl_fail(FL_EUNSUPPORTED, "backend nccl: rank %d: this fleet was built without NCCL "
+                   "(it needs the cuda backend and NCCL 2.14+: nvidia-nccl-cu13 or libnccl-dev; "
+                   "reconfigure), or use backend tcp", env->rank);
+}
+#endif
+
 static bool launched_by_mpi(void) {
     const char *a = getenv("OMPI_COMM_WORLD_SIZE"), *b = getenv("PMI_SIZE");
     return (a && *a) || (b && *b);
@@ -44,8 +57,8 @@ int fl_comm_registry_open(fl_comm *c, const fl_comm_env *env) {
     if (strcmp(name, "mpi") == 0)
         return fl_comm_mpi_open(c, env);
     if (strcmp(name, "nccl") == 0)
-        return fl_fail(FL_EUNSUPPORTED, "backend nccl is not built yet (use tcp or mpi)");
-    return fl_fail(FL_EINVAL, "unknown comm backend \"%s\" (want tcp or mpi)", name);
+        return fl_comm_nccl_open(c, env);
+    return fl_fail(FL_EINVAL, "unknown comm backend \"%s\" (want tcp, mpi or nccl)", name);
 }
 
 int fl_comm_init(const fl_comm_env *env, fl_comm **out) {
@@ -90,7 +103,7 @@ int fl_comm_init_from_env(const char *backend_override, fl_comm **out) {
         return rc;
     if (backend_override && backend_override[0]) {
         if (strlen(backend_override) >= sizeof env.backend) {
-            rc = fl_fail(FL_EINVAL, "unknown comm backend \"%s\" (want tcp or mpi)",
+            rc = fl_fail(FL_EINVAL, "unknown comm backend \"%s\" (want tcp, mpi or nccl)",
                          backend_override);
             goto done;
         }

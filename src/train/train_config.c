@@ -165,8 +165,8 @@ static const fl_cfg_key own_keys[] = {
 
 /* after the strategy section */
 static const fl_cfg_key comm_keys[] = {
-    {"comm.backend", FL_CFG_ENUM, OFF(comm.backend), 0, 0, 0, "auto|tcp|mpi", false,
-     "communicator: auto = mpi under mpirun, else tcp"},
+    {"comm.backend", FL_CFG_ENUM, OFF(comm.backend), 0, 0, 0, "auto|tcp|mpi|nccl", false,
+     "communicator: auto = mpi under mpirun, else tcp; nccl for GPU workers (docs/nccl.md)"},
 };
 
 static fl_cfg_key schema[MAX_KEYS];

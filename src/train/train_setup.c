@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *const backend_names[] = {"auto", "tcp", "mpi"}; /* by fl_train_backend */
+static const char *const backend_names[] = {"auto", "tcp", "mpi", "nccl"}; /* by fl_train_backend */
 
 static fl_dataset *make_imagelist(const fl_train_config *cfg, int split) {
     fl_imagelist_config ic = fl_imagelist_config_default();

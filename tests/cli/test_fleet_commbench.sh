@@ -35,7 +35,7 @@ for spec in "allreduce f32 sum" "allreduce bf16 avg" "allreduce i64 max" "reduce
   if [ $fail -ne 0 ]; then cat "$out"; tail -5 "$tmp"/log/workerlog.*; break; fi
 done
 
-for args in "-o nothing" "-d u8" "-r min" "-b 1Q" "-f 1" "-n 0" "-c 2" "--backend nccl" "-b 2M -e 1M" "--bogus"; do
+for args in "-o nothing" "-d u8" "-r min" "-b 1Q" "-f 1" "-n 0" "-c 2" "--backend gloo" "-b 2M -e 1M" "--bogus"; do
   "$bench" $args >"$tmp/bad.out" 2>"$tmp/bad.err"
   rc=$?
   check "bad '$args': exit 2 (got $rc)" test $rc -eq 2

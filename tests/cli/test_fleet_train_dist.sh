@@ -153,8 +153,8 @@ expect_error localsgd_both "both.yaml:6: strategy.localsgd cannot be combined wi
 printf 'model:\n  type: mlp\ndata:\n  type: teacher\nstrategy:\n  amp_configs:\n    custom_black_list: softmaxx\n' >"$tmp/cfgs.yaml"
 expect_error amp_configs "cfgs.yaml:7: strategy.amp_configs.custom_black_list: 'softmaxx' is not a layer type" \
   "$bin" -c "$tmp/cfgs.yaml"
-expect_error bad_backend "-o comm.backend=nccl: comm.backend: 'nccl' is not one of auto, tcp, mpi" \
-  "$bin" -c "$cfg" -o comm.backend=nccl
+expect_error bad_backend "-o comm.backend=gloo: comm.backend: 'gloo' is not one of auto, tcp, mpi, nccl" \
+  "$bin" -c "$cfg" -o comm.backend=gloo
 
 # --print-config's output (every strategy key at its value) reads back
 "$bin" -c "$cfg" --print-config >"$tmp/effective.yaml" 2>&1
