@@ -36,6 +36,9 @@ typedef struct fl_strategy {
      * "Hierarchical DGC"). inter_nranks: ranks per node (0: the launcher's LOCAL_WORLD_SIZE). */
     bool    use_hierarchical_allreduce;
     int64_t hierarchical_allreduce_inter_nranks;
+    /* comm.backend nccl: NCCL communicators, each on its own stream, that large allreduces are
+     * split over (Paddle's nccl_comm_num; docs/nccl.md; default 1) */
+    int64_t nccl_comm_num;
     bool   gradient_merge;       /* accumulate k micro-batches before communicating */
     struct {
         int64_t k_steps;         /* default 1 */

@@ -31,6 +31,8 @@ static const fl_cfg_key keys[] = {
     {"hierarchical_allreduce_inter_nranks", FL_CFG_INT,
      OFF(hierarchical_allreduce_inter_nranks), 0, 0, 4096, NULL, false,
      "ranks per node for use_hierarchical_allreduce; 0: the launcher's LOCAL_WORLD_SIZE"},
+    {"nccl_comm_num", FL_CFG_INT, OFF(nccl_comm_num), 0, 1, 8, NULL, false,
+     "comm.backend nccl: communicators (each on its own stream) large allreduces are split over"},
     {"gradient_merge", FL_CFG_BOOL, OFF(gradient_merge), 0, 0, 0, NULL, false,
      "accumulate k_steps micro-batches locally, then communicate and update once"},
     {"gradient_merge_configs.k_steps", FL_CFG_INT, OFF(gradient_merge_configs.k_steps), 0, 1, 1e6,
@@ -141,6 +143,7 @@ void fl_strategy_defaults(fl_strategy *s) {
     memset(s, 0, sizeof *s);
     s->fuse_grad_size_in_MB = 32;
     s->overlap = true;
+    s->nccl_comm_num = 1;
     s->gradient_merge_configs.k_steps = 1;
     s->gradient_merge_configs.avg = true;
     s->dgc_configs.rampup_begin_step = 0;

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -187,6 +188,11 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
         return FL_ECONFIG;
     /* a plain process is a job of one; comm.backend auto lets the environment decide */
     const char *backend = backend_names[cfg->comm.backend];
+    if (cfg->comm.backend == FL_TRAIN_BACKEND_NCCL) { /* Paddle's nccl_comm_num (docs/nccl.md) */
+        char n[16];
+        snprintf(n, sizeof n, "%lld", (long long)cfg->strategy.nccl_comm_num);
+        setenv("FLEET_NCCL_COMM_NUM", n, 1);
+    }
     int rc = fl_fleet_init(cfg->comm.backend == FL_TRAIN_BACKEND_AUTO ? NULL : backend, &t->fleet);
     if (rc < 0)
         return fl_fail_prefix(rc, "joining the job (comm.backend %s)", backend);

@@ -105,6 +105,7 @@ static void test_schema(void) {
     const char *want[] = {"strategy.fuse_grad_size_in_MB", "strategy.overlap",
                           "strategy.fp16_allreduce", "strategy.use_hierarchical_allreduce",
                           "strategy.hierarchical_allreduce_inter_nranks",
+                          "strategy.nccl_comm_num",
                           "strategy.gradient_merge",
                           "strategy.gradient_merge_configs.k_steps",
                           "strategy.gradient_merge_configs.avg", "strategy.dgc",
