@@ -51,6 +51,8 @@
 #define MSG_HDR          64   /* every message starts with one cache line: magic, seq, length */
 #define POLL_S           0.01 /* a sleeping rank wakes this often to check on its peers */
 #define SPIN_US_DEFAULT  50
+#define SPIN_GROWTH      16   /* adapted spin budget: at most this times FLEET_COMM_SPIN_US */
+#define QUICK_SPINS      256  /* ring checks before a wait reads the clock (~10 us of PAUSE) */
 #define ABORT_MAX        512
 #define SEG_MAGIC        0x314d485354454c46ull /* "FLETSHM1" */
 #define MSG_MAGIC        0x4d534c46u           /* "FLSM" */
@@ -111,7 +113,8 @@ typedef struct {
     rank_ctl         *ctl;   /* [size] */
     ring_ctl         *rings; /* [size * size]: ring i -> j at i * size + j */
     uint8_t          *data;  /* ring i -> j's bytes at data_index(i, j) * cap */
-    double            timeout_s, spin_s;
+    double            timeout_s;
+    double            spin_s, spin_cur; /* spin budget per call: configured, and as adapted */
     fl_comm_counters *counters, own_counters;
     struct pollfd    *pfd;      /* [size] pidfd of each peer (-1 for self; none if !have_pidfd) */
     bool              have_pidfd;
@@ -289,7 +292,6 @@ static size_t send_step(shm *s, send_op *w) {
     }
     atomic_store_explicit(&w->rc->head, w->head, memory_order_seq_cst);
     wake(s, w->peer);
-    atomic_fetch_add_explicit(&s->counters->bytes_sent, n, memory_order_relaxed);
     return n;
 }
 
@@ -334,7 +336,6 @@ static long recv_step(shm *s, recv_op *r) {
     }
     atomic_store_explicit(&r->rc->tail, r->tail, memory_order_seq_cst);
     wake(s, r->peer);
-    atomic_fetch_add_explicit(&s->counters->bytes_received, n, memory_order_relaxed);
     if (r->got == upto && r->on_recv) {
         r->on_recv(r->ctx, r->reported, r->got - r->reported);
         r->reported = r->got;
@@ -419,6 +420,9 @@ static int wait_round(shm *s, const send_op *w, const recv_op *r, wait_state *ws
             }
             if ((now = fl_now()) >= end)
                 break;
+            /* the peer may be waiting for this very core (another process took the other
+             * one): let it run now rather than at the end of our time slice */
+            sched_yield();
         }
         ws->spin_left = 0;
     }
@@ -435,7 +439,18 @@ static int wait_round(shm *s, const send_op *w, const recv_op *r, wait_state *ws
         if (left < 1e-4)
             left = 1e-4;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(left * 1e9)};
-        futex(&me->bell, FUTEX_WAIT, bell, &ts);
+        long woke = futex(&me->bell, FUTEX_WAIT, bell, &ts);
+        /* A sleep that a peer ended soon after the spin gave up: had we spun a little longer we
+         * would not have slept, and a peer that then spins out waiting for the sleeper's late
+         * reply sleeps too (a convoy that lasts while wake-ups are slower than the budget).
+         * Spin longer from now on, up to SPIN_GROWTH times the budget; back to it after a long
+         * wait, when sleeping was right. */
+        double stall = fl_now() - ws->since;
+        if (s->spin_s > 0 && (woke == 0 || errno != ETIMEDOUT) && stall < SPIN_GROWTH * s->spin_s)
+            s->spin_cur = 2 * s->spin_cur < SPIN_GROWTH * s->spin_s ? 2 * s->spin_cur
+                                                                    : SPIN_GROWTH * s->spin_s;
+        else if (stall > SPIN_GROWTH * s->spin_s)
+            s->spin_cur = s->spin_s;
     }
     atomic_store_explicit(&me->sleeping, 0, memory_order_relaxed);
 checks:
@@ -489,7 +504,7 @@ static int shm_sendrecv(fl_peers *pp, int to, const void *sbuf, size_t sbytes, i
         r.tail = atomic_load_explicit(&r.rc->tail, memory_order_relaxed);
         r.head = atomic_load_explicit(&r.rc->head, memory_order_acquire);
     }
-    wait_state ws = {.spin_left = s->spin_s};
+    wait_state ws = {.spin_left = s->spin_cur};
     int rc = 0;
     for (;;) {
         size_t moved = 0;
@@ -509,12 +524,26 @@ static int shm_sendrecv(fl_peers *pp, int to, const void *sbuf, size_t sbytes, i
             ws.stalled = false;
             continue;
         }
+        /* a small message's reply usually lands within a microsecond: look a few times
+         * before wait_round reads the clock */
+        bool soon = false;
+        for (int i = 0; i < QUICK_SPINS && ws.spin_left > 0 && !soon; i++) {
+            cpu_relax();
+            soon = ready(s, &w, &r);
+        }
+        if (soon && !atomic_load_explicit(&s->hdr->abort_state, memory_order_relaxed))
+            continue;
         rc = wait_round(s, &w, &r, &ws);
         if (rc < 0)
             break;
     }
     if (ws.blocked)
         atomic_store_explicit(&s->ctl[rank].blocked, 0, memory_order_relaxed);
+    /* counted once per call: only what was delivered, not a failed call's partial bytes */
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&s->counters->bytes_sent, w.sent, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->counters->bytes_received, r.got, memory_order_relaxed);
+    }
     return rc;
 }
 
@@ -1009,7 +1038,7 @@ int fl_shm_open(fl_peers *boot, double timeout_s, fl_comm_counters *counters, fl
     s->base.rank = rank;
     s->base.size = n;
     s->timeout_s = timeout_s > 0 ? timeout_s : 300;
-    s->spin_s = spin_budget_s(n);
+    s->spin_s = s->spin_cur = spin_budget_s(n);
     s->counters = counters ? counters : &s->own_counters;
     s->pfd = calloc((size_t)n, sizeof *s->pfd);
     s->send_seq = calloc((size_t)n, sizeof *s->send_seq);
