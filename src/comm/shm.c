@@ -260,33 +260,44 @@ static void copy_out(uint8_t *dst, const uint8_t *ring, size_t cap, uint64_t pos
         memcpy(dst + first, ring, n - first);
 }
 
-/* Copies at most one chunk into the peer's ring and publishes it. Returns bytes moved. */
+/* Bytes of padding after position pos up to the next cache line. */
+static size_t pad_after(uint64_t pos) { return (size_t)((64 - (pos & 63)) & 63); }
+
+/* Copies at most one chunk into the peer's ring and publishes it. Room must hold the header
+ * (before the first byte), at least one byte, and the padding after the last one, which the
+ * head skips. The reader's tail is re-read only when the last one seen leaves too little room,
+ * so that on return 0 it is fresh (ready() compares against it). Returns bytes moved. */
 static size_t send_step(shm *s, send_op *w) {
-    uint64_t room = s->cap - (w->head - w->tail);
-    size_t need = w->hdr_done ? 1 : MSG_HDR + 1;
-    if (room < need) {
-        w->tail = atomic_load_explicit(&w->rc->tail, memory_order_acquire);
-        room = s->cap - (w->head - w->tail);
-        if (room < need)
-            return 0;
+    size_t left = w->total - w->sent, hdr = w->hdr_done ? 0 : MSG_HDR, n = 0;
+    for (int fresh = 0; n == 0; fresh++) {
+        if (fresh) {
+            if (fresh > 1)
+                return 0;
+            w->tail = atomic_load_explicit(&w->rc->tail, memory_order_acquire);
+        }
+        uint64_t room = s->cap - (w->head - w->tail);
+        if (room <= hdr)
+            continue;
+        room -= hdr;
+        n = left < CHUNK ? left : CHUNK;
+        if (n > room)
+            n = (size_t)room;
+        if (n == left && pad_after(w->head + hdr + n) > room - n)
+            n = left - 1; /* finish once the padding fits too (the reader releases only at
+                           * 64-byte positions, so this does not happen while CHUNK is a
+                           * multiple of 64) */
     }
     if (!w->hdr_done) { /* head is 64-aligned at a message start: the header never wraps */
         msg_hdr m = {.magic = MSG_MAGIC, .seq = s->send_seq[w->peer], .len = w->total};
         memcpy(w->ring + (w->head & (s->cap - 1)), &m, sizeof m);
         w->head += MSG_HDR;
-        room -= MSG_HDR;
         w->hdr_done = true;
     }
-    size_t n = w->total - w->sent;
-    if (n > room)
-        n = (size_t)room;
-    if (n > CHUNK)
-        n = CHUNK;
     copy_in(w->ring, s->cap, w->head, w->buf + w->sent, n);
     w->head += n;
     w->sent += n;
     if (w->sent == w->total) { /* the next message starts on a fresh cache line */
-        w->head = round_up(w->head, 64);
+        w->head += pad_after(w->head);
         w->done = true;
         s->send_seq[w->peer]++;
     }
@@ -330,7 +341,7 @@ static long recv_step(shm *s, recv_op *r) {
     r->tail += n;
     r->got += n;
     if (r->got == r->total) {
-        r->tail = round_up(r->tail, 64);
+        r->tail += pad_after(r->tail);
         r->done = true;
         s->recv_seq[r->peer]++;
     }
@@ -575,6 +586,16 @@ static const struct fl_peers_ops shm_ops = {
     .peer_name = shm_peer_name,
     .free      = shm_free,
 };
+
+int fl_shm_abort(fl_peers *p, int code, const char *msg) {
+    FL_ASSERT(p && p->ops == &shm_ops && code < 0);
+    shm *s = (shm *)p;
+    if (s->failed)
+        return fl_fail(s->fail_code, "%s", s->fail_msg);
+    if (!s->hdr) /* a single rank: nobody to tell */
+        return set_failed(s, code, s->base.rank, msg);
+    return fail_job(s, code, "%s", msg);
+}
 
 size_t fl_shm_ring_bytes(const fl_peers *p) {
     FL_ASSERT(p && p->ops == &shm_ops);

@@ -33,6 +33,13 @@
  * ranks would make the segment exceed 256 MiB). One fl_peers is used by one thread at a time. */
 int fl_shm_open(fl_peers *boot, double timeout_s, fl_comm_counters *counters, fl_peers **out);
 
+/* Fails p with code (< 0) and msg as if it had noticed that failure itself: msg goes into the
+ * segment unless another rank's failure got there first, every local rank waiting or calling
+ * later fails with it, and p refuses further calls. For a layer above that saw the failure
+ * elsewhere (the hierarchical allreduce's inter-node transport), so that the ranks of this host
+ * name the same culprit. Returns the failure p ends with (code and fl_errmsg). */
+int fl_shm_abort(fl_peers *p, int code, const char *msg);
+
 /* The bytes of ring per ordered pair that p uses (tests aim at its boundaries); p from
  * fl_shm_open. */
 size_t fl_shm_ring_bytes(const fl_peers *p);

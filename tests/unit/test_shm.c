@@ -373,6 +373,24 @@ static void sc_big(rank_ctx *x) {
         TCHECK(x, exchange(x, 1 - r, 64 * MIB + 1, 1 - r, 64 * MIB + 1, 4) == 0);
 }
 
+/* Many messages of random sizes (the same sequence on both sides) through a small ring: message
+ * ends land at every offset, with the ring as full as the reader leaves it. Rank 1 sometimes
+ * dawdles so that rank 0's sends find the ring nearly full. */
+static void sc_random(rank_ctx *x) {
+    uint64_t seed = 88172645463325252ull;
+    int peer = 1 - x->rank;
+    for (int i = 0; i < 400; i++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        size_t len = 1 + (size_t)(seed % (3 * fl_shm_ring_bytes(x->p) / 2));
+        if (x->rank == 1 && seed % 5 == 0)
+            usleep(200);
+        if (seed % 3 == 0) /* one way, so the sender runs ahead */
+            TCHECK(x, exchange(x, x->rank == 0 ? 1 : -1, len, x->rank == 1 ? 0 : -1, len, i) == 0);
+        else
+            TCHECK(x, exchange(x, peer, len, peer, len, i) == 0);
+    }
+}
+
 static void test_exchanges(void) {
     for (int n = 2; n <= MAXN; n++)
         run_job(n, sc_exchanges, 30, NULL, -1, 0, NULL, 120);
@@ -384,6 +402,7 @@ static void test_exchanges(void) {
     /* the smallest ring: messages larger than it stream through */
     setenv("FLEET_SHM_RING_KIB", "64", 1);
     run_job(4, sc_exchanges, 30, NULL, -1, 0, NULL, 120);
+    run_job(2, sc_random, 30, NULL, -1, 0, NULL, 120);
     unsetenv("FLEET_SHM_RING_KIB");
     unsetenv("FLEET_COMM_SPIN_US");
 }
@@ -591,7 +610,26 @@ static void sc_idle_cpu(rank_ctx *x) {
     TCHECK(x, cpu < 0.05);
 }
 
+/* Rank 2 learns of a failure elsewhere (an inter-node transport) and hands it to the segment
+ * while ranks 0 and 1 wait on it. */
+static void sc_abort(rank_ctx *x) {
+    if (x->rank == 2) {
+        usleep(100 * 1000);
+        record(x, fl_shm_abort(x->p, FL_EPEER, "rank 9 (10.0.0.2:6170) closed the connection"));
+        return;
+    }
+    record(x, exchange(x, -1, 0, x->rank == 0 ? 2 : 0, 10, 0));
+}
+
 static void test_failures_named(void) {
+    run_job(3, sc_abort, 10, NULL, -1, 0, NULL, 30);
+    for (int r = 0; r < 3; r++) {
+        CHECK(results[r].rc == FL_EPEER);
+        check_msg(r, "rank 9 (10.0.0.2:6170) closed the connection");
+    }
+    check_msg(0, "(reported by rank 2)");
+    check_msg(1, "(reported by rank 2)");
+
     run_job(3, sc_silent, 0.5, NULL, -1, 0, NULL, 30);
     for (int r = 0; r < 3; r++) {
         CHECK(results[r].rc == FL_ETIMEOUT);
