@@ -120,6 +120,7 @@ typedef struct {
     bool              have_pidfd;
     uint64_t         *send_seq, *recv_seq; /* [size] next message's number, per direction */
     char            (*names)[NAME_MAX_LEN]; /* [size] "rank 3 (pid 1234)" */
+    bool              held;   /* fl_shm_hold: waiting elsewhere, so peers give grace */
     bool              failed;
     int               fail_code;
     char              fail_msg[1024];
@@ -548,7 +549,7 @@ static int shm_sendrecv(fl_peers *pp, int to, const void *sbuf, size_t sbytes, i
         if (rc < 0)
             break;
     }
-    if (ws.blocked)
+    if (ws.blocked && !s->held)
         atomic_store_explicit(&s->ctl[rank].blocked, 0, memory_order_relaxed);
     /* counted once per call: only what was delivered, not a failed call's partial bytes */
     if (rc == 0) {
@@ -595,6 +596,15 @@ int fl_shm_abort(fl_peers *p, int code, const char *msg) {
     if (!s->hdr) /* a single rank: nobody to tell */
         return set_failed(s, code, s->base.rank, msg);
     return fail_job(s, code, "%s", msg);
+}
+
+void fl_shm_hold(fl_peers *p, int waiting) {
+    FL_ASSERT(p && p->ops == &shm_ops);
+    shm *s = (shm *)p;
+    s->held = waiting != 0;
+    if (s->hdr)
+        atomic_store_explicit(&s->ctl[s->base.rank].blocked, s->held ? 1 : 0,
+                              memory_order_relaxed);
 }
 
 size_t fl_shm_ring_bytes(const fl_peers *p) {

@@ -40,6 +40,12 @@ int fl_shm_open(fl_peers *boot, double timeout_s, fl_comm_counters *counters, fl
  * name the same culprit. Returns the failure p ends with (code and fl_errmsg). */
 int fl_shm_abort(fl_peers *p, int code, const char *msg);
 
+/* Says that this rank waits elsewhere (waiting = 1: e.g. the inter-node step of a
+ * hierarchical collective) until called again with 0. Local peers that time out waiting on it
+ * meanwhile allow it the grace they give a peer blocked in sendrecv (timeout/2, at most 10 s),
+ * so that its own wait, which started later, times out first and names the real culprit. */
+void fl_shm_hold(fl_peers *p, int waiting);
+
 /* The bytes of ring per ordered pair that p uses (tests aim at its boundaries); p from
  * fl_shm_open. */
 size_t fl_shm_ring_bytes(const fl_peers *p);

@@ -621,7 +621,26 @@ static void sc_abort(rank_ctx *x) {
     record(x, exchange(x, -1, 0, x->rank == 0 ? 2 : 0, 10, 0));
 }
 
+/* Rank 1 waits elsewhere (fl_shm_hold) longer than the timeout, then fails there: rank 0, which
+ * waits on it, gives it grace and reports rank 1's culprit, not rank 1. */
+static void sc_hold(rank_ctx *x) {
+    if (x->rank == 1) {
+        fl_shm_hold(x->p, 1);
+        usleep(600 * 1000);
+        record(x, fl_shm_abort(x->p, FL_ETIMEOUT, "no data from rank 5 (10.0.0.3:6170) for 0.5 s"));
+        fl_shm_hold(x->p, 0);
+        return;
+    }
+    record(x, exchange(x, -1, 0, 1, 10, 0));
+}
+
 static void test_failures_named(void) {
+    run_job(2, sc_hold, 0.5, NULL, -1, 0, NULL, 30);
+    for (int r = 0; r < 2; r++) {
+        CHECK(results[r].rc == FL_ETIMEOUT);
+        check_msg(r, "no data from rank 5 (10.0.0.3:6170)");
+    }
+
     run_job(3, sc_abort, 10, NULL, -1, 0, NULL, 30);
     for (int r = 0; r < 3; r++) {
         CHECK(results[r].rc == FL_EPEER);
