@@ -550,9 +550,9 @@ static void test_killed(void) {
             check_msg(r, "rank 1 (pid ");
             check_msg(r, "died");
             double late = results[r].t_fail - t_kill;
-            if (late > 1.0 || getenv("TEST_VERBOSE"))
+            if (late > 2.0 || getenv("TEST_VERBOSE"))
                 fprintf(stderr, "rank %d of %d noticed the kill after %.3f s\n", r, n, late);
-            CHECK(late < 1.0);
+            CHECK(late < 2.0); /* ~10 ms on an idle machine; loose for ctest -j */
         }
     }
 }
@@ -560,7 +560,7 @@ static void test_killed(void) {
 /* Ring of 3 where rank 1 stays silent past the timeout, then tries. */
 static void sc_silent(rank_ctx *x) {
     if (x->rank == 1) {
-        usleep(1500 * 1000);
+        usleep(2500 * 1000);
         record(x, exchange(x, 2, 7, 0, 7, 0));
         return;
     }
@@ -626,8 +626,8 @@ static void sc_abort(rank_ctx *x) {
 static void sc_hold(rank_ctx *x) {
     if (x->rank == 1) {
         fl_shm_hold(x->p, 1);
-        usleep(600 * 1000);
-        record(x, fl_shm_abort(x->p, FL_ETIMEOUT, "no data from rank 5 (10.0.0.3:6170) for 0.5 s"));
+        usleep(2200 * 1000);
+        record(x, fl_shm_abort(x->p, FL_ETIMEOUT, "no data from rank 5 (10.0.0.3:6170) for 2 s"));
         fl_shm_hold(x->p, 0);
         return;
     }
@@ -635,7 +635,7 @@ static void sc_hold(rank_ctx *x) {
 }
 
 static void test_failures_named(void) {
-    run_job(2, sc_hold, 0.5, NULL, -1, 0, NULL, 30);
+    run_job(2, sc_hold, 2, NULL, -1, 0, NULL, 30); /* rank 0 waits 2 s + 1 s of grace */
     for (int r = 0; r < 2; r++) {
         CHECK(results[r].rc == FL_ETIMEOUT);
         check_msg(r, "no data from rank 5 (10.0.0.3:6170)");
@@ -649,7 +649,7 @@ static void test_failures_named(void) {
     check_msg(0, "(reported by rank 2)");
     check_msg(1, "(reported by rank 2)");
 
-    run_job(3, sc_silent, 0.5, NULL, -1, 0, NULL, 30);
+    run_job(3, sc_silent, 1, NULL, -1, 0, NULL, 30);
     for (int r = 0; r < 3; r++) {
         CHECK(results[r].rc == FL_ETIMEOUT);
         check_msg(r, "no data from rank 1 (pid ");
@@ -658,9 +658,9 @@ static void test_failures_named(void) {
     CHECK(strcmp(results[0].msg, results[1].msg) == 0);
     CHECK(strncmp(results[0].msg, results[2].msg, strlen(results[2].msg)) == 0);
     check_msg(0, "(reported by rank 2)");
-    for (int r = 0; r <= 2; r += 2) { /* the timeout (+ grace for rank 0), not forever */
-        CHECK(results[r].t_fail >= 0.45);
-        CHECK(results[r].t_fail < 1.4);
+    for (int r = 0; r <= 2; r += 2) { /* the timeout, not forever (loose: ctest -j) */
+        CHECK(results[r].t_fail >= 0.95);
+        CHECK(results[r].t_fail < 3.0);
     }
 
     run_job(2, sc_leaves, 10, NULL, -1, 0, NULL, 30);
