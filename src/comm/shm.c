@@ -52,7 +52,7 @@
 #define POLL_S           0.01 /* a sleeping rank wakes this often to check on its peers */
 #define SPIN_US_DEFAULT  50
 #define SPIN_GROWTH      16   /* adapted spin budget: at most this times FLEET_COMM_SPIN_US */
-#define QUICK_SPINS      256  /* ring checks before a wait reads the clock (~10 us of PAUSE) */
+#define QUICK_SPINS      256  /* ring checks before a wait reads the clock (a few us of PAUSE) */
 #define ABORT_MAX        512
 #define SEG_MAGIC        0x314d485354454c46ull /* "FLETSHM1" */
 #define MSG_MAGIC        0x4d534c46u           /* "FLSM" */
