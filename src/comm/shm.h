@@ -24,8 +24,9 @@
  *   no byte moved for timeout_s (a peer that is itself blocked gets grace, as on TCP); the
  *   message names "rank R (pid P)". The first rank to fail writes its message into the segment
  *   and wakes everyone: every rank then fails with that same message and refuses further calls.
- * - A waiting rank spins for at most FLEET_COMM_SPIN_US per call (default 50 us; 0 when there
- *   are more ranks than CPUs), then sleeps on a futex: no core is burnt while waiting.
+ * - A waiting rank spins for at most FLEET_COMM_SPIN_US per call (default 50 us, yielding the
+ *   core every few checks; up to 16 times that while wake-ups prove slower than the budget),
+ *   then sleeps on a futex: no core is burnt while waiting.
  * Set-up failures: FL_EPEER / FL_ETIMEOUT from boot, FL_ENOMEM / FL_EIO for the segment, the
  * same code and message on every rank that completes the exchange with rank 0.
  *
