@@ -1,0 +1,850 @@
+/* test_shm.c - the shared-memory transport (src/comm/shm.c) with one forked process per rank
+ * (2..7 ranks; shared memory between threads would hide what only processes show): raw
+ * sendrecv patterns byte for byte around chunk and ring boundaries, a ring allreduce over it
+ * against the exact reference, a SIGKILLed peer named by every survivor within a bounded time,
+ * a silent peer (FL_ETIMEOUT), a peer that leaves or sends the wrong size, CPU left idle while
+ * waiting, and after every rank's fl_peers_free no segment left: the segment is a memfd, so
+ * there is no name in /dev/shm to leak; each child checks that no memfd mapping, memfd fd or
+ * pidfd of its own survives the free, and the parent that /dev/shm did not change.
+ *
+ * The boot transport is fl_transport_from_fds over socketpairs, wrapped as an fl_peers here
+ * (boot_peers) until the socket transport implements peers.h itself; the allreduce is this
+ * file's own ring (ring.c's, single pass) until ring.c runs over fl_peers.
+ *
+ * `test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] [-r REPS] SIZE...` times allreduce (f32
+ * sum in place) over shared memory the way bench/mpi_allreduce.c times MPI_Allreduce, and
+ * prints rows in its format (bench/shm_allreduce.sh runs the two side by side). */
+#define _GNU_SOURCE
+#include "test.h"
+
+#include "comm/comm_impl.h"
+#include "comm/peers.h"
+#include "comm/shm.h"
+#include "comm/transport.h"
+
+#include "fleet/log.h"
+#include "fleet/status.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXN 7
+#define KIB  ((size_t)1 << 10)
+#define MIB  ((size_t)1 << 20)
+
+/* ---------------------------------------------------------------- boot: the socket transport */
+
+typedef struct {
+    fl_peers      base;
+    fl_transport *t;
+} boot_peers;
+
+static int boot_sendrecv(fl_peers *p, int to, const void *sbuf, size_t sbytes, int from,
+                         void *rbuf, size_t rbytes, fl_recv_fn on_recv, void *ctx) {
+    return fl_transport_sendrecv(((boot_peers *)p)->t, to, sbuf, sbytes, from, rbuf, rbytes,
+                                 on_recv, ctx);
+}
+static const char *boot_name(const fl_peers *p, int rank) {
+    return fl_transport_peer_name(((const boot_peers *)p)->t, rank);
+}
+static void boot_free(fl_peers *p) {
+    fl_transport_free(((boot_peers *)p)->t);
+    free(p);
+}
+static const struct fl_peers_ops boot_ops = {boot_sendrecv, boot_name, boot_free};
+
+/* ---------------------------------------------------------------- processes */
+
+/* What a child reports back, in memory shared with the parent. */
+typedef struct {
+    int    rc;        /* the scenario's decisive call */
+    int    fails;     /* checks failed in the child */
+    int    opened;    /* fl_shm_open returned */
+    int    finished;  /* the child got to the end */
+    double t_fail;    /* CLOCK_MONOTONIC when rc came back */
+    char   msg[512];  /* fl_errmsg() then */
+} child_result;
+
+typedef struct rank_ctx rank_ctx;
+typedef void (*scenario_fn)(rank_ctx *);
+
+struct rank_ctx {
+    int           rank, n;
+    fl_peers     *p;
+    child_result *res;
+    const void   *arg;
+};
+
+static child_result *results; /* [MAXN], MAP_SHARED */
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define TCHECK(x, cond)                                                                     \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "%s:%d: rank %d: CHECK failed: %s\n", __FILE__, __LINE__,       \
+                    (x)->rank, #cond);                                                      \
+            (x)->res->fails++;                                                              \
+        }                                                                                   \
+    } while (0)
+
+static void record(rank_ctx *x, int rc) {
+    x->res->rc = rc;
+    x->res->t_fail = mono_s();
+    snprintf(x->res->msg, sizeof x->res->msg, "%s", rc < 0 ? fl_errmsg() : "");
+    if (rc < 0 && getenv("TEST_VERBOSE"))
+        fprintf(stderr, "rank %d: %s\n", x->rank, x->res->msg);
+}
+
+/* Counts what this process still holds of a shared-memory transport: memfd mappings, memfd
+ * descriptors and pidfds. All zero after fl_peers_free. */
+static int shm_leftovers(void) {
+    int found = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        found += strstr(line, "memfd:fleet-shm") != NULL;
+    if (f)
+        fclose(f);
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[300], target[256];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, target, sizeof target - 1);
+        if (k <= 0)
+            continue;
+        target[k] = '\0';
+        found += strstr(target, "memfd:") != NULL || strstr(target, "pidfd") != NULL;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+static void child_main(int rank, int n, int *fds, double timeout, scenario_fn fn,
+                       const void *arg) {
+    child_result *res = &results[rank];
+    rank_ctx x = {.rank = rank, .n = n, .res = res, .arg = arg};
+    boot_peers *b = calloc(1, sizeof *b);
+    b->base.ops = &boot_ops;
+    b->base.rank = rank;
+    b->base.size = n;
+    if (fl_transport_from_fds(rank, n, fds, 10, NULL, &b->t) < 0) {
+        fprintf(stderr, "rank %d: from_fds: %s\n", rank, fl_errmsg());
+        _exit(1);
+    }
+    int rc = fl_shm_open(&b->base, timeout, NULL, &x.p);
+    if (rc < 0) {
+        fprintf(stderr, "rank %d: fl_shm_open: %s\n", rank, fl_errmsg());
+        res->fails++;
+        _exit(1);
+    }
+    TCHECK(&x, fl_peers_rank(x.p) == rank && fl_peers_size(x.p) == n);
+    res->opened = 1;
+    boot_free(&b->base); /* boot is only needed during set-up */
+    fn(&x);
+    fl_peers_free(x.p);
+    int left = shm_leftovers();
+    if (left)
+        fprintf(stderr, "rank %d: %d memfd mapping(s) or descriptor(s) left after free\n", rank,
+                left);
+    TCHECK(&x, left == 0);
+    res->finished = 1;
+    _exit(res->fails ? 1 : 0);
+}
+
+/* Forks n ranks joined by socketpairs and runs fn in each; kill_rank (>= 0) is SIGKILLed
+ * kill_after_s after every rank opened its transport (*t_kill set). Children still running after max_s are killed
+ * and count as a failure (a hang). Results in results[0 .. n). */
+static void run_job(int n, scenario_fn fn, double timeout, const void *arg, int kill_rank,
+                    double kill_after_s, double *t_kill, double max_s) {
+    memset(results, 0, sizeof(child_result) * MAXN);
+    int fds[MAXN][MAXN];
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            fds[i][j] = -1;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            int sv[2];
+            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+                perror("socketpair");
+                exit(1);
+            }
+            fds[i][j] = sv[0];
+            fds[j][i] = sv[1];
+        }
+    fflush(NULL);
+    pid_t pid[MAXN];
+    double t0 = mono_s();
+    for (int r = 0; r < n; r++) {
+        pid[r] = fork();
+        if (pid[r] < 0) {
+            perror("fork");
+            exit(1);
+        }
+        if (pid[r] == 0) {
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++)
+                    if (i != r && fds[i][j] >= 0)
+                        close(fds[i][j]);
+            child_main(r, n, fds[r], timeout, fn, arg);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            if (fds[i][j] >= 0)
+                close(fds[i][j]);
+    int left = n;
+    bool killed = false, alive[MAXN];
+    for (int r = 0; r < n; r++)
+        alive[r] = true;
+    double t_open = 0;
+    while (left > 0) {
+        double now = mono_s();
+        int opened = 0;
+        for (int r = 0; r < n; r++)
+            opened += results[r].opened;
+        if (opened == n && t_open == 0)
+            t_open = now;
+        if (kill_rank >= 0 && !killed && t_open > 0 && now - t_open >= kill_after_s) {
+            kill(pid[kill_rank], SIGKILL);
+            *t_kill = mono_s();
+            killed = true;
+        }
+        if (now - t0 > max_s) {
+            fprintf(stderr, "job of %d ranks still running after %g s: killing it\n", n, max_s);
+            test_failures++;
+            for (int r = 0; r < n; r++)
+                if (alive[r])
+                    kill(pid[r], SIGKILL);
+        }
+        for (int r = 0; r < n; r++) {
+            int st;
+            if (!alive[r] || waitpid(pid[r], &st, WNOHANG) != pid[r])
+                continue;
+            alive[r] = false;
+            left--;
+            bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+            if (r == kill_rank)
+                ok = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+            if (!ok) {
+                fprintf(stderr, "rank %d of %d: %s %d\n", r, n,
+                        WIFEXITED(st) ? "exit status" : "signal",
+                        WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+                test_failures++;
+            }
+        }
+        usleep(2000);
+    }
+}
+
+static void check_msg(int r, const char *needle) {
+    if (!strstr(results[r].msg, needle)) {
+        fprintf(stderr, "rank %d: message \"%s\" lacks \"%s\"\n", r, results[r].msg, needle);
+        test_failures++;
+    }
+}
+
+/* ---------------------------------------------------------------- raw exchanges */
+
+static uint8_t pattern(int rank, size_t i, int salt) {
+    return (uint8_t)(rank * 131 + (int)(i * 7) + (int)(i >> 9) + salt * 17);
+}
+
+typedef struct {
+    size_t next, total, calls;
+    int    bad;
+} order_ctx;
+
+static void on_chunk(void *p, size_t off, size_t len) {
+    order_ctx *o = p;
+    if (off != o->next || len == 0 || off + len > o->total)
+        o->bad++;
+    o->next = off + len;
+    o->calls++;
+}
+
+/* Sends sn pattern bytes to `to`, receives rn from `from` and checks them and on_recv's order. */
+static int exchange(rank_ctx *x, int to, size_t sn, int from, size_t rn, int salt) {
+    uint8_t *s = malloc(sn + 1), *r = malloc(rn + 1);
+    for (size_t i = 0; i < sn; i++)
+        s[i] = pattern(x->rank, i, salt);
+    memset(r, 0xee, rn + 1);
+    order_ctx o = {.total = rn};
+    int rc = fl_peers_sendrecv(x->p, to, s, sn, from, r, rn, on_chunk, &o);
+    if (rc == 0) {
+        TCHECK(x, o.bad == 0 && o.next == (from >= 0 ? rn : 0));
+        TCHECK(x, r[rn] == 0xee); /* nothing written past the end */
+        if (from >= 0) {
+            size_t bad = rn;
+            for (size_t i = 0; i < rn && bad == rn; i++)
+                if (r[i] != pattern(from, i, salt))
+                    bad = i;
+            if (bad != rn)
+                fprintf(stderr, "rank %d: byte %zu of %zu from rank %d differs (salt %d)\n",
+                        x->rank, bad, rn, from, salt);
+            TCHECK(x, bad == rn);
+        }
+    } else {
+        record(x, rc);
+    }
+    free(s);
+    free(r);
+    return rc;
+}
+
+/* Sizes around the message header, the 64 KiB chunk and the ring, in a sequence that walks the
+ * ring's wrap-around through many offsets. */
+static size_t sizes_for(const fl_peers *p, size_t *out) {
+    size_t ring = fl_shm_ring_bytes(p), chunk = 64 * KIB, k = 0;
+    const size_t fixed[] = {0, 1, 7, 63, 64, 65, 4095, 4096, 4097};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        out[k++] = fixed[i];
+    for (int d = -1; d <= 1; d++) {
+        out[k++] = chunk + (size_t)d;
+        out[k++] = 3 * chunk + (size_t)d;
+        out[k++] = ring - 64 + (size_t)d;
+        out[k++] = ring + (size_t)d;
+        out[k++] = 2 * ring + (size_t)d;
+    }
+    out[k++] = 3 * MIB + 5;
+    return k;
+}
+
+static void sc_exchanges(rank_ctx *x) {
+    int n = x->n, r = x->rank;
+    size_t sizes[32];
+    size_t ns = sizes_for(x->p, sizes);
+    int salt = 0;
+    /* every shift s: send to r+s, receive from r-s (s = n/2 with n even: to == from) */
+    for (int s = 1; s < n; s++)
+        for (size_t k = 0; k < ns; k++)
+            TCHECK(x, exchange(x, (r + s) % n, sizes[k], (r + n - s) % n, sizes[k], salt++) == 0);
+    /* pairs swapping with to == from: 0<->1, 2<->3, ...; an odd rank out sits it out */
+    int mate = r ^ 1;
+    for (size_t k = 0; k < ns; k++)
+        if (mate < n)
+            TCHECK(x, exchange(x, mate, sizes[k], mate, sizes[k], salt + (int)k) == 0);
+    salt += (int)ns;
+    /* one way only: rank 0 sends, rank 1 receives (-1 and 0-byte sides) */
+    if (r == 0) {
+        TCHECK(x, exchange(x, 1, 300001, -1, 0, salt) == 0);
+        TCHECK(x, exchange(x, 1, 5, 1, 0, salt + 1) == 0);
+    }
+    if (r == 1) {
+        TCHECK(x, exchange(x, -1, 0, 0, 300001, salt) == 0);
+        TCHECK(x, exchange(x, 0, 0, 0, 5, salt + 1) == 0);
+    }
+    salt += 2;
+    /* different sizes in the two directions */
+    int right = (r + 1) % n, left = (r + n - 1) % n;
+    TCHECK(x, exchange(x, right, 1000 + 4099 * (size_t)r, left, 1000 + 4099 * (size_t)left,
+                       salt++) == 0);
+    /* a burst: many small messages queued in the ring before the peer reads them */
+    if (r == 0)
+        for (int i = 0; i < 50; i++)
+            TCHECK(x, exchange(x, 1, 100 + (size_t)i, -1, 0, 1000 + i) == 0);
+    if (r == 1) {
+        usleep(20 * 1000);
+        for (int i = 0; i < 50; i++)
+            TCHECK(x, exchange(x, -1, 0, 0, 100 + (size_t)i, 1000 + i) == 0);
+    }
+}
+
+static void sc_big(rank_ctx *x) {
+    int n = x->n, r = x->rank;
+    TCHECK(x, exchange(x, (r + 1) % n, 64 * MIB, (r + n - 1) % n, 64 * MIB, 3) == 0);
+    if (n == 2)
+        TCHECK(x, exchange(x, 1 - r, 64 * MIB + 1, 1 - r, 64 * MIB + 1, 4) == 0);
+}
+
+/* Many messages of random sizes (the same sequence on both sides) through a small ring: message
+ * ends land at every offset, with the ring as full as the reader leaves it. Rank 1 sometimes
+ * dawdles so that rank 0's sends find the ring nearly full. */
+static void sc_random(rank_ctx *x) {
+    uint64_t seed = 88172645463325252ull;
+    int peer = 1 - x->rank;
+    for (int i = 0; i < 400; i++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        size_t len = 1 + (size_t)(seed % (3 * fl_shm_ring_bytes(x->p) / 2));
+        if (x->rank == 1 && seed % 5 == 0)
+            usleep(200);
+        if (seed % 3 == 0) /* one way, so the sender runs ahead */
+            TCHECK(x, exchange(x, x->rank == 0 ? 1 : -1, len, x->rank == 1 ? 0 : -1, len, i) == 0);
+        else
+            TCHECK(x, exchange(x, peer, len, peer, len, i) == 0);
+    }
+}
+
+static void test_exchanges(void) {
+    for (int n = 2; n <= MAXN; n++)
+        run_job(n, sc_exchanges, 30, NULL, -1, 0, NULL, 120);
+    for (int n = 2; n <= 3; n++)
+        run_job(n, sc_big, 30, NULL, -1, 0, NULL, 120);
+    /* no spinning at all: every wait sleeps on the futex */
+    setenv("FLEET_COMM_SPIN_US", "0", 1);
+    run_job(3, sc_exchanges, 30, NULL, -1, 0, NULL, 120);
+    /* the smallest ring: messages larger than it stream through */
+    setenv("FLEET_SHM_RING_KIB", "64", 1);
+    run_job(4, sc_exchanges, 30, NULL, -1, 0, NULL, 120);
+    run_job(2, sc_random, 30, NULL, -1, 0, NULL, 120);
+    unsetenv("FLEET_SHM_RING_KIB");
+    unsetenv("FLEET_COMM_SPIN_US");
+}
+
+/* ---------------------------------------------------------------- allreduce */
+
+/* Ring allreduce of f32 sums, one pass (ring.c's segments and order), reducing each received
+ * chunk as it lands. */
+static size_t seg_len(size_t m, int n, int i) {
+    return m / (size_t)n + ((size_t)i < m % (size_t)n ? 1 : 0);
+}
+static size_t seg_off(size_t m, int n, int i) {
+    size_t extra = m % (size_t)n;
+    return (size_t)i * (m / (size_t)n) + ((size_t)i < extra ? (size_t)i : extra);
+}
+static int wrap(long i, int n) { return (int)(((i % n) + n) % n); }
+
+typedef struct {
+    float       *acc;
+    const float *in;
+    size_t       done;
+} reduce_ctx;
+
+static int reduce_short; /* received segments whose chunks did not all come through on_recv */
+
+static void reduce_chunk(void *p, size_t off, size_t len) {
+    reduce_ctx *c = p;
+    size_t upto = (off + len) / sizeof(float);
+    if (upto > c->done)
+        fl_reduce_into(c->acc + c->done, c->in + c->done, upto - c->done, FL_DTYPE_F32,
+                       FL_REDOP_SUM);
+    c->done = upto;
+}
+
+static int ring_allreduce(fl_peers *p, float *buf, size_t m, float *scratch) {
+    int r = fl_peers_rank(p), n = fl_peers_size(p);
+    int right = (r + 1) % n, left = (r + n - 1) % n;
+    if (n == 1 || m == 0)
+        return 0;
+    for (int s = 0; s < n - 1; s++) {
+        int si = wrap((long)r - s, n), ri = wrap((long)r - s - 1, n);
+        reduce_ctx c = {buf + seg_off(m, n, ri), scratch, 0};
+        FL_TRY(fl_peers_sendrecv(p, right, buf + seg_off(m, n, si), seg_len(m, n, si) * 4, left,
+                                 scratch, seg_len(m, n, ri) * 4, reduce_chunk, &c));
+        reduce_short += c.done != seg_len(m, n, ri);
+    }
+    for (int s = 0; s < n - 1; s++) {
+        int si = wrap((long)r + 1 - s, n), ri = wrap((long)r - s, n);
+        FL_TRY(fl_peers_sendrecv(p, right, buf + seg_off(m, n, si), seg_len(m, n, si) * 4, left,
+                                 buf + seg_off(m, n, ri), seg_len(m, n, ri) * 4, NULL, NULL));
+    }
+    return 0;
+}
+
+/* Latency-optimal for 2 ranks (rd.c with n = 2): swap the buffers and add. */
+static int pair_allreduce(fl_peers *p, float *buf, size_t m, float *scratch) {
+    int peer = 1 - fl_peers_rank(p);
+    FL_TRY(fl_peers_sendrecv(p, peer, buf, m * 4, peer, scratch, m * 4, NULL, NULL));
+    fl_reduce_into(buf, scratch, m, FL_DTYPE_F32, FL_REDOP_SUM);
+    return 0;
+}
+
+/* Small integers: every sum is exact in f32, whatever the order. */
+static float value(int rank, size_t i) { return (float)((int)((i * 7 + (size_t)rank * 13) % 1001) - 500); }
+
+static void sc_allreduce(rank_ctx *x) {
+    int n = x->n, r = x->rank;
+    const size_t counts[] = {0, 1, 7, (size_t)n * 1000 + 3, MIB / 4 + 1, 16 * MIB}; /* 64 MiB */
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        size_t m = counts[k];
+        float *buf = malloc(m * 4 + 4), *scratch = malloc(m / (size_t)n * 4 + 8);
+        for (size_t i = 0; i < m; i++)
+            buf[i] = value(r, i);
+        int rc = ring_allreduce(x->p, buf, m, scratch);
+        TCHECK(x, rc == 0);
+        if (rc < 0)
+            record(x, rc);
+        size_t bad = m;
+        for (size_t i = 0; i < m && bad == m && rc == 0; i++) {
+            float want = 0;
+            for (int q = 0; q < n; q++)
+                want += value(q, i);
+            if (memcmp(&buf[i], &want, 4) != 0)
+                bad = i;
+        }
+        if (bad != m)
+            fprintf(stderr, "rank %d of %d: allreduce of %zu: element %zu is %g\n", r, n, m,
+                    bad, (double)buf[bad]);
+        TCHECK(x, bad == m);
+        TCHECK(x, reduce_short == 0);
+        free(buf);
+        free(scratch);
+    }
+}
+
+static void test_allreduce(void) {
+    for (int n = 2; n <= MAXN; n++)
+        run_job(n, sc_allreduce, 30, NULL, -1, 0, NULL, 120);
+}
+
+/* ---------------------------------------------------------------- failures */
+
+/* Ranks exchange 1 MiB around the ring until something fails; the parent kills rank 1. */
+static void sc_killed_busy(rank_ctx *x) {
+    int n = x->n, r = x->rank, rc = 0;
+    for (int i = 0; rc == 0 && i < 1000000; i++)
+        rc = exchange(x, (r + 1) % n, MIB, (r + n - 1) % n, MIB, i & 7);
+    if (rc == 0)
+        record(x, 0);
+    /* a failed transport stays failed with the same message */
+    char first[512];
+    snprintf(first, sizeof first, "%s", x->res->msg);
+    uint8_t b = 0;
+    TCHECK(x, fl_peers_sendrecv(x->p, (r + 1) % n, &b, 1, -1, NULL, 0, NULL, NULL) == rc);
+    TCHECK(x, strcmp(fl_errmsg(), first) == 0);
+}
+
+/* Rank 1 never arrives (it is killed while the others sleep waiting for it). */
+static void sc_killed_idle(rank_ctx *x) {
+    int r = x->rank;
+    if (r == 1)
+        pause();
+    /* rank 0 waits on rank 1; the others wait on rank 0 (a chain: they learn from the segment) */
+    int rc = r == 0 ? exchange(x, -1, 0, 1, 10, 0) : exchange(x, -1, 0, r == 2 ? 0 : r - 1, 10, 0);
+    record(x, rc);
+}
+
+static void test_killed(void) {
+    const struct {
+        int         n;
+        scenario_fn fn;
+        double      after;
+    } cases[] = {{2, sc_killed_busy, 0.3}, {3, sc_killed_busy, 0.3}, {5, sc_killed_busy, 0.5},
+                 {4, sc_killed_idle, 0.5}, {7, sc_killed_busy, 0.5}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int n = cases[c].n;
+        double t_kill = 0;
+        /* a 60 s timeout: the culprit must be found from its pid, not by the timeout */
+        run_job(n, cases[c].fn, 60, NULL, 1, cases[c].after, &t_kill, 30);
+        for (int r = 0; r < n; r++) {
+            if (r == 1)
+                continue;
+            CHECK(results[r].finished);
+            CHECK(results[r].rc == FL_EPEER);
+            check_msg(r, "rank 1 (pid ");
+            check_msg(r, "died");
+            double late = results[r].t_fail - t_kill;
+            if (late > 2.0 || getenv("TEST_VERBOSE"))
+                fprintf(stderr, "rank %d of %d noticed the kill after %.3f s\n", r, n, late);
+            CHECK(late < 2.0); /* ~10 ms on an idle machine; loose for ctest -j */
+        }
+    }
+}
+
+/* Ring of 3 where rank 1 stays silent past the timeout, then tries. */
+static void sc_silent(rank_ctx *x) {
+    if (x->rank == 1) {
+        usleep(2500 * 1000);
+        record(x, exchange(x, 2, 7, 0, 7, 0));
+        return;
+    }
+    double t0 = mono_s();
+    int rc = 0;
+    for (int i = 0; i < 3 && rc == 0; i++) /* rank 0's first one completes */
+        rc = exchange(x, (x->rank + 1) % 3, 7, (x->rank + 2) % 3, 7, i);
+    record(x, rc);
+    x->res->t_fail -= t0; /* here: how long it took */
+}
+
+/* Rank 1 frees its transport at once; rank 0 waits for its data. */
+static void sc_leaves(rank_ctx *x) {
+    if (x->rank == 1)
+        return;
+    usleep(50 * 1000);
+    record(x, exchange(x, -1, 0, 1, 100, 0));
+}
+
+/* Rank 0 sends 100 bytes where rank 1 expects 200; rank 0 then learns from the segment. */
+static void sc_mismatch(rank_ctx *x) {
+    if (x->rank == 0) {
+        TCHECK(x, exchange(x, 1, 100, -1, 0, 0) == 0);
+        record(x, exchange(x, -1, 0, 1, 10, 1));
+    } else {
+        record(x, exchange(x, -1, 0, 0, 200, 0));
+    }
+}
+
+/* Rank 0 waits 1 s for rank 1's message: it must sleep, not spin. */
+static void sc_idle_cpu(rank_ctx *x) {
+    if (x->rank == 1) {
+        usleep(1000 * 1000);
+        TCHECK(x, exchange(x, 0, 4096, -1, 0, 0) == 0);
+        return;
+    }
+    struct rusage a, b;
+    getrusage(RUSAGE_SELF, &a);
+    TCHECK(x, exchange(x, -1, 0, 1, 4096, 0) == 0);
+    getrusage(RUSAGE_SELF, &b);
+    double cpu = (double)(b.ru_utime.tv_sec - a.ru_utime.tv_sec + b.ru_stime.tv_sec -
+                          a.ru_stime.tv_sec) +
+                 1e-6 * (double)(b.ru_utime.tv_usec - a.ru_utime.tv_usec + b.ru_stime.tv_usec -
+                                 a.ru_stime.tv_usec);
+    if (cpu > 0.05)
+        fprintf(stderr, "rank 0 used %.3f s of CPU waiting 1 s\n", cpu);
+    TCHECK(x, cpu < 0.05);
+}
+
+/* Rank 2 learns of a failure elsewhere (an inter-node transport) and hands it to the segment
+ * while ranks 0 and 1 wait on it. */
+static void sc_abort(rank_ctx *x) {
+    if (x->rank == 2) {
+        usleep(100 * 1000);
+        record(x, fl_shm_abort(x->p, FL_EPEER, "rank 9 (10.0.0.2:6170) closed the connection"));
+        return;
+    }
+    record(x, exchange(x, -1, 0, x->rank == 0 ? 2 : 0, 10, 0));
+}
+
+/* Rank 1 waits elsewhere (fl_shm_hold) longer than the timeout, then fails there: rank 0, which
+ * waits on it, gives it grace and reports rank 1's culprit, not rank 1. */
+static void sc_hold(rank_ctx *x) {
+    if (x->rank == 1) {
+        fl_shm_hold(x->p, 1);
+        usleep(2200 * 1000);
+        record(x, fl_shm_abort(x->p, FL_ETIMEOUT, "no data from rank 5 (10.0.0.3:6170) for 2 s"));
+        fl_shm_hold(x->p, 0);
+        return;
+    }
+    record(x, exchange(x, -1, 0, 1, 10, 0));
+}
+
+static void test_failures_named(void) {
+    run_job(2, sc_hold, 2, NULL, -1, 0, NULL, 30); /* rank 0 waits 2 s + 1 s of grace */
+    for (int r = 0; r < 2; r++) {
+        CHECK(results[r].rc == FL_ETIMEOUT);
+        check_msg(r, "no data from rank 5 (10.0.0.3:6170)");
+    }
+
+    run_job(3, sc_abort, 10, NULL, -1, 0, NULL, 30);
+    for (int r = 0; r < 3; r++) {
+        CHECK(results[r].rc == FL_EPEER);
+        check_msg(r, "rank 9 (10.0.0.2:6170) closed the connection");
+    }
+    check_msg(0, "(reported by rank 2)");
+    check_msg(1, "(reported by rank 2)");
+
+    run_job(3, sc_silent, 1, NULL, -1, 0, NULL, 30);
+    for (int r = 0; r < 3; r++) {
+        CHECK(results[r].rc == FL_ETIMEOUT);
+        check_msg(r, "no data from rank 1 (pid ");
+    }
+    /* one culprit: rank 2 noticed first; the others say it reported it */
+    CHECK(strcmp(results[0].msg, results[1].msg) == 0);
+    CHECK(strncmp(results[0].msg, results[2].msg, strlen(results[2].msg)) == 0);
+    check_msg(0, "(reported by rank 2)");
+    for (int r = 0; r <= 2; r += 2) { /* the timeout, not forever (loose: ctest -j) */
+        CHECK(results[r].t_fail >= 0.95);
+        CHECK(results[r].t_fail < 3.0);
+    }
+
+    run_job(2, sc_leaves, 10, NULL, -1, 0, NULL, 30);
+    CHECK(results[0].rc == FL_EPEER);
+    check_msg(0, "rank 1 (pid ");
+    check_msg(0, "closed the connection");
+
+    run_job(2, sc_mismatch, 10, NULL, -1, 0, NULL, 30);
+    for (int r = 0; r < 2; r++) {
+        CHECK(results[r].rc == FL_EPEER);
+        check_msg(r, "rank 0 (pid ");
+        check_msg(r, "sent 100 bytes where 200 were expected");
+    }
+    check_msg(0, "(reported by rank 1)");
+
+    run_job(2, sc_idle_cpu, 10, NULL, -1, 0, NULL, 30);
+}
+
+/* ---------------------------------------------------------------- odds and ends */
+
+static void test_single_rank(void) {
+    boot_peers b = {.base = {.ops = &boot_ops, .rank = 0, .size = 1}};
+    int fd = -1;
+    CHECK_OK(fl_transport_from_fds(0, 1, &fd, 1, NULL, &b.t));
+    fl_peers *p = NULL;
+    CHECK_OK(fl_shm_open(&b.base, 1, NULL, &p));
+    if (p) {
+        CHECK(fl_peers_rank(p) == 0 && fl_peers_size(p) == 1);
+        CHECK_OK(fl_peers_sendrecv(p, -1, NULL, 0, -1, NULL, 0, NULL, NULL));
+        CHECK(strstr(fl_peers_name(p, 0), "rank 0") != NULL);
+    }
+    fl_peers_free(p);
+    fl_peers_free(NULL);
+    fl_transport_free(b.t);
+}
+
+/* Entries of /dev/shm that could be fleet's (other programs, mpirun's for one, come and go). */
+static int fleet_dev_shm(void) {
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strstr(e->d_name, "fleet")) {
+            fprintf(stderr, "/dev/shm/%s\n", e->d_name);
+            n++;
+        }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* ---------------------------------------------------------------- benchmark */
+
+typedef struct {
+    int    iters, warmup, reps, nsizes;
+    size_t sizes[16];
+} bench_args;
+
+static double *bench_times; /* [MAXN], MAP_SHARED: each rank's time of the last repetition */
+
+static int barrier(fl_peers *p) {
+    int r = fl_peers_rank(p), n = fl_peers_size(p);
+    unsigned char out = 1, in = 0;
+    for (int dist = 1; dist < n; dist *= 2)
+        FL_TRY(fl_peers_sendrecv(p, (r + dist) % n, &out, 1, (r - dist % n + n) % n, &in, 1,
+                                 NULL, NULL));
+    return 0;
+}
+
+/* As the tcp backend picks: recursive doubling (here: 2 ranks) up to 256 KiB, else ring. */
+static int allreduce(fl_peers *p, float *buf, size_t m, float *scratch) {
+    if (fl_peers_size(p) == 2 && m * 4 <= 256 * KIB)
+        return pair_allreduce(p, buf, m, scratch);
+    return ring_allreduce(p, buf, m, scratch);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void sc_bench(rank_ctx *x) {
+    const bench_args *a = x->arg;
+    int n = x->n;
+    double *rep = calloc((size_t)a->reps, sizeof *rep);
+    if (x->rank == 0) {
+        printf("# test_shm --bench: allreduce f32 sum in place over shared memory, %d ranks, "
+               "iters %d, warmup %d, reps %d, ring %zu KiB\n", n, a->iters, a->warmup, a->reps,
+               fl_shm_ring_bytes(x->p) >> 10);
+        printf("# %10s %7s %12s %10s %10s\n", "bytes", "iters", "time_us", "algbw_GBps",
+               "busbw_GBps");
+        fflush(stdout);
+    }
+    for (int k = 0; k < a->nsizes; k++) {
+        size_t m = a->sizes[k] / 4, bytes = m * 4;
+        float *buf = calloc(m, 4), *scratch = calloc(m, 4);
+        int rc = 0;
+        for (int i = 0; i < a->warmup && rc == 0; i++)
+            rc = allreduce(x->p, buf, m, scratch);
+        for (int rr = 0; rr < a->reps && rc == 0; rr++) {
+            rc = barrier(x->p);
+            double t0 = mono_s();
+            for (int i = 0; i < a->iters && rc == 0; i++)
+                rc = allreduce(x->p, buf, m, scratch);
+            bench_times[x->rank] = (mono_s() - t0) / a->iters;
+            if (rc == 0)
+                rc = barrier(x->p);
+            double worst = 0;
+            for (int q = 0; q < n; q++)
+                worst = bench_times[q] > worst ? bench_times[q] : worst;
+            rep[rr] = worst;
+            if (rc == 0)
+                rc = barrier(x->p); /* nobody overwrites bench_times before all have read */
+        }
+        if (rc < 0) {
+            fprintf(stderr, "rank %d: %s\n", x->rank, fl_errmsg());
+            x->res->fails++;
+            break;
+        }
+        qsort(rep, (size_t)a->reps, sizeof *rep, cmp_double);
+        double t = rep[(a->reps - 1) / 2], algbw = (double)bytes / t / 1e9;
+        if (x->rank == 0) {
+            printf("  %10zu %7d %12.2f %10.3f %10.3f\n", bytes, a->iters, t * 1e6, algbw,
+                   algbw * 2.0 * (n - 1) / n);
+            fflush(stdout);
+        }
+        free(buf);
+        free(scratch);
+    }
+    free(rep);
+}
+
+static int bench_main(int argc, char **argv) {
+    bench_args a = {.iters = 20, .warmup = 5, .reps = 1};
+    int nproc = 2;
+    for (int i = 2; i < argc; i++) {
+        int *opt = !strcmp(argv[i], "-n")   ? &a.iters
+                   : !strcmp(argv[i], "-w") ? &a.warmup
+                   : !strcmp(argv[i], "-r") ? &a.reps
+                   : !strcmp(argv[i], "-p") ? &nproc
+                                            : NULL;
+        char *end;
+        if (opt && i + 1 < argc) {
+            *opt = atoi(argv[++i]);
+            continue;
+        }
+        unsigned long long v = strtoull(argv[i], &end, 10);
+        if (*end == 'K' || *end == 'k')
+            v <<= 10, end++;
+        else if (*end == 'M' || *end == 'm')
+            v <<= 20, end++;
+        if (opt || *end || v < 4 || a.nsizes == 16) {
+            fprintf(stderr, "usage: test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] "
+                    "[-r REPS] SIZE...\n");
+            return 2;
+        }
+        a.sizes[a.nsizes++] = (size_t)v;
+    }
+    if (a.nsizes == 0 || nproc < 2 || nproc > MAXN || a.iters < 1 || a.reps < 1 || a.warmup < 0) {
+        fprintf(stderr, "test_shm --bench: give sizes; 2 <= NPROC <= %d\n", MAXN);
+        return 2;
+    }
+    bench_times = mmap(NULL, MAXN * sizeof(double), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    run_job(nproc, sc_bench, 60, &a, -1, 0, NULL, 3600);
+    return test_failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    results = mmap(NULL, MAXN * sizeof(child_result), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (results == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0)
+        return bench_main(argc, argv);
+    signal(SIGPIPE, SIG_IGN);
+    int shm_before = fleet_dev_shm();
+    test_single_rank();
+    test_exchanges();
+    test_allreduce();
+    test_killed();
+    test_failures_named();
+    CHECK(fleet_dev_shm() == shm_before); /* memfd: there is never a name to leak */
+    TEST_DONE();
+}
