@@ -172,7 +172,8 @@ int fl_request_test(fl_request *req);
  * freed with c (fl_comm_free on a view does nothing). Every rank calls it with the same
  * local_size; a second call returns the same views. FL_EINVAL when the ranks do not divide into
  * equal nodes or are not numbered node by node; FL_EUNSUPPORTED on backends without groups
- * (mpi). Not collective: no message is exchanged. */
+ * (mpi). Collective over each node: ranks of a node that share a host (tcp backend) move to
+ * shared memory for the node view (FLEET_COMM_SHM=0 or FLEET_COMM_LOCAL=0: they do not). */
 int fl_comm_split_nodes(fl_comm *c, int local_size, fl_comm **node, fl_comm **cross);
 /* Paddle's use_hierarchical_allreduce: with on, allreduce on c (blocking and async) becomes a
  * reduce-scatter inside the node, an allreduce of each rank's share among the nodes and an

@@ -572,7 +572,12 @@ int fl_comm_split_nodes(fl_comm *c, int local_size, fl_comm **node, fl_comm **cr
                 cm[j] = j * L + me_local;
             nv = new_view(c, me_local, L, nm);
             cv = nv ? new_view(c, me_node, M, cm) : NULL;
-            rc = cv ? c->ops->split(c, L, nv, cv) : FL_ENOMEM;
+            if (cv) { /* the split may talk (shared memory for the node): nothing else may */
+                drain(c);
+                pthread_mutex_lock(&c->exec_lock);
+                rc = c->ops->split(c, L, nv, cv);
+                pthread_mutex_unlock(&c->exec_lock);
+            }
         } else {
             fl_fail(FL_ENOMEM, "comm: out of memory");
         }

@@ -57,7 +57,7 @@
 #define ABORT_MAX        512
 #define SEG_MAGIC        0x314d485354454c46ull /* "FLETSHM1" */
 #define MSG_MAGIC        0x4d534c46u           /* "FLSM" */
-#define NAME_MAX_LEN     48
+#define NAME_MAX_LEN     (FL_ENDPOINT_MAX + 32)
 
 /* ---------------------------------------------------------------- the segment */
 
@@ -120,7 +120,7 @@ typedef struct {
     struct pollfd    *pfd;      /* [size] pidfd of each peer (-1 for self; none if !have_pidfd) */
     bool              have_pidfd;
     uint64_t         *send_seq, *recv_seq; /* [size] next message's number, per direction */
-    char            (*names)[NAME_MAX_LEN]; /* [size] "rank 3 (pid 1234)" */
+    char            (*names)[NAME_MAX_LEN]; /* [size] "rank 3 (127.0.0.1:6173)" */
     bool              held;   /* fl_shm_hold: waiting elsewhere, so peers give grace */
     bool              failed;
     int               fail_code;
@@ -994,12 +994,18 @@ static int attach(shm *s, const plan *pl, int sock, double deadline, char *msg, 
     return rc;
 }
 
-/* Names and pidfds of the peers (pids from the segment). 0 or a failure in msg. */
-static int watch_peers(shm *s, char *msg, size_t cap) {
+/* Names (boot's: "rank 3 (127.0.0.1:6173)", as the sockets name them; "rank 3 (pid P)" when
+ * boot has no endpoints) and pidfds of the peers (pids from the segment). 0 or a failure in
+ * msg. */
+static int watch_peers(shm *s, fl_peers *boot, char *msg, size_t cap) {
     int n = s->base.size;
     s->have_pidfd = true;
     for (int p = 0; p < n; p++) {
-        snprintf(s->names[p], NAME_MAX_LEN, "rank %d (pid %d)", p, (int)s->ctl[p].pid);
+        const char *bn = fl_peers_name(boot, p);
+        if (strchr(bn, ':'))
+            snprintf(s->names[p], NAME_MAX_LEN, "%s", bn);
+        else
+            snprintf(s->names[p], NAME_MAX_LEN, "rank %d (pid %d)", p, (int)s->ctl[p].pid);
         s->pfd[p].fd = -1;
     }
     for (int p = 0; p < n; p++) {
@@ -1201,7 +1207,7 @@ int fl_shm_open(fl_peers *boot, double timeout_s, fl_comm_counters *counters, fl
             st.code = attach(s, &pl, sock, deadline, st.msg, sizeof st.msg);
     }
     if (st.code == 0)
-        st.code = watch_peers(s, st.msg, sizeof st.msg);
+        st.code = watch_peers(s, boot, st.msg, sizeof st.msg);
 
     /* 4. everyone agrees on the outcome */
     rc = agree(boot, &st);

@@ -6,7 +6,10 @@
 
 #include "algorithms.h"
 #include "group.h"
+#include "shm.h"
 #include "transport.h"
+
+#include "fleet/log.h"
 
 #include "fleet/status.h"
 
@@ -51,6 +54,9 @@
 typedef struct {
     fl_transport  *tp;    /* the connections; NULL for a single rank and for views */
     fl_peers      *group; /* a view's ranks (group.h) over its communicator's tp; owned */
+    fl_peers      *shm;   /* shared memory (shm.h) when every rank is on this host; owned */
+    bool           allow_shm; /* FLEET_COMM_LOCAL and FLEET_COMM_SHM allow it */
+    double         timeout_s;
     fl_scratch     scratch;
     fl_tcp_tuning  tune;
 } tcp_state;
@@ -58,7 +64,35 @@ typedef struct {
 static tcp_state *state_of(const fl_comm *c) { return c->backend; }
 /* Whom the collectives talk to; NULL: this rank alone (a single rank, or a view of one). */
 static fl_peers *peers(tcp_state *st) {
-    return st->group ? st->group : st->tp ? fl_transport_peers(st->tp) : NULL;
+    return st->shm ? st->shm : st->group ? st->group : st->tp ? fl_transport_peers(st->tp) : NULL;
+}
+
+/* Moves the ranks of p (parent ranks members[], or 0 .. size-1 when NULL) to shared memory if
+ * every one of them is on this host (its connection is a unix socket: same network namespace,
+ * local.h). Collective over p: one allreduce says whether any rank has a remote peer, so that
+ * every rank takes the same path; shm.c itself refuses, on every rank alike, ranks in other
+ * pid namespaces (then the sockets stay). */
+static int try_shm(tcp_state *st, fl_transport *tp, fl_peers *p, const int *members,
+                   fl_comm_counters *counters) {
+    int me = members ? members[p->rank] : p->rank;
+    int32_t remote = 0;
+    for (int i = 0; i < p->size; i++) {
+        int r = members ? members[i] : i;
+        if (r != me && !fl_transport_is_local(tp, r))
+            remote = 1;
+    }
+    FL_TRY(fl_rd_allreduce(p, &st->scratch, &remote, 1, FL_DTYPE_I32, FL_REDOP_MAX));
+    if (remote)
+        return 0;
+    int rc = fl_shm_open(p, st->timeout_s, counters, &st->shm);
+    if (rc == FL_EUNSUPPORTED) {
+        FL_INFO("tcp: %d ranks of this host stay on unix sockets: %s", p->size, fl_errmsg());
+        return 0;
+    }
+    if (rc == 0 && p->rank == 0)
+        FL_INFO("tcp: %d ranks of this host talk through shared memory (%zu KiB rings)",
+                p->size, fl_shm_ring_bytes(st->shm) >> 10);
+    return rc;
 }
 
 static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
@@ -69,8 +103,14 @@ static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_red
     }
     if (c->hierarchical && c->node_view && c->node_view->size > 1 && c->cross_view->size > 1) {
         fl_hier_tuning ht = {st->tune.rd_max_bytes, st->tune.seg_max_bytes};
-        return fl_hier_allreduce(peers(state_of(c->node_view)), peers(state_of(c->cross_view)),
-                                 &st->scratch, &ht, buf, count, t, op);
+        tcp_state *ns = state_of(c->node_view);
+        int rc = fl_hier_allreduce(peers(ns), peers(state_of(c->cross_view)), &st->scratch, &ht,
+                                   buf, count, t, op);
+        /* a failure between nodes is handed to this node's shared memory, so that its ranks
+         * name the same culprit instead of the rank that stopped answering them */
+        if (rc < 0 && ns->shm)
+            rc = fl_shm_abort(ns->shm, rc, fl_errmsg());
+        return rc;
     }
     if (count * fl_dtype_size(t) <= st->tune.rd_max_bytes)
         return fl_rd_allreduce(peers(st), &st->scratch, buf, count, t, op);
@@ -141,6 +181,7 @@ static void tcp_destroy(fl_comm *c) {
     tcp_state *st = state_of(c);
     if (!st)
         return;
+    fl_peers_free(st->shm);
     fl_peers_free(st->group);
     fl_transport_free(st->tp);
     fl_scratch_free(&st->scratch);
@@ -150,15 +191,20 @@ static void tcp_destroy(fl_comm *c) {
 
 static int new_state(tcp_state **out);
 
-/* A view over the members' ranks of c's transport (a group of one needs no peers). */
-static int open_view(fl_comm *c, fl_comm *view, const int *members) {
+/* A view over the members' ranks of c's transport (a group of one needs no peers); a node
+ * view of ranks that all share this host moves to shared memory (when c itself is not there
+ * already: then the view is a group of c's shared memory). */
+static int open_view(fl_comm *c, fl_comm *view, const int *members, bool node) {
     tcp_state *st = state_of(c), *vs = NULL;
     FL_TRY(new_state(&vs));
     vs->tune = st->tune;
+    vs->timeout_s = st->timeout_s;
     view->ops = c->ops;
     view->backend = vs;
     if (view->size > 1 && !(vs->group = fl_group_new(peers(st), members, view->size)))
         return FL_ENOMEM;
+    if (node && view->size > 1 && st->tp && !st->shm && st->allow_shm)
+        return try_shm(vs, st->tp, vs->group, members, &c->counters);
     return 0;
 }
 
@@ -169,11 +215,11 @@ static int tcp_split(fl_comm *c, int L, fl_comm *node, fl_comm *cross) {
         return fl_fail(FL_ENOMEM, "tcp: out of memory");
     for (int i = 0; i < L; i++)
         m[i] = me_node * L + i;
-    int rc = open_view(c, node, m);
+    int rc = open_view(c, node, m, true);
     for (int j = 0; j < M && rc == 0; j++)
         m[j] = j * L + me_local;
     if (rc == 0)
-        rc = open_view(c, cross, m);
+        rc = open_view(c, cross, m, false);
     free(m);
     return rc;
 }
@@ -203,6 +249,13 @@ static int env_bytes(const char *name, size_t *out) {
         return fl_fail(FL_EINVAL, "%s=%s is not a byte count", name, v);
     *out = (size_t)x;
     return 0;
+}
+
+/* FLEET_COMM_SHM=0 keeps same-host ranks on unix sockets (benchmarks compare the two);
+ * FLEET_COMM_LOCAL=0 keeps them on TCP altogether. */
+static bool shm_wanted(void) {
+    const char *v = getenv("FLEET_COMM_SHM");
+    return !(v && strcmp(v, "0") == 0);
 }
 
 /* Defaults, then FLEET_TCP_RD_MAX_BYTES and FLEET_TCP_SEG_MAX_BYTES if set. */
@@ -237,7 +290,12 @@ int fl_comm_tcp_open(fl_comm *c, const fl_comm_env *env) {
         return rc;
     c->rank = env->rank;
     c->size = env->size;
+    st->timeout_s = env->timeout_s > 0 ? env->timeout_s : 300;
+    st->allow_shm = !env->tcp_only && shm_wanted();
     if (env->size > 1 && (rc = fl_transport_open(env, &c->counters, &st->tp)) < 0)
+        goto fail;
+    if (st->tp && st->allow_shm &&
+        (rc = try_shm(st, st->tp, fl_transport_peers(st->tp), NULL, &c->counters)) < 0)
         goto fail;
     /* the endpoints as the transport reached them (torchrun's come from the rendezvous) */
     if (st->tp || env->endpoints) {
@@ -256,6 +314,7 @@ int fl_comm_tcp_open(fl_comm *c, const fl_comm_env *env) {
 fail:
     free(c->endpoints);
     c->endpoints = NULL;
+    fl_peers_free(st->shm);
     fl_transport_free(st->tp);
     free(st);
     return rc;
