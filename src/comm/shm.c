@@ -72,6 +72,7 @@ typedef struct {
     _Atomic uint32_t sleeping;         /* 1 while this rank is (about to be) in FUTEX_WAIT */
     _Atomic uint32_t blocked;          /* 1 while a sendrecv of this rank waits (timeout grace) */
     _Atomic uint32_t closed;           /* freed without failure: it sends nothing more */
+    _Atomic int32_t  cpu;              /* where this rank last started a sendrecv */
     int32_t          pid;
 } rank_ctl;
 
@@ -116,6 +117,8 @@ typedef struct {
     uint8_t          *data;  /* ring i -> j's bytes at data_index(i, j) * cap */
     double            timeout_s;
     double            spin_s, spin_cur; /* spin budget per call: configured, and as adapted */
+    bool              crowded;          /* more ranks than CPUs we may run on */
+    int               cpu;              /* the last one written to our rank_ctl */
     fl_comm_counters *counters, own_counters;
     struct pollfd    *pfd;      /* [size] pidfd of each peer (-1 for self; none if !have_pidfd) */
     bool              have_pidfd;
@@ -359,6 +362,7 @@ static long recv_step(shm *s, recv_op *r) {
 /* ---------------------------------------------------------------- waiting */
 
 typedef struct {
+    int    peer;       /* the one this call waits on: receiving from, else sending to */
     bool   stalled, blocked;
     double since;      /* when the current stall began */
     double spin_left;  /* of this call's spin budget */
@@ -433,11 +437,16 @@ static int wait_round(shm *s, const send_op *w, const recv_op *r, wait_state *ws
             }
             if ((now = fl_now()) >= end)
                 break;
-            /* the peer may be waiting for this very core (more ranks than cores, or another
-             * process took the other one): let it run now rather than after our time slice
-             * (2 ranks on one core: 10 us per 4 KiB allreduce yielding every 64 checks,
-             * 2.6 us every 4) */
-            sched_yield();
+            /* with more ranks than cores, or a peer that last ran on this very core, the rank
+             * we wait for (or the one it waits for) may need this core: let it run now rather
+             * than after our time slice (2 ranks on one core: 10 us per 4 KiB allreduce
+             * without this, 2.6 us with; 4 ranks on 2 cores: 82 us without spinning, 12 us
+             * spinning thus). Not otherwise: a yield is a syscall that delays noticing a peer
+             * running on another core. */
+            if (s->crowded ||
+                atomic_load_explicit(&s->ctl[ws->peer].cpu, memory_order_relaxed) ==
+                    sched_getcpu())
+                sched_yield();
         }
         ws->spin_left = 0;
     }
@@ -519,7 +528,12 @@ static int shm_sendrecv(fl_peers *pp, int to, const void *sbuf, size_t sbytes, i
         r.tail = atomic_load_explicit(&r.rc->tail, memory_order_relaxed);
         r.head = atomic_load_explicit(&r.rc->head, memory_order_acquire);
     }
-    wait_state ws = {.spin_left = s->spin_cur};
+    wait_state ws = {.spin_left = s->spin_cur, .peer = do_recv ? from : to};
+    int cpu = sched_getcpu();
+    if (cpu != s->cpu) { /* written only on a change: peers read this line on every publish */
+        s->cpu = cpu;
+        atomic_store_explicit(&s->ctl[rank].cpu, cpu, memory_order_relaxed);
+    }
     int rc = 0;
     for (;;) {
         size_t moved = 0;
@@ -737,8 +751,7 @@ static size_t ring_bytes_for(int n) {
 }
 
 /* FLEET_COMM_SPIN_US as the socket transport reads it (default 50 us). Spinning yields the core
- * every few checks, so it also pays when there are more ranks than cores: 4 ranks on 2 cores,
- * 4 KiB ring allreduce, 82 us without spinning, 12 us with (test_shm --bench -p 4). */
+ * where that may help (wait_round), so it also pays when there are more ranks than cores. */
 static double spin_budget_s(void) {
     const char *v = getenv("FLEET_COMM_SPIN_US");
     if (v && *v) {
@@ -1077,6 +1090,10 @@ int fl_shm_open(fl_peers *boot, double timeout_s, fl_comm_counters *counters, fl
     s->base.size = n;
     s->timeout_s = timeout_s > 0 ? timeout_s : 300;
     s->spin_s = s->spin_cur = spin_budget_s();
+    cpu_set_t cpus;
+    s->crowded = n > (sched_getaffinity(0, sizeof cpus, &cpus) == 0
+                          ? CPU_COUNT(&cpus)
+                          : (int)sysconf(_SC_NPROCESSORS_ONLN));
     s->counters = counters ? counters : &s->own_counters;
     s->pfd = calloc((size_t)n, sizeof *s->pfd);
     s->send_seq = calloc((size_t)n, sizeof *s->send_seq);
