@@ -575,7 +575,7 @@ int fl_comm_split_nodes(fl_comm *c, int local_size, fl_comm **node, fl_comm **cr
             if (cv) { /* the split may talk (shared memory for the node): nothing else may */
                 drain(c);
                 pthread_mutex_lock(&c->exec_lock);
-                rc = c->ops->split(c, L, nv, cv);
+                rc = c->ops->split(c, nv, nm, cv, cm);
                 pthread_mutex_unlock(&c->exec_lock);
             }
         } else {

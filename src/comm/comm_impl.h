@@ -30,10 +30,12 @@ struct fl_comm_ops {
                       const size_t *recv_counts, fl_dtype t);
     int  (*broadcast)(fl_comm *c, void *buf, size_t count, fl_dtype t, int root);
     int  (*barrier)(fl_comm *c);
-    /* Fills the blank views node (the local_size ranks of this node) and cross (this local rank
-     * on every node), whose rank and size comm.c has set: their ops and backend state, over
-     * c's connections. NULL: the backend has no node groups. */
-    int  (*split)(fl_comm *c, int local_size, fl_comm *node, fl_comm *cross);
+    /* Fills the blank views node (this node's ranks) and cross (this local rank on every node),
+     * whose rank and size comm.c has set, with their ops and backend state over c's
+     * connections; node_ranks[node->size] and cross_ranks[cross->size] are their members' ranks
+     * in c. NULL: the backend has no node groups. */
+    int  (*split)(fl_comm *c, fl_comm *node, const int *node_ranks, fl_comm *cross,
+                  const int *cross_ranks);
     /* Releases backend state (connections, MPI). */
     void (*destroy)(fl_comm *c);
 };

@@ -208,20 +208,10 @@ static int open_view(fl_comm *c, fl_comm *view, const int *members, bool node) {
     return 0;
 }
 
-static int tcp_split(fl_comm *c, int L, fl_comm *node, fl_comm *cross) {
-    int M = c->size / L, me_node = c->rank / L, me_local = c->rank % L;
-    int *m = malloc((size_t)(L > M ? L : M) * sizeof *m);
-    if (!m)
-        return fl_fail(FL_ENOMEM, "tcp: out of memory");
-    for (int i = 0; i < L; i++)
-        m[i] = me_node * L + i;
-    int rc = open_view(c, node, m, true);
-    for (int j = 0; j < M && rc == 0; j++)
-        m[j] = j * L + me_local;
-    if (rc == 0)
-        rc = open_view(c, cross, m, false);
-    free(m);
-    return rc;
+static int tcp_split(fl_comm *c, fl_comm *node, const int *node_ranks, fl_comm *cross,
+                     const int *cross_ranks) {
+    FL_TRY(open_view(c, node, node_ranks, true));
+    return open_view(c, cross, cross_ranks, false);
 }
 
 static const struct fl_comm_ops tcp_ops = {
