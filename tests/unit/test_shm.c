@@ -1,15 +1,14 @@
 /* test_shm.c - the shared-memory transport (src/comm/shm.c) with one forked process per rank
  * (2..7 ranks; shared memory between threads would hide what only processes show): raw
- * sendrecv patterns byte for byte around chunk and ring boundaries, a ring allreduce over it
+ * sendrecv patterns byte for byte around chunk and ring boundaries, the tcp backend's allreduce over it
  * against the exact reference, a SIGKILLed peer named by every survivor within a bounded time,
  * a silent peer (FL_ETIMEOUT), a peer that leaves or sends the wrong size, CPU left idle while
  * waiting, and after every rank's fl_peers_free no segment left: the segment is a memfd, so
  * there is no name in /dev/shm to leak; each child checks that no memfd mapping, memfd fd or
  * pidfd of its own survives the free, and the parent that /dev/shm did not change.
  *
- * The boot transport is fl_transport_from_fds over socketpairs, wrapped as an fl_peers here
- * (boot_peers) until the socket transport implements peers.h itself; the allreduce is this
- * file's own ring (ring.c's, single pass) until ring.c runs over fl_peers.
+ * The boot transport is fl_transport_from_fds over socketpairs (fl_transport_peers); the
+ * allreduce is the tcp backend's: recursive doubling up to 256 KiB, ring.c's ring above.
  *
  * `test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] [-r REPS] SIZE...` times allreduce (f32
  * sum in place) over shared memory the way bench/mpi_allreduce.c times MPI_Allreduce, and
@@ -17,6 +16,7 @@
 #define _GNU_SOURCE
 #include "test.h"
 
+#include "comm/algorithms.h"
 #include "comm/comm_impl.h"
 #include "comm/peers.h"
 #include "comm/shm.h"
@@ -41,27 +41,6 @@
 #define MAXN 7
 #define KIB  ((size_t)1 << 10)
 #define MIB  ((size_t)1 << 20)
-
-/* ---------------------------------------------------------------- boot: the socket transport */
-
-typedef struct {
-    fl_peers      base;
-    fl_transport *t;
-} boot_peers;
-
-static int boot_sendrecv(fl_peers *p, int to, const void *sbuf, size_t sbytes, int from,
-                         void *rbuf, size_t rbytes, fl_recv_fn on_recv, void *ctx) {
-    return fl_transport_sendrecv(((boot_peers *)p)->t, to, sbuf, sbytes, from, rbuf, rbytes,
-                                 on_recv, ctx);
-}
-static const char *boot_name(const fl_peers *p, int rank) {
-    return fl_transport_peer_name(((const boot_peers *)p)->t, rank);
-}
-static void boot_free(fl_peers *p) {
-    fl_transport_free(((boot_peers *)p)->t);
-    free(p);
-}
-static const struct fl_peers_ops boot_ops = {boot_sendrecv, boot_name, boot_free};
 
 /* ---------------------------------------------------------------- processes */
 
@@ -140,15 +119,12 @@ static void child_main(int rank, int n, int *fds, double timeout, scenario_fn fn
                        const void *arg) {
     child_result *res = &results[rank];
     rank_ctx x = {.rank = rank, .n = n, .res = res, .arg = arg};
-    boot_peers *b = calloc(1, sizeof *b);
-    b->base.ops = &boot_ops;
-    b->base.rank = rank;
-    b->base.size = n;
-    if (fl_transport_from_fds(rank, n, fds, 10, NULL, &b->t) < 0) {
+    fl_transport *boot = NULL;
+    if (fl_transport_from_fds(rank, n, fds, 10, NULL, &boot) < 0) {
         fprintf(stderr, "rank %d: from_fds: %s\n", rank, fl_errmsg());
         _exit(1);
     }
-    int rc = fl_shm_open(&b->base, timeout, NULL, &x.p);
+    int rc = fl_shm_open(fl_transport_peers(boot), timeout, NULL, &x.p);
     if (rc < 0) {
         fprintf(stderr, "rank %d: fl_shm_open: %s\n", rank, fl_errmsg());
         res->fails++;
@@ -156,7 +132,7 @@ static void child_main(int rank, int n, int *fds, double timeout, scenario_fn fn
     }
     TCHECK(&x, fl_peers_rank(x.p) == rank && fl_peers_size(x.p) == n);
     res->opened = 1;
-    boot_free(&b->base); /* boot is only needed during set-up */
+    fl_transport_free(boot); /* boot is only needed during set-up */
     fn(&x);
     fl_peers_free(x.p);
     int left = shm_leftovers();
@@ -409,60 +385,13 @@ static void test_exchanges(void) {
 
 /* ---------------------------------------------------------------- allreduce */
 
-/* Ring allreduce of f32 sums, one pass (ring.c's segments and order), reducing each received
- * chunk as it lands. */
-static size_t seg_len(size_t m, int n, int i) {
-    return m / (size_t)n + ((size_t)i < m % (size_t)n ? 1 : 0);
-}
-static size_t seg_off(size_t m, int n, int i) {
-    size_t extra = m % (size_t)n;
-    return (size_t)i * (m / (size_t)n) + ((size_t)i < extra ? (size_t)i : extra);
-}
-static int wrap(long i, int n) { return (int)(((i % n) + n) % n); }
-
-typedef struct {
-    float       *acc;
-    const float *in;
-    size_t       done;
-} reduce_ctx;
-
-static int reduce_short; /* received segments whose chunks did not all come through on_recv */
-
-static void reduce_chunk(void *p, size_t off, size_t len) {
-    reduce_ctx *c = p;
-    size_t upto = (off + len) / sizeof(float);
-    if (upto > c->done)
-        fl_reduce_into(c->acc + c->done, c->in + c->done, upto - c->done, FL_DTYPE_F32,
-                       FL_REDOP_SUM);
-    c->done = upto;
-}
-
-static int ring_allreduce(fl_peers *p, float *buf, size_t m, float *scratch) {
-    int r = fl_peers_rank(p), n = fl_peers_size(p);
-    int right = (r + 1) % n, left = (r + n - 1) % n;
-    if (n == 1 || m == 0)
-        return 0;
-    for (int s = 0; s < n - 1; s++) {
-        int si = wrap((long)r - s, n), ri = wrap((long)r - s - 1, n);
-        reduce_ctx c = {buf + seg_off(m, n, ri), scratch, 0};
-        FL_TRY(fl_peers_sendrecv(p, right, buf + seg_off(m, n, si), seg_len(m, n, si) * 4, left,
-                                 scratch, seg_len(m, n, ri) * 4, reduce_chunk, &c));
-        reduce_short += c.done != seg_len(m, n, ri);
-    }
-    for (int s = 0; s < n - 1; s++) {
-        int si = wrap((long)r + 1 - s, n), ri = wrap((long)r - s, n);
-        FL_TRY(fl_peers_sendrecv(p, right, buf + seg_off(m, n, si), seg_len(m, n, si) * 4, left,
-                                 buf + seg_off(m, n, ri), seg_len(m, n, ri) * 4, NULL, NULL));
-    }
-    return 0;
-}
-
-/* Latency-optimal for 2 ranks (rd.c with n = 2): swap the buffers and add. */
-static int pair_allreduce(fl_peers *p, float *buf, size_t m, float *scratch) {
-    int peer = 1 - fl_peers_rank(p);
-    FL_TRY(fl_peers_sendrecv(p, peer, buf, m * 4, peer, scratch, m * 4, NULL, NULL));
-    fl_reduce_into(buf, scratch, m, FL_DTYPE_F32, FL_REDOP_SUM);
-    return 0;
+/* As the tcp backend picks (tcp.c's defaults): recursive doubling up to 256 KiB, else the ring
+ * in segments of at most 1 MiB. (That every received chunk comes through on_recv, which the
+ * ring's reduction relies on, exchange() checks for every size.) */
+static int allreduce(fl_peers *p, fl_scratch *s, float *buf, size_t m) {
+    if (m * 4 <= 256 * KIB)
+        return fl_rd_allreduce(p, s, buf, m, FL_DTYPE_F32, FL_REDOP_SUM);
+    return fl_ring_allreduce(p, s, MIB, buf, m, FL_DTYPE_F32, FL_REDOP_SUM);
 }
 
 /* Small integers: every sum is exact in f32, whatever the order. */
@@ -473,10 +402,11 @@ static void sc_allreduce(rank_ctx *x) {
     const size_t counts[] = {0, 1, 7, (size_t)n * 1000 + 3, MIB / 4 + 1, 16 * MIB}; /* 64 MiB */
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
         size_t m = counts[k];
-        float *buf = malloc(m * 4 + 4), *scratch = malloc(m / (size_t)n * 4 + 8);
+        float *buf = malloc(m * 4 + 4);
+        fl_scratch scratch = {0};
         for (size_t i = 0; i < m; i++)
             buf[i] = value(r, i);
-        int rc = ring_allreduce(x->p, buf, m, scratch);
+        int rc = allreduce(x->p, &scratch, buf, m);
         TCHECK(x, rc == 0);
         if (rc < 0)
             record(x, rc);
@@ -492,9 +422,8 @@ static void sc_allreduce(rank_ctx *x) {
             fprintf(stderr, "rank %d of %d: allreduce of %zu: element %zu is %g\n", r, n, m,
                     bad, (double)buf[bad]);
         TCHECK(x, bad == m);
-        TCHECK(x, reduce_short == 0);
         free(buf);
-        free(scratch);
+        fl_scratch_free(&scratch);
     }
 }
 
@@ -682,11 +611,11 @@ static void test_failures_named(void) {
 /* ---------------------------------------------------------------- odds and ends */
 
 static void test_single_rank(void) {
-    boot_peers b = {.base = {.ops = &boot_ops, .rank = 0, .size = 1}};
+    fl_transport *boot = NULL;
     int fd = -1;
-    CHECK_OK(fl_transport_from_fds(0, 1, &fd, 1, NULL, &b.t));
+    CHECK_OK(fl_transport_from_fds(0, 1, &fd, 1, NULL, &boot));
     fl_peers *p = NULL;
-    CHECK_OK(fl_shm_open(&b.base, 1, NULL, &p));
+    CHECK_OK(fl_shm_open(fl_transport_peers(boot), 1, NULL, &p));
     if (p) {
         CHECK(fl_peers_rank(p) == 0 && fl_peers_size(p) == 1);
         CHECK_OK(fl_peers_sendrecv(p, -1, NULL, 0, -1, NULL, 0, NULL, NULL));
@@ -694,7 +623,7 @@ static void test_single_rank(void) {
     }
     fl_peers_free(p);
     fl_peers_free(NULL);
-    fl_transport_free(b.t);
+    fl_transport_free(boot);
 }
 
 /* Entries of /dev/shm that could be fleet's (other programs, mpirun's for one, come and go). */
@@ -721,22 +650,6 @@ typedef struct {
 
 static double *bench_times; /* [MAXN], MAP_SHARED: each rank's time of the last repetition */
 
-static int barrier(fl_peers *p) {
-    int r = fl_peers_rank(p), n = fl_peers_size(p);
-    unsigned char out = 1, in = 0;
-    for (int dist = 1; dist < n; dist *= 2)
-        FL_TRY(fl_peers_sendrecv(p, (r + dist) % n, &out, 1, (r - dist % n + n) % n, &in, 1,
-                                 NULL, NULL));
-    return 0;
-}
-
-/* As the tcp backend picks: recursive doubling (here: 2 ranks) up to 256 KiB, else ring. */
-static int allreduce(fl_peers *p, float *buf, size_t m, float *scratch) {
-    if (fl_peers_size(p) == 2 && m * 4 <= 256 * KIB)
-        return pair_allreduce(p, buf, m, scratch);
-    return ring_allreduce(p, buf, m, scratch);
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -756,24 +669,25 @@ static void sc_bench(rank_ctx *x) {
     }
     for (int k = 0; k < a->nsizes; k++) {
         size_t m = a->sizes[k] / 4, bytes = m * 4;
-        float *buf = calloc(m, 4), *scratch = calloc(m, 4);
+        float *buf = calloc(m, 4);
+        fl_scratch scratch = {0};
         int rc = 0;
         for (int i = 0; i < a->warmup && rc == 0; i++)
-            rc = allreduce(x->p, buf, m, scratch);
+            rc = allreduce(x->p, &scratch, buf, m);
         for (int rr = 0; rr < a->reps && rc == 0; rr++) {
-            rc = barrier(x->p);
+            rc = fl_rd_barrier(x->p);
             double t0 = mono_s();
             for (int i = 0; i < a->iters && rc == 0; i++)
-                rc = allreduce(x->p, buf, m, scratch);
+                rc = allreduce(x->p, &scratch, buf, m);
             bench_times[x->rank] = (mono_s() - t0) / a->iters;
             if (rc == 0)
-                rc = barrier(x->p);
+                rc = fl_rd_barrier(x->p);
             double worst = 0;
             for (int q = 0; q < n; q++)
                 worst = bench_times[q] > worst ? bench_times[q] : worst;
             rep[rr] = worst;
             if (rc == 0)
-                rc = barrier(x->p); /* nobody overwrites bench_times before all have read */
+                rc = fl_rd_barrier(x->p); /* nobody overwrites bench_times before all have read */
         }
         if (rc < 0) {
             fprintf(stderr, "rank %d: %s\n", x->rank, fl_errmsg());
@@ -788,7 +702,7 @@ static void sc_bench(rank_ctx *x) {
             fflush(stdout);
         }
         free(buf);
-        free(scratch);
+        fl_scratch_free(&scratch);
     }
     free(rep);
 }
