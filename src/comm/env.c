@@ -2,6 +2,7 @@
  * paddle.distributed.launch (PADDLE_*), torchrun (RANK, WORLD_SIZE, MASTER_*), mpirun (OMPI_* or
  * PMI_*), plus fleet's own FLEET_* knobs. Every refusal names the variable and its value, since
  * a typo in a launch script is the usual cause. */
+#include "comm_impl.h"
 #include "wire.h"
 
 #include "fleet/comm.h"
@@ -333,4 +334,21 @@ void fl_comm_env_clear(fl_comm_env *env) {
         return;
     free(env->endpoints);
     env->endpoints = NULL;
+}
+
+/* FLEET_COMM_SPIN_US: microseconds a rank busy-polls per exchange before it sleeps (default 50;
+ * 0 turns spinning off, e.g. when many more ranks than cores share a machine). */
+#define SPIN_US_DEFAULT 50
+double fl_comm_spin_budget_s(void) {
+    const char *v = getenv("FLEET_COMM_SPIN_US");
+    if (!v || !*v)
+        return SPIN_US_DEFAULT * 1e-6;
+    char *end;
+    long us = strtol(v, &end, 10);
+    if (*end || us < 0 || us > 1000000) {
+        FL_WARN("FLEET_COMM_SPIN_US=%s is not a number of microseconds in [0, 1000000]; using %d",
+                v, SPIN_US_DEFAULT);
+        return SPIN_US_DEFAULT * 1e-6;
+    }
+    return (double)us * 1e-6;
 }

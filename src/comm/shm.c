@@ -50,7 +50,6 @@
 #define MAX_RANKS        512
 #define MSG_HDR          64   /* every message starts with one cache line: magic, seq, length */
 #define POLL_S           0.01 /* a sleeping rank wakes this often to check on its peers */
-#define SPIN_US_DEFAULT  50
 #define SPIN_GROWTH      16   /* adapted spin budget: at most this times FLEET_COMM_SPIN_US */
 #define QUICK_SPINS      16   /* ring checks (~0.5 us of PAUSE) before a wait reads the clock */
 #define YIELD_SPINS      4    /* then ring checks between two sched_yield()s while spinning */
@@ -750,21 +749,6 @@ static size_t ring_bytes_for(int n) {
     return kib << 10;
 }
 
-/* FLEET_COMM_SPIN_US as the socket transport reads it (default 50 us). Spinning yields the core
- * where that may help (wait_round), so it also pays when there are more ranks than cores. */
-static double spin_budget_s(void) {
-    const char *v = getenv("FLEET_COMM_SPIN_US");
-    if (v && *v) {
-        char *end;
-        long us = strtol(v, &end, 10);
-        if (!*end && us >= 0 && us <= 1000000)
-            return (double)us * 1e-6;
-        FL_WARN("FLEET_COMM_SPIN_US=%s is not a number of microseconds in [0, 1000000]; using %d",
-                v, SPIN_US_DEFAULT);
-    }
-    return SPIN_US_DEFAULT * 1e-6;
-}
-
 /* name: a NUL-terminated string of at most 31 characters (plan.sock). */
 static socklen_t unix_addr(const char name[32], struct sockaddr_un *a) {
     memset(a, 0, sizeof *a);
@@ -1089,7 +1073,9 @@ int fl_shm_open(fl_peers *boot, double timeout_s, fl_comm_counters *counters, fl
     s->base.rank = rank;
     s->base.size = n;
     s->timeout_s = timeout_s > 0 ? timeout_s : 300;
-    s->spin_s = s->spin_cur = spin_budget_s();
+    /* spinning yields the core where that may help (wait_round), so it also pays when there
+     * are more ranks than cores */
+    s->spin_s = s->spin_cur = fl_comm_spin_budget_s();
     cpu_set_t cpus;
     s->crowded = n > (sched_getaffinity(0, sizeof cpus, &cpus) == 0
                           ? CPU_COUNT(&cpus)

@@ -660,23 +660,6 @@ static void peers_free(fl_peers *p) { fl_transport_free((fl_transport *)p); }
 static const struct fl_peers_ops transport_peer_ops = {
     .sendrecv = peers_sendrecv, .peer_name = peers_name, .free = peers_free};
 
-/* FLEET_COMM_SPIN_US: microseconds a rank busy-polls per sendrecv before it sleeps in poll
- * (default 50; 0 turns spinning off, e.g. when many more ranks than cores share a machine). */
-#define SPIN_US_DEFAULT 50
-static double spin_budget_s(void) {
-    const char *v = getenv("FLEET_COMM_SPIN_US");
-    if (!v || !*v)
-        return SPIN_US_DEFAULT * 1e-6;
-    char *end;
-    long us = strtol(v, &end, 10);
-    if (*end || us < 0 || us > 1000000) {
-        FL_WARN("FLEET_COMM_SPIN_US=%s is not a number of microseconds in [0, 1000000]; using %d",
-                v, SPIN_US_DEFAULT);
-        return SPIN_US_DEFAULT * 1e-6;
-    }
-    return (double)us * 1e-6;
-}
-
 /* A transport over connected fds (ownership passes, also on failure). endpoints: [size] or
  * NULL (ownership passes). */
 static int create(int rank, int size, int *fds, double timeout_s, fl_comm_counters *counters,
@@ -688,7 +671,7 @@ static int create(int rank, int size, int *fds, double timeout_s, fl_comm_counte
     t->rank = rank;
     t->size = size;
     t->timeout_s = timeout_s > 0 ? timeout_s : 300;
-    t->spin_s = spin_budget_s();
+    t->spin_s = fl_comm_spin_budget_s();
     t->counters = counters ? counters : &t->own_counters;
     t->abort_skip = -1;
     t->conns = calloc((size_t)size, sizeof *t->conns);
