@@ -7,6 +7,7 @@
 #include "test.h"
 
 #include "comm/comm_matrix.h"
+#include "comm/socket_mesh.h"
 #include "comm/tcp.h"
 
 #include "fleet/comm.h"
@@ -258,26 +259,8 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
-/* socketpairs between every two of n ranks: fds[r * n + q] is r's end towards q */
-static int *make_fds(int n) {
-    int *fds = malloc((size_t)n * (size_t)n * sizeof *fds);
-    for (int r = 0; r < n; r++) {
-        fds[r * n + r] = -1;
-        for (int q = r + 1; q < n; q++) {
-            int sv[2];
-            if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) {
-                perror("socketpair");
-                exit(1);
-            }
-            fds[r * n + q] = sv[0];
-            fds[q * n + r] = sv[1];
-        }
-    }
-    return fds;
-}
-
 static void run_ranks(int n, const size_t *counts, int ncounts, uint64_t *hash) {
-    int *fds = make_fds(n);
+    int *fds = socket_mesh(n, 0);
     rank_arg args[8];
     pthread_t th[8];
     pthread_barrier_t bar;
@@ -338,7 +321,7 @@ static void *leave_main(void *p) {
 }
 
 static void test_peer_leaves(void) {
-    int *fds = make_fds(3);
+    int *fds = socket_mesh(3, 0);
     leave_arg args[3];
     pthread_t th[3];
     pthread_barrier_t bar;

@@ -1,7 +1,7 @@
 /* test_shm.c - the shared-memory transport (src/comm/shm.c) with one forked process per rank
  * (2..7 ranks; shared memory between threads would hide what only processes show): raw
- * sendrecv patterns byte for byte around chunk and ring boundaries, the tcp backend's allreduce over it
- * against the exact reference, a SIGKILLed peer named by every survivor within a bounded time,
+ * sendrecv patterns byte for byte around chunk and ring boundaries, the tcp backend's
+ * allreduce over it against the exact reference, a SIGKILLed peer named by every survivor within a bounded time,
  * a silent peer (FL_ETIMEOUT), a peer that leaves or sends the wrong size, CPU left idle while
  * waiting, and after every rank's fl_peers_free no segment left: the segment is a memfd, so
  * there is no name in /dev/shm to leak; each child checks that no memfd mapping, memfd fd or
@@ -20,6 +20,7 @@
 #include "comm/comm_impl.h"
 #include "comm/peers.h"
 #include "comm/shm.h"
+#include "comm/socket_mesh.h"
 #include "comm/transport.h"
 
 #include "fleet/log.h"
@@ -150,20 +151,7 @@ static void child_main(int rank, int n, int *fds, double timeout, scenario_fn fn
 static void run_job(int n, scenario_fn fn, double timeout, const void *arg, int kill_rank,
                     double kill_after_s, double *t_kill, double max_s) {
     memset(results, 0, sizeof(child_result) * MAXN);
-    int fds[MAXN][MAXN];
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++)
-            fds[i][j] = -1;
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++) {
-            int sv[2];
-            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
-                perror("socketpair");
-                exit(1);
-            }
-            fds[i][j] = sv[0];
-            fds[j][i] = sv[1];
-        }
+    int *fds = socket_mesh(n, SOCK_CLOEXEC); /* fds[i * n + j]: i's end towards j */
     fflush(NULL);
     pid_t pid[MAXN];
     double t0 = mono_s();
@@ -174,17 +162,16 @@ static void run_job(int n, scenario_fn fn, double timeout, const void *arg, int 
             exit(1);
         }
         if (pid[r] == 0) {
-            for (int i = 0; i < n; i++)
-                for (int j = 0; j < n; j++)
-                    if (i != r && fds[i][j] >= 0)
-                        close(fds[i][j]);
-            child_main(r, n, fds[r], timeout, fn, arg);
+            for (int i = 0; i < n * n; i++)
+                if (i / n != r && fds[i] >= 0)
+                    close(fds[i]);
+            child_main(r, n, fds + r * n, timeout, fn, arg);
         }
     }
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++)
-            if (fds[i][j] >= 0)
-                close(fds[i][j]);
+    for (int i = 0; i < n * n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
     int left = n;
     bool killed = false, alive[MAXN];
     for (int r = 0; r < n; r++)

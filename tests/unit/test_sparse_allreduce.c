@@ -7,6 +7,7 @@
  * indices of the tensor on every rank (k >= n), every rank the same answer; bad input refused. */
 #include "test.h"
 
+#include "comm/socket_mesh.h"
 #include "comm/tcp.h"
 
 #include "fleet/comm.h"
@@ -96,19 +97,7 @@ static uint32_t mag(float v) {
 
 /* Runs one case on n ranks and checks it. */
 static void run_case(int size, const case_t *cs) {
-    int *fds = malloc((size_t)size * size * sizeof *fds);
-    for (int r = 0; r < size; r++)
-        fds[r * size + r] = -1;
-    for (int r = 0; r < size; r++)
-        for (int q = r + 1; q < size; q++) {
-            int sv[2];
-            if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) {
-                perror("socketpair");
-                exit(1);
-            }
-            fds[r * size + q] = sv[0];
-            fds[q * size + r] = sv[1];
-        }
+    int *fds = socket_mesh(size, 0);
     rank_t a[MAXR];
     pthread_t th[MAXR];
     for (int r = 0; r < size; r++) {
