@@ -9,6 +9,7 @@
 #   within rounding, at sparsity 0.999 (exact selection); and it must differ from flat DGC with
 #   4 workers at batch b (a different algorithm, not a silent fallback to flat);
 # - the same with the dense fallback's steps in the warm-up (sparsity 0.75 with 2 nodes);
+# - the ranks talk through shared memory, or unix sockets with FLEET_COMM_SHM=0 (same bits);
 # - the log says which exchange runs; a layout that cannot be (4 ranks in nodes of 3) is
 #   refused before training, naming the key.
 set -u
@@ -28,6 +29,16 @@ hier() { echo -o strategy.use_hierarchical_allreduce=true \
 train flat4 4 "${mom[@]}" --batch $b &&
   train hier2x2 4 "${mom[@]}" --batch $b $(hier 2) &&
   compare "dense, 2 ranks per node x 2 nodes vs flat" 1e-5 hier2x2 flat4
+# ranks of one host talk through shared memory, unless FLEET_COMM_SHM=0 (the same bits)
+check "4 ranks of this host: shared memory" \
+  grep -q "tcp: 4 ranks of this host talk through shared memory" "$tmp/flat4.log"
+train_env=(FLEET_LOG_LEVEL=info FLEET_COMM_TIMEOUT=60 FLEET_COMM_SHM=0)
+if train flat4_unix 4 "${mom[@]}" --batch $b; then
+  check "FLEET_COMM_SHM=0: no shared memory" \
+    bash -c "! grep -q 'through shared memory' '$tmp/flat4_unix.log'"
+  compare "dense over unix sockets vs over shared memory" 0 flat4_unix flat4
+fi
+train_env=(FLEET_LOG_LEVEL=info FLEET_COMM_TIMEOUT=60)
 train flat6 6 "${mom[@]}" --batch $b &&
   train hier3x2 6 "${mom[@]}" --batch $b $(hier 3) &&
   compare "dense, 3 ranks per node x 2 nodes vs flat" 1e-5 hier3x2 flat6

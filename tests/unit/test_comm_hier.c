@@ -9,10 +9,14 @@
  *    repeatable to the bit;
  *  - async collectives on the communicator interleaved with blocking ones on its views complete
  *    in issue order with the right results;
- *  - bad splits are refused (ranks not divisible into nodes, a second split of another size). */
+ *  - bad splits are refused (ranks not divisible into nodes, an environment whose nodes are not
+ *    numbered node by node, a second split of another size, a view split again or made
+ *    hierarchical). */
 #include "test.h"
 
+#include "comm/comm_impl.h"
 #include "comm/comm_matrix.h"
+#include "comm/socket_mesh.h"
 #include "comm/tcp.h"
 
 #include "fleet/comm.h"
@@ -23,24 +27,6 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-/* socketpairs between every two of n ranks: fds[r * n + q] is r's end towards q */
-static int *make_fds(int n) {
-    int *fds = malloc((size_t)n * (size_t)n * sizeof *fds);
-    for (int r = 0; r < n; r++) {
-        fds[r * n + r] = -1;
-        for (int q = r + 1; q < n; q++) {
-            int sv[2];
-            if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) {
-                perror("socketpair");
-                exit(1);
-            }
-            fds[r * n + q] = sv[0];
-            fds[q * n + r] = sv[1];
-        }
-    }
-    return fds;
-}
 
 typedef struct {
     int                rank, L, M;
@@ -175,7 +161,7 @@ static void *rank_main(void *p) {
 
 static void run_layout(int L, int M) {
     int n = L * M;
-    int *fds = make_fds(n);
+    int *fds = socket_mesh(n, 0);
     rank_arg args[8];
     pthread_t th[8];
     pthread_barrier_t bar;
@@ -199,14 +185,23 @@ static void run_layout(int L, int M) {
 }
 
 static void test_bad_split(void) {
-    int *fds = make_fds(1);
+    int *fds = socket_mesh(1, 0);
     fl_comm *c = NULL;
     CHECK_OK(fl_comm_tcp_from_fds(0, 1, fds, 10, &c));
     CHECK_RC(fl_comm_split_nodes(c, 2, NULL, NULL), FL_EINVAL);
     CHECK_MSG("1 ranks cannot form nodes of 2");
+    /* the environment's topology numbers this rank's node otherwise than node by node */
+    c->env_local_size = 1;
+    c->env_node = 1;
+    CHECK_RC(fl_comm_split_nodes(c, 0, NULL, NULL), FL_EINVAL);
+    CHECK_MSG("rank 0 is on node 1, but node groups need ranks numbered node by node");
+    c->env_local_size = 0;
+    c->env_node = 0;
     fl_comm *node = NULL, *cross = NULL;
     CHECK_OK(fl_comm_split_nodes(c, 0, &node, &cross)); /* no topology: nodes of one */
     CHECK(fl_comm_size(node) == 1 && fl_comm_size(cross) == 1);
+    CHECK_RC(fl_comm_set_hierarchical(node, 1), FL_EINVAL);
+    CHECK_MSG("a node group has no hierarchy of its own");
     fl_comm_free(c);
     free(fds);
 }
