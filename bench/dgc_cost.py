@@ -5,13 +5,24 @@ Per exchange, N workers, k pairs of 8 bytes per worker, alpha seconds per messag
 seconds per byte on each worker's link (full duplex), gamma seconds of local work per pair:
 
   allgather (ring)     (N - 1) alpha + 8 k (N - 1) beta
-  sparse allreduce     (4 (N - 1) + 3 ceil(log2 N)) alpha              two alltoallv, the
-                       + 8 (N - 1)/N (k + min(U, B k)) beta            kept-count allgather and
-                       + [U > B k] 2 * 2 KiB ceil(log2 N) beta         allgatherv (N - 1 rounds
-                       + gamma k max(1, N / cores)                     each), three small
-                                                                       allreduces (log2 N)
-  dense allreduce      2 (N - 1) alpha + 8 n (N - 1)/N beta            (ring)
+  sparse allreduce     ((N - 1) + 3 ceil(log2 N) + 2 rd(N)) alpha     the alltoallv of the
+                       + 8 (N - 1)/N (k + min(U, B k)) beta            pairs (pairwise, N - 1
+                       + 8 ceil(N/2) ceil(log2 N) beta                 rounds); Bruck's
+                       + (2056 + [U > B k] 2048) rd(N) beta            alltoall of the counts,
+                       + gamma k max(1, N / cores)                     allgather of the kept
+                                                                       counts and allgatherv
+                                                                       of the kept sums (log2 N
+                                                                       rounds each; the ring's
+                                                                       N - 1 past 1 MiB); two
+                                                                       histogram allreduces
+                                                                       (recursive doubling:
+                                                                       rd(N) rounds)
+  dense allreduce      as the tcp backend picks it for n values: recursive doubling
+                       rd(N) (alpha + 4 n beta) up to 256 KiB (from 64 KiB on, with 8 or more
+                       ranks, Rabenseifner's 2 log2 N alpha + 8 n (N - 1)/N beta, up to 4 MiB),
+                       else the ring 2 (N - 1) alpha + 8 n (N - 1)/N beta
 
+rd(N) = log2 N for powers of two, floor(log2 N) + 2 otherwise (the fold).
 U = min(n, f k + N (1 - f) k) is the number of distinct indices when a fraction f of every
 worker's indices is common to all; B = 4 is DGC's budget (src/strategy/dgc_math.h). gamma is
 the sparse allreduce's own work (sorting, summing, the threshold), measured with one worker;
@@ -28,22 +39,42 @@ when N workers share `cores` cores (netlab on one machine) it is paid N / cores 
       allreduce, allgather-DGC and sparse-allreduce DGC for 16 .. 1024 workers at 1 and
       10 Gbit/s (beta from 0.956 x the rate: TCP's goodput over Ethernet frames), as a ratio
       to the computation alone; the small tensors DGC keeps dense (dense-params values) are
-      allreduced by recursive doubling in every DGC row.
+      allreduced as the tcp backend picks (t_dense) in every DGC row.
 """
 import argparse
 import math
 import statistics
 import sys
 
-HIST = 2 * 2048  # two 256-bin histograms of 8-byte counts
+HIST1 = 257 * 8   # the count of distinct indices and the exponent histogram
+HIST2 = 256 * 8   # the next 8 bits' histogram, when the budget binds
+BRUCK_MAX = 1 << 20   # the tcp backend's switch from Bruck's allgather to the ring
+RD_MAX, RH_MIN, RH_MAX, RH_RANKS = 256 << 10, 64 << 10, 4 << 20, 8   # tcp's allreduce choice
 
 
-def rounds_sparse(n):
-    return 4 * (n - 1) + 3 * math.ceil(math.log2(n)) if n > 1 else 0
+def lg(n):
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+def rd_rounds(n):
+    f = int(math.floor(math.log2(n))) if n > 1 else 0
+    return f if (1 << f) == n else f + 2
 
 
 def union(n, k, numel, shared):
     return min(numel, shared * k + n * (1 - shared) * k)
+
+
+def sparse_rounds_bytes(n, k, numel, shared, budget):
+    """message rounds and bytes received per worker of one sparse allreduce"""
+    u = union(n, k, numel, shared)
+    kept = min(u, budget * k)
+    over = u > budget * k
+    gather = lg(n) if 8 * kept <= BRUCK_MAX else n - 1
+    rounds = (n - 1) + lg(n) + lg(n) + gather + rd_rounds(n) * (2 if over else 1)
+    nbytes = (8 * (n - 1) / n * (k + kept) + 8 * math.ceil(n / 2) * lg(n)
+              + (HIST1 + (HIST2 if over else 0)) * rd_rounds(n))
+    return rounds, nbytes
 
 
 def t_allgather(n, k, a, b):
@@ -53,21 +84,20 @@ def t_allgather(n, k, a, b):
 def t_sparse(n, k, numel, a, b, g, shared, budget, cores):
     if n == 1:
         return g * k
-    u = union(n, k, numel, shared)
-    kept = min(u, budget * k)
-    t = rounds_sparse(n) * a + 8 * (n - 1) / n * (k + kept) * b
-    if u > budget * k:
-        t += HIST * math.ceil(math.log2(n)) * b
-    return t + g * k * max(1.0, n / cores)
+    rounds, nbytes = sparse_rounds_bytes(n, k, numel, shared, budget)
+    return rounds * a + nbytes * b + g * k * max(1.0, n / cores)
 
 
 def t_dense(n, numel, a, b):
-    return 2 * (n - 1) * a + 8 * numel * (n - 1) / n * b if n > 1 else 0
-
-
-def t_small(n, numel, a, b):  # recursive doubling of a small buffer
-    r = math.ceil(math.log2(n)) if n > 1 else 0
-    return 2 * r * a + 4 * numel * r * b
+    """the tcp backend's allreduce of numel f32 values (src/comm/tcp.c's choice)"""
+    if n <= 1:
+        return 0
+    nb = 4 * numel
+    if nb <= RD_MAX and not (n >= RH_RANKS and nb >= RH_MIN):
+        return rd_rounds(n) * (a + nb * b)
+    if n >= RH_RANKS and RH_MIN <= nb <= RH_MAX:
+        return 2 * lg(n) * a + 2 * nb * (n - 1) / n * b
+    return 2 * (n - 1) * a + 2 * nb * (n - 1) / n * b
 
 
 def read_raw(path):
@@ -108,9 +138,7 @@ def validate(args):
             p, pb = t_allgather(h, k, a, beta), 8 * k * (h - 1)
         else:
             p = t_sparse(h, k, n, a, beta, g, args.shared, args.budget, args.cores)
-            u = union(h, k, n, args.shared)
-            pb = 8 * (h - 1) / h * (k + min(u, args.budget * k)) + (
-                HIST * math.ceil(math.log2(h)) if u > args.budget * k else 0)
+            pb = sparse_rounds_bytes(h, k, n, args.shared, args.budget)[1]
         err = (p - t) / t
         worst = max(worst, abs(err))
         print(f"| {op} | {h} | {k} | {t * 1e3:.2f} | {p * 1e3:.2f} | {100 * err:+.1f}% | "
@@ -130,11 +158,11 @@ def predict(args):
     for gbit in (1, 10):
         b = 8 / (0.956 * gbit * 1e9)
         for n in (8, 16, 32, 64, 128, 256, 512, 1024):
-            small = t_small(n, args.dense_params, a, b)
+            small = t_dense(n, args.dense_params, a, b)
             dense = tc + t_dense(n, args.params, a, b)
             ag = tc + t_allgather(n, k, a, b) + small
             sp = tc + t_sparse(n, k, n_c, a, b, g, args.shared, args.budget, 1e9) + small
-            mb = 8 * (n - 1) / n * (k + min(union(n, k, n_c, args.shared), args.budget * k)) / 1e6
+            mb = sparse_rounds_bytes(n, k, n_c, args.shared, args.budget)[1] / 1e6
             print(f"| {gbit} Gbit/s | {n} | {dense / tc:.2f} | {ag / tc:.2f} | {sp / tc:.2f} | "
                   f"{mb:.2f} |")
 

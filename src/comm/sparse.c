@@ -124,19 +124,18 @@ int fl_comm_sparse_allreduce(fl_comm *c, int64_t n, const int32_t *idx, const fl
         else
             tr[U++] = tr[i];
     }
-    /* 3. the budget: a global threshold when the distinct indices exceed it */
-    int64_t total = U;
-    if ((rc = fl_comm_allreduce(c, &total, 1, FL_DTYPE_I64, FL_REDOP_SUM)) < 0)
+    /* 3. the budget: a global threshold when the distinct indices exceed it. The count of
+     * distinct indices travels with the exponent histogram (one allreduce, not two: the
+     * histogram is cheap to make and 2 KiB to send, a message round is not). */
+    int64_t h1[257] = {0}, hist[256] = {0}, above = 0;
+    h1[256] = U;
+    for (int64_t i = 0; i < U; i++)
+        h1[mag_bits(tr[i].val) >> 23]++;
+    if ((rc = fl_comm_allreduce(c, h1, 257, FL_DTYPE_I64, FL_REDOP_SUM)) < 0)
         goto done;
     int b1 = -1, b2 = -1;
-    if (total > max_keep) {
-        int64_t hist[256] = {0}, above = 0;
-        for (int64_t i = 0; i < U; i++)
-            hist[mag_bits(tr[i].val) >> 23]++;
-        if ((rc = fl_comm_allreduce(c, hist, 256, FL_DTYPE_I64, FL_REDOP_SUM)) < 0)
-            goto done;
-        b1 = boundary(hist, max_keep, &above);
-        memset(hist, 0, sizeof hist);
+    if (h1[256] > max_keep) {
+        b1 = boundary(h1, max_keep, &above);
         for (int64_t i = 0; i < U; i++)
             if ((int)(mag_bits(tr[i].val) >> 23) == b1)
                 hist[(mag_bits(tr[i].val) >> 15) & 0xff]++;

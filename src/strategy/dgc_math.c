@@ -31,7 +31,13 @@ double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k) {
     if (world <= 1)
         return 0;
     if (e == DGC_EXCHANGE_SPARSE) {
-        double rounds = 4 * (n - 1) + 3 * ceil(log2(n));
+        /* message rounds on the tcp backend (docs/dgc.md): the pairs' alltoallv, pairwise, n - 1;
+         * Bruck's alltoall of the counts, allgather of the kept counts and allgatherv of the
+         * kept sums, ceil(log2 n) each; two histogram allreduces by recursive doubling, which
+         * folds a rank count that is not a power of two (2 more rounds) */
+        int f = (int)floor(log2(n));
+        double rd = (1 << f) == world ? f : f + 2;
+        double rounds = (n - 1) + 3 * ceil(log2(n)) + 2 * rd;
         return rounds * DGC_COST_ALPHA_S + bytes * (1 + DGC_SPARSE_BUDGET) * (n - 1) / n *
                                                DGC_COST_BYTE_S;
     }

@@ -43,9 +43,11 @@ typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } 
 /* The estimate behind exchange auto: seconds to exchange k pairs per rank among `world` ranks
  * on a link of DGC_COST_ALPHA_S latency per message and DGC_COST_BYTE_S seconds per byte
  * (fleet's target, 1 Gbit/s Ethernet): allgather (N - 1) (alpha + 8 k beta); the sparse
- * allreduce (4 (N - 1) + 3 ceil(log2 N)) alpha + 8 k (1 + BUDGET) (N - 1) / N beta (two
- * alltoallv, the kept-count allgather and the allgatherv take N - 1 rounds each, its three
- * small allreduces log2 N; bench/dgc_cost.py is the same model). */
+ * allreduce ((N - 1) + 3 ceil(log2 N) + 2 rd(N)) alpha + 8 k (1 + BUDGET) (N - 1) / N beta
+ * (the pairs' alltoallv takes N - 1 rounds; Bruck's alltoall of the counts, allgather of the
+ * kept counts and allgatherv of the kept sums ceil(log2 N) each; two histogram allreduces by
+ * recursive doubling rd(N): log2 N, + 2 when N is not a power of two; bench/dgc_cost.py is
+ * the same model). */
 #define DGC_COST_ALPHA_S 50e-6
 #define DGC_COST_BYTE_S 8e-9
 double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k);
