@@ -10,7 +10,8 @@
 #   fleet-shm   build/tests/test_shm --bench: 2 forked ranks over src/comm/shm.c (allreduce as
 #               the tcp backend picks it: recursive doubling up to 256 KiB, ring above)
 #   mpi-shm     mpirun -np 2 --mca btl vader,self build/bench/mpi_allreduce
-#   fleet-unix  fleetrun --nproc_per_node 2 fleet-commbench (unix sockets; context only)
+#   fleet-unix  fleetrun --nproc_per_node 2 fleet-commbench with FLEET_COMM_SHM=0 (unix
+#               sockets; context only; without it the tcp backend would use shared memory too)
 #
 # Usage: bench/shm_allreduce.sh [BUILD_DIR]
 #   ROUNDS=5                          rounds; the tables give medians over them
@@ -69,7 +70,7 @@ run_one() {
       awk '$1 ~ /^[0-9]+$/ && NF == 5 { print $1, $3, $5 }' "$out" ;;
     fleet-unix)
       timeout 600 env -u FLEET_COMM_LOCAL -u FLEET_TCP_RD_MAX_BYTES -u FLEET_TCP_SEG_MAX_BYTES \
-        "$fleetrun" --nproc_per_node 2 --log_dir "$work/log" "$commbench" -b "$bytes" \
+        FLEET_COMM_SHM=0 "$fleetrun" --nproc_per_node 2 --log_dir "$work/log" "$commbench" -b "$bytes" \
         -e "$bytes" -f 2 -n "$iters" -w "$warmup" -c 0 >"$out" 2>&1 || { cat "$out" >&2; return 1; }
       awk '$1 ~ /^[0-9]+$/ && NF >= 9 { print $1, $6, $8 }' "$out" ;;
   esac
