@@ -12,9 +12,10 @@
  * The boot transport is fl_transport_from_fds over socketpairs (fl_transport_peers); the
  * allreduce is the tcp backend's: recursive doubling up to 256 KiB, ring.c's ring above.
  *
- * `test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] [-r REPS] SIZE...` times allreduce (f32
- * sum in place) over shared memory the way bench/mpi_allreduce.c times MPI_Allreduce, and
- * prints rows in its format (bench/shm_allreduce.sh runs the two side by side). */
+ * `test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] [-r REPS] [--bind_to core|none] SIZE...`
+ * times allreduce (f32 sum in place) over shared memory the way bench/mpi_allreduce.c times
+ * MPI_Allreduce, and prints rows in its format (bench/shm_allreduce.sh runs the two side by
+ * side); --bind_to core binds the forked ranks as fleetrun --bind_to core binds its workers. */
 #define _GNU_SOURCE
 #include "test.h"
 
@@ -765,10 +766,42 @@ static void sc_bench(rank_ctx *x) {
     free(rep);
 }
 
+/* fleetrun --bind_to core's rule (tools/fleetrun/bind.c), for ranks forked here where fleetrun
+ * cannot reach them: the CPUs this process may run on, in order, cut into n contiguous sets of
+ * equal size, the first ones taking one more each while n does not divide them; rank r gets set
+ * r. Prints the sets; false (told) when there are fewer CPUs than ranks. */
+static bool bind_like_fleetrun(int n) {
+    static int cpus[CPU_SETSIZE];
+    int ncpu = own_cpus(cpus, CPU_SETSIZE);
+    if (ncpu < n) {
+        fprintf(stderr, "test_shm --bench: --bind_to core: %d ranks but this process may run on "
+                "%d CPU(s)\n", n, ncpu);
+        return false;
+    }
+    printf("# ranks bound as by fleetrun --bind_to core:");
+    for (int r = 0, next = 0; r < n; r++) {
+        int size = ncpu / n + (r < ncpu % n);
+        CPU_ZERO(&rank_cpus[r]);
+        printf("%s rank %d on CPU", r ? "," : "", r);
+        for (int i = 0; i < size; i++) {
+            printf("%s%d", i ? "," : " ", cpus[next]);
+            CPU_SET(cpus[next++], &rank_cpus[r]);
+        }
+    }
+    printf("\n");
+    ranks_bound = true;
+    return true;
+}
+
 static int bench_main(int argc, char **argv) {
     bench_args a = {.iters = 20, .warmup = 5, .reps = 1};
     int nproc = 2;
+    const char *bind = "none";
     for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--bind_to") && i + 1 < argc) {
+            bind = argv[++i];
+            continue;
+        }
         int *opt = !strcmp(argv[i], "-n")   ? &a.iters
                    : !strcmp(argv[i], "-w") ? &a.warmup
                    : !strcmp(argv[i], "-r") ? &a.reps
@@ -786,7 +819,7 @@ static int bench_main(int argc, char **argv) {
             v <<= 20, end++;
         if (opt || *end || v < 4 || a.nsizes == 16) {
             fprintf(stderr, "usage: test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] "
-                    "[-r REPS] SIZE...\n");
+                    "[-r REPS] [--bind_to core|none] SIZE...\n");
             return 2;
         }
         a.sizes[a.nsizes++] = (size_t)v;
@@ -795,6 +828,12 @@ static int bench_main(int argc, char **argv) {
         fprintf(stderr, "test_shm --bench: give sizes; 2 <= NPROC <= %d\n", MAXN);
         return 2;
     }
+    if (strcmp(bind, "core") && strcmp(bind, "none")) {
+        fprintf(stderr, "test_shm --bench: --bind_to '%s' is not core or none\n", bind);
+        return 2;
+    }
+    if (!strcmp(bind, "core") && !bind_like_fleetrun(nproc))
+        return 2;
     bench_times = mmap(NULL, MAXN * sizeof(double), PROT_READ | PROT_WRITE,
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     run_job(nproc, sc_bench, 60, &a, -1, 0, NULL, 3600);
