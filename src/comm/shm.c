@@ -57,6 +57,7 @@
 #define SEG_MAGIC        0x314d485354454c46ull /* "FLETSHM1" */
 #define MSG_MAGIC        0x4d534c46u           /* "FLSM" */
 #define NAME_MAX_LEN     (FL_ENDPOINT_MAX + 32)
+#define CPU_WORDS        (CPU_SETSIZE / 64) /* a rank's affinity mask in the segment: 1024 CPUs */
 
 /* ---------------------------------------------------------------- the segment */
 
@@ -73,6 +74,9 @@ typedef struct {
     _Atomic uint32_t closed;           /* freed without failure: it sends nothing more */
     _Atomic int32_t  cpu;              /* where this rank last started a sendrecv */
     int32_t          pid;
+    /* the CPUs this rank may run on (bit c of word c / 64), written before the handshake's
+     * end and read once after it (crowded); all zero: not known (more than 1024 CPUs) */
+    alignas(64) uint64_t cpus[CPU_WORDS];
 } rank_ctl;
 
 typedef struct {
@@ -116,7 +120,7 @@ typedef struct {
     uint8_t          *data;  /* ring i -> j's bytes at data_index(i, j) * cap */
     double            timeout_s;
     double            spin_s, spin_cur; /* spin budget per call: configured, and as adapted */
-    bool              crowded;          /* more ranks than CPUs we may run on */
+    bool              crowded;          /* more ranks than the CPUs they may run on together */
     int               cpu;              /* the last one written to our rank_ctl */
     fl_comm_counters *counters, own_counters;
     struct pollfd    *pfd;      /* [size] pidfd of each peer (-1 for self; none if !have_pidfd) */
@@ -436,12 +440,14 @@ static int wait_round(shm *s, const send_op *w, const recv_op *r, wait_state *ws
             }
             if ((now = fl_now()) >= end)
                 break;
-            /* with more ranks than cores, or a peer that last ran on this very core, the rank
-             * we wait for (or the one it waits for) may need this core: let it run now rather
-             * than after our time slice (2 ranks on one core: 10 us per 4 KiB allreduce
-             * without this, 2.6 us with; 4 ranks on 2 cores: 82 us without spinning, 12 us
-             * spinning thus). Not otherwise: a yield is a syscall that delays noticing a peer
-             * running on another core. */
+            /* with more ranks than the CPUs they may run on together (crowded: the union of
+             * their affinity masks, fl_shm_open), or a peer that last ran on this very core,
+             * the rank we wait for (or the one it waits for) may need this core: let it run
+             * now rather than after our time slice (2 ranks on one core: 10 us per 4 KiB
+             * allreduce without this, 2.6 us with; 4 ranks on 2 cores: 82 us without
+             * spinning, 12 us spinning thus). Not otherwise: a yield is a syscall that delays
+             * noticing a peer running on another core, and ranks bound one to a core (fleetrun
+             * --bind_to core) each see a single CPU of their own but never share one. */
             if (s->crowded ||
                 atomic_load_explicit(&s->ctl[ws->peer].cpu, memory_order_relaxed) ==
                     sched_getcpu())
@@ -626,6 +632,11 @@ void fl_shm_hold(fl_peers *p, int waiting) {
 size_t fl_shm_ring_bytes(const fl_peers *p) {
     FL_ASSERT(p && p->ops == &shm_ops);
     return ((const shm *)p)->cap;
+}
+
+bool fl_shm_crowded(const fl_peers *p) {
+    FL_ASSERT(p && p->ops == &shm_ops);
+    return ((const shm *)p)->crowded;
 }
 
 /* ---------------------------------------------------------------- set-up */
@@ -1024,6 +1035,42 @@ static int watch_peers(shm *s, fl_peers *boot, char *msg, size_t cap) {
     return 0;
 }
 
+/* Writes the CPUs this rank may run on into its control slot, for group_crowded (all zero when
+ * its mask does not fit in CPU_SETSIZE). Before this rank's next message of the handshake. */
+static void publish_cpus(shm *s) {
+    uint64_t *w = s->ctl[s->base.rank].cpus;
+    cpu_set_t set;
+    memset(w, 0, CPU_WORDS * sizeof *w);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &set))
+                w[c / 64] |= (uint64_t)1 << (c % 64);
+    atomic_thread_fence(memory_order_release);
+}
+
+/* Whether the ranks outnumber the CPUs they may run on together: the union of every rank's
+ * published mask, so that it is a property of the group (ranks bound one to a core each see one
+ * CPU, yet are not crowded; ranks bound to one core together are). Every mask is published
+ * once agree() succeeded. A mask not known counts as every online CPU. */
+static bool group_crowded(const shm *s) {
+    atomic_thread_fence(memory_order_acquire);
+    uint64_t all[CPU_WORDS] = {0};
+    int n = s->base.size, count = 0;
+    for (int r = 0; r < n; r++) {
+        uint64_t any = 0;
+        for (int k = 0; k < CPU_WORDS; k++) {
+            all[k] |= s->ctl[r].cpus[k];
+            any |= s->ctl[r].cpus[k];
+        }
+        if (!any)
+            return n > (int)sysconf(_SC_NPROCESSORS_ONLN);
+    }
+    for (int k = 0; k < CPU_WORDS; k++)
+        for (uint64_t x = all[k]; x; x &= x - 1)
+            count++;
+    return count < n;
+}
+
 /* Rank 0 collects one status from every rank and sends them all the first failure (its own
  * first), so that every rank returns the same code and message. Returns that code (set). */
 static int agree(fl_peers *boot, const status *mine) {
@@ -1073,13 +1120,9 @@ int fl_shm_open(fl_peers *boot, double timeout_s, fl_comm_counters *counters, fl
     s->base.rank = rank;
     s->base.size = n;
     s->timeout_s = timeout_s > 0 ? timeout_s : 300;
-    /* spinning yields the core where that may help (wait_round), so it also pays when there
-     * are more ranks than cores */
+    /* spinning yields the core where that may help (wait_round, s->crowded), so it also pays
+     * when there are more ranks than cores */
     s->spin_s = s->spin_cur = fl_comm_spin_budget_s();
-    cpu_set_t cpus;
-    s->crowded = n > (sched_getaffinity(0, sizeof cpus, &cpus) == 0
-                          ? CPU_COUNT(&cpus)
-                          : (int)sysconf(_SC_NPROCESSORS_ONLN));
     s->counters = counters ? counters : &s->own_counters;
     s->pfd = calloc((size_t)n, sizeof *s->pfd);
     s->send_seq = calloc((size_t)n, sizeof *s->send_seq);
@@ -1209,20 +1252,23 @@ int fl_shm_open(fl_peers *boot, double timeout_s, fl_comm_counters *counters, fl
         if (sock >= 0)
             st.code = attach(s, &pl, sock, deadline, st.msg, sizeof st.msg);
     }
-    if (st.code == 0)
+    if (st.code == 0) {
+        publish_cpus(s);
         st.code = watch_peers(s, boot, st.msg, sizeof st.msg);
+    }
 
-    /* 4. everyone agrees on the outcome */
+    /* 4. everyone agrees on the outcome; then every rank's CPUs are in the segment */
     rc = agree(boot, &st);
     if (rc < 0)
         goto fail;
+    s->crowded = group_crowded(s);
     if (sock >= 0)
         close(sock);
     free(hellos);
     free(nonces);
     free(expect);
-    FL_DEBUG("comm: rank %d shares memory with %d local peer(s) (rings of %zu KiB)", rank, n - 1,
-             s->cap >> 10);
+    FL_DEBUG("comm: rank %d shares memory with %d local peer(s) (rings of %zu KiB%s)", rank,
+             n - 1, s->cap >> 10, s->crowded ? "; more ranks than CPUs: spinning yields" : "");
     *out = &s->base;
     return 0;
 fail:

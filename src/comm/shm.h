@@ -24,9 +24,10 @@
  *   no byte moved for timeout_s (a peer that is itself blocked gets grace, as on TCP); the
  *   message names "rank R (pid P)". The first rank to fail writes its message into the segment
  *   and wakes everyone: every rank then fails with that same message and refuses further calls.
- * - A waiting rank spins for at most FLEET_COMM_SPIN_US per call (default 50 us, yielding the
- *   core every few checks; up to 16 times that while wake-ups prove slower than the budget),
- *   then sleeps on a futex: no core is burnt while waiting.
+ * - A waiting rank spins for at most FLEET_COMM_SPIN_US per call (default 50 us; up to 16 times
+ *   that while wake-ups prove slower than the budget), then sleeps on a futex: no core is burnt
+ *   while waiting. While spinning it yields the core every few checks when the ranks outnumber
+ *   the CPUs they may run on together (fl_shm_crowded) or the peer last ran on this core.
  * Set-up failures: FL_EPEER / FL_ETIMEOUT from boot, FL_ENOMEM / FL_EIO for the segment, the
  * same code and message on every rank that completes the exchange with rank 0.
  *
@@ -50,5 +51,10 @@ void fl_shm_hold(fl_peers *p, int waiting);
 /* The bytes of ring per ordered pair that p uses (tests aim at its boundaries); p from
  * fl_shm_open. */
 size_t fl_shm_ring_bytes(const fl_peers *p);
+
+/* Whether p's ranks outnumber the CPUs in the union of their affinity masks (each rank's as it
+ * was in fl_shm_open), so that a waiting rank yields its core while it spins; the same on every
+ * rank. For tests; p from fl_shm_open. */
+bool fl_shm_crowded(const fl_peers *p);
 
 #endif /* FLEET_SHM_H */

@@ -3,16 +3,19 @@
  * sendrecv patterns byte for byte around chunk and ring boundaries, the tcp backend's
  * allreduce over it against the exact reference, a SIGKILLed peer named by every survivor within a bounded time,
  * a silent peer (FL_ETIMEOUT), a peer that leaves or sends the wrong size, CPU left idle while
- * waiting, and after every rank's fl_peers_free no segment left: the segment is a memfd, so
- * there is no name in /dev/shm to leak; each child checks that no memfd mapping, memfd fd or
- * pidfd of its own survives the free, and the parent that /dev/shm did not change.
+ * waiting, crowding decided by the group's CPUs (ranks bound to distinct CPUs are not crowded,
+ * ranks bound to one are), and after every rank's fl_peers_free no segment left: the segment
+ * is a memfd, so there is no name in /dev/shm to leak; each child checks that no memfd
+ * mapping, memfd fd or pidfd of its own survives the free, and the parent that /dev/shm did
+ * not change.
  *
  * The boot transport is fl_transport_from_fds over socketpairs (fl_transport_peers); the
  * allreduce is the tcp backend's: recursive doubling up to 256 KiB, ring.c's ring above.
  *
- * `test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] [-r REPS] SIZE...` times allreduce (f32
- * sum in place) over shared memory the way bench/mpi_allreduce.c times MPI_Allreduce, and
- * prints rows in its format (bench/shm_allreduce.sh runs the two side by side). */
+ * `test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] [-r REPS] [--bind_to core|none] SIZE...`
+ * times allreduce (f32 sum in place) over shared memory the way bench/mpi_allreduce.c times
+ * MPI_Allreduce, and prints rows in its format (bench/shm_allreduce.sh runs the two side by
+ * side); --bind_to core binds the forked ranks as fleetrun --bind_to core binds its workers. */
 #define _GNU_SOURCE
 #include "test.h"
 
@@ -29,6 +32,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -66,6 +70,11 @@ struct rank_ctx {
 };
 
 static child_result *results; /* [MAXN], MAP_SHARED */
+
+/* While ranks_bound, rank r runs on rank_cpus[r] from before fl_shm_open on (set by the parent
+ * before it forks). */
+static bool      ranks_bound;
+static cpu_set_t rank_cpus[MAXN];
 
 static double mono_s(void) {
     struct timespec ts;
@@ -120,6 +129,10 @@ static void child_main(int rank, int n, int *fds, double timeout, scenario_fn fn
                        const void *arg) {
     child_result *res = &results[rank];
     rank_ctx x = {.rank = rank, .n = n, .res = res, .arg = arg};
+    if (ranks_bound && sched_setaffinity(0, sizeof rank_cpus[rank], &rank_cpus[rank]) < 0) {
+        fprintf(stderr, "rank %d: sched_setaffinity: %s\n", rank, strerror(errno));
+        _exit(1);
+    }
     fl_transport *boot = NULL;
     if (fl_transport_from_fds(rank, n, fds, 10, NULL, &boot) < 0) {
         fprintf(stderr, "rank %d: from_fds: %s\n", rank, fl_errmsg());
@@ -595,6 +608,65 @@ static void test_failures_named(void) {
     run_job(2, sc_idle_cpu, 10, NULL, -1, 0, NULL, 30);
 }
 
+/* ---------------------------------------------------------------- crowded */
+
+/* The CPUs this process may run on, in increasing order, into cpus (at most cap); how many. */
+static int own_cpus(int *cpus, int cap) {
+    cpu_set_t set;
+    int k = 0;
+    if (sched_getaffinity(0, sizeof set, &set) < 0)
+        return 0;
+    for (int c = 0; c < CPU_SETSIZE && k < cap; c++)
+        if (CPU_ISSET(c, &set))
+            cpus[k++] = c;
+    return k;
+}
+
+/* The group's crowding, and a round trip that works either way (arg: the expected crowding). */
+static void sc_crowded(rank_ctx *x) {
+    bool want = *(const bool *)x->arg, got = fl_shm_crowded(x->p);
+    if (got != want)
+        fprintf(stderr, "rank %d of %d: crowded %d, want %d\n", x->rank, x->n, got, want);
+    TCHECK(x, got == want);
+    TCHECK(x, exchange(x, (x->rank + 1) % x->n, 4096, (x->rank + x->n - 1) % x->n, 4096, 0) == 0);
+}
+
+/* n ranks, rank r bound to the CPUs cpus[i] for each bit i of pick[r] (pick NULL: unbound). */
+static void crowded_case(int n, const unsigned *pick, const int *cpus, bool want) {
+    ranks_bound = pick != NULL;
+    for (int r = 0; pick && r < n; r++) {
+        CPU_ZERO(&rank_cpus[r]);
+        for (int i = 0; i < 2; i++)
+            if (pick[r] >> i & 1)
+                CPU_SET(cpus[i], &rank_cpus[r]);
+    }
+    run_job(n, sc_crowded, 10, &want, -1, 0, NULL, 60);
+    ranks_bound = false;
+}
+
+/* Whether spinning must yield is the group's: more ranks than CPUs in the union of their
+ * affinity masks. Bound one to a CPU each, every rank sees a single CPU of its own, yet the two
+ * are not crowded; bound to one CPU together they are. */
+static void test_crowded(void) {
+    int cpus[MAXN + 1];
+    int ncpu = own_cpus(cpus, MAXN + 1);
+    CHECK(ncpu >= 1);
+    if (ncpu < 1)
+        return;
+    crowded_case(2, (const unsigned[]){1, 1}, cpus, true); /* both on one CPU */
+    /* unbound: every rank may use the CPUs this process may use */
+    crowded_case(2, NULL, cpus, ncpu < 2);
+    crowded_case(4, NULL, cpus, ncpu < 4);
+    if (ncpu < 2) {
+        fprintf(stderr, "test_shm: skipped: ranks on distinct CPUs (this process may run on "
+                        "one CPU only)\n");
+        return;
+    }
+    crowded_case(2, (const unsigned[]){1, 2}, cpus, false); /* one CPU each, distinct */
+    crowded_case(2, (const unsigned[]){1, 3}, cpus, false); /* the union counts, not one's own */
+    crowded_case(3, (const unsigned[]){1, 2, 1}, cpus, true); /* 3 ranks on 2 CPUs */
+}
+
 /* ---------------------------------------------------------------- odds and ends */
 
 static void test_single_rank(void) {
@@ -694,10 +766,42 @@ static void sc_bench(rank_ctx *x) {
     free(rep);
 }
 
+/* fleetrun --bind_to core's rule (tools/fleetrun/bind.c), for ranks forked here where fleetrun
+ * cannot reach them: the CPUs this process may run on, in order, cut into n contiguous sets of
+ * equal size, the first ones taking one more each while n does not divide them; rank r gets set
+ * r. Prints the sets; false (told) when there are fewer CPUs than ranks. */
+static bool bind_like_fleetrun(int n) {
+    static int cpus[CPU_SETSIZE];
+    int ncpu = own_cpus(cpus, CPU_SETSIZE);
+    if (ncpu < n) {
+        fprintf(stderr, "test_shm --bench: --bind_to core: %d ranks but this process may run on "
+                "%d CPU(s)\n", n, ncpu);
+        return false;
+    }
+    printf("# ranks bound as by fleetrun --bind_to core:");
+    for (int r = 0, next = 0; r < n; r++) {
+        int size = ncpu / n + (r < ncpu % n);
+        CPU_ZERO(&rank_cpus[r]);
+        printf("%s rank %d on CPU", r ? "," : "", r);
+        for (int i = 0; i < size; i++) {
+            printf("%s%d", i ? "," : " ", cpus[next]);
+            CPU_SET(cpus[next++], &rank_cpus[r]);
+        }
+    }
+    printf("\n");
+    ranks_bound = true;
+    return true;
+}
+
 static int bench_main(int argc, char **argv) {
     bench_args a = {.iters = 20, .warmup = 5, .reps = 1};
     int nproc = 2;
+    const char *bind = "none";
     for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--bind_to") && i + 1 < argc) {
+            bind = argv[++i];
+            continue;
+        }
         int *opt = !strcmp(argv[i], "-n")   ? &a.iters
                    : !strcmp(argv[i], "-w") ? &a.warmup
                    : !strcmp(argv[i], "-r") ? &a.reps
@@ -715,7 +819,7 @@ static int bench_main(int argc, char **argv) {
             v <<= 20, end++;
         if (opt || *end || v < 4 || a.nsizes == 16) {
             fprintf(stderr, "usage: test_shm --bench [-p NPROC] [-n ITERS] [-w WARMUP] "
-                    "[-r REPS] SIZE...\n");
+                    "[-r REPS] [--bind_to core|none] SIZE...\n");
             return 2;
         }
         a.sizes[a.nsizes++] = (size_t)v;
@@ -724,6 +828,12 @@ static int bench_main(int argc, char **argv) {
         fprintf(stderr, "test_shm --bench: give sizes; 2 <= NPROC <= %d\n", MAXN);
         return 2;
     }
+    if (strcmp(bind, "core") && strcmp(bind, "none")) {
+        fprintf(stderr, "test_shm --bench: --bind_to '%s' is not core or none\n", bind);
+        return 2;
+    }
+    if (!strcmp(bind, "core") && !bind_like_fleetrun(nproc))
+        return 2;
     bench_times = mmap(NULL, MAXN * sizeof(double), PROT_READ | PROT_WRITE,
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     run_job(nproc, sc_bench, 60, &a, -1, 0, NULL, 3600);
@@ -746,6 +856,7 @@ int main(int argc, char **argv) {
     test_allreduce();
     test_killed();
     test_failures_named();
+    test_crowded();
     CHECK(fleet_dev_shm() == shm_before); /* memfd: there is never a name to leak */
     TEST_DONE();
 }

@@ -19,7 +19,7 @@ static const char usage_text[] =
     "usage: fleetrun [--ips IP1,IP2,...] [--nproc_per_node N | --gpus 0,1,...] [--log_dir DIR]\n"
     "                [--started_port P] [--node_ip IP] [--grace SECONDS] [--max_restarts N]\n"
     "                [--nnodes MIN:MAX] [--node_timeout SECONDS] [--coord_port P]\n"
-    "                PROGRAM [ARGS...]\n"
+    "                [--bind_to core|none] PROGRAM [ARGS...]\n"
     "\n"
     "Starts this node's workers of a collective job. Run the same line on every node of --ips;\n"
     "the first IP's first worker is rank 0. Each worker gets PADDLE_TRAINER_ID,\n"
@@ -55,6 +55,15 @@ static const char usage_text[] =
     "                                 before it ends the job or, with MIN:MAX, goes on\n"
     "  --coord_port P                 where node 0's fleetrun coordinates the rounds of a job\n"
     "                                 of several nodes (default: the workers' first port - 1)\n"
+    "  --bind_to, --bind-to core|none core: the CPUs fleetrun may run on (its affinity, e.g.\n"
+    "                                 from taskset) are cut into one contiguous set per worker,\n"
+    "                                 of equal size (the first sets take one more each when\n"
+    "                                 they do not divide), and worker i runs on set i, in every\n"
+    "                                 round; a worker gets OMP_NUM_THREADS = its set's size\n"
+    "                                 unless OMP_NUM_THREADS is set. More workers than CPUs is\n"
+    "                                 refused. none (default): each worker may run on all of\n"
+    "                                 fleetrun's CPUs (mpirun's --bind-to; it binds to cores\n"
+    "                                 by default, torchrun and Paddle's launcher do not)\n"
     "  -h, --help                     this text\n"
     "\n"
     "Several nodes need the same FLEET_JOB_TOKEN exported on each. Workers' stdin is /dev/null.\n"
@@ -158,7 +167,7 @@ static int parse_gpus(options *o, const char *list) {
 }
 
 enum { OPT_IPS, OPT_NPROC, OPT_GPUS, OPT_LOG_DIR, OPT_PORT, OPT_NODE_IP, OPT_GRACE,
-       OPT_RESTARTS, OPT_NNODES, OPT_NODE_TIMEOUT, OPT_COORD_PORT };
+       OPT_RESTARTS, OPT_NNODES, OPT_NODE_TIMEOUT, OPT_COORD_PORT, OPT_BIND };
 
 static const struct {
     const char *name;
@@ -172,6 +181,7 @@ static const struct {
     {"--max_restarts", OPT_RESTARTS}, {"--max-restarts", OPT_RESTARTS}, /* torchrun's */
     {"--nnodes", OPT_NNODES},     {"--node_timeout", OPT_NODE_TIMEOUT},
     {"--coord_port", OPT_COORD_PORT},
+    {"--bind_to", OPT_BIND},      {"--bind-to", OPT_BIND}, /* mpirun's */
 };
 
 /* "N" or "MIN:MAX" */
@@ -262,6 +272,11 @@ int fr_parse_args(int argc, char **argv, options *o) {
                 rc = fr_arg_error("--max_restarts: '%s' is not a number from 0 to 1000", v);
             break;
         case OPT_NNODES: rc = parse_nnodes(o, v); break;
+        case OPT_BIND:
+            if (strcmp(v, "core") && strcmp(v, "none"))
+                rc = fr_arg_error("--bind_to: '%s' is not core or none", v);
+            o->bind_core = !strcmp(v, "core");
+            break;
         case OPT_COORD_PORT:
             if (parse_int(v, 1, 65535, &o->coord_port))
                 rc = fr_arg_error("--coord_port: '%s' is not a port number (1..65535)", v);

@@ -4,7 +4,7 @@
  * output.c (worker output, failure reports), supervise.c (the event loop), restart.c (the
  * restart policy of --max_restarts on one node), coord.c (node 0's coordinator of the rounds
  * of a job of several nodes), member.c (every node's side of it), lines.c (the line protocol
- * between them), messages.c (fleetrun's own messages), main.c. */
+ * between them), bind.c (--bind_to core), messages.c (fleetrun's own messages), main.c. */
 #include <poll.h>
 #ifndef FLEETRUN_H
 #define FLEETRUN_H
@@ -45,6 +45,7 @@ typedef struct {
     double      node_timeout;         /* --node_timeout: how long a round waits for nodes */
     int         coord_port;           /* --coord_port (coordinated jobs; 0: not given) */
     bool        coordinated;          /* several nodes with restarts or scale-in: coord.c */
+    bool        bind_core;            /* --bind_to core: bind.c */
     char      **argv;                 /* PROGRAM ARGS... (borrowed from main's argv) */
 } options;
 
@@ -107,6 +108,10 @@ typedef struct {
     int         nmembers;             /* nodes in the round */
     bool        stopped_remote;       /* the coordinator stopped this round's workers */
     int         end_code;             /* the coordinator ended the job with it; -1: not yet */
+    /* --bind_to core (bind.c): worker i's CPUs, a CPU_ALLOC set of bind_size bytes at
+     * bind_sets + i * bind_size; NULL: workers are not bound */
+    unsigned char *bind_sets;
+    size_t      bind_size;
 } job;
 
 /* Binary form of a numeric IPv4/IPv6 address; family 0 if it is neither. */
@@ -159,6 +164,18 @@ int fr_start_worker(job *j, int i);
 int fr_groups_alive(const job *j);
 /* Sends sig to every started worker's process group that still has members. */
 void fr_signal_groups(job *j, int sig);
+
+/* bind.c: --bind_to core */
+
+/* With --bind_to core: cuts the CPUs fleetrun may run on into one set per worker (bind.c),
+ * j->bind_sets. 0; 2 (told as a bad argument) when there are more workers than CPUs; 1 (told)
+ * when it cannot read them or allocate. Nothing without --bind_to core. */
+int fr_bind_plan(job *j);
+/* In worker i's child before exec: binds it to its set and sets OMP_NUM_THREADS to the set's
+ * size unless it is set; _exits 126 after telling why it could not bind. Nothing unbound. */
+void fr_bind_child(const job *j, int i);
+/* One line on stdout saying where each worker runs; nothing unbound. */
+void fr_bind_describe(const job *j);
 
 /* output.c */
 

@@ -44,6 +44,7 @@ static void job_free(job *j) {
     free(j->endpoints);
     free(j->endpoints_str);
     free(j->o.ips_buf);
+    free(j->bind_sets);
 }
 
 static void print_banner(job *j) {
@@ -51,6 +52,7 @@ static void print_banner(job *j) {
            "%s/workerlog.*\n", j->member_index, j->o.coordinated ? j->nmembers : j->o.nnodes,
            j->o.ips[j->node], j->o.nproc, j->w[0].rank, j->w[j->o.nproc - 1].rank, j->nranks,
            j->o.log_dir);
+    fr_bind_describe(j);
     printf("fleetrun: first worker's distributed environment:\n");
     fr_print_env_table(j);
     if (j->node != 0)
@@ -117,7 +119,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     rc = fr_parse_args(argc, argv, &j.o);
-    if (rc)
+    if (rc || (rc = fr_bind_plan(&j)))
         goto fail;
     if ((rc = fr_check_program(j.o.argv[0])) || (rc = fr_find_node(&j)) || (rc = fr_make_token(&j)))
         goto fail;
@@ -153,6 +155,7 @@ int main(int argc, char **argv) {
     printf("fleetrun: node %d of %d (%s), %d worker(s), ranks %d..%d of %d; logs in %s/workerlog.*\n",
            j.node, j.o.nnodes, j.o.ips[j.node], j.o.nproc, j.w[0].rank,
            j.w[j.o.nproc - 1].rank, j.nranks, j.o.log_dir);
+    fr_bind_describe(&j);
     printf("fleetrun: first worker's distributed environment:\n");
     fr_print_env_table(&j);
     if (j.node != 0)

@@ -54,6 +54,7 @@ static void run_child(job *j, int i, int out_fd) {
     } else {
         unsetenv("FLEET_LISTEN_FD");
     }
+    fr_bind_child(j, i); /* --bind_to core: in every round */
     execvp(j->o.argv[0], j->o.argv);
     int e = errno;
     dprintf(2, "fleetrun: cannot execute '%s': %s\n", j->o.argv[0], strerror(e));
