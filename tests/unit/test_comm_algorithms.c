@@ -1,7 +1,8 @@
 /* test_comm_algorithms.c - the tcp backend's algorithms without processes: N = 1..5 threads,
  * each a rank of a communicator over socketpairs (fl_comm_tcp_from_fds), run the matrix of
  * tests/comm/comm_matrix.h under three tunings (default switch points; ring and chain forced
- * with tiny segments so that buffers take many passes; recursive doubling and tree forced).
+ * with tiny segments so that buffers take many passes; recursive doubling and tree forced),
+ * and the alltoalls once more through comm.c's fallback for backends without one (alltoallv).
  * Also: the reduction kernels against core/half.c, argument checks, a single rank with no
  * network, and a peer that leaves (every later call fails with the first failure's message). */
 #include "test.h"
@@ -172,6 +173,13 @@ static void test_single_rank(void) {
     CHECK_MSG("out overlaps in");
     CHECK_RC(fl_comm_alltoallv(c, f, &three, g, &two, FL_DTYPE_F32), FL_EINVAL);
     CHECK_MSG("rank 0 sends itself 3 elements but expects 2");
+    CHECK_RC(fl_comm_alltoall(c, NULL, g, 3, FL_DTYPE_F32), FL_EINVAL);
+    CHECK_MSG("in is NULL");
+    CHECK_RC(fl_comm_alltoall(c, g, g + 2, 3, FL_DTYPE_F32), FL_EINVAL);
+    CHECK_MSG("alltoall: out overlaps in");
+    CHECK_RC(fl_comm_alltoall(c, f, g, SIZE_MAX / 4, FL_DTYPE_F64), FL_EINVAL);
+    CHECK_MSG("overflow");
+    CHECK_OK(fl_comm_alltoall(c, NULL, NULL, 0, FL_DTYPE_F32));
     fl_request *r = (fl_request *)&r;
     CHECK_RC(fl_comm_iallreduce(c, NULL, 3, FL_DTYPE_F32, FL_REDOP_SUM, &r), FL_EINVAL);
     CHECK(r == NULL);
@@ -183,6 +191,9 @@ static void test_single_rank(void) {
     CHECK(g[1] == 2);
     memset(g, 0, sizeof g);
     CHECK_OK(fl_comm_alltoallv(c, f, &three, g, &three, FL_DTYPE_F32)); /* its own block */
+    CHECK(g[0] == 1 && g[2] == 3);
+    memset(g, 0, sizeof g);
+    CHECK_OK(fl_comm_alltoall(c, f, g, 3, FL_DTYPE_F32));
     CHECK(g[0] == 1 && g[2] == 3);
 
     fl_comm_stats st;
@@ -254,6 +265,21 @@ static void *rank_main(void *p) {
         a->hash[k] = m.hash;
         if (m.fatal)
             break;
+    }
+    { /* a backend without alltoall (nccl): comm.c runs its alltoallv instead */
+        const struct fl_comm_ops *tcp = c->ops;
+        struct fl_comm_ops without = *tcp;
+        without.alltoall = NULL;
+        c->ops = &without;
+        mx_ctx m = {.c = c, .seed = 5, .rank = a->rank, .size = a->size, .max_reports = 20};
+        for (int ci = 0; ci < a->ncounts && !m.fatal; ci++)
+            for (int d = 0; d < MX_NDTYPES && !m.fatal; d++)
+                mx_alltoall(&m, mx_dtypes[d], a->counts[ci], d % 2 == 0);
+        if (m.failures && a->rank == 0)
+            fprintf(stderr, "%d ranks, alltoall by alltoallv: %ld failures\n", a->size,
+                    m.failures);
+        a->failures += m.failures;
+        c->ops = tcp;
     }
     fl_comm_free(c);
     return NULL;
