@@ -1,7 +1,8 @@
 /* tcp.c - the tcp backend: a transport (one authenticated full-duplex connection per peer) and
  * the choice of algorithm per collective: recursive doubling (rd.c) for small allreduces, the
- * ring (ring.c) for large ones and for reduce-scatter / allgather, tree or chain broadcast
- * (bcast.c). One rank needs no network at all: collectives are local copies. */
+ * ring (ring.c) for large ones and for reduce-scatter, Bruck (bruck.c) for small allgathers and
+ * alltoalls, the ring and pairwise exchange (alltoall.c) for large ones, tree or chain
+ * broadcast (bcast.c). One rank needs no network at all: collectives are local copies. */
 #include "tcp.h"
 
 #include "algorithms.h"
@@ -50,6 +51,10 @@
  * measured separately; bcast.c explains the choice of algorithms). */
 #define TCP_BCAST_TREE_MAX_BYTES ((size_t)256 << 10)
 #define TCP_BCAST_CHUNK_BYTES ((size_t)256 << 10)
+/* Allgather(v) and alltoall: Bruck (bruck.c, ceil(log2 p) rounds) up to this many bytes
+ * gathered (allgather(v): the whole result) or sent by each rank (alltoall: size * count), the
+ * ring and pairwise exchange (p - 1 rounds) above. Overridable: FLEET_TCP_BRUCK_MAX_BYTES. */
+#define TCP_BRUCK_MAX_BYTES ((size_t)1 << 20)
 
 typedef struct {
     fl_transport  *tp;    /* the connections; NULL for a single rank and for views */
@@ -131,23 +136,31 @@ static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t coun
 
 static int tcp_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
     tcp_state *st = state_of(c);
+    size_t es = fl_dtype_size(t);
     if (!peers(st)) {
         if (count && in != out)
-            memcpy(out, in, count * fl_dtype_size(t));
+            memcpy(out, in, count * es);
         return 0;
     }
-    return fl_ring_allgatherv(peers(st), in, out, NULL, count, fl_dtype_size(t));
+    if ((size_t)c->size * count * es <= st->tune.bruck_max_bytes)
+        return fl_bruck_allgatherv(peers(st), &st->scratch, in, out, NULL, count, es);
+    return fl_ring_allgatherv(peers(st), in, out, NULL, count, es);
 }
 
 static int tcp_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts,
                           fl_dtype t) {
     tcp_state *st = state_of(c);
+    size_t es = fl_dtype_size(t), total = 0;
     if (!peers(st)) {
         if (counts[0] && in != out)
-            memcpy(out, in, counts[0] * fl_dtype_size(t));
+            memcpy(out, in, counts[0] * es);
         return 0;
     }
-    return fl_ring_allgatherv(peers(st), in, out, counts, 0, fl_dtype_size(t));
+    for (int r = 0; r < c->size; r++)
+        total += counts[r];
+    if (total * es <= st->tune.bruck_max_bytes)
+        return fl_bruck_allgatherv(peers(st), &st->scratch, in, out, counts, 0, es);
+    return fl_ring_allgatherv(peers(st), in, out, counts, 0, es);
 }
 
 static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
@@ -160,6 +173,25 @@ static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, 
         return 0;
     }
     return fl_pairwise_alltoallv(peers(st), in, send_counts, out, recv_counts, es);
+}
+
+static int tcp_alltoall(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
+    tcp_state *st = state_of(c);
+    size_t es = fl_dtype_size(t);
+    if (!peers(st)) {
+        memcpy(out, in, count * es);
+        return 0;
+    }
+    if ((size_t)c->size * count * es <= st->tune.bruck_max_bytes)
+        return fl_bruck_alltoall(peers(st), &st->scratch, in, out, count * es);
+    /* pairwise exchange with every count the same; the counts live in scratch, which it
+     * does not use */
+    size_t *counts = fl_scratch_get(&st->scratch, (size_t)c->size * sizeof *counts);
+    if (!counts)
+        return FL_ENOMEM;
+    for (int r = 0; r < c->size; r++)
+        counts[r] = count;
+    return fl_pairwise_alltoallv(peers(st), in, counts, out, counts, es);
 }
 
 static int tcp_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
@@ -221,6 +253,7 @@ static const struct fl_comm_ops tcp_ops = {
     .allgather = tcp_allgather,
     .allgatherv = tcp_allgatherv,
     .alltoallv = tcp_alltoallv,
+    .alltoall = tcp_alltoall,
     .broadcast = tcp_broadcast,
     .barrier = tcp_barrier,
     .split = tcp_split,
@@ -248,7 +281,8 @@ static bool shm_wanted(void) {
     return !(v && strcmp(v, "0") == 0);
 }
 
-/* Defaults, then FLEET_TCP_RD_MAX_BYTES and FLEET_TCP_SEG_MAX_BYTES if set. */
+/* Defaults, then FLEET_TCP_RD_MAX_BYTES, FLEET_TCP_SEG_MAX_BYTES and FLEET_TCP_BRUCK_MAX_BYTES
+ * if set. */
 static int new_state(tcp_state **out) {
     *out = NULL;
     tcp_state *st = calloc(1, sizeof *st);
@@ -258,9 +292,11 @@ static int new_state(tcp_state **out) {
     st->tune.seg_max_bytes = TCP_SEG_MAX_BYTES;
     st->tune.bcast_tree_max_bytes = TCP_BCAST_TREE_MAX_BYTES;
     st->tune.bcast_chunk_bytes = TCP_BCAST_CHUNK_BYTES;
+    st->tune.bruck_max_bytes = TCP_BRUCK_MAX_BYTES;
     int rc;
     if ((rc = env_bytes("FLEET_TCP_RD_MAX_BYTES", &st->tune.rd_max_bytes)) < 0 ||
-        (rc = env_bytes("FLEET_TCP_SEG_MAX_BYTES", &st->tune.seg_max_bytes)) < 0) {
+        (rc = env_bytes("FLEET_TCP_SEG_MAX_BYTES", &st->tune.seg_max_bytes)) < 0 ||
+        (rc = env_bytes("FLEET_TCP_BRUCK_MAX_BYTES", &st->tune.bruck_max_bytes)) < 0) {
         free(st);
         return rc;
     }

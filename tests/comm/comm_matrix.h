@@ -596,13 +596,17 @@ static inline long mx_run(mx_ctx *m, const size_t *counts, int ncounts) {
                 }
             }
         }
-        size_t *vc = mx_alloc((size_t)m->size * sizeof *vc);
-        for (int q = 0; q < m->size; q++) /* some ranks contribute nothing */
+        size_t *vc = mx_alloc(2 * (size_t)m->size * sizeof *vc), *uc = vc + m->size;
+        for (int q = 0; q < m->size; q++) { /* some ranks contribute nothing */
             vc[q] = q % 3 == 1 ? 0 : (count ? count + (size_t)q : 0);
+            /* very unequal: rank 0 nothing, one rank 3 * count + 5, the others 0 or 1 */
+            uc[q] = q == m->size - 1 ? 3 * count + 5 : (size_t)(q % 2);
+        }
         for (int d = 0; d < MX_NDTYPES && !m->fatal; d++) {
             fl_dtype t = mx_dtypes[d];
             mx_allgather(m, t, count, NULL, false);
             mx_allgather(m, t, count, vc, false);
+            mx_allgather(m, t, count, uc, false);
             mx_alltoallv(m, t, count);
             mx_alltoall(m, t, count, d % 2 == 1);
             mx_broadcast(m, t, count, (int)((count + (size_t)d) % (size_t)m->size));
@@ -610,6 +614,7 @@ static inline long mx_run(mx_ctx *m, const size_t *counts, int ncounts) {
         if (!m->fatal) {
             mx_allgather(m, FL_DTYPE_U8, count, NULL, true);
             mx_allgather(m, FL_DTYPE_I32, count, vc, true);
+            mx_allgather(m, FL_DTYPE_F16, count, uc, true);
         }
         free(vc);
         if (count <= 1000) /* every root */
