@@ -53,7 +53,30 @@
 #define TCP_BCAST_CHUNK_BYTES ((size_t)256 << 10)
 /* Allgather(v) and alltoall: Bruck (bruck.c, ceil(log2 p) rounds) up to this many bytes
  * gathered (allgather(v): the whole result) or sent by each rank (alltoall: size * count), the
- * ring and pairwise exchange (p - 1 rounds) above. Overridable: FLEET_TCP_BRUCK_MAX_BYTES. */
+ * ring and pairwise exchange (p - 1 rounds) above. Measured on a 2-core Debian 12 VM shared
+ * with other jobs at the time (load 3-5; runs of one setting differed up to 2x), with
+ *     FLEET_TCP_BRUCK_MAX_BYTES=0 or 1000000000 comm_check --bench 4096,...,4194304 --op OP
+ * under FLEET_COMM_LOCAL=0 (loopback TCP) and the default (shared memory); median over 7
+ * alternated runs of the per-run median microseconds, Bruck / ring (or pairwise):
+ *
+ *                        allgather                               alltoall
+ *                  loopback TCP     shared memory          loopback TCP     shared memory
+ *   bytes     3 ranks   4 ranks  3 ranks  4 ranks     3 ranks   4 ranks  3 ranks  4 ranks
+ *   4 KiB     172/201   141/225  7.7/7.3    20/10     136/137   200/250  8.0/7.7    11/20
+ *   16 KiB    176/113   153/224  8.2/7.7    16/11     137/136   204/272  8.8/8.1    13/21
+ *   64 KiB    183/196   258/228   11/9.5    17/14     142/139   268/281    13/10    22/25
+ *   256 KiB   229/235   260/274    25/19    34/28     187/173   382/305    37/19    65/51
+ *   1 MiB     386/387   363/436    93/64  107/100     343/285   891/516   114/62  267/173
+ *   4 MiB   1424/2002 1809/2017  533/351  789/321   1636/1345 5415/1628  907/517 2232/949
+ *
+ * With 3 ranks both take 2 rounds, and differ by noise and Bruck's copies; with 4 (2 rounds
+ * against 3) Bruck's allgather is ahead or even over TCP up to 4 MiB, while its alltoall, which
+ * forwards blocks, falls behind from 256 KiB (1.7x at 1 MiB), and over shared memory, where a
+ * round costs ~5 us, the copies make both lose from 256 KiB. Chosen: 1 MiB, for the allgather:
+ * it moves the ring's bytes, and the rounds it saves grow with the rank count (at 128 ranks
+ * and 50 us per message, 7 rounds are 0.35 ms where 127 are 6.4 ms). Alltoalls between about
+ * 128 KiB and 1 MiB would do better on pairwise exchange; the one the sparse allreduce needs
+ * carries counts (8 bytes per rank). Overridable: FLEET_TCP_BRUCK_MAX_BYTES. */
 #define TCP_BRUCK_MAX_BYTES ((size_t)1 << 20)
 
 typedef struct {
