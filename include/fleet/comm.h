@@ -125,6 +125,11 @@ int fl_comm_allgatherv(fl_comm *c, const void *in, void *out, const size_t *coun
  * of sparse collectives (docs/comm.md). */
 int fl_comm_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
                       const size_t *recv_counts, fl_dtype t);
+/* Personalised exchange of equal blocks (MPI_Alltoall): in holds size blocks of count elements
+ * in rank order, the j-th sent to rank j; out receives size blocks of count elements, the j-th
+ * from rank j. count is the same on every rank and may be 0; in and out must not overlap. On
+ * tcp, small exchanges take ceil(log2 size) rounds instead of size - 1 (docs/comm.md). */
+int fl_comm_alltoall(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t);
 /* Sparse allreduce (src/comm/sparse.c; docs/dgc.md): each rank gives m (index, value) pairs
  * of a tensor of n values, indices strictly ascending in [0, n). Every rank receives the same
  * out_count <= max_keep pairs, ascending by index: for each index given by any rank, the sum of
@@ -154,6 +159,8 @@ int fl_comm_iallgatherv(fl_comm *c, const void *in, void *out, const size_t *cou
                         fl_request **req);
 int fl_comm_ialltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
                        const size_t *recv_counts, fl_dtype t, fl_request **req);
+int fl_comm_ialltoall(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                      fl_request **req);
 int fl_comm_ibroadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root,
                        fl_request **req);
 /* Waits for completion and frees req; returns the operation's status (its message in

@@ -51,6 +51,18 @@ int fl_rd_barrier(fl_peers *p);
 int fl_pairwise_alltoallv(fl_peers *p, const void *in, const size_t *send_counts, void *out,
                           const size_t *recv_counts, size_t es);
 
+/* --- bruck.c: Bruck et al. 1997; Thakur, Rabenseifner & Gropp 2005 --- */
+/* fl_ring_allgatherv's contract (counts NULL: `count` each; in may be out's own slot; blocks
+ * may be empty) in ceil(log2 size) rounds, each rank receiving every other block once (the
+ * ring's bytes). Uses scratch of the gathered size (not on rank 0), plus one copy of it. */
+int fl_bruck_allgatherv(fl_peers *p, fl_scratch *s, const void *in, void *out,
+                        const size_t *counts, size_t count, size_t es);
+/* Alltoall of fixed blocks: in's block j (block_bytes) goes to rank j's out block r; in and out
+ * do not overlap. ceil(log2 size) rounds, forwarding blocks up to that many times (about
+ * size/2 blocks sent per round): for small blocks. Scratch of size/2 * 2 blocks. */
+int fl_bruck_alltoall(fl_peers *p, fl_scratch *s, const void *in, void *out,
+                      size_t block_bytes);
+
 /* --- bcast.c --- */
 /* Binomial tree: ceil(log2 size) rounds of the whole buffer (small messages). */
 int fl_bcast_tree(fl_peers *p, void *buf, size_t nbytes, int root);

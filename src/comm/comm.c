@@ -25,10 +25,12 @@ typedef enum {
     OP_BROADCAST,
     OP_BARRIER,
     OP_ALLTOALLV,
+    OP_ALLTOALL,
 } op_kind;
 
 static const char *const op_names[] = {"allreduce", "reduce_scatter", "allgather",
-                                       "allgatherv", "broadcast", "barrier", "alltoallv"};
+                                       "allgatherv", "broadcast", "barrier", "alltoallv",
+                                       "alltoall"};
 
 /* One collective's arguments, as the caller passed them (validated). */
 typedef struct {
@@ -100,6 +102,18 @@ static int failed_already(const fl_comm *c) {
     return fl_fail(c->fail_code, "%s", c->fail_msg);
 }
 
+/* Alltoall on a backend without one: its alltoallv with every count the same. */
+static int alltoall_by_alltoallv(fl_comm *c, const call *a) {
+    size_t *counts = malloc((size_t)c->size * sizeof *counts);
+    if (!counts)
+        return fl_fail(FL_ENOMEM, "comm: out of memory");
+    for (int r = 0; r < c->size; r++)
+        counts[r] = a->count;
+    int rc = c->ops->alltoallv(c, a->in, counts, a->out, counts, a->t);
+    free(counts);
+    return rc;
+}
+
 /* Runs one collective on this thread; the caller holds exec_lock. */
 static int execute(fl_comm *c, const call *a) {
     const struct fl_comm_ops *ops = c->ops;
@@ -142,6 +156,11 @@ static int execute(fl_comm *c, const call *a) {
             rc = ops->alltoallv(c, a->in, a->counts, a->out, a->recv_counts, a->t);
         break;
     }
+    case OP_ALLTOALL:
+        if (a->count)
+            rc = ops->alltoall ? ops->alltoall(c, a->in, a->out, a->count, a->t)
+                               : alltoall_by_alltoallv(c, a);
+        break;
     }
     double dt = fl_now() - t0;
     if (rc < 0) {
@@ -170,6 +189,9 @@ static int check_backend(const fl_comm *c, op_kind k) {
     case OP_BROADCAST: fn = (const void *)o->broadcast; break;
     case OP_BARRIER: fn = (const void *)o->barrier; break;
     case OP_ALLTOALLV: fn = (const void *)o->alltoallv; break;
+    case OP_ALLTOALL:
+        fn = o->alltoall ? (const void *)o->alltoall : (const void *)o->alltoallv;
+        break;
     }
     if (!fn)
         return fl_fail(FL_EUNSUPPORTED, "backend %s has no %s", o->name, op_names[k]);
@@ -306,6 +328,15 @@ static int validate(const fl_comm *c, const call *a) {
                            "expects %zu", c->rank, a->counts[c->rank], a->recv_counts[c->rank]);
         break;
     }
+    case OP_ALLTOALL:
+        FL_TRY(check_dtype(k, a->t, false));
+        FL_TRY(check_bytes(k, a->count, (size_t)c->size, a->t, &ib));
+        ob = ib;
+        FL_TRY(check_ptr(k, "in", a->in, ib));
+        FL_TRY(check_ptr(k, "out", a->out, ob));
+        if (overlap(a->in, ib, a->out, ob))
+            return fl_fail(FL_EINVAL, "alltoall: out overlaps in (not supported in place)");
+        break;
     }
     return check_backend(c, k);
 }
@@ -699,6 +730,17 @@ int fl_comm_ialltoallv(fl_comm *c, const void *in, const size_t *send_counts, vo
                        const size_t *recv_counts, fl_dtype t, fl_request **req) {
     call a = {.kind = OP_ALLTOALLV, .in = in, .out = out, .counts = send_counts,
               .recv_counts = recv_counts, .t = t};
+    return submit(c, &a, req);
+}
+
+int fl_comm_alltoall(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
+    call a = {.kind = OP_ALLTOALL, .in = in, .out = out, .count = count, .t = t};
+    return run_blocking(c, &a);
+}
+
+int fl_comm_ialltoall(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
+                      fl_request **req) {
+    call a = {.kind = OP_ALLTOALL, .in = in, .out = out, .count = count, .t = t};
     return submit(c, &a, req);
 }
 

@@ -28,6 +28,8 @@ struct fl_comm_ops {
     int  (*allgatherv)(fl_comm *c, const void *in, void *out, const size_t *counts, fl_dtype t);
     int  (*alltoallv)(fl_comm *c, const void *in, const size_t *send_counts, void *out,
                       const size_t *recv_counts, fl_dtype t);
+    /* Optional: NULL runs alltoallv with every count `count` instead (comm.c). */
+    int  (*alltoall)(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t);
     int  (*broadcast)(fl_comm *c, void *buf, size_t count, fl_dtype t, int root);
     int  (*barrier)(fl_comm *c);
     /* Fills the blank views node (this node's ranks) and cross (this local rank on every node),

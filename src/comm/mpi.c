@@ -205,6 +205,19 @@ done:
     return rc;
 }
 
+static int mpi_alltoall(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
+    mpi_state *st = state_of(c);
+    if (count > (size_t)INT_MAX)
+        return fl_fail(FL_EUNSUPPORTED, "mpi: alltoall of %zu elements per block: MPI counts "
+                       "stop at INT_MAX", count);
+    int err = MPI_Alltoall(in, (int)count, mpi_type(t), out, (int)count, mpi_type(t), st->comm);
+    if (err != MPI_SUCCESS)
+        return mpi_failed(err, "MPI_Alltoall");
+    size_t others = (size_t)(c->size - 1) * count * fl_dtype_size(t);
+    count_bytes(c, others, others);
+    return 0;
+}
+
 static int mpi_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
     mpi_state *st = state_of(c);
     size_t es = fl_dtype_size(t);
@@ -260,6 +273,7 @@ static const struct fl_comm_ops mpi_ops = {
     .allgather = mpi_allgather,
     .allgatherv = mpi_allgatherv,
     .alltoallv = mpi_alltoallv,
+    .alltoall = mpi_alltoall,
     .broadcast = mpi_broadcast,
     .barrier = mpi_barrier,
     .destroy = mpi_destroy,

@@ -1,7 +1,8 @@
 /* tcp.c - the tcp backend: a transport (one authenticated full-duplex connection per peer) and
  * the choice of algorithm per collective: recursive doubling (rd.c) for small allreduces, the
- * ring (ring.c) for large ones and for reduce-scatter / allgather, tree or chain broadcast
- * (bcast.c). One rank needs no network at all: collectives are local copies. */
+ * ring (ring.c) for large ones and for reduce-scatter, Bruck (bruck.c) for small allgathers and
+ * alltoalls, the ring and pairwise exchange (alltoall.c) for large ones, tree or chain
+ * broadcast (bcast.c). One rank needs no network at all: collectives are local copies. */
 #include "tcp.h"
 
 #include "algorithms.h"
@@ -50,6 +51,33 @@
  * measured separately; bcast.c explains the choice of algorithms). */
 #define TCP_BCAST_TREE_MAX_BYTES ((size_t)256 << 10)
 #define TCP_BCAST_CHUNK_BYTES ((size_t)256 << 10)
+/* Allgather(v) and alltoall: Bruck (bruck.c, ceil(log2 p) rounds) up to this many bytes
+ * gathered (allgather(v): the whole result) or sent by each rank (alltoall: size * count), the
+ * ring and pairwise exchange (p - 1 rounds) above. Measured on a 2-core Debian 12 VM shared
+ * with other jobs at the time (load 3-5; runs of one setting differed up to 2x), with
+ *     FLEET_TCP_BRUCK_MAX_BYTES=0 or 1000000000 comm_check --bench 4096,...,4194304 --op OP
+ * under FLEET_COMM_LOCAL=0 (loopback TCP) and the default (shared memory); median over 7
+ * alternated runs of the per-run median microseconds, Bruck / ring (or pairwise):
+ *
+ *                        allgather                               alltoall
+ *                  loopback TCP     shared memory          loopback TCP     shared memory
+ *   bytes     3 ranks   4 ranks  3 ranks  4 ranks     3 ranks   4 ranks  3 ranks  4 ranks
+ *   4 KiB     172/201   141/225  7.7/7.3    20/10     136/137   200/250  8.0/7.7    11/20
+ *   16 KiB    176/113   153/224  8.2/7.7    16/11     137/136   204/272  8.8/8.1    13/21
+ *   64 KiB    183/196   258/228   11/9.5    17/14     142/139   268/281    13/10    22/25
+ *   256 KiB   229/235   260/274    25/19    34/28     187/173   382/305    37/19    65/51
+ *   1 MiB     386/387   363/436    93/64  107/100     343/285   891/516   114/62  267/173
+ *   4 MiB   1424/2002 1809/2017  533/351  789/321   1636/1345 5415/1628  907/517 2232/949
+ *
+ * With 3 ranks both take 2 rounds, and differ by noise and Bruck's copies; with 4 (2 rounds
+ * against 3) Bruck's allgather is ahead or even over TCP up to 4 MiB, while its alltoall, which
+ * forwards blocks, falls behind from 256 KiB (1.7x at 1 MiB), and over shared memory, where a
+ * round costs ~5 us, the copies make both lose from 256 KiB. Chosen: 1 MiB, for the allgather:
+ * it moves the ring's bytes, and the rounds it saves grow with the rank count (at 128 ranks
+ * and 50 us per message, 7 rounds are 0.35 ms where 127 are 6.4 ms). Alltoalls between about
+ * 128 KiB and 1 MiB would do better on pairwise exchange; the one the sparse allreduce needs
+ * carries counts (8 bytes per rank). Overridable: FLEET_TCP_BRUCK_MAX_BYTES. */
+#define TCP_BRUCK_MAX_BYTES ((size_t)1 << 20)
 
 typedef struct {
     fl_transport  *tp;    /* the connections; NULL for a single rank and for views */
@@ -131,23 +159,31 @@ static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t coun
 
 static int tcp_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
     tcp_state *st = state_of(c);
+    size_t es = fl_dtype_size(t);
     if (!peers(st)) {
         if (count && in != out)
-            memcpy(out, in, count * fl_dtype_size(t));
+            memcpy(out, in, count * es);
         return 0;
     }
-    return fl_ring_allgatherv(peers(st), in, out, NULL, count, fl_dtype_size(t));
+    if ((size_t)c->size * count * es <= st->tune.bruck_max_bytes)
+        return fl_bruck_allgatherv(peers(st), &st->scratch, in, out, NULL, count, es);
+    return fl_ring_allgatherv(peers(st), in, out, NULL, count, es);
 }
 
 static int tcp_allgatherv(fl_comm *c, const void *in, void *out, const size_t *counts,
                           fl_dtype t) {
     tcp_state *st = state_of(c);
+    size_t es = fl_dtype_size(t), total = 0;
     if (!peers(st)) {
         if (counts[0] && in != out)
-            memcpy(out, in, counts[0] * fl_dtype_size(t));
+            memcpy(out, in, counts[0] * es);
         return 0;
     }
-    return fl_ring_allgatherv(peers(st), in, out, counts, 0, fl_dtype_size(t));
+    for (int r = 0; r < c->size; r++)
+        total += counts[r];
+    if (total * es <= st->tune.bruck_max_bytes)
+        return fl_bruck_allgatherv(peers(st), &st->scratch, in, out, counts, 0, es);
+    return fl_ring_allgatherv(peers(st), in, out, counts, 0, es);
 }
 
 static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, void *out,
@@ -160,6 +196,25 @@ static int tcp_alltoallv(fl_comm *c, const void *in, const size_t *send_counts, 
         return 0;
     }
     return fl_pairwise_alltoallv(peers(st), in, send_counts, out, recv_counts, es);
+}
+
+static int tcp_alltoall(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
+    tcp_state *st = state_of(c);
+    size_t es = fl_dtype_size(t);
+    if (!peers(st)) {
+        memcpy(out, in, count * es);
+        return 0;
+    }
+    if ((size_t)c->size * count * es <= st->tune.bruck_max_bytes)
+        return fl_bruck_alltoall(peers(st), &st->scratch, in, out, count * es);
+    /* pairwise exchange with every count the same; the counts live in scratch, which it
+     * does not use */
+    size_t *counts = fl_scratch_get(&st->scratch, (size_t)c->size * sizeof *counts);
+    if (!counts)
+        return FL_ENOMEM;
+    for (int r = 0; r < c->size; r++)
+        counts[r] = count;
+    return fl_pairwise_alltoallv(peers(st), in, counts, out, counts, es);
 }
 
 static int tcp_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
@@ -221,6 +276,7 @@ static const struct fl_comm_ops tcp_ops = {
     .allgather = tcp_allgather,
     .allgatherv = tcp_allgatherv,
     .alltoallv = tcp_alltoallv,
+    .alltoall = tcp_alltoall,
     .broadcast = tcp_broadcast,
     .barrier = tcp_barrier,
     .split = tcp_split,
@@ -248,7 +304,8 @@ static bool shm_wanted(void) {
     return !(v && strcmp(v, "0") == 0);
 }
 
-/* Defaults, then FLEET_TCP_RD_MAX_BYTES and FLEET_TCP_SEG_MAX_BYTES if set. */
+/* Defaults, then FLEET_TCP_RD_MAX_BYTES, FLEET_TCP_SEG_MAX_BYTES and FLEET_TCP_BRUCK_MAX_BYTES
+ * if set. */
 static int new_state(tcp_state **out) {
     *out = NULL;
     tcp_state *st = calloc(1, sizeof *st);
@@ -258,9 +315,11 @@ static int new_state(tcp_state **out) {
     st->tune.seg_max_bytes = TCP_SEG_MAX_BYTES;
     st->tune.bcast_tree_max_bytes = TCP_BCAST_TREE_MAX_BYTES;
     st->tune.bcast_chunk_bytes = TCP_BCAST_CHUNK_BYTES;
+    st->tune.bruck_max_bytes = TCP_BRUCK_MAX_BYTES;
     int rc;
     if ((rc = env_bytes("FLEET_TCP_RD_MAX_BYTES", &st->tune.rd_max_bytes)) < 0 ||
-        (rc = env_bytes("FLEET_TCP_SEG_MAX_BYTES", &st->tune.seg_max_bytes)) < 0) {
+        (rc = env_bytes("FLEET_TCP_SEG_MAX_BYTES", &st->tune.seg_max_bytes)) < 0 ||
+        (rc = env_bytes("FLEET_TCP_BRUCK_MAX_BYTES", &st->tune.bruck_max_bytes)) < 0) {
         free(st);
         return rc;
     }

@@ -15,6 +15,9 @@ typedef struct {
                                  round the ring in several passes (bounds the scratch buffer) */
     size_t bcast_tree_max_bytes; /* broadcast: binomial tree up to this many bytes, else chain */
     size_t bcast_chunk_bytes; /* broadcast chain: pipeline chunk */
+    size_t bruck_max_bytes;   /* allgather(v): Bruck up to this many gathered bytes, else ring;
+                                 alltoall: Bruck up to this many bytes in (size * count), else
+                                 pairwise exchange (env FLEET_TCP_BRUCK_MAX_BYTES) */
 } fl_tcp_tuning;
 
 /* A tcp communicator over already-connected sockets (fds[r] for r != rank, fds[rank] = -1;

@@ -2,9 +2,9 @@
  * by a launcher (fleetrun, mpirun, or PADDLE_* variables by hand): the matrix of comm_matrix.h
  * (each rank computes the expected results for all ranks, and compares every output across
  * ranks by hash), or with --loop repeated large allreduces checked each time (fault tests kill
- * a peer or connect strangers meanwhile), or with --bench allreduce timings per message size
- * (how the tcp backend's switch points were measured). Prints one summary line; exits 0 when
- * all passed. */
+ * a peer or connect strangers meanwhile), or with --bench allreduce (allgather, alltoall with
+ * --op) timings per message size (how the tcp backend's switch points were measured). Prints
+ * one summary line; exits 0 when all passed. */
 #include "comm_matrix.h"
 
 #include <errno.h>
@@ -13,13 +13,16 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: comm_check [--counts N,N,...] [--quick] [--seed N] [--backend tcp|mpi]\n"
-            "                  [--loop SECONDS [--loop-count N]] [--bench BYTES,BYTES,...] [-v]\n"
+            "                  [--loop SECONDS [--loop-count N]] [--bench BYTES,BYTES,...\n"
+            "                  [--op allreduce|allgather|alltoall]] [-v]\n"
             "Run one process per rank under a launcher, e.g.\n"
             "  fleetrun --nproc_per_node=4 comm_check --quick\n"
             "  mpirun -np 4 comm_check --quick\n"
             "Default counts 0,1,7,1000,1048579; --quick: 0,1,7,1000,100003.\n"
             "--bench: median time of f32 sum allreduces of each size (max over ranks), and the\n"
-            "bus bandwidth 2(n-1)/n * bytes / time.\n");
+            "bus bandwidth 2(n-1)/n * bytes / time; --op allgather: of f32 allgathers of BYTES\n"
+            "gathered, --op alltoall: of f32 alltoalls of BYTES sent per rank (BYTES / size per\n"
+            "block); bus bandwidth (n-1)/n * bytes / time for both.\n");
 }
 
 static int parse_size(const char *s, size_t *out) {
@@ -99,27 +102,40 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Median over iterations of the time of one f32 sum allreduce of each size; every iteration
- * starts after a barrier. Rank 0 prints one line per size. */
-static int run_bench(fl_comm *c, const size_t *sizes, int nsizes) {
+typedef enum { BENCH_ALLREDUCE = 0, BENCH_ALLGATHER, BENCH_ALLTOALL } bench_op;
+static const char *const bench_ops[] = {"allreduce", "allgather", "alltoall"}; /* --op */
+static const char *const bench_names[] = {"f32 sum allreduce", "f32 allgather",
+                                          "f32 alltoall"};
+
+/* Median over iterations of the time of one collective of each size (bytes: the allreduce's
+ * buffer, the allgather's result, what each rank sends in the alltoall; rounded down to whole
+ * f32 elements per rank); every iteration starts after a barrier. Rank 0 prints one line per
+ * size. */
+static int run_bench(fl_comm *c, bench_op op, const size_t *sizes, int nsizes) {
     int rank = fl_comm_rank(c), size = fl_comm_size(c);
     if (rank == 0)
-        printf("# backend %s, %d ranks: f32 sum allreduce\n# %12s %8s %12s %12s %12s\n",
-               fl_comm_backend(c), size, "bytes", "iters", "median_us", "algbw_GB/s",
+        printf("# backend %s, %d ranks: %s\n# %12s %8s %12s %12s %12s\n", fl_comm_backend(c),
+               size, bench_names[op], "bytes", "iters", "median_us", "algbw_GB/s",
                "busbw_GB/s");
     for (int k = 0; k < nsizes; k++) {
-        size_t count = sizes[k] / 4;
+        /* count: the allreduce's elements, else each rank's (allgather) or each block's */
+        size_t count = sizes[k] / 4 / (op == BENCH_ALLREDUCE ? 1 : (size_t)size);
+        size_t bytes = count * 4 * (op == BENCH_ALLREDUCE ? 1 : (size_t)size);
         int iters = (int)(2e8 / (double)(sizes[k] + 4096));
         iters = iters < 10 ? 10 : iters > 2000 ? 2000 : iters;
-        float *buf = mx_alloc(count * 4);
+        float *buf = mx_alloc(bytes), *out = mx_alloc(bytes);
         double *t = mx_alloc((size_t)iters * sizeof *t);
-        for (size_t i = 0; i < count; i++)
+        for (size_t i = 0; i < bytes / 4; i++)
             buf[i] = (float)(i % 5);
         for (int it = -3; it < iters; it++) {
             if (fl_comm_barrier(c) < 0)
                 goto fail;
             double t0 = fl_now();
-            if (fl_comm_allreduce(c, buf, count, FL_DTYPE_F32, FL_REDOP_SUM) < 0)
+            int rc = op == BENCH_ALLREDUCE
+                         ? fl_comm_allreduce(c, buf, count, FL_DTYPE_F32, FL_REDOP_SUM)
+                     : op == BENCH_ALLGATHER ? fl_comm_allgather(c, buf, out, count, FL_DTYPE_F32)
+                                             : fl_comm_alltoall(c, buf, out, count, FL_DTYPE_F32);
+            if (rc < 0)
                 goto fail;
             if (it >= 0)
                 t[it] = fl_now() - t0;
@@ -128,17 +144,19 @@ static int run_bench(fl_comm *c, const size_t *sizes, int nsizes) {
         double med = t[iters / 2];
         if (fl_comm_allreduce(c, &med, 1, FL_DTYPE_F64, FL_REDOP_MAX) < 0)
             goto fail;
+        double factor = op == BENCH_ALLREDUCE ? 2.0 * (size - 1) / size : (double)(size - 1) / size;
         if (rank == 0)
-            printf("  %12zu %8d %12.1f %12.3f %12.3f\n", count * 4, iters, med * 1e6,
-                   (double)(count * 4) / med / 1e9,
-                   2.0 * (size - 1) / size * (double)(count * 4) / med / 1e9);
+            printf("  %12zu %8d %12.1f %12.3f %12.3f\n", bytes, iters, med * 1e6,
+                   (double)bytes / med / 1e9, factor * (double)bytes / med / 1e9);
         fflush(stdout);
         free(buf);
+        free(out);
         free(t);
         continue;
     fail:
         fprintf(stderr, "comm_check: rank %d: error: %s\n", rank, fl_errmsg());
         free(buf);
+        free(out);
         free(t);
         return 1;
     }
@@ -155,12 +173,13 @@ int main(int argc, char **argv) {
     bool verbose = false;
     size_t bench[32];
     int nbench = 0;
+    bench_op bop = BENCH_ALLREDUCE;
     static const struct option longopts[] = {
         {"counts", required_argument, NULL, 'c'}, {"quick", no_argument, NULL, 'q'},
         {"seed", required_argument, NULL, 's'},   {"backend", required_argument, NULL, 'b'},
         {"loop", required_argument, NULL, 'l'},   {"loop-count", required_argument, NULL, 'n'},
         {"bench", required_argument, NULL, 'B'},  {"verbose", no_argument, NULL, 'v'},
-        {"help", no_argument, NULL, 'h'},
+        {"op", required_argument, NULL, 'o'},     {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
     size_t v;
@@ -211,6 +230,19 @@ int main(int argc, char **argv) {
                 return 2;
             }
             break;
+        case 'o': {
+            int found = -1;
+            for (int i = 0; i < 3; i++)
+                if (strcmp(optarg, bench_ops[i]) == 0)
+                    found = i;
+            if (found < 0) {
+                fprintf(stderr, "comm_check: error: --op %s: want allreduce, allgather or "
+                        "alltoall\n", optarg);
+                return 2;
+            }
+            bop = (bench_op)found;
+            break;
+        }
         case 'v': verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -229,7 +261,7 @@ int main(int argc, char **argv) {
     }
     int status;
     if (nbench) {
-        status = run_bench(c, bench, nbench);
+        status = run_bench(c, bop, bench, nbench);
     } else if (loop >= 0) {
         status = run_loop(c, loop, loop_count, verbose);
     } else {

@@ -369,6 +369,45 @@ static inline void mx_alltoallv(mx_ctx *m, fl_dtype t, size_t count) {
     free(sc);
 }
 
+/* alltoall: rank q sends rank p a block of count elements, each a function of (q, p, i), by
+ * the blocking or the async call; every rank checks every block it received bit for bit (they
+ * are copies) and the results fold into the hash. */
+static inline void mx_alltoall(mx_ctx *m, fl_dtype t, size_t count, bool async) {
+    char what[160];
+    mx_name(what, sizeof what, async ? "ialltoall" : "alltoall", t, -1, MX_EXACT, count);
+    m->case_id++;
+    size_t es = fl_dtype_size(t), n = (size_t)m->size;
+    char *in = mx_alloc(n * count * es), *out = mx_alloc(n * count * es);
+    memset(out, 0xa5, n * count * es);
+    for (size_t p = 0; p < n; p++)
+        for (size_t i = 0; i < count; i++)
+            mx_put(t, in, p * count + i, mx_value(m, t, MX_EXACT, m->rank, p << 32 | i));
+    fl_request *r = NULL;
+    int rc = async ? fl_comm_ialltoall(m->c, in, out, count, t, &r)
+                   : fl_comm_alltoall(m->c, in, out, count, t);
+    if (rc >= 0)
+        rc = fl_request_wait(r);
+    if (mx_rc(m, rc, what)) {
+        m->checks++;
+        unsigned char want[8];
+        bool bad = false;
+        for (int q = 0; q < m->size && !bad; q++) {
+            for (size_t i = 0; i < count && !bad; i++) {
+                size_t at = (size_t)q * count + i;
+                mx_put(t, want, 0, mx_value(m, t, MX_EXACT, q, (size_t)m->rank << 32 | i));
+                if (memcmp(want, out + at * es, es) != 0) {
+                    mx_fail(m, "%s: from rank %d, element %zu: got %.9g want %.9g", what, q, i,
+                            mx_get(t, out, at), mx_get(t, want, 0));
+                    bad = true;
+                }
+            }
+        }
+        mx_hashes(m, what, mx_hash_bytes(0, out, n * count * es), false);
+    }
+    free(in);
+    free(out);
+}
+
 static inline void mx_broadcast(mx_ctx *m, fl_dtype t, size_t count, int root) {
     char what[160];
     mx_name(what, sizeof what, "broadcast", t, -1, MX_EXACT, count);
@@ -557,19 +596,25 @@ static inline long mx_run(mx_ctx *m, const size_t *counts, int ncounts) {
                 }
             }
         }
-        size_t *vc = mx_alloc((size_t)m->size * sizeof *vc);
-        for (int q = 0; q < m->size; q++) /* some ranks contribute nothing */
+        size_t *vc = mx_alloc(2 * (size_t)m->size * sizeof *vc), *uc = vc + m->size;
+        for (int q = 0; q < m->size; q++) { /* some ranks contribute nothing */
             vc[q] = q % 3 == 1 ? 0 : (count ? count + (size_t)q : 0);
+            /* very unequal: rank 0 nothing, one rank 3 * count + 5, the others 0 or 1 */
+            uc[q] = q == m->size - 1 ? 3 * count + 5 : (size_t)(q % 2);
+        }
         for (int d = 0; d < MX_NDTYPES && !m->fatal; d++) {
             fl_dtype t = mx_dtypes[d];
             mx_allgather(m, t, count, NULL, false);
             mx_allgather(m, t, count, vc, false);
+            mx_allgather(m, t, count, uc, false);
             mx_alltoallv(m, t, count);
+            mx_alltoall(m, t, count, d % 2 == 1);
             mx_broadcast(m, t, count, (int)((count + (size_t)d) % (size_t)m->size));
         }
         if (!m->fatal) {
             mx_allgather(m, FL_DTYPE_U8, count, NULL, true);
             mx_allgather(m, FL_DTYPE_I32, count, vc, true);
+            mx_allgather(m, FL_DTYPE_F16, count, uc, true);
         }
         free(vc);
         if (count <= 1000) /* every root */

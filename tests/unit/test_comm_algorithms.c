@@ -1,9 +1,12 @@
-/* test_comm_algorithms.c - the tcp backend's algorithms without processes: N = 1..5 threads,
- * each a rank of a communicator over socketpairs (fl_comm_tcp_from_fds), run the matrix of
- * tests/comm/comm_matrix.h under three tunings (default switch points; ring and chain forced
- * with tiny segments so that buffers take many passes; recursive doubling and tree forced).
- * Also: the reduction kernels against core/half.c, argument checks, a single rank with no
- * network, and a peer that leaves (every later call fails with the first failure's message). */
+/* test_comm_algorithms.c - the tcp backend's algorithms without processes: N = 1..5 threads
+ * (6..8 with small counts), each a rank of a communicator over socketpairs
+ * (fl_comm_tcp_from_fds), run the matrix of tests/comm/comm_matrix.h under three tunings
+ * (default switch points; the bandwidth algorithms forced: ring, chain and pairwise exchange,
+ * with tiny segments so that buffers take many passes; the latency algorithms forced:
+ * recursive doubling, tree and Bruck), and the alltoalls once more through comm.c's fallback
+ * for backends without one (alltoallv). Also: the reduction kernels against core/half.c,
+ * argument checks, a single rank with no network, and a peer that leaves (every later call
+ * fails with the first failure's message), whichever collective meets it first. */
 #include "test.h"
 
 #include "comm/comm_matrix.h"
@@ -172,6 +175,13 @@ static void test_single_rank(void) {
     CHECK_MSG("out overlaps in");
     CHECK_RC(fl_comm_alltoallv(c, f, &three, g, &two, FL_DTYPE_F32), FL_EINVAL);
     CHECK_MSG("rank 0 sends itself 3 elements but expects 2");
+    CHECK_RC(fl_comm_alltoall(c, NULL, g, 3, FL_DTYPE_F32), FL_EINVAL);
+    CHECK_MSG("in is NULL");
+    CHECK_RC(fl_comm_alltoall(c, g, g + 2, 3, FL_DTYPE_F32), FL_EINVAL);
+    CHECK_MSG("alltoall: out overlaps in");
+    CHECK_RC(fl_comm_alltoall(c, f, g, SIZE_MAX / 4, FL_DTYPE_F64), FL_EINVAL);
+    CHECK_MSG("overflow");
+    CHECK_OK(fl_comm_alltoall(c, NULL, NULL, 0, FL_DTYPE_F32));
     fl_request *r = (fl_request *)&r;
     CHECK_RC(fl_comm_iallreduce(c, NULL, 3, FL_DTYPE_F32, FL_REDOP_SUM, &r), FL_EINVAL);
     CHECK(r == NULL);
@@ -183,6 +193,9 @@ static void test_single_rank(void) {
     CHECK(g[1] == 2);
     memset(g, 0, sizeof g);
     CHECK_OK(fl_comm_alltoallv(c, f, &three, g, &three, FL_DTYPE_F32)); /* its own block */
+    CHECK(g[0] == 1 && g[2] == 3);
+    memset(g, 0, sizeof g);
+    CHECK_OK(fl_comm_alltoall(c, f, g, 3, FL_DTYPE_F32));
     CHECK(g[0] == 1 && g[2] == 3);
 
     fl_comm_stats st;
@@ -208,8 +221,8 @@ static void test_single_rank(void) {
 /* --- N ranks as threads --- */
 
 enum { TUNE_DEFAULT = 0, TUNE_RING, TUNE_RD, TUNE_COUNT };
-static const char *const tune_names[] = {"default", "ring+chain, tiny segments",
-                                         "recursive doubling+tree"};
+static const char *const tune_names[] = {"default", "ring+chain+pairwise, tiny segments",
+                                         "recursive doubling+tree+Bruck"};
 
 typedef struct {
     int             rank, size;
@@ -240,9 +253,11 @@ static void *rank_main(void *p) {
             tu.seg_max_bytes = 4000; /* not a multiple of any element size but 8 */
             tu.bcast_tree_max_bytes = 0;
             tu.bcast_chunk_bytes = 1000;
+            tu.bruck_max_bytes = 0;
         } else if (k == TUNE_RD) {
             tu.rd_max_bytes = SIZE_MAX;
             tu.bcast_tree_max_bytes = SIZE_MAX;
+            tu.bruck_max_bytes = SIZE_MAX;
         }
         fl_comm_tcp_set_tuning(c, &tu);
         mx_ctx m = {.c = c, .seed = 3};
@@ -254,6 +269,21 @@ static void *rank_main(void *p) {
         a->hash[k] = m.hash;
         if (m.fatal)
             break;
+    }
+    { /* a backend without alltoall (nccl): comm.c runs its alltoallv instead */
+        const struct fl_comm_ops *tcp = c->ops;
+        struct fl_comm_ops without = *tcp;
+        without.alltoall = NULL;
+        c->ops = &without;
+        mx_ctx m = {.c = c, .seed = 5, .rank = a->rank, .size = a->size, .max_reports = 20};
+        for (int ci = 0; ci < a->ncounts && !m.fatal; ci++)
+            for (int d = 0; d < MX_NDTYPES && !m.fatal; d++)
+                mx_alltoall(&m, mx_dtypes[d], a->counts[ci], d % 2 == 0);
+        if (m.failures && a->rank == 0)
+            fprintf(stderr, "%d ranks, alltoall by alltoallv: %ld failures\n", a->size,
+                    m.failures);
+        a->failures += m.failures;
+        c->ops = tcp;
     }
     fl_comm_free(c);
     return NULL;
@@ -287,8 +317,12 @@ static void run_ranks(int n, const size_t *counts, int ncounts, uint64_t *hash) 
 
 /* --- a peer that leaves --- */
 
+/* The collective that meets the missing peer first: each algorithm must give up cleanly. */
+enum { FIRST_ALLREDUCE = 0, FIRST_ALLGATHER, FIRST_ALLGATHERV, FIRST_ALLTOALL, FIRST_COUNT };
+static const char *const first_names[] = {"allreduce", "allgather", "allgatherv", "alltoall"};
+
 typedef struct {
-    int   rank;
+    int   rank, first;
     int  *fds;
     int   rc1, rc2, rc3;
     char  msg1[512], msg2[512];
@@ -308,8 +342,16 @@ static void *leave_main(void *p) {
         fl_comm_free(c);
         return NULL;
     }
-    float buf[100] = {0};
-    a->rc1 = fl_comm_allreduce(c, buf, 100, FL_DTYPE_F32, FL_REDOP_SUM);
+    float buf[100] = {0}, out[300] = {0};
+    size_t counts[3] = {7, 0, 50};
+    switch (a->first) { /* small: recursive doubling and Bruck */
+    case FIRST_ALLREDUCE:
+        a->rc1 = fl_comm_allreduce(c, buf, 100, FL_DTYPE_F32, FL_REDOP_SUM);
+        break;
+    case FIRST_ALLGATHER: a->rc1 = fl_comm_allgather(c, buf, out, 100, FL_DTYPE_F32); break;
+    case FIRST_ALLGATHERV: a->rc1 = fl_comm_allgatherv(c, buf, out, counts, FL_DTYPE_F32); break;
+    default: a->rc1 = fl_comm_alltoall(c, out, out + 150, 50, FL_DTYPE_F32); break;
+    }
     snprintf(a->msg1, sizeof a->msg1, "%s", fl_errmsg());
     a->rc2 = fl_comm_barrier(c);
     snprintf(a->msg2, sizeof a->msg2, "%s", fl_errmsg());
@@ -320,14 +362,14 @@ static void *leave_main(void *p) {
     return NULL;
 }
 
-static void test_peer_leaves(void) {
+static void test_peer_leaves(int first) {
     int *fds = socket_mesh(3, 0);
     leave_arg args[3];
     pthread_t th[3];
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, 3);
     for (int r = 0; r < 3; r++) {
-        args[r] = (leave_arg){.rank = r, .fds = fds + r * 3, .bar = &bar};
+        args[r] = (leave_arg){.rank = r, .first = first, .fds = fds + r * 3, .bar = &bar};
         pthread_create(&th[r], NULL, leave_main, &args[r]);
     }
     for (int r = 0; r < 3; r++)
@@ -338,7 +380,7 @@ static void test_peer_leaves(void) {
         CHECK(a->rc1 == FL_EPEER || a->rc1 == FL_ETIMEOUT);
         CHECK(a->rc2 == a->rc1 && a->rc3 == a->rc1);
         CHECK(strcmp(a->msg1, a->msg2) == 0);
-        CHECK(strstr(a->msg1, "allreduce") != NULL);
+        CHECK(strstr(a->msg1, first_names[first]) != NULL);
         fprintf(stderr, "rank %d after its peer left: %s\n", r, a->msg1);
     }
     free(fds);
@@ -360,6 +402,16 @@ int main(void) {
             CHECK(memcmp(h1, h2, sizeof h1) == 0);
         }
     }
-    test_peer_leaves();
+    /* 6..8 ranks, small counts: Bruck's last round moves 2, 3 and 4 of the 4 blocks held */
+    static const size_t small[] = {0, 1, 7, 33};
+    for (int n = 6; n <= 8; n++) {
+        uint64_t h[TUNE_COUNT];
+        double t0 = fl_now();
+        run_ranks(n, small, 4, h);
+        fprintf(stderr, "%d ranks: small counts x %d tunings in %.2f s\n", n, TUNE_COUNT,
+                fl_now() - t0);
+    }
+    for (int first = 0; first < FIRST_COUNT; first++)
+        test_peer_leaves(first);
     TEST_DONE();
 }
