@@ -4,19 +4,19 @@
 Per exchange, N workers, k pairs of 8 bytes per worker, alpha seconds per message round, beta
 seconds per byte on each worker's link (full duplex), gamma seconds of local work per pair:
 
-  allgather (ring)     (N - 1) alpha + 8 k (N - 1) beta
-  sparse allreduce     ((N - 1) + 3 ceil(log2 N) + 2 rd(N)) alpha     the alltoallv of the
-                       + 8 (N - 1)/N (k + min(U, B k)) beta            pairs (pairwise, N - 1
-                       + 8 ceil(N/2) ceil(log2 N) beta                 rounds); Bruck's
-                       + (2056 + [U > B k] 2048) rd(N) beta            alltoall of the counts,
-                       + gamma k max(1, N / cores)                     allgather of the kept
-                                                                       counts and allgatherv
-                                                                       of the kept sums (log2 N
-                                                                       rounds each; the ring's
-                                                                       N - 1 past 1 MiB); two
-                                                                       histogram allreduces
-                                                                       (recursive doubling:
-                                                                       rd(N) rounds)
+  allgather            g(8 k N) alpha + 8 k (N - 1) beta              g(B): Bruck's ceil(log2 N)
+                                                                       rounds up to 1 MiB
+                                                                       gathered, the ring's N - 1
+                                                                       above (tcp's choice)
+  sparse allreduce     ((N - 1) + 2 ceil(log2 N) + g(8 K) + h rd(N)) alpha
+                       + 8 (N - 1)/N (k + K) beta
+                       + 8 ceil(N/2) ceil(log2 N) beta
+                       + (2056 + [U > B k] 2048) rd(N) beta
+                       + gamma k max(1, N / cores)
+      K = min(U, B k) sums kept; h = 2 histogram allreduces when U > B k, else 1. Rounds: the
+      pairs' alltoallv is pairwise (N - 1); Bruck's alltoall of the counts and allgather of
+      the kept counts (ceil(log2 N) each), the allgatherv of the kept sums (g); the histograms
+      (the first also carries the count of distinct indices) by recursive doubling (rd(N)).
   dense allreduce      as the tcp backend picks it for n values: recursive doubling
                        rd(N) (alpha + 4 n beta) up to 256 KiB (from 64 KiB on, with 8 or more
                        ranks, Rabenseifner's 2 log2 N alpha + 8 n (N - 1)/N beta, up to 4 MiB),
@@ -30,7 +30,7 @@ when N workers share `cores` cores (netlab on one machine) it is paid N / cores 
 
   dgc_cost.py validate RAW [--cores 2] [--shared 0.5] [--budget 4]
       RAW: bench/dgc_exchange.sh's RAW file. alpha per N from the 8-byte allgather rows
-      (time / (N - 1): on one machine this is mostly the wake-up of N processes on few cores),
+      (time / g(8 N) rounds: on one machine mostly the wake-up of N processes on few cores),
       beta from the dense allreduce of the fewest hosts, gamma from the one-worker sparse rows.
       Prints measured against predicted for every allgather and sparse row, and the error.
   dgc_cost.py predict [--alpha-us 50] [--gamma-ns 30] [--compute-s 0.1] [--params 25557032]
@@ -70,15 +70,18 @@ def sparse_rounds_bytes(n, k, numel, shared, budget):
     u = union(n, k, numel, shared)
     kept = min(u, budget * k)
     over = u > budget * k
-    gather = lg(n) if 8 * kept <= BRUCK_MAX else n - 1
-    rounds = (n - 1) + lg(n) + lg(n) + gather + rd_rounds(n) * (2 if over else 1)
+    rounds = (n - 1) + 2 * lg(n) + gather_rounds(n, 8 * kept) + rd_rounds(n) * (2 if over else 1)
     nbytes = (8 * (n - 1) / n * (k + kept) + 8 * math.ceil(n / 2) * lg(n)
               + (HIST1 + (HIST2 if over else 0)) * rd_rounds(n))
     return rounds, nbytes
 
 
+def gather_rounds(n, nbytes):  # tcp: Bruck's allgather up to BRUCK_MAX gathered, else the ring
+    return lg(n) if nbytes <= BRUCK_MAX else n - 1
+
+
 def t_allgather(n, k, a, b):
-    return (n - 1) * a + 8 * k * (n - 1) * b
+    return gather_rounds(n, 8 * k * n) * a + 8 * k * (n - 1) * b
 
 
 def t_sparse(n, k, numel, a, b, g, shared, budget, cores):
@@ -115,7 +118,8 @@ def read_raw(path):
 
 def validate(args):
     m = read_raw(args.raw)
-    alpha = {h: t / (h - 1) for (op, h, k, n), (t, _, _) in m.items() if op == "latency" and h > 1}
+    alpha = {h: t / gather_rounds(h, 8 * h)
+             for (op, h, k, n), (t, _, _) in m.items() if op == "latency" and h > 1}
     dense = sorted((h, n, t) for (op, h, k, n), (t, _, _) in m.items() if op == "dense" and h > 1)
     if not alpha or not dense:
         sys.exit("dgc_cost.py: RAW needs latency and dense rows")

@@ -11,7 +11,10 @@
  *      threshold is chosen with two allreduces of 256-bin histograms (the float's exponent,
  *      then the next 8 bits), and only sums above it are kept;
  *   4. the kept sums are allgathered: at most `max_keep` pairs received per rank.
- * A rank sends about k and receives about k + max_keep pairs, whatever N. What is not kept is
+ * A rank sends about k and receives about k + max_keep pairs, whatever N. Message rounds:
+ * N - 1 for the pairs (pairwise exchange: each pair sent once), a few log2 N for the rest (the
+ * counts by alltoall, the kept counts and sums by allgather: Bruck's on the tcp backend; the
+ * histograms by recursive doubling). What is not kept is
  * reported per input pair (kept[i] = 0), so that the caller returns its own contribution to
  * its residual: nothing is lost, only delayed (as DGC's own unsent gradients are). */
 #include "fleet/comm.h"
@@ -72,8 +75,7 @@ int fl_comm_sparse_allreduce(fl_comm *c, int64_t n, const int32_t *idx, const fl
     int rc = 0;
     size_t N = (size_t)size;
     int64_t *cnt = calloc(3 * N, sizeof *cnt); /* pairs sent to, received from, kept by q */
-    size_t *sc = malloc(4 * N * sizeof *sc), *rcn = sc + N, *ones = sc + 2 * N,
-           *kc = sc + 3 * N;
+    size_t *sc = malloc(3 * N * sizeof *sc), *rcn = sc + N, *kc = sc + 2 * N;
     int32_t *sbuf = malloc((size_t)(2 * m + 1) * sizeof *sbuf);
     int32_t *rbuf = NULL, *gbuf = NULL;
     triple *tr = NULL;
@@ -89,9 +91,7 @@ int fl_comm_sparse_allreduce(fl_comm *c, int64_t n, const int32_t *idx, const fl
         sbuf[2 * i] = idx[i];
         memcpy(&sbuf[2 * i + 1], &val[i], 4);
     }
-    for (size_t j = 0; j < N; j++)
-        ones[j] = 1;
-    if ((rc = fl_comm_alltoallv(c, cnt, ones, cnt + N, ones, FL_DTYPE_I64)) < 0)
+    if ((rc = fl_comm_alltoall(c, cnt, cnt + N, 1, FL_DTYPE_I64)) < 0) /* the counts first */
         goto done;
     int64_t R = 0;
     for (size_t j = 0; j < N; j++) {

@@ -26,22 +26,29 @@ int64_t dgc_k(int64_t numel, double s) {
     return k < 0 ? 0 : k > numel ? numel : k;
 }
 
+/* Rounds of an allgather of `bytes` in all on the tcp backend: Bruck's up to its switch point,
+ * else the ring. */
+static double gather_rounds(double n, double bytes) {
+    return bytes <= DGC_COST_BRUCK_MAX_BYTES ? ceil(log2(n)) : n - 1;
+}
+
 double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k) {
     double n = world, bytes = 8.0 * (double)k;
     if (world <= 1)
         return 0;
     if (e == DGC_EXCHANGE_SPARSE) {
         /* message rounds on the tcp backend (docs/dgc.md): the pairs' alltoallv, pairwise, n - 1;
-         * Bruck's alltoall of the counts, allgather of the kept counts and allgatherv of the
-         * kept sums, ceil(log2 n) each; two histogram allreduces by recursive doubling, which
-         * folds a rank count that is not a power of two (2 more rounds) */
+         * Bruck's alltoall of the counts and allgather of the kept counts, ceil(log2 n) each;
+         * the allgatherv of the kept sums (up to BUDGET k pairs); two histogram allreduces by
+         * recursive doubling, which folds a rank count that is not a power of two (2 more) */
         int f = (int)floor(log2(n));
         double rd = (1 << f) == world ? f : f + 2;
-        double rounds = (n - 1) + 3 * ceil(log2(n)) + 2 * rd;
+        double rounds = (n - 1) + 2 * ceil(log2(n)) + gather_rounds(n, bytes * DGC_SPARSE_BUDGET) +
+                        2 * rd;
         return rounds * DGC_COST_ALPHA_S + bytes * (1 + DGC_SPARSE_BUDGET) * (n - 1) / n *
                                                DGC_COST_BYTE_S;
     }
-    return (n - 1) * (DGC_COST_ALPHA_S + bytes * DGC_COST_BYTE_S);
+    return gather_rounds(n, bytes * n) * DGC_COST_ALPHA_S + (n - 1) * bytes * DGC_COST_BYTE_S;
 }
 
 static bool pays(dgc_exchange e, int world, double s) {

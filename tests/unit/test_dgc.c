@@ -74,11 +74,15 @@ static void test_k_and_rules(void) {
           dgc_sparse_pays(1, 0.6, SP));
     CHECK(dgc_sparse_pays(32, 0.9375, AU) && !dgc_sparse_pays(32, 0.75, AU) &&
           dgc_sparse_pays(2, 0.8, AU));
-    /* the estimate: allgather (N - 1)(alpha + 8 k beta); sparse ((N - 1) + 3 ceil(log2 N) +
-     * 2 rd(N)) alpha + 8 k (1 + 4) (N - 1) / N beta, rd(8) = 3, rd(5) = 2 + 2 */
-    CHECK_NEAR(dgc_exchange_seconds(AG, 8, 1000), 7 * (50e-6 + 8000 * 8e-9), 1e-15);
+    /* the estimate: allgather g(8 k N) alpha + 8 k (N - 1) beta; sparse ((N - 1) + 2 ceil(log2
+     * N) + g(8 k 4) + 2 rd(N)) alpha + 8 k (1 + 4) (N - 1) / N beta; g is Bruck's ceil(log2 N)
+     * up to 1 MiB, else N - 1; rd(8) = 3, rd(5) = 2 + 2 */
+    CHECK_NEAR(dgc_exchange_seconds(AG, 8, 1000), 3 * 50e-6 + 7 * 8000 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(AG, 8, 100000), 7 * (50e-6 + 800000 * 8e-9), 1e-15);
     CHECK_NEAR(dgc_exchange_seconds(SP, 8, 1000), 22 * 50e-6 + 40000 * 7.0 / 8 * 8e-9, 1e-15);
     CHECK_NEAR(dgc_exchange_seconds(SP, 5, 1000), 21 * 50e-6 + 40000 * 4.0 / 5 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 100000), 26 * 50e-6 + 4000000 * 7.0 / 8 * 8e-9,
+               1e-15);
     CHECK(dgc_exchange_seconds(AG, 1, 1000) == 0 && dgc_exchange_seconds(SP, 1, 1000) == 0);
     /* auto: one rank and few pairs allgather; ResNet-50's 25.6k pairs at 0.999: sparse from 8 */
     CHECK(dgc_choose_exchange(AU, 1, 1 << 20, 0.999) == AG);
