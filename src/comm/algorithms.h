@@ -45,6 +45,14 @@ int fl_rd_allreduce(fl_peers *p, fl_scratch *s, void *buf, size_t count, fl_dtyp
 /* Dissemination barrier: ceil(log2 size) rounds of one byte. */
 int fl_rd_barrier(fl_peers *p);
 
+/* --- rh.c: Rabenseifner 2004; Thakur, Rabenseifner & Gropp 2005 --- */
+/* buf (count) becomes op over all ranks: recursive-halving reduce-scatter, then
+ * recursive-doubling allgather, 2 log2 p2 steps (p2: the largest power of two <= size; +2
+ * when size is not one, folded as in rd.c) that send about 2 (p2-1)/p2 of the buffer per rank.
+ * Any count (blocks may be empty); scratch of count elements. */
+int fl_rh_allreduce(fl_peers *p, fl_scratch *s, void *buf, size_t count, fl_dtype t,
+                    fl_redop op);
+
 /* --- alltoall.c: Thakur, Rabenseifner & Gropp 2005 --- */
 /* Pairwise exchange: rank r's in block j (send_counts[j] elements) goes to rank j's out block r
  * (its recv_counts[r]); blocks in rank order. n - 1 full-duplex steps. */

@@ -3,7 +3,7 @@
  * while receiving from another". Transports implement it (transport.c: TCP or unix sockets;
  * shm.c: shared memory between ranks of one host), and so does a group (group.c: a subset of
  * another fl_peers' ranks, renumbered 0 .. n-1, for the hierarchical collectives). Algorithms
- * (ring.c, rd.c, bcast.c, alltoall.c, bruck.c, hier.c) never see a socket or a segment.
+ * (ring.c, rd.c, rh.c, bcast.c, alltoall.c, bruck.c, hier.c) never see a socket or a segment.
  * Private to src/comm and its tests. */
 #ifndef FLEET_PEERS_H
 #define FLEET_PEERS_H

@@ -1,8 +1,9 @@
 /* tcp.c - the tcp backend: a transport (one authenticated full-duplex connection per peer) and
- * the choice of algorithm per collective: recursive doubling (rd.c) for small allreduces, the
- * ring (ring.c) for large ones and for reduce-scatter, Bruck (bruck.c) for small allgathers and
- * alltoalls, the ring and pairwise exchange (alltoall.c) for large ones, tree or chain
- * broadcast (bcast.c). One rank needs no network at all: collectives are local copies. */
+ * the choice of algorithm per collective: recursive doubling (rd.c) for small allreduces,
+ * Rabenseifner's (rh.c) for medium ones at 8 ranks or more, the ring (ring.c) for large ones
+ * and for reduce-scatter, Bruck (bruck.c) for small allgathers and alltoalls, the ring and
+ * pairwise exchange (alltoall.c) for large ones, tree or chain broadcast (bcast.c). One rank
+ * needs no network at all: collectives are local copies. */
 #include "tcp.h"
 
 #include "algorithms.h"
@@ -20,7 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Allreduce switch point: recursive doubling up to here, ring above. Measured on one host
+/* Allreduce switch point: recursive doubling up to here, ring above (from 8 ranks Rabenseifner's
+ * takes the range from 64 KiB to 4 MiB: below). Measured on one host
  * (Debian 12 VM, 2 cores: 4 ranks are oversubscribed) with
  *     FLEET_TCP_RD_MAX_BYTES=0 (ring) or 100000000 (rd) comm_check --bench 4096,...,1048576
  * under FLEET_COMM_LOCAL=0 (loopback TCP) and the default (peers on one host switch to unix
@@ -41,6 +43,32 @@
  * and recursive doubling sends log2(p) whole buffers where the ring sends 2(p-1)/p of one.
  * Overridable for benchmarking: FLEET_TCP_RD_MAX_BYTES. */
 #define TCP_RD_MAX_BYTES ((size_t)256 << 10)
+/* Rabenseifner's allreduce (rh.c) from 8 ranks, for 64 KiB to 4 MiB; recursive doubling below
+ * 64 KiB there. Not measured (this host has 2 cores: 8 ranks would time the scheduler); chosen
+ * from the alpha-beta costs of p ranks (a power of two) reducing n bytes, a the latency of a
+ * round and b the time per byte:
+ *     recursive doubling   log p (a + n b)
+ *     Rabenseifner         2 log p a + 2 (p-1)/p n b
+ *     ring                 2 (p-1) a + 2 (p-1)/p n b
+ * Rabenseifner beats recursive doubling above n = a/b log p / (log p - 2 (p-1)/p): never at 2
+ * ranks (the same bytes in twice the rounds), from 4 a/b at 4 ranks, 2.4 a/b at 8, 1.9 a/b at
+ * 16. Below 8 ranks recursive doubling's log p copies of the buffer cost little more than
+ * Rabenseifner's two halves and it takes half the rounds: at 4 ranks (1.5 buffers against 2, 4
+ * rounds against 2) Rabenseifner is at most 11% faster, at 8 a/b, where the ring is as fast
+ * (the table above puts that at 256-512 KiB on loopback: a/b is 32-64 KiB). From 8 ranks the
+ * gap grows with log p: at 212 KB (DGC's dense remainder in ResNet-50) and a/b = 32 KiB,
+ * Rabenseifner takes 17.3 a at 8 ranks where recursive doubling takes 22.4 a and the ring
+ * 25.3 a. 64 KiB is 2 a/b there: just below the crossover at 8 ranks (Rabenseifner 6% slower),
+ * above it at 16, and networks slower than loopback have a smaller a/b, which moves it down.
+ * Over the ring Rabenseifner saves 2 (p-1) - 2 log p rounds (8 of 14 at 8 ranks) for the same
+ * bytes, which matters less as n grows: 3% at 4 MiB and 8 ranks, where the ring takes over
+ * with its bounded scratch (one 1 MiB segment; rh.c needs a buffer the size of the message).
+ * Ranks beyond a power of two fold first in both recursive algorithms (one more buffer and 2
+ * more rounds each). Overridable: FLEET_TCP_RH_MIN_RANKS, FLEET_TCP_RH_MIN_BYTES,
+ * FLEET_TCP_RH_MAX_BYTES. */
+#define TCP_RH_MIN_RANKS 8
+#define TCP_RH_MIN_BYTES ((size_t)64 << 10)
+#define TCP_RH_MAX_BYTES ((size_t)4 << 20)
 /* Ring segments of at most 1 MiB: larger buffers go round in several passes, which keeps the
  * scratch buffer at 1 MiB whatever the size of the gradients. On loopback 1-4 MiB segments
  * were as fast as or faster than 16-64 MiB ones for 4-64 MiB allreduces; on netlab (4 hosts,
@@ -123,6 +151,18 @@ static int try_shm(tcp_state *st, fl_transport *tp, fl_peers *p, const int *memb
     return rc;
 }
 
+/* Rabenseifner's at many ranks for medium sizes; else recursive doubling up to rd_max_bytes,
+ * but at many ranks only below Rabenseifner's range (above it the ring beats log2 p copies of
+ * the buffer); the ring for the rest. */
+fl_tcp_allreduce fl_tcp_allreduce_choice(const fl_tcp_tuning *tune, int n, size_t bytes) {
+    bool many = (size_t)n >= tune->rh_min_ranks;
+    if (many && bytes >= tune->rh_min_bytes && bytes <= tune->rh_max_bytes)
+        return FL_TCP_ALLREDUCE_RH;
+    if (bytes <= tune->rd_max_bytes && (!many || bytes < tune->rh_min_bytes))
+        return FL_TCP_ALLREDUCE_RD;
+    return FL_TCP_ALLREDUCE_RING;
+}
+
 static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
     tcp_state *st = state_of(c);
     if (!peers(st)) {
@@ -140,8 +180,12 @@ static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_red
             rc = fl_shm_abort(ns->shm, rc, fl_errmsg());
         return rc;
     }
-    if (count * fl_dtype_size(t) <= st->tune.rd_max_bytes)
-        return fl_rd_allreduce(peers(st), &st->scratch, buf, count, t, op);
+    switch (fl_tcp_allreduce_choice(&st->tune, fl_peers_size(peers(st)),
+                                    count * fl_dtype_size(t))) {
+    case FL_TCP_ALLREDUCE_RD: return fl_rd_allreduce(peers(st), &st->scratch, buf, count, t, op);
+    case FL_TCP_ALLREDUCE_RH: return fl_rh_allreduce(peers(st), &st->scratch, buf, count, t, op);
+    case FL_TCP_ALLREDUCE_RING: break;
+    }
     return fl_ring_allreduce(peers(st), &st->scratch, st->tune.seg_max_bytes, buf, count, t, op);
 }
 
@@ -283,8 +327,9 @@ static const struct fl_comm_ops tcp_ops = {
     .destroy = tcp_destroy,
 };
 
-/* A byte count from the environment (benchmarking knobs); *out untouched when unset. */
-static int env_bytes(const char *name, size_t *out) {
+/* A byte count (or a rank count: what says which) from the environment (benchmarking
+ * knobs); *out untouched when unset. */
+static int env_size(const char *name, const char *what, size_t *out) {
     const char *v = getenv(name);
     if (!v || !*v)
         return 0;
@@ -292,7 +337,7 @@ static int env_bytes(const char *name, size_t *out) {
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (errno || *end || *v == '-')
-        return fl_fail(FL_EINVAL, "%s=%s is not a byte count", name, v);
+        return fl_fail(FL_EINVAL, "%s=%s is not a %s", name, v, what);
     *out = (size_t)x;
     return 0;
 }
@@ -304,22 +349,29 @@ static bool shm_wanted(void) {
     return !(v && strcmp(v, "0") == 0);
 }
 
-/* Defaults, then FLEET_TCP_RD_MAX_BYTES, FLEET_TCP_SEG_MAX_BYTES and FLEET_TCP_BRUCK_MAX_BYTES
- * if set. */
+/* Defaults, then FLEET_TCP_RD_MAX_BYTES, FLEET_TCP_RH_MIN_RANKS, FLEET_TCP_RH_MIN_BYTES,
+ * FLEET_TCP_RH_MAX_BYTES, FLEET_TCP_SEG_MAX_BYTES and FLEET_TCP_BRUCK_MAX_BYTES if set. */
 static int new_state(tcp_state **out) {
     *out = NULL;
     tcp_state *st = calloc(1, sizeof *st);
     if (!st)
         return fl_fail(FL_ENOMEM, "tcp: out of memory");
     st->tune.rd_max_bytes = TCP_RD_MAX_BYTES;
+    st->tune.rh_min_ranks = TCP_RH_MIN_RANKS;
+    st->tune.rh_min_bytes = TCP_RH_MIN_BYTES;
+    st->tune.rh_max_bytes = TCP_RH_MAX_BYTES;
     st->tune.seg_max_bytes = TCP_SEG_MAX_BYTES;
     st->tune.bcast_tree_max_bytes = TCP_BCAST_TREE_MAX_BYTES;
     st->tune.bcast_chunk_bytes = TCP_BCAST_CHUNK_BYTES;
     st->tune.bruck_max_bytes = TCP_BRUCK_MAX_BYTES;
     int rc;
-    if ((rc = env_bytes("FLEET_TCP_RD_MAX_BYTES", &st->tune.rd_max_bytes)) < 0 ||
-        (rc = env_bytes("FLEET_TCP_SEG_MAX_BYTES", &st->tune.seg_max_bytes)) < 0 ||
-        (rc = env_bytes("FLEET_TCP_BRUCK_MAX_BYTES", &st->tune.bruck_max_bytes)) < 0) {
+    if ((rc = env_size("FLEET_TCP_RD_MAX_BYTES", "byte count", &st->tune.rd_max_bytes)) < 0 ||
+        (rc = env_size("FLEET_TCP_RH_MIN_RANKS", "rank count", &st->tune.rh_min_ranks)) < 0 ||
+        (rc = env_size("FLEET_TCP_RH_MIN_BYTES", "byte count", &st->tune.rh_min_bytes)) < 0 ||
+        (rc = env_size("FLEET_TCP_RH_MAX_BYTES", "byte count", &st->tune.rh_max_bytes)) < 0 ||
+        (rc = env_size("FLEET_TCP_SEG_MAX_BYTES", "byte count", &st->tune.seg_max_bytes)) < 0 ||
+        (rc = env_size("FLEET_TCP_BRUCK_MAX_BYTES", "byte count", &st->tune.bruck_max_bytes)) <
+            0) {
         free(st);
         return rc;
     }

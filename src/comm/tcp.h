@@ -9,8 +9,14 @@
 
 /* Where the tcp backend switches algorithms (see tcp.c for how the defaults were measured). */
 typedef struct {
-    size_t rd_max_bytes;      /* allreduce: recursive doubling up to this many bytes, else ring
+    size_t rd_max_bytes;      /* allreduce: recursive doubling up to this many bytes (unless
+                                 Rabenseifner's applies), else ring
                                  (env FLEET_TCP_RD_MAX_BYTES overrides the default) */
+    size_t rh_min_ranks;      /* allreduce: Rabenseifner's with at least this many ranks for
+                                 buffers of rh_min_bytes to rh_max_bytes bytes (env
+                                 FLEET_TCP_RH_MIN_RANKS, _RH_MIN_BYTES, _RH_MAX_BYTES) */
+    size_t rh_min_bytes;
+    size_t rh_max_bytes;
     size_t seg_max_bytes;     /* ring: at most this many bytes per segment; larger buffers go
                                  round the ring in several passes (bounds the scratch buffer) */
     size_t bcast_tree_max_bytes; /* broadcast: binomial tree up to this many bytes, else chain */
@@ -19,6 +25,13 @@ typedef struct {
                                  alltoall: Bruck up to this many bytes in (size * count), else
                                  pairwise exchange (env FLEET_TCP_BRUCK_MAX_BYTES) */
 } fl_tcp_tuning;
+
+/* The allreduce the tcp backend runs for `bytes` over n ranks (a flat communicator; the
+ * hierarchical one is hier.c's): Rabenseifner's when n >= rh_min_ranks and bytes is within
+ * [rh_min_bytes, rh_max_bytes]; else recursive doubling when bytes <= rd_max_bytes and
+ * (n < rh_min_ranks or bytes < rh_min_bytes); else the ring. */
+typedef enum { FL_TCP_ALLREDUCE_RD, FL_TCP_ALLREDUCE_RH, FL_TCP_ALLREDUCE_RING } fl_tcp_allreduce;
+fl_tcp_allreduce fl_tcp_allreduce_choice(const fl_tcp_tuning *tune, int n, size_t bytes);
 
 /* A tcp communicator over already-connected sockets (fds[r] for r != rank, fds[rank] = -1;
  * ownership passes to the communicator), e.g. socketpair()s between threads in tests

@@ -8,7 +8,10 @@
 # buckets are small enough for recursive doubling, whose per-element order depends only on the
 # rank count: there fusion on and off are bit-identical too. "4r" runs 4 workers on the ring
 # (FLEET_TCP_RD_MAX_BYTES=0), where an element's order depends on its segment of the bucket, so
-# other bucket sizes agree only to rounding (the 1e-5 check). The bucket
+# other bucket sizes agree only to rounding (the 1e-5 check). "3h" and "4h" force Rabenseifner's
+# allreduce on every bucket (FLEET_TCP_RH_MIN_RANKS=1, _MIN_BYTES=0; 3 workers fold, 4 halve
+# twice), which combines in recursive doubling's order: every rank must end with the bits of the
+# recursive-doubling run (fuse 0.02 MiB, overlap on). The bucket
 # plan is checked from rank 0's debug log: fc1 (4224 values), fc2 (16512), fc3 (516) make 1
 # bucket at 32 MiB, 3 at 0.02 MiB (fc2.weight alone), 6 at 0.
 set -u
@@ -60,6 +63,26 @@ for opt in sgd momentum; do
       else
         echo "FAIL: $opt, $case workers: fuse 32, 0.02 and 0 MiB differ"; fail=1
       fi
+    fi
+  done
+done
+
+for opt in sgd momentum; do
+  args=(--optimizer "$opt")
+  [ "$opt" = momentum ] && args+=(--momentum 0.9 --weight-decay 1e-3)
+  for n in 3 4; do
+    name="${opt}_${n}h" want="${opt}_${n}_0.02_on"
+    train_env=(FLEET_COMM_TIMEOUT=60 FLEET_TCP_RH_MIN_RANKS=1 FLEET_TCP_RH_MIN_BYTES=0)
+    train "$name" "$n" "${args[@]}" --batch $b --fuse 0.02 --overlap on --out-every-rank ||
+      continue
+    same=1
+    for ((r = 0; r < n; r++)); do
+      cmp -s "$tmp/$name.bin.$r" "$tmp/$want.bin" || same=0
+    done
+    if [ $same = 1 ]; then
+      echo "$opt, $n workers, Rabenseifner's allreduce: every rank bit-identical to recursive doubling"
+    else
+      echo "FAIL: $opt, $n workers, Rabenseifner's allreduce: differs from recursive doubling"; fail=1
     fi
   done
 done

@@ -1,12 +1,15 @@
 /* test_comm_algorithms.c - the tcp backend's algorithms without processes: N = 1..5 threads
  * (6..8 with small counts), each a rank of a communicator over socketpairs
- * (fl_comm_tcp_from_fds), run the matrix of tests/comm/comm_matrix.h under three tunings
+ * (fl_comm_tcp_from_fds), run the matrix of tests/comm/comm_matrix.h under four tunings
  * (default switch points; the bandwidth algorithms forced: ring, chain and pairwise exchange,
  * with tiny segments so that buffers take many passes; the latency algorithms forced:
- * recursive doubling, tree and Bruck), and the alltoalls once more through comm.c's fallback
- * for backends without one (alltoallv). Also: the reduction kernels against core/half.c,
- * argument checks, a single rank with no network, and a peer that leaves (every later call
- * fails with the first failure's message), whichever collective meets it first. */
+ * recursive doubling, tree and Bruck; Rabenseifner's allreduce forced), and the alltoalls once
+ * more through comm.c's fallback for backends without one (alltoallv). The Rabenseifner tuning
+ * changes only the allreduce, so it runs the matrix's allreduce rows alone, for N = 1..8
+ * (every fold, 1 to 3 halvings), and checks that they also have recursive doubling's bits.
+ * Also: the reduction kernels against core/half.c, argument checks, a single rank with no
+ * network, and a peer that leaves (every later call fails with the first failure's message),
+ * whichever collective meets it first. */
 #include "test.h"
 
 #include "comm/comm_matrix.h"
@@ -218,17 +221,145 @@ static void test_single_rank(void) {
     CHECK(c == NULL);
 }
 
+/* --- which allreduce the tcp backend picks --- */
+
+static void test_allreduce_choice(void) {
+    /* the defaults, as tcp.c documents them (a tcp communicator of one rank holds them) */
+    static const char *const knobs[] = {"FLEET_TCP_RD_MAX_BYTES", "FLEET_TCP_RH_MIN_RANKS",
+                                        "FLEET_TCP_RH_MIN_BYTES", "FLEET_TCP_RH_MAX_BYTES"};
+    for (int i = 0; i < 4; i++)
+        unsetenv(knobs[i]);
+    int fd = -1;
+    fl_comm *c = NULL;
+    CHECK_OK(fl_comm_tcp_from_fds(0, 1, &fd, 10, &c));
+    if (!c)
+        return;
+    fl_tcp_tuning tu;
+    fl_comm_tcp_get_tuning(c, &tu);
+    fl_comm_free(c);
+    CHECK(tu.rd_max_bytes == 256 << 10 && tu.rh_min_ranks == 8 && tu.rh_min_bytes == 64 << 10 &&
+          tu.rh_max_bytes == 4 << 20);
+    static const struct {
+        int    n;
+        size_t bytes;
+    } cases[] = {{2, 0}, {4, 1000}, {4, 256 << 10}, {4, (256 << 10) + 1},
+                 {7, 53120 * 4}, /* DGC's dense values in ResNet-50, f32 */
+                 {8, 0}, {8, (64 << 10) - 1}, {8, 64 << 10}, {8, 53120 * 4}, {8, 4 << 20},
+                 {8, (4 << 20) + 1}, {64, 100000}};
+    static const fl_tcp_allreduce want[] = {
+        FL_TCP_ALLREDUCE_RD, FL_TCP_ALLREDUCE_RD, FL_TCP_ALLREDUCE_RD, FL_TCP_ALLREDUCE_RING,
+        FL_TCP_ALLREDUCE_RD, FL_TCP_ALLREDUCE_RD, FL_TCP_ALLREDUCE_RD, FL_TCP_ALLREDUCE_RH,
+        FL_TCP_ALLREDUCE_RH, FL_TCP_ALLREDUCE_RH, FL_TCP_ALLREDUCE_RING, FL_TCP_ALLREDUCE_RH};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fl_tcp_allreduce got = fl_tcp_allreduce_choice(&tu, cases[i].n, cases[i].bytes);
+        if (got != want[i])
+            fprintf(stderr, "%d ranks, %zu bytes: allreduce %d, want %d\n", cases[i].n,
+                    cases[i].bytes, (int)got, (int)want[i]);
+        CHECK(got == want[i]);
+    }
+    /* at many ranks, recursive doubling only below Rabenseifner's range, even when rd_max_bytes
+     * reaches above it: the ring there */
+    tu.rh_max_bytes = 100 << 10;
+    CHECK(fl_tcp_allreduce_choice(&tu, 8, 200 << 10) == FL_TCP_ALLREDUCE_RING);
+    CHECK(fl_tcp_allreduce_choice(&tu, 7, 200 << 10) == FL_TCP_ALLREDUCE_RD);
+    tu.rh_min_ranks = SIZE_MAX; /* off */
+    CHECK(fl_tcp_allreduce_choice(&tu, 64, 100 << 10) == FL_TCP_ALLREDUCE_RD);
+
+    /* the environment overrides the defaults; a bad value is refused by name */
+    setenv("FLEET_TCP_RH_MIN_RANKS", "4", 1);
+    setenv("FLEET_TCP_RH_MIN_BYTES", "1000", 1);
+    setenv("FLEET_TCP_RH_MAX_BYTES", "2000", 1);
+    CHECK_OK(fl_comm_tcp_from_fds(0, 1, &fd, 10, &c));
+    if (c) {
+        fl_comm_tcp_get_tuning(c, &tu);
+        CHECK(tu.rh_min_ranks == 4 && tu.rh_min_bytes == 1000 && tu.rh_max_bytes == 2000);
+        fl_comm_free(c);
+    }
+    setenv("FLEET_TCP_RH_MIN_RANKS", "eight", 1);
+    CHECK_RC(fl_comm_tcp_from_fds(0, 1, &fd, 10, &c), FL_EINVAL);
+    CHECK_MSG("FLEET_TCP_RH_MIN_RANKS=eight is not a rank count");
+    for (int i = 0; i < 4; i++)
+        unsetenv(knobs[i]);
+}
+
 /* --- N ranks as threads --- */
 
-enum { TUNE_DEFAULT = 0, TUNE_RING, TUNE_RD, TUNE_COUNT };
+/* The allreduce rows of the matrix alone (mx_run's loops, then the async ones): what a tuning
+ * that changes only the allreduce needs, at a fraction of the time. Then halves that span two
+ * of the transport's 256 KiB frames, so that Rabenseifner's partials are combined chunk by
+ * chunk as they land. */
+static void allreduce_rows(mx_ctx *m, const size_t *counts, int ncounts) {
+    static const fl_redop ops[] = {FL_REDOP_SUM, FL_REDOP_AVG, FL_REDOP_MAX};
+    m->rank = fl_comm_rank(m->c);
+    m->size = fl_comm_size(m->c);
+    if (m->max_reports == 0)
+        m->max_reports = 20;
+    for (int ci = 0; ci < ncounts && !m->fatal; ci++) {
+        for (int d = 0; d < MX_NDTYPES && !m->fatal; d++) {
+            fl_dtype t = mx_dtypes[d];
+            for (int o = 0; o < 3 && !m->fatal; o++) {
+                mx_allreduce(m, t, ops[o], MX_EXACT, counts[ci]);
+                if (fl_dtype_is_float(t) && ops[o] != FL_REDOP_MAX)
+                    mx_allreduce(m, t, ops[o], MX_ORDER, counts[ci]);
+            }
+        }
+        if (!m->fatal && counts[ci] > 0)
+            mx_async(m, counts[ci]);
+    }
+    if (!m->fatal)
+        mx_allreduce(m, FL_DTYPE_I64, FL_REDOP_SUM, MX_EXACT, 70001);
+    if (!m->fatal)
+        mx_allreduce(m, FL_DTYPE_F64, FL_REDOP_AVG, MX_ORDER, 70001);
+}
+
+/* This rank's outputs of the allreduce rows, and of f64 avg over 70001 order-sensitive values,
+ * hashed (no checks: allreduce_rows does them): for comparing two algorithms' bits. Returns
+ * false on an error. */
+static bool allreduce_bits(fl_comm *c, const size_t *counts, int ncounts, uint64_t *hash) {
+    static const fl_redop ops[] = {FL_REDOP_SUM, FL_REDOP_AVG, FL_REDOP_MAX};
+    mx_ctx m = {.c = c, .seed = 5, .rank = fl_comm_rank(c), .size = fl_comm_size(c)};
+    *hash = 0;
+    for (int ci = 0; ci <= ncounts; ci++) {
+        size_t count = ci < ncounts ? counts[ci] : 70001;
+        for (int d = 0; d < MX_NDTYPES; d++) {
+            fl_dtype t = mx_dtypes[d];
+            size_t es = fl_dtype_size(t);
+            for (int o = 0; o < 3; o++) {
+                for (int kind = MX_EXACT; kind <= MX_ORDER; kind++) {
+                    if (kind == MX_ORDER && (!fl_dtype_is_float(t) || ops[o] == FL_REDOP_MAX))
+                        continue;
+                    if (ci == ncounts &&
+                        (t != FL_DTYPE_F64 || ops[o] != FL_REDOP_AVG || kind != MX_ORDER))
+                        continue;
+                    m.case_id++;
+                    void *buf = mx_alloc(count * es);
+                    for (size_t i = 0; i < count; i++)
+                        mx_put(t, buf, i, mx_value(&m, t, kind, m.rank, i));
+                    int rc = fl_comm_allreduce(c, buf, count, t, ops[o]);
+                    *hash = mx_hash_bytes(*hash, buf, count * es);
+                    free(buf);
+                    if (rc < 0) {
+                        fprintf(stderr, "rank %d: allreduce: %s\n", m.rank, fl_errmsg());
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+    return true;
+}
+
+enum { TUNE_DEFAULT = 0, TUNE_RING, TUNE_RD, TUNE_RH, TUNE_COUNT };
 static const char *const tune_names[] = {"default", "ring+chain+pairwise, tiny segments",
-                                         "recursive doubling+tree+Bruck"};
+                                         "recursive doubling+tree+Bruck", "Rabenseifner"};
+#define TUNE_ALL ((1u << TUNE_COUNT) - 1)
 
 typedef struct {
     int             rank, size;
     int            *fds; /* [size] */
     const size_t   *counts;
     int             ncounts;
+    unsigned        tunings; /* bit k: run tuning k */
     long            failures;
     uint64_t        hash[TUNE_COUNT];
     pthread_barrier_t *bar;
@@ -247,21 +378,53 @@ static void *rank_main(void *p) {
     fl_tcp_tuning def;
     fl_comm_tcp_get_tuning(c, &def);
     for (int k = 0; k < TUNE_COUNT; k++) {
+        if (!(a->tunings & (1u << k)))
+            continue;
         fl_tcp_tuning tu = def;
         if (k == TUNE_RING) {
             tu.rd_max_bytes = 0;
+            tu.rh_min_ranks = SIZE_MAX;
             tu.seg_max_bytes = 4000; /* not a multiple of any element size but 8 */
             tu.bcast_tree_max_bytes = 0;
             tu.bcast_chunk_bytes = 1000;
             tu.bruck_max_bytes = 0;
         } else if (k == TUNE_RD) {
             tu.rd_max_bytes = SIZE_MAX;
+            tu.rh_min_ranks = SIZE_MAX;
             tu.bcast_tree_max_bytes = SIZE_MAX;
             tu.bruck_max_bytes = SIZE_MAX;
+        } else if (k == TUNE_RH) { /* every allreduce, whatever the size and rank count */
+            tu.rh_min_ranks = 1;
+            tu.rh_min_bytes = 0;
+            tu.rh_max_bytes = SIZE_MAX;
         }
         fl_comm_tcp_set_tuning(c, &tu);
         mx_ctx m = {.c = c, .seed = 3};
-        mx_run(&m, a->counts, a->ncounts);
+        if (k == TUNE_RH) {
+            allreduce_rows(&m, a->counts, a->ncounts);
+            /* rh.c combines every element in rd.c's order: every output (the order-sensitive
+             * sums too) has recursive doubling's bits */
+            uint64_t h_rh, h_rd;
+            if (!m.fatal && !allreduce_bits(c, a->counts, a->ncounts, &h_rh)) {
+                m.failures++;
+                m.fatal = true;
+            }
+            if (!m.fatal) {
+                tu.rd_max_bytes = SIZE_MAX;
+                tu.rh_min_ranks = SIZE_MAX;
+                fl_comm_tcp_set_tuning(c, &tu);
+                if (!allreduce_bits(c, a->counts, a->ncounts, &h_rd)) {
+                    m.failures++;
+                    m.fatal = true;
+                } else if (h_rd != h_rh) {
+                    fprintf(stderr, "rank %d of %d: Rabenseifner's results differ from "
+                            "recursive doubling's\n", a->rank, a->size);
+                    m.failures++;
+                }
+            }
+        } else {
+            mx_run(&m, a->counts, a->ncounts);
+        }
         if (m.failures && a->rank == 0)
             fprintf(stderr, "%d ranks, tuning %s: %ld failures\n", a->size, tune_names[k],
                     m.failures);
@@ -289,7 +452,8 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
-static void run_ranks(int n, const size_t *counts, int ncounts, uint64_t *hash) {
+static void run_ranks(int n, const size_t *counts, int ncounts, unsigned tunings,
+                      uint64_t *hash) {
     int *fds = socket_mesh(n, 0);
     rank_arg args[8];
     pthread_t th[8];
@@ -297,7 +461,7 @@ static void run_ranks(int n, const size_t *counts, int ncounts, uint64_t *hash) 
     pthread_barrier_init(&bar, NULL, (unsigned)n);
     for (int r = 0; r < n; r++) {
         args[r] = (rank_arg){.rank = r, .size = n, .fds = fds + r * n, .counts = counts,
-                             .ncounts = ncounts, .bar = &bar};
+                             .ncounts = ncounts, .tunings = tunings, .bar = &bar};
         pthread_create(&th[r], NULL, rank_main, &args[r]);
     }
     long failures = 0;
@@ -389,16 +553,19 @@ static void test_peer_leaves(int first) {
 int main(void) {
     test_reduce_kernels();
     test_single_rank();
+    test_allreduce_choice();
 
     static const size_t counts[] = {0, 1, 7, 1000, 20011};
-    for (int n = 1; n <= 5; n++) {
-        uint64_t h1[TUNE_COUNT], h2[TUNE_COUNT];
+    for (int n = 1; n <= 8; n++) {
+        uint64_t h1[TUNE_COUNT] = {0}, h2[TUNE_COUNT] = {0};
+        /* beyond 5 ranks only Rabenseifner's: 6 and 7 fold 2 and 3 pairs, 8 halves 3 times */
+        unsigned tunings = n <= 5 ? TUNE_ALL : 1u << TUNE_RH;
         double t0 = fl_now();
-        run_ranks(n, counts, 5, h1);
-        fprintf(stderr, "%d ranks: matrix x %d tunings in %.2f s\n", n, TUNE_COUNT,
+        run_ranks(n, counts, 5, tunings, h1);
+        fprintf(stderr, "%d ranks: matrix x %d tunings in %.2f s\n", n, n <= 5 ? TUNE_COUNT : 1,
                 fl_now() - t0);
         if (n == 3) { /* repeated runs give the same bits */
-            run_ranks(n, counts, 5, h2);
+            run_ranks(n, counts, 5, tunings, h2);
             CHECK(memcmp(h1, h2, sizeof h1) == 0);
         }
     }
@@ -407,8 +574,8 @@ int main(void) {
     for (int n = 6; n <= 8; n++) {
         uint64_t h[TUNE_COUNT];
         double t0 = fl_now();
-        run_ranks(n, small, 4, h);
-        fprintf(stderr, "%d ranks: small counts x %d tunings in %.2f s\n", n, TUNE_COUNT,
+        run_ranks(n, small, 4, TUNE_ALL & ~(1u << TUNE_RH), h); /* RH: the loop above */
+        fprintf(stderr, "%d ranks: small counts x %d tunings in %.2f s\n", n, TUNE_COUNT - 1,
                 fl_now() - t0);
     }
     for (int first = 0; first < FIRST_COUNT; first++)
