@@ -66,7 +66,9 @@ run_one() {
   local out=$work/out.$sys
   case $sys in
     fleet-tcp | fleet-unix)
-      local envs=(env -u FLEET_COMM_LOCAL -u FLEET_TCP_RD_MAX_BYTES -u FLEET_TCP_SEG_MAX_BYTES -u FLEET_TCP_RH_MIN_RANKS -u FLEET_TCP_RH_MIN_BYTES -u FLEET_TCP_RH_MAX_BYTES -u FLEET_TCP_BRUCK_MAX_BYTES)
+      local envs=(env -u FLEET_COMM_LOCAL -u FLEET_TCP_RD_MAX_BYTES -u FLEET_TCP_SEG_MAX_BYTES
+        -u FLEET_TCP_RH_MIN_RANKS -u FLEET_TCP_RH_MIN_BYTES -u FLEET_TCP_RH_MAX_BYTES
+        -u FLEET_TCP_BRUCK_MAX_BYTES)
       [[ $sys == fleet-tcp ]] && envs+=(FLEET_COMM_LOCAL=0)
       timeout 600 "${envs[@]}" "$fleetrun" --nproc_per_node 2 --log_dir "$work/log" \
         "$commbench" -b "$lo" -e "$hi" -f 4 -n "$iters" -w "$warmup" -c 0 >"$out" 2>&1 ||

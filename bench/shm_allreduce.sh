@@ -91,8 +91,10 @@ run_one() {
         { cat "$out" >&2; return 1; }
       awk '$1 ~ /^[0-9]+$/ && NF == 5 { print $1, $3, $5 }' "$out" ;;
     fleet-unix)
-      timeout 600 env -u FLEET_COMM_LOCAL -u FLEET_TCP_RD_MAX_BYTES -u FLEET_TCP_SEG_MAX_BYTES -u FLEET_TCP_RH_MIN_RANKS -u FLEET_TCP_RH_MIN_BYTES -u FLEET_TCP_RH_MAX_BYTES -u FLEET_TCP_BRUCK_MAX_BYTES \
-        FLEET_COMM_SHM=0 "$fleetrun" --nproc_per_node 2 --log_dir "$work/log" "$commbench" -b "$bytes" \
+      timeout 600 env -u FLEET_COMM_LOCAL -u FLEET_TCP_RD_MAX_BYTES -u FLEET_TCP_SEG_MAX_BYTES \
+        -u FLEET_TCP_RH_MIN_RANKS -u FLEET_TCP_RH_MIN_BYTES -u FLEET_TCP_RH_MAX_BYTES \
+        -u FLEET_TCP_BRUCK_MAX_BYTES FLEET_COMM_SHM=0 \
+        "$fleetrun" --nproc_per_node 2 --log_dir "$work/log" "$commbench" -b "$bytes" \
         -e "$bytes" -f 2 -n "$iters" -w "$warmup" -c 0 >"$out" 2>&1 || { cat "$out" >&2; return 1; }
       awk '$1 ~ /^[0-9]+$/ && NF >= 9 { print $1, $6, $8 }' "$out" ;;
   esac
