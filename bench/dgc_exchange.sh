@@ -13,6 +13,7 @@
 #
 # Usage: bench/dgc_exchange.sh [BUILD_DIR]
 #   HOSTS="2 4 8"  RATE=1gbit  ROUNDS=3  ITERS=10  RAW=FILE (every round's rows, for dgc_cost.py)
+#   NETLAB_BURST=16384 (the links' token bucket, bench/netlab.md)
 # Prints: op hosts k numel time_ms recv_bytes dropped (medians), then the table of the issue.
 set -euo pipefail
 trap 'echo "$(basename "$0"): failed at line $LINENO: $BASH_COMMAND" >&2' ERR
@@ -35,7 +36,9 @@ cleanup() { "$netlab" down >/dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-"$netlab" up "$maxhosts" "$rate" >&2
+# a small token bucket: with netlab's default (128 KiB) a message of tens of KB on an idle link
+# passes at memory speed, which no alpha-beta model (and no real link) does
+NETLAB_BURST=${NETLAB_BURST:-16384} "$netlab" up "$maxhosts" "$rate" >&2
 
 # run_job NHOSTS PORT ARGS...: one fleetrun per host; rank 0's rows on stdout
 run_job() {
