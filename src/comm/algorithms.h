@@ -11,6 +11,35 @@
 
 #include <stddef.h>
 
+/* --- reducing as chunks land (ring.c, rh.c) --- */
+/* An on_recv context (peers.h): acc[i] = acc[i] op in[i] for the whole elements of each
+ * completed chunk (chunks are in bytes and may split an element), so that the reduction
+ * overlaps the transfer of later chunks. */
+typedef struct {
+    char       *acc;
+    const char *in;
+    size_t      es, done; /* element size, elements reduced so far */
+    fl_dtype    t;
+    fl_redop    op;
+} fl_chunk_reduce;
+
+static inline void fl_chunk_reduce_on_recv(void *p, size_t off, size_t len) {
+    fl_chunk_reduce *x = p;
+    size_t upto = (off + len) / x->es;
+    if (upto <= x->done)
+        return;
+    fl_reduce_into(x->acc + x->done * x->es, x->in + x->done * x->es, upto - x->done, x->t,
+                   x->op);
+    x->done = upto;
+}
+
+/* After the exchange of n elements: reduces whatever the callbacks did not (a transport may
+ * report the tail only on return). */
+static inline void fl_chunk_reduce_rest(fl_chunk_reduce *x, size_t n) {
+    if (x->done < n)
+        fl_chunk_reduce_on_recv(x, 0, n * x->es);
+}
+
 /* --- ring.c: Patarasuk & Yuan 2009 --- */
 /* buf (count) becomes op over all ranks: ring reduce-scatter, then ring allgather, in passes of
  * at most seg_max_bytes per segment. */
@@ -44,6 +73,25 @@ int fl_rd_allreduce(fl_peers *p, fl_scratch *s, void *buf, size_t count, fl_dtyp
                     fl_redop op);
 /* Dissemination barrier: ceil(log2 size) rounds of one byte. */
 int fl_rd_barrier(fl_peers *p);
+/* The fold of a rank count that is not a power of two (Thakur et al. sec. 4.4), shared by
+ * recursive doubling and Rabenseifner's: of the first 2 extra ranks (extra = size - p2, p2 the
+ * largest power of two <= size) each even one hands its buffer to the odd one above it, which
+ * combines (r-1) op r, and sits out; the other p2 ranks work as virtual ranks 0 .. p2-1. */
+typedef struct {
+    int p2, extra;
+    int vrank; /* this rank's virtual rank; -1 when it sat out */
+} fl_rd_fold;
+/* Folds *cur (count elements): a rank that stays and received its partner's buffer combines
+ * into *other and swaps the two pointers, so *cur holds its running value. */
+int fl_rd_fold_in(fl_peers *p, fl_rd_fold *f, char **cur, char **other, size_t count,
+                  fl_dtype t, fl_redop op);
+/* Unfolds: a rank that sat out receives the result (buf, bytes) from its odd partner, which
+ * sends it. */
+int fl_rd_fold_out(fl_peers *p, const fl_rd_fold *f, void *buf, size_t bytes);
+/* The rank behind virtual rank v (increasing in v: ranks and virtual ranks compare alike). */
+static inline int fl_rd_fold_rank(const fl_rd_fold *f, int v) {
+    return v < f->extra ? 2 * v + 1 : v + f->extra;
+}
 
 /* --- rh.c: Rabenseifner 2004; Thakur, Rabenseifner & Gropp 2005 --- */
 /* buf (count) becomes op over all ranks: recursive-halving reduce-scatter, then

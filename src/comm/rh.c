@@ -19,38 +19,12 @@
 
 #include <string.h>
 
-/* on_recv for the halving steps, as in ring.c: acc[i] = acc[i] op in[i] for the whole elements
- * of each completed chunk (chunks are in bytes and may split an element). acc is either this
- * rank's partial (it is the lower rank) or the received one (it is the higher). */
-typedef struct {
-    char       *acc;
-    const char *in;
-    size_t      es, done; /* element size, elements reduced so far */
-    fl_dtype    t;
-    fl_redop    op;
-} reduce_ctx;
-
-static void reduce_chunk(void *p, size_t off, size_t len) {
-    reduce_ctx *x = p;
-    size_t upto = (off + len) / x->es;
-    if (upto <= x->done)
-        return;
-    fl_reduce_into(x->acc + x->done * x->es, x->in + x->done * x->es, upto - x->done, x->t,
-                   x->op);
-    x->done = upto;
-}
-
 /* First element of block i of p2 over count elements (the first count % p2 blocks get one
  * more); i = p2 gives count, so block i is [block_off(i), block_off(i + 1)). */
 static size_t block_off(size_t count, int p2, int i) {
     size_t q = count / (size_t)p2, rem = count % (size_t)p2;
     return (size_t)i * q + ((size_t)i < rem ? (size_t)i : rem);
 }
-
-/* The rank behind virtual rank v once the first 2 * extra ranks have folded in pairs (rd.c's
- * numbering: the odd rank of each pair stays). Increasing in v, so comparing ranks and
- * comparing virtual ranks agree. */
-static int real_rank(int v, int extra) { return v < extra ? 2 * v + 1 : v + extra; }
 
 int fl_rh_allreduce(fl_peers *tp, fl_scratch *s, void *buf, size_t count, fl_dtype t,
                     fl_redop op) {
@@ -65,28 +39,11 @@ int fl_rh_allreduce(fl_peers *tp, fl_scratch *s, void *buf, size_t count, fl_dty
         return FL_ENOMEM;
     char *cur = buf; /* holds this rank's partials: buf or scratch, in turn */
 
-    int p2 = 1;
-    while (p2 * 2 <= n)
-        p2 *= 2;
-    int extra = n - p2; /* ranks 0 .. 2*extra-1 fold in pairs */
-    int vrank;          /* rank among the p2 that halve and double; -1 if folded away */
-    if (r < 2 * extra) {
-        if (r % 2 == 0) {
-            FL_TRY(fl_peers_sendrecv(tp, r + 1, cur, bytes, -1, NULL, 0, NULL, NULL));
-            vrank = -1;
-        } else {
-            FL_TRY(fl_peers_sendrecv(tp, -1, NULL, 0, r - 1, other, bytes, NULL, NULL));
-            fl_reduce_into(other, cur, count, t, op); /* (r-1) op r */
-            char *tmp = cur;
-            cur = other;
-            other = tmp;
-            vrank = r / 2;
-        }
-    } else {
-        vrank = r - extra;
-    }
-    if (vrank < 0) /* the result, from the odd partner */
-        return fl_peers_sendrecv(tp, -1, NULL, 0, r + 1, buf, bytes, NULL, NULL);
+    fl_rd_fold f;
+    FL_TRY(fl_rd_fold_in(tp, &f, &cur, &other, count, t, op));
+    if (f.vrank < 0)
+        return fl_rd_fold_out(tp, &f, buf, bytes);
+    int p2 = f.p2, vrank = f.vrank;
 
     /* Reduce-scatter by recursive halving of the vector, doubling the distance (as MPICH
      * does): before the step with mask m this rank and its peer (vrank ^ m) hold partials of
@@ -99,18 +56,17 @@ int fl_rh_allreduce(fl_peers *tp, fl_scratch *s, void *buf, size_t count, fl_dty
      * block lo, vrank's bits reversed. */
     int lo = 0, h = p2;
     for (int mask = 1; mask < p2; mask <<= 1) {
-        int peer = real_rank(vrank ^ mask, extra);
+        int peer = fl_rd_fold_rank(&f, vrank ^ mask);
         h /= 2;
         int keep = vrank & mask ? lo + h : lo, give = vrank & mask ? lo : lo + h;
         size_t koff = block_off(count, p2, keep), klen = block_off(count, p2, keep + h) - koff;
         size_t goff = block_off(count, p2, give), glen = block_off(count, p2, give + h) - goff;
-        reduce_ctx x = {cur + koff * es, other + koff * es, es, 0, t, op}; /* mine op theirs */
-        if (r > peer)
-            x = (reduce_ctx){other + koff * es, cur + koff * es, es, 0, t, op}; /* theirs op mine */
+        fl_chunk_reduce x = {cur + koff * es, other + koff * es, es, 0, t, op}; /* mine op theirs */
+        if (r > peer) /* theirs op mine */
+            x = (fl_chunk_reduce){other + koff * es, cur + koff * es, es, 0, t, op};
         FL_TRY(fl_peers_sendrecv(tp, peer, cur + goff * es, glen * es, peer, other + koff * es,
-                                 klen * es, reduce_chunk, &x));
-        if (x.done < klen) /* a transport may report the tail only on return */
-            reduce_chunk(&x, 0, klen * es);
+                                 klen * es, fl_chunk_reduce_on_recv, &x));
+        fl_chunk_reduce_rest(&x, klen);
         if (r > peer) {
             char *tmp = cur;
             cur = other;
@@ -130,7 +86,7 @@ int fl_rh_allreduce(fl_peers *tp, fl_scratch *s, void *buf, size_t count, fl_dty
      * beside them (below if bit m of vrank is set); they swap them. */
     char *b = buf;
     for (int mask = p2 / 2; mask >= 1; mask >>= 1) {
-        int peer = real_rank(vrank ^ mask, extra);
+        int peer = fl_rd_fold_rank(&f, vrank ^ mask);
         int theirs = vrank & mask ? lo - h : lo + h;
         size_t soff = block_off(count, p2, lo), slen = block_off(count, p2, lo + h) - soff;
         size_t roff = block_off(count, p2, theirs);
@@ -141,7 +97,5 @@ int fl_rh_allreduce(fl_peers *tp, fl_scratch *s, void *buf, size_t count, fl_dty
             lo = theirs;
         h *= 2;
     }
-    if (r < 2 * extra) /* unfold: hand the result back to the even partner */
-        FL_TRY(fl_peers_sendrecv(tp, r - 1, buf, bytes, -1, NULL, 0, NULL, NULL));
-    return 0;
+    return fl_rd_fold_out(tp, &f, buf, bytes);
 }

@@ -37,32 +37,6 @@ static size_t pass_count(size_t count, int n, size_t es, size_t seg_max_bytes) {
     return count == 0 ? 1 : (count + per_pass - 1) / per_pass;
 }
 
-/* on_recv for the reduce-scatter steps: acc[i] = acc[i] op in[i] for the elements of each
- * completed chunk (chunks are in bytes and may split an element; only whole ones reduce). */
-typedef struct {
-    char       *acc;
-    const char *in;
-    size_t      es, done; /* element size, elements reduced so far */
-    fl_dtype    t;
-    fl_redop    op;
-} reduce_ctx;
-
-static void reduce_chunk(void *p, size_t off, size_t len) {
-    reduce_ctx *x = p;
-    size_t upto = (off + len) / x->es;
-    if (upto <= x->done)
-        return;
-    fl_reduce_into(x->acc + x->done * x->es, x->in + x->done * x->es, upto - x->done, x->t,
-                   x->op);
-    x->done = upto;
-}
-
-/* Reduces whatever the callbacks did not (a transport may report the tail only on return). */
-static void reduce_rest(reduce_ctx *x, size_t n) {
-    if (x->done < n)
-        reduce_chunk(x, 0, n * x->es);
-}
-
 int fl_ring_owned(int r, int n) { return right_of(r, n); }
 
 void fl_ring_segment(size_t count, int n, int i, size_t *off, size_t *len) {
@@ -80,10 +54,10 @@ static int reduce_scatter_half(fl_peers *p, char *b, size_t m, fl_dtype t, fl_re
     for (int s = 0; s < n - 1; s++) {
         int si = wrap((long)r - s, n), ri = wrap((long)r - s - 1, n);
         size_t rl = seg_len(m, n, ri);
-        reduce_ctx x = {b + seg_off(m, n, ri) * es, scratch, es, 0, t, op};
+        fl_chunk_reduce x = {b + seg_off(m, n, ri) * es, scratch, es, 0, t, op};
         FL_TRY(fl_peers_sendrecv(p, right, b + seg_off(m, n, si) * es, seg_len(m, n, si) * es,
-                                 left, scratch, rl * es, reduce_chunk, &x));
-        reduce_rest(&x, rl);
+                                 left, scratch, rl * es, fl_chunk_reduce_on_recv, &x));
+        fl_chunk_reduce_rest(&x, rl);
     }
     return 0;
 }
@@ -170,9 +144,10 @@ static int reduce_scatter_pass(fl_peers *tp, const char *in, char *out, size_t c
     for (int s = 0; s < n - 1; s++) {
         char *recv = (n - 2 - s) % 2 == 0 ? out + lo * es : scratch;
         int ri = wrap((long)r - s - 2, n);
-        reduce_ctx x = {recv, mine + (size_t)ri * stride, es, 0, t, op};
-        FL_TRY(fl_peers_sendrecv(tp, right, send, bytes, left, recv, bytes, reduce_chunk, &x));
-        reduce_rest(&x, m);
+        fl_chunk_reduce x = {recv, mine + (size_t)ri * stride, es, 0, t, op};
+        FL_TRY(fl_peers_sendrecv(tp, right, send, bytes, left, recv, bytes,
+                                 fl_chunk_reduce_on_recv, &x));
+        fl_chunk_reduce_rest(&x, m);
         send = recv;
     }
     fl_reduce_finalize(out + lo * es, m, t, op, n);
