@@ -57,7 +57,6 @@
 #define SEG_MAGIC        0x314d485354454c46ull /* "FLETSHM1" */
 #define MSG_MAGIC        0x4d534c46u           /* "FLSM" */
 #define NAME_MAX_LEN     (FL_ENDPOINT_MAX + 32)
-#define CPU_WORDS        (CPU_SETSIZE / 64) /* a rank's affinity mask in the segment: 1024 CPUs */
 
 /* ---------------------------------------------------------------- the segment */
 
@@ -74,9 +73,9 @@ typedef struct {
     _Atomic uint32_t closed;           /* freed without failure: it sends nothing more */
     _Atomic int32_t  cpu;              /* where this rank last started a sendrecv */
     int32_t          pid;
-    /* the CPUs this rank may run on (bit c of word c / 64), written before the handshake's
-     * end and read once after it (crowded); all zero: not known (more than 1024 CPUs) */
-    alignas(64) uint64_t cpus[CPU_WORDS];
+    /* the CPUs this rank may run on, written before the handshake's end and read once after
+     * it (crowded); empty: not known (a mask beyond CPU_SETSIZE) */
+    alignas(64) cpu_set_t cpus;
 } rank_ctl;
 
 typedef struct {
@@ -1035,16 +1034,12 @@ static int watch_peers(shm *s, fl_peers *boot, char *msg, size_t cap) {
     return 0;
 }
 
-/* Writes the CPUs this rank may run on into its control slot, for group_crowded (all zero when
+/* Writes the CPUs this rank may run on into its control slot, for group_crowded (empty when
  * its mask does not fit in CPU_SETSIZE). Before this rank's next message of the handshake. */
 static void publish_cpus(shm *s) {
-    uint64_t *w = s->ctl[s->base.rank].cpus;
-    cpu_set_t set;
-    memset(w, 0, CPU_WORDS * sizeof *w);
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        for (int c = 0; c < CPU_SETSIZE; c++)
-            if (CPU_ISSET(c, &set))
-                w[c / 64] |= (uint64_t)1 << (c % 64);
+    cpu_set_t *set = &s->ctl[s->base.rank].cpus;
+    if (sched_getaffinity(0, sizeof *set, set) != 0)
+        CPU_ZERO(set);
     atomic_thread_fence(memory_order_release);
 }
 
@@ -1054,21 +1049,15 @@ static void publish_cpus(shm *s) {
  * once agree() succeeded. A mask not known counts as every online CPU. */
 static bool group_crowded(const shm *s) {
     atomic_thread_fence(memory_order_acquire);
-    uint64_t all[CPU_WORDS] = {0};
-    int n = s->base.size, count = 0;
+    int n = s->base.size;
+    cpu_set_t all;
+    CPU_ZERO(&all);
     for (int r = 0; r < n; r++) {
-        uint64_t any = 0;
-        for (int k = 0; k < CPU_WORDS; k++) {
-            all[k] |= s->ctl[r].cpus[k];
-            any |= s->ctl[r].cpus[k];
-        }
-        if (!any)
+        if (CPU_COUNT(&s->ctl[r].cpus) == 0)
             return n > (int)sysconf(_SC_NPROCESSORS_ONLN);
+        CPU_OR(&all, &all, &s->ctl[r].cpus);
     }
-    for (int k = 0; k < CPU_WORDS; k++)
-        for (uint64_t x = all[k]; x; x &= x - 1)
-            count++;
-    return count < n;
+    return CPU_COUNT(&all) < n;
 }
 
 /* Rank 0 collects one status from every rank and sends them all the first failure (its own
