@@ -1,7 +1,7 @@
 /* bind.c - --bind_to core (mpirun's --bind-to core): the CPUs fleetrun may run on, cut into one
  * contiguous set per worker, and each worker bound to its set in the child before exec, so that
- * no two workers share a core. Two ranks that the scheduler put on one core made a 4 KiB
- * shared-memory allreduce 2.08 us instead of 0.41-0.50 us (bench/RESULTS.md). */
+ * no two workers share a core. Two ranks that the scheduler may put on one core take 2.78 us
+ * per 4 KiB shared-memory allreduce; bound, 0.47 us (bench/RESULTS.md, shared memory). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <sched.h>
