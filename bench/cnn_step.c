@@ -7,7 +7,13 @@
  * BACKEND auto (default), onednn, cpu or ref, CHECKPOINTS none (default), auto or layer names
  * (fl_net_set_recompute). Prints the median over REPEATS of the mean step time of ITERS steps,
  * in ms (and on stderr the median CPU time per step, all threads together, the network's
- * activation memory and the process's peak resident memory). */
+ * activation memory and the process's peak resident memory).
+ * BACKEND cuda trains on GPU 0 (FLAGS_selected_gpus picks another; FLEET_CUDA_TF32=1 allows
+ * TF32): the batch lives on the device, each repeat ends with a stream sync, and stderr adds
+ * the device's peak memory. CNN_STEP_DGC=S (a sparsity, e.g. 0.999) adds DGC's local work to
+ * every step as the strategy does it (src/strategy/dgc.c prepare: the fused accumulation and
+ * sampled top-k selection, encoding, the pairs copied to the host) for each parameter of at
+ * least 16384 values, and stderr says what that work costs as a share of the step. */
 #include "fleet/backend.h"
 #include "fleet/log.h"
 #include "fleet/nn.h"
@@ -21,6 +27,73 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* DGC's local work per step (CNN_STEP_DGC): per compressed tensor its u and v, the selection's
+ * index and scratch space, its pairs on the backend and on the host, and last step's k-th value
+ * (the hint the strategy passes from the second step on). */
+typedef struct dgc_tensor {
+    fl_param    *p;
+    int64_t      k;
+    float       *u, *v, *scratch, hint;
+    int32_t     *idx;
+    fl_dgc_pair *pairs, *host;
+} dgc_tensor;
+typedef struct dgc_work {
+    int         n;
+    int64_t     values;
+    double      sparsity;
+    dgc_tensor *t;
+} dgc_work;
+
+static int dgc_work_init(dgc_work *w, fl_net *net, double sparsity) {
+    const fl_backend *k = fl_net_backend(net);
+    if (!(sparsity > 0 && sparsity < 1))
+        return fl_fail(FL_EINVAL, "sparsity %g is not in (0, 1)", sparsity);
+    w->sparsity = sparsity;
+    w->t = calloc((size_t)fl_net_num_params(net), sizeof *w->t);
+    if (!w->t)
+        return fl_fail(FL_ENOMEM, "out of memory");
+    for (int i = 0; i < fl_net_num_params(net); i++) {
+        fl_param *p = fl_net_param(net, i);
+        int64_t n = p->value.numel;
+        if (!p->trainable || n < 16384) /* small tensors go dense, as in Paddle's DGC */
+            continue;
+        dgc_tensor *t = &w->t[w->n++];
+        t->p = p;
+        t->k = (int64_t)((1 - sparsity) * (double)n + 0.999999);
+        size_t scratch = (size_t)(n + (n / 100 > 4096 ? n / 100 : 4096)) * sizeof(float);
+        t->u = k->alloc((size_t)n * sizeof(float));
+        t->v = k->alloc((size_t)n * sizeof(float));
+        t->scratch = k->alloc(scratch);
+        t->idx = k->alloc((size_t)n * sizeof(int32_t));
+        t->pairs = k->alloc((size_t)t->k * sizeof(fl_dgc_pair));
+        t->host = malloc((size_t)t->k * sizeof(fl_dgc_pair));
+        if (!t->u || !t->v || !t->scratch || !t->idx || !t->pairs || !t->host)
+            return fl_fail(FL_ENOMEM, "out of memory for %s's DGC buffers", p->name);
+        w->values += n;
+    }
+    return FL_OK;
+}
+
+/* One step's DGC work on every compressed tensor, timed from the backward's end (a sync) to
+ * the pairs' arrival on the host; seconds. */
+static double dgc_work_step(dgc_work *w, const fl_backend *k, int step) {
+    fl_dgc_accum_args a = {.clip_scale = 1, .decay = 1e-4, .momentum = 0.9, .correction = true};
+    k->stream_sync(NULL);
+    double t0 = fl_now();
+    for (int i = 0; i < w->n; i++) {
+        dgc_tensor *t = &w->t[i];
+        int64_t n = t->p->value.numel;
+        int64_t cnt = k->dgc_accumulate_select(n, t->p->grad.data, t->p->value.data, t->u, t->v,
+                                               &a, t->k, t->idx, t->scratch,
+                                               (uint64_t)step * 1000003u + (uint64_t)i, &t->hint,
+                                               NULL);
+        k->dgc_encode(t->idx, cnt, 0, t->v, t->u, t->pairs);
+        fl_backend_stage_out(k, t->pairs, t->host, (size_t)cnt * sizeof *t->pairs, NULL);
+    }
+    k->stream_sync(NULL);
+    return fl_now() - t0;
+}
 
 /* CPU seconds of the whole process (all threads): less disturbed by other jobs than wall time */
 int main(int argc, char **argv) {
@@ -62,6 +135,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
         return 2;
     }
+    if (!be->host_memory && be->device_bind) { /* a GPU: bind it before anything is built */
+        const char *sel = getenv("FLAGS_selected_gpus");
+        if (be->device_bind(sel ? atoi(sel) : 0) < 0) {
+            fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
+            return 1;
+        }
+    }
     if (net)
         fl_net_set_backend(net, be);
     if (!net || fl_net_set_recompute(net, checkpoints) < 0 ||
@@ -90,28 +170,69 @@ int main(int argc, char **argv) {
         labels[i] = (int32_t)fl_rng_below(&r, (uint64_t)classes);
 
     const fl_backend *k = fl_net_backend(net);
-    double times[64], cpu[64];
+    const int32_t *klabels = labels;
+    fl_tensor xdev, pdev, *xin = x, *pout = probs; /* the batch where the backend computes */
+    if (!k->host_memory) { /* the batch, its labels and the probabilities on the device */
+        void *dx = k->alloc(fl_tensor_nbytes(x)), *dl = k->alloc((size_t)batch * sizeof *labels);
+        void *dp = k->alloc(fl_tensor_nbytes(probs));
+        if (!dx || !dl || !dp) {
+            fprintf(stderr, "cnn_step: device memory for the batch: %s\n", fl_errmsg());
+            return 1;
+        }
+        k->copy(dx, x->data, fl_tensor_nbytes(x), FL_COPY_H2D, NULL);
+        k->copy(dl, labels, (size_t)batch * sizeof *labels, FL_COPY_H2D, NULL);
+        k->stream_sync(NULL);
+        fl_tensor_view(&xdev, x->dtype, x->ndim, x->shape, dx);
+        xdev.device = fl_backend_device(k);
+        fl_tensor_view(&pdev, probs->dtype, 2, probs->shape, dp);
+        pdev.device = fl_backend_device(k);
+        xin = &xdev, pout = &pdev;
+        klabels = dl;
+    }
+    dgc_work dgc = {0};
+    if (getenv("CNN_STEP_DGC") && dgc_work_init(&dgc, net, atof(getenv("CNN_STEP_DGC"))) < 0) {
+        fprintf(stderr, "cnn_step: CNN_STEP_DGC: %s\n", fl_errmsg());
+        return 1;
+    }
+    double times[64], cpu[64], dgc_ms[64];
     double loss = 0;
     for (int rep = -1; rep < repeats; rep++) { /* rep -1 warms up */
-        double t0 = fl_now(), c0 = bench_cpu_s();
+        double t0 = fl_now(), c0 = bench_cpu_s(), in_dgc = 0;
         for (int it = 0; it < iters; it++) {
             const fl_tensor *logits;
-            if (fl_net_forward(net, x, true, &logits) < 0 ||
-                fl_softmax_xent_forward(k, logits, labels, probs, &loss) < 0 ||
-                fl_softmax_xent_backward(k, probs, labels, probs) < 0 ||
-                fl_net_backward(net, probs, NULL, NULL) < 0 || fl_optim_step(opt, 0.01, NULL) < 0) {
+            if (fl_net_forward(net, xin, true, &logits) < 0 ||
+                fl_softmax_xent_forward(k, logits, klabels, pout, &loss) < 0 ||
+                fl_softmax_xent_backward(k, pout, klabels, pout) < 0 ||
+                fl_net_backward(net, pout, NULL, NULL) < 0) {
+                fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
+                return 1;
+            }
+            if (dgc.n)
+                in_dgc += dgc_work_step(&dgc, k, rep * iters + it);
+            if (fl_optim_step(opt, 0.01, NULL) < 0) {
                 fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
                 return 1;
             }
         }
+        k->stream_sync(NULL);
         if (rep >= 0) {
             times[rep] = (fl_now() - t0) * 1e3 / iters;
             cpu[rep] = (bench_cpu_s() - c0) * 1e3 / iters;
+            dgc_ms[rep] = in_dgc * 1e3 / iters;
         }
     }
     qsort(times, (size_t)repeats, sizeof times[0], bench_cmp_double);
     qsort(cpu, (size_t)repeats, sizeof cpu[0], bench_cmp_double);
+    qsort(dgc_ms, (size_t)repeats, sizeof dgc_ms[0], bench_cmp_double);
     printf("%.4f\n", times[repeats / 2]);
+    if (dgc.n)
+        fprintf(stderr, "cnn_step: dgc at sparsity %g over %d tensors (%lld values): %.3f ms "
+                "per step, %.1f%% of the step's %.3f ms\n", dgc.sparsity, dgc.n,
+                (long long)dgc.values, dgc_ms[repeats / 2],
+                100 * dgc_ms[repeats / 2] / times[repeats / 2], times[repeats / 2]);
+    if (k->memory_peak)
+        fprintf(stderr, "cnn_step: device memory peak %.1f MiB\n",
+                (double)k->memory_peak() / (1 << 20));
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     size_t kept, arena, grads;

@@ -188,7 +188,7 @@ typedef struct fl_backend {
      * the nearest value of dtype low (FL_DTYPE_F16 or FL_DTYPE_BF16), ties to even, as a cast
      * to low and back gives: f16 beyond 65504 becomes inf, below 2^-24 zero; bf16 keeps f32's
      * range. inf and NaN stay. What f16/bf16 tensor-core operations read and write, computed in
-     * f32. NULL where the backend has none (cuda so far): fl_net_set_amp refuses it. */
+     * f32. NULL where a backend has none: fl_net_set_amp refuses it. */
     void (*amp_round)(fl_dtype low, int64_t n, float *x);
     /* sum of x, and sum of x^2, accumulated in double */
     double (*sum)(fl_dtype t, const void *x, int64_t n);

@@ -739,7 +739,7 @@ int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
                        "needs f32 master weights", fl_dtype_name(net->dtype));
     if (!net->k->amp_round)
         return fl_fail(FL_EUNSUPPORTED, "net: amp: the %s backend cannot round to %s (its "
-                       "table has no amp_round); the cpu, onednn and ref backends can",
+                       "table has no amp_round); the cpu, onednn, ref and cuda backends can",
                        net->k->name, fl_dtype_name(low));
     /* which layers: every type named must be one a network can hold */
     char list[512];

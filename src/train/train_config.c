@@ -238,10 +238,6 @@ static int check_cross_keys(const fl_train_config *cfg) {
         return fl_fail(FL_ECONFIG, "train.device: gpu needs train.backend auto or cuda, but it "
                                    "is %s, which computes on the CPU",
                        compute[cfg->train.backend]);
-    if (gpu && cfg->strategy.amp)
-        return fl_fail(FL_EUNSUPPORTED, "strategy.amp: not with train.device: gpu yet (the cuda "
-                                        "backend has no amp_round, the f16/bf16 rounding the "
-                                        "emulation needs); train on the CPU, or leave amp off");
     if (!gpu && cfg->train.backend == FL_TRAIN_COMPUTE_CUDA)
         return fl_fail(FL_ECONFIG, "train.backend: cuda computes on a GPU: it needs "
                                    "train.device: gpu (train.device is cpu)");

@@ -143,8 +143,6 @@ expect_error dgc_fp16_fleetrun "fleet-train: error: -o strategy.dgc=true: strate
   -o strategy.fp16_allreduce=true
 expect_error amp_list "fleet-train: error: -o strategy.amp_configs.custom_white_list=conv: strategy.amp_configs.custom_white_list: 'conv' is not a layer type" \
   "$bin" -c "$cfg" -o strategy.amp=true -o strategy.amp_configs.custom_white_list=conv
-expect_error amp_gpu "fleet-train: error: -o strategy.amp=true: strategy.amp: not with train.device: gpu yet" \
-  "$bin" -c "$cfg" -o strategy.amp=true -o train.device=gpu
 expect_error dgc_sgd "-o strategy.dgc=true: strategy.dgc needs optimizer.type momentum" \
   "$bin" -c "$cfg" -o strategy.dgc=true -o optimizer.type=sgd
 printf 'model:\n  type: mlp\ndata:\n  type: teacher\nstrategy:\n  localsgd: true\n  adaptive_localsgd: true\n' >"$tmp/both.yaml"

@@ -454,6 +454,35 @@ static void test_axpy_scale_updates(fl_dtype t) {
     }
 }
 
+/* amp_round: the cpu table's bits on random values over f32's whole range and on the edges
+ * (f16's overflow, its subnormals and their ties, bf16's carry into inf, inf, NaN, -0) */
+static void test_amp_round(void) {
+    static const float edge[] = {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, -65520.0f, 1e-8f,
+                                 2.9802322e-8f, 5.9604645e-8f, 8.940697e-8f, 6.1035156e-5f,
+                                 6.0975552e-5f, 3.4028235e38f, -3.4028235e38f, 1.0009766f,
+                                 1.0029297f, INFINITY, -INFINITY, NAN, 1.0f / 3};
+    int64_t n = 100003;
+    size_t nb = (size_t)n * sizeof(float);
+    float *x = hbuf(nb);
+    for (int64_t i = 0; i < n; i++) { /* random bits: every exponent, both signs */
+        uint32_t u = (uint32_t)fl_rng_below(&rng, UINT32_MAX);
+        memcpy(&x[i], &u, 4);
+    }
+    memcpy(x, edge, sizeof edge);
+    fl_dtype lows[2] = {FL_DTYPE_F16, FL_DTYPE_BF16};
+    for (int l = 0; l < 2; l++) {
+        float *want = hdup(x, nb);
+        void *d = dput(x, nb);
+        CPU->amp_round(lows[l], n, want);
+        G->amp_round(lows[l], n, d);
+        G->amp_round(lows[l], 0, d);
+        float *got = dget(d, nb);
+        same_bits("amp_round (cpu bits)", fl_dtype_name(lows[l]), got, want, nb);
+        G->free(d), free(want), free(got);
+    }
+    free(x);
+}
+
 static void test_reductions(fl_dtype t) {
     for (size_t s = 0; s < sizeof reduce_ns / sizeof reduce_ns[0]; s++) {
         int64_t n = reduce_ns[s];
@@ -1216,6 +1245,7 @@ int main(void) {
         test_softmax(t);
         test_layer_ops(t);
     }
+    test_amp_round();
     test_conv();
     test_pool();
     test_bn();

@@ -22,6 +22,8 @@ typedef struct {
     cudnnConvolutionFwdAlgo_t       fwd;
     cudnnConvolutionBwdDataAlgo_t   bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    size_t                          need; /* the workspace the three take (at most) */
+    bool                            det;  /* both backward algorithms deterministic */
 } algos;
 
 struct fl_conv_plan {
@@ -33,7 +35,9 @@ struct fl_conv_plan {
     cudnnConvolutionDescriptor_t conv;
     bool                         w_nhwc; /* the filter is an OHWI copy in wbuf */
     void                        *wbuf;   /* OC IC/G KH KW elements (w_nhwc) */
-    size_t                       ws;     /* the workspace every cached choice fits in */
+    size_t                       ws;     /* the caller's scratch (the max batch's choice) */
+    void                        *xws;    /* a smaller batch's own workspace where its */
+    size_t                       xws_bytes; /* deterministic algorithms need more than ws */
     algos                        cache[NCACHE];
     int                          ncache;
     bool                         nondet_warned;
@@ -81,6 +85,39 @@ static bool math_ok(const fl_conv_plan *p, cudnnMathType_t m) {
             }                                                                                 \
     } while (0)
 
+/* FLEET_CUDA_CONV_LOG=1: every heuristic list choose() reads, on stderr (which algorithm, its
+ * status, determinism, math and workspace), to see why a shape got the algorithm it got */
+static void log_perf(const fl_conv_plan *p, int64_t n, size_t limit, const char *what, int cnt,
+                     const int *algo, const cudnnStatus_t *st, const cudnnDeterminism_t *det,
+                     const cudnnMathType_t *math, const size_t *mem) {
+    static int on = -1;
+    if (on < 0)
+        on = getenv("FLEET_CUDA_CONV_LOG") && getenv("FLEET_CUDA_CONV_LOG")[0] == '1';
+    if (!on)
+        return;
+    for (int i = 0; i < cnt; i++)
+        fprintf(stderr, "fleet: cuda conv %lld -> %lld %lldx%lld n %lld (limit %zu): %s #%d: "
+                "algo %d, %s, %s, math %d, workspace %zu\n", (long long)p->d.g.c,
+                (long long)p->d.oc, (long long)p->d.g.kh, (long long)p->d.g.kw, (long long)n,
+                limit, what, i, algo[i], cudnnGetErrorString(st[i]),
+                det[i] == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic",
+                (int)math[i], mem[i]);
+}
+#define LOG_PERF(what, perf, cnt)                                                             \
+    do {                                                                                      \
+        int a_[16];                                                                           \
+        cudnnStatus_t s_[16];                                                                 \
+        cudnnDeterminism_t d_[16];                                                            \
+        cudnnMathType_t m_[16];                                                               \
+        size_t b_[16];                                                                        \
+        int c_ = (cnt) < 16 ? (cnt) : 16;                                                     \
+        for (int j_ = 0; j_ < c_; j_++)                                                       \
+            a_[j_] = (int)(perf)[j_].algo, s_[j_] = (perf)[j_].status,                        \
+            d_[j_] = (perf)[j_].determinism, m_[j_] = (perf)[j_].mathType,                    \
+            b_[j_] = (perf)[j_].memory;                                                       \
+        log_perf(p, n, limit, what, c_, a_, s_, d_, m_, b_);                                  \
+    } while (0)
+
 /* Chooses the three algorithms for n images within limit bytes of workspace each; the largest
  * workspace they need in *need. 0, or -1 with why filled. */
 static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *need, char *why,
@@ -103,6 +140,7 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
         snprintf(why, whylen, "forward heuristics: %s", dnn_err(s));
         return -1;
     }
+    LOG_PERF("forward", fp, cnt);
     PICK(fp, cnt, limit, false, i, &sz, FWD_WS);
     if (i < 0) {
         snprintf(why, whylen, "no forward algorithm (of %d) for this shape", cnt);
@@ -116,6 +154,7 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
         snprintf(why, whylen, "backward-data heuristics: %s", dnn_err(s));
         return -1;
     }
+    LOG_PERF("backward data", dp, cnt);
     PICK(dp, cnt, limit, true, i, &sz, DATA_WS);
     if (i < 0) {
         snprintf(why, whylen, "no backward-data algorithm (of %d) for this shape", cnt);
@@ -130,6 +169,7 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
         snprintf(why, whylen, "backward-filter heuristics: %s", dnn_err(s));
         return -1;
     }
+    LOG_PERF("backward filter", wp, cnt);
     PICK(wp, cnt, limit, true, i, &sz, FILTER_WS);
     if (i < 0) {
         snprintf(why, whylen, "no backward-filter algorithm (of %d) for this shape", cnt);
@@ -139,17 +179,22 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
 #undef DATA_WS
 #undef FILTER_WS
     a->bwd_filter = wp[i].algo, ws = sz > ws ? sz : ws;
-    det = det && wp[i].determinism == CUDNN_DETERMINISTIC;
-    if (!det && !p->nondet_warned) {
-        p->nondet_warned = true;
-        fprintf(stderr, "fleet: cuda conv %lld -> %lld %lldx%lld: cuDNN offers no deterministic "
-                "backward algorithm for this shape; results may vary in the last bits\n",
-                (long long)p->d.g.c, (long long)p->d.oc, (long long)p->d.g.kh,
-                (long long)p->d.g.kw);
-    }
+    a->det = det && wp[i].determinism == CUDNN_DETERMINISTIC;
     a->n = n;
+    a->need = ws;
     *need = ws;
     return 0;
+}
+
+/* Says once per plan that a shape's backward is not bit-repeatable. */
+static void warn_nondet(fl_conv_plan *p, const algos *a) {
+    if (a->det || p->nondet_warned)
+        return;
+    p->nondet_warned = true;
+    fprintf(stderr, "fleet: cuda conv %lld -> %lld %lldx%lld (batch %lld): cuDNN offers no "
+            "deterministic backward algorithm for this shape; results may vary in the last "
+            "bits\n", (long long)p->d.g.c, (long long)p->d.oc, (long long)p->d.g.kh,
+            (long long)p->d.g.kw, (long long)a->n);
 }
 
 static void plan_release(fl_conv_plan *p) {
@@ -202,6 +247,7 @@ static int plan_setup(fl_conv_plan *p, cudnnTensorFormat_t filter_fmt, char *why
     size_t need = 0;
     if (choose(p, d->max_batch, WS_CAP, &p->cache[0], &need, why, whylen))
         return -1;
+    warn_nondet(p, &p->cache[0]);
     p->ncache = 1;
     p->ws = need;
     return 0;
@@ -262,13 +308,17 @@ void cuda_conv_plan_free(fl_conv_plan *p) {
         return;
     plan_release(p);
     cuda_free(p->wbuf);
+    cuda_free(p->xws);
     free(p);
 }
 
 size_t cuda_conv_scratch_bytes(const fl_conv_plan *p) { return p->ws; }
 
-/* The algorithms for n images (descriptors set to n): cached, or chosen within the plan's
- * workspace on first use. */
+/* The algorithms for n images (descriptors set to n): cached, or chosen on first use within
+ * the plan's workspace; where that leaves only non-deterministic backward algorithms, as it
+ * can (cuDNN's deterministic backward-filter algorithm may need workspace at a smaller batch
+ * where the max batch's needed none), within WS_CAP in the plan's own workspace xws, so that
+ * every batch size repeats its bits. */
 static const algos *for_batch(fl_conv_plan *p, int64_t n, const char *op) {
     cuda_here();
     if (n < 1 || n > p->d.max_batch)
@@ -282,10 +332,34 @@ static const algos *for_batch(fl_conv_plan *p, int64_t n, const char *op) {
     char why[256];
     if (choose(p, n, p->ws, &a, &need, why, sizeof why))
         cuda_fatal(op, "choosing cuDNN algorithms for a smaller batch", why, __FILE__, __LINE__);
+    algos wide;
+    if (!a.det && choose(p, n, WS_CAP, &wide, &need, why, sizeof why) == 0 && wide.det) {
+        if (wide.need > p->xws_bytes) {
+            void *m = cuda_alloc(wide.need);
+            if (m) { /* out of memory: keep the non-deterministic choice (warned below) */
+                cuda_free(p->xws);
+                p->xws = m, p->xws_bytes = wide.need;
+                a = wide;
+            }
+        } else {
+            a = wide;
+        }
+    }
+    warn_nondet(p, &a);
     int slot = p->ncache < NCACHE ? p->ncache++ : NCACHE - 1; /* slot 0: the max batch */
     p->cache[slot] = a;
     DNN_CHECK(op, set_batch(p, n));
     return &p->cache[slot];
+}
+
+/* The workspace of a's algorithms: the caller's scratch, or the plan's own (for_batch). */
+static void *ws_of(const fl_conv_plan *p, const algos *a, void *scratch, size_t *bytes) {
+    if (a->need <= p->ws) {
+        *bytes = p->ws;
+        return scratch;
+    }
+    *bytes = p->xws_bytes;
+    return p->xws;
 }
 
 /* alpha and beta in the data's type */
@@ -316,9 +390,11 @@ void cuda_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
     const algos *a = for_batch(p, n, "conv_forward");
     scalar one = sc(p, 1), zero = sc(p, 0);
     const void *f = filter_of(p, w);
+    size_t wsb;
+    void *ws = ws_of(p, a, scratch, &wsb);
     DNN_CHECK("conv_forward",
               cudnnConvolutionForward(cuda_g.dnn, &one, p->x, x, p->w, f, p->conv, a->fwd,
-                                      scratch, p->ws, &zero, p->y, y));
+                                      ws, wsb, &zero, p->y, y));
     if (bias)
         cuda_add_channel_bias(p->d.dtype, p->d.layout, n, p->d.oc, p->d.g.oh * p->d.g.ow, y,
                               bias);
@@ -329,9 +405,11 @@ void cuda_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const v
     const algos *a = for_batch(p, n, "conv_backward_data");
     scalar one = sc(p, 1), zero = sc(p, 0);
     const void *f = filter_of(p, w);
+    size_t wsb;
+    void *ws = ws_of(p, a, scratch, &wsb);
     DNN_CHECK("conv_backward_data",
               cudnnConvolutionBackwardData(cuda_g.dnn, &one, p->w, f, p->y, dy, p->conv,
-                                           a->bwd_data, scratch, p->ws, &zero, p->x, dx));
+                                           a->bwd_data, ws, wsb, &zero, p->x, dx));
 }
 
 void cuda_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
@@ -346,9 +424,11 @@ void cuda_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const 
         if (accumulate)
             cuda_reorder(p->d.dtype, true, p->d.oc, icg, khw, dw, out);
     }
+    size_t wsb;
+    void *ws = ws_of(p, a, scratch, &wsb);
     DNN_CHECK("conv_backward_filter",
               cudnnConvolutionBackwardFilter(cuda_g.dnn, &one, p->x, x, p->y, dy, p->conv,
-                                             a->bwd_filter, scratch, p->ws, &beta, p->w, out));
+                                             a->bwd_filter, ws, wsb, &beta, p->w, out));
     if (p->w_nhwc)
         cuda_reorder(p->d.dtype, false, p->d.oc, icg, khw, out, dw);
     if (dbias)

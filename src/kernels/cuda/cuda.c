@@ -216,6 +216,7 @@ static const fl_backend cuda_ops = {
     .act_backward = cuda_act_backward,
     .axpy = cuda_axpy,
     .scale = cuda_scale,
+    .amp_round = cuda_amp_round,
     .sum = cuda_sum,
     .sumsq = cuda_sumsq,
     .softmax_xent_forward = cuda_softmax_xent_forward,

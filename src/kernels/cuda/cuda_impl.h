@@ -86,6 +86,7 @@ void cuda_act_backward(fl_dtype t, fl_act act, const void *x, const void *y, con
                        void *dx, int64_t n);
 void cuda_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y);
 void cuda_scale(fl_dtype t, int64_t n, double a, void *x);
+void cuda_amp_round(fl_dtype low, int64_t n, float *x);
 void cuda_sgd_update(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd);
 void cuda_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
                           double mu, double wd, bool nesterov);

@@ -166,6 +166,45 @@ extern "C" void cuda_scale(fl_dtype t, int64_t n, double a, void *x) {
     CU_LAUNCHED("scale");
 }
 
+/* amp_round: the cpu table's bit manipulations (src/kernels/cpu/elementwise.c), so that the
+ * emulation of mixed precision gives the CPU's bits: nearest f16 / bf16 value, ties to even,
+ * f16's overflow to inf and its subnormals (the add of 0.5 rounds to 2^-24 steps; nvcc's
+ * default keeps subnormals), inf and NaN as they are. */
+__device__ static float amp_round_f16(float x) {
+    uint32_t u = __float_as_uint(x), a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u)
+        return x;
+    if (a < 0x38800000u) {
+        float t = __fadd_rn(fabsf(x), 0.5f);
+        return copysignf(__fsub_rn(t, 0.5f), x);
+    }
+    a += 0x0fffu + ((a >> 13) & 1u);
+    a &= ~0x1fffu;
+    if (a > 0x477fe000u)
+        a = 0x7f800000u;
+    return __uint_as_float((u & 0x80000000u) | a);
+}
+__device__ static float amp_round_bf16(float x) {
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) >= 0x7f800000u)
+        return x;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+__global__ void amp_round_k(int64_t n, float *x, bool f16) {
+    GRID_STRIDE(i, n) x[i] = f16 ? amp_round_f16(x[i]) : amp_round_bf16(x[i]);
+}
+
+extern "C" void cuda_amp_round(fl_dtype low, int64_t n, float *x) {
+    if (low != FL_DTYPE_F16 && low != FL_DTYPE_BF16)
+        cuda_fatal("amp_round", "the dtype check", "low is neither f16 nor bf16", __FILE__,
+                   __LINE__);
+    if (n <= 0)
+        return;
+    amp_round_k<<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, x, low == FL_DTYPE_F16);
+    CU_LAUNCHED("amp_round");
+}
+
 template <class T> __global__ void sgd_k(int64_t n, T *w, const T *g, T lr, T wd) {
     GRID_STRIDE(i, n) w[i] -= lr * (g[i] + wd * w[i]);
 }
