@@ -1,8 +1,9 @@
 /* conv.c - the cuda backend's convolution: cuDNN's legacy API (v9: cudnnConvolutionForward,
  * BackwardData, BackwardFilter) with descriptors for the plan's layout, groups and dilation;
- * algorithms from cuDNN's heuristics (_v7), chosen once per batch size (the max batch's at
- * plan time, a smaller batch's on first use, within the same workspace), deterministic ones
- * preferred for the backwards; bias and its gradient by fleet's own kernels (fixed-order sums).
+ * algorithms from cuDNN's heuristics (_v7), or timed by cuDNN's Find where
+ * FLEET_CUDNN_BENCHMARK=1 (PyTorch's cudnn.benchmark: faster, but the choice, and so the last
+ * bits, may differ from run to run), chosen once per batch size (the max batch's at plan time,
+ * a smaller batch's on first use), deterministic ones preferred for the backwards; bias and its gradient by fleet's own kernels (fixed-order sums).
  * Weights stay in PyTorch's (OC, IC / groups, KH, KW) order: cuDNN is given an NCHW filter
  * with NHWC activations, and where it has no algorithm for that mix the plan keeps an NHWC
  * (OHWI) copy of the weights, reordered on every call, and reorders the gradient back. */
@@ -134,8 +135,13 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
 #define DATA_WS(algo, bytes) cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x, algo, bytes)
 #define FILTER_WS(algo, bytes) cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv, p->w, algo, bytes)
     cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    s = cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
-                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
+    s = CUDNN_STATUS_NOT_SUPPORTED;
+    if (cuda_g.find) /* timed by cuDNN, fastest first (its own memory, at plan time) */
+        s = cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, p->conv, p->y,
+                                                 CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
+    if (s != CUDNN_STATUS_SUCCESS)
+        s = cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
+                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
     if (s != CUDNN_STATUS_SUCCESS) {
         snprintf(why, whylen, "forward heuristics: %s", dnn_err(s));
         return -1;
@@ -148,8 +154,15 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
     }
     a->fwd = fp[i].algo, ws = sz > ws ? sz : ws;
     cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    s = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
-                                                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, dp);
+    s = CUDNN_STATUS_NOT_SUPPORTED;
+    if (cuda_g.find)
+        s = cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x,
+                                                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt,
+                                                      dp);
+    if (s != CUDNN_STATUS_SUCCESS)
+        s = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
+                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                        &cnt, dp);
     if (s != CUDNN_STATUS_SUCCESS) {
         snprintf(why, whylen, "backward-data heuristics: %s", dnn_err(s));
         return -1;
@@ -163,8 +176,13 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
     a->bwd_data = dp[i].algo, ws = sz > ws ? sz : ws;
     bool det = dp[i].determinism == CUDNN_DETERMINISTIC;
     cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    s = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w,
-                                                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp);
+    s = CUDNN_STATUS_NOT_SUPPORTED;
+    if (cuda_g.find)
+        s = cudnnFindConvolutionBackwardFilterAlgorithm(
+            h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp);
+    if (s != CUDNN_STATUS_SUCCESS)
+        s = cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp);
     if (s != CUDNN_STATUS_SUCCESS) {
         snprintf(why, whylen, "backward-filter heuristics: %s", dnn_err(s));
         return -1;

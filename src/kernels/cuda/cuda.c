@@ -103,6 +103,8 @@ static int cuda_device_bind(int ordinal) {
     cuda_g.bound = true;
     const char *tf = getenv("FLEET_CUDA_TF32");
     cuda_g.tf32 = tf && tf[0] == '1';
+    const char *find = getenv("FLEET_CUDNN_BENCHMARK");
+    cuda_g.find = find && find[0] == '1';
     cublasStatus_t bs;
     if ((bs = cublasCreate(&blas)) != CUBLAS_STATUS_SUCCESS ||
         (bs = cublasSetStream(blas, st)) != CUBLAS_STATUS_SUCCESS ||

@@ -26,6 +26,7 @@ typedef struct cuda_ctx {
     struct cublasContext *blas; /* cublasHandle_t */
     struct cudnnContext  *dnn;  /* cudnnHandle_t */
     bool                  tf32; /* FLEET_CUDA_TF32=1: TF32 tensor cores for f32 gemm and conv */
+    bool                  find; /* FLEET_CUDNN_BENCHMARK=1: conv algorithms by timing them */
 } cuda_ctx;
 extern cuda_ctx cuda_g;
 

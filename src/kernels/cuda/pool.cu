@@ -6,33 +6,57 @@
  * order the ref table adds them, so it gives the ref's bits (no atomics). */
 #include "common.cuh"
 
-struct pool_geom {
-    int64_t C, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW;
+/* The geometry in index type I: int where every index of the call fits in 31 bits (the common
+ * case, and 64-bit division is a long routine on the GPU: the backward's taps divide), int64_t
+ * otherwise. */
+template <class I> struct pool_geom {
+    I C, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW;
 };
 
-static pool_geom geom(const fl_conv_geom *g) {
-    pool_geom q = {g->c, g->h, g->w, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw,
-                   g->oh, g->ow};
+template <class I> static pool_geom<I> geom(const fl_conv_geom *g) {
+    pool_geom<I> q = {(I)g->c,  (I)g->h,  (I)g->w,  (I)g->kh, (I)g->kw, (I)g->sh, (I)g->sw,
+                      (I)g->ph, (I)g->pw, (I)g->dh, (I)g->dw, (I)g->oh, (I)g->ow};
     return q;
 }
 
+template <class I> struct coord {
+    I n, c, y, x;
+};
+template <class I>
+__device__ __forceinline__ coord<I> coord_in(bool nhwc, I i, I c, I h, I w) {
+    coord<I> k;
+    if (nhwc) {
+        k.c = i % c, i /= c;
+        k.x = i % w, i /= w;
+        k.y = i % h, k.n = i / h;
+    } else {
+        k.x = i % w, i /= w;
+        k.y = i % h, i /= h;
+        k.c = i % c, k.n = i / c;
+    }
+    return k;
+}
+template <class I>
+__device__ __forceinline__ I index_in(bool nhwc, I n, I ch, I y, I x, I c, I h, I w) {
+    return nhwc ? ((n * h + y) * w + x) * c + ch : ((n * c + ch) * h + y) * w + x;
+}
+
 /* the window (oy, ox) of image n, channel c: max (first largest) and its position, and sum */
-template <class T>
-__device__ __forceinline__ void window(const pool_geom &g, bool nhwc, const T *x, int64_t n,
-                                       int64_t c, int64_t oy, int64_t ox, T *best, int64_t *at,
-                                       double *sum) {
+template <class T, class I>
+__device__ __forceinline__ void window(const pool_geom<I> &g, bool nhwc, const T *x, I n, I c,
+                                       I oy, I ox, T *best, I *at, double *sum) {
     T b = 0;
-    int64_t where = -1;
+    I where = -1;
     double s = 0;
-    for (int64_t i = 0; i < g.KH; i++) {
-        int64_t iy = oy * g.SH - g.PH + i * g.DH;
+    for (I i = 0; i < g.KH; i++) {
+        I iy = oy * g.SH - g.PH + i * g.DH;
         if (iy < 0 || iy >= g.H)
             continue;
-        for (int64_t j = 0; j < g.KW; j++) {
-            int64_t ix = ox * g.SW - g.PW + j * g.DW;
+        for (I j = 0; j < g.KW; j++) {
+            I ix = ox * g.SW - g.PW + j * g.DW;
             if (ix < 0 || ix >= g.W)
                 continue;
-            int64_t p = index_of(nhwc, n, c, iy, ix, g.C, g.H, g.W);
+            I p = index_in(nhwc, n, c, iy, ix, g.C, g.H, g.W);
             T v = x[p];
             if (where < 0 || v > b)
                 b = v, where = p;
@@ -42,13 +66,13 @@ __device__ __forceinline__ void window(const pool_geom &g, bool nhwc, const T *x
     *best = b, *at = where, *sum = s;
 }
 
-template <class T>
-__global__ void pool_fwd_k(pool_geom g, bool nhwc, bool max, int64_t total, const T *x, T *y) {
+template <class T, class I>
+__global__ void pool_fwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T *x, T *y) {
     T inv = (T)(1.0 / (double)(g.KH * g.KW));
     GRID_STRIDE(i, total) {
-        coord4 k = coord_of(nhwc, i, g.C, g.OH, g.OW);
+        coord<I> k = coord_in(nhwc, (I)i, g.C, g.OH, g.OW);
         T best;
-        int64_t at;
+        I at;
         double sum;
         window(g, nhwc, x, k.n, k.c, k.y, k.x, &best, &at, &sum);
         y[i] = max ? best : (T)sum * inv;
@@ -57,33 +81,34 @@ __global__ void pool_fwd_k(pool_geom g, bool nhwc, bool max, int64_t total, cons
 
 /* the outputs whose window holds input row iy: oy = (iy + PH - i DH) / SH for the taps i that
  * divide, visited with i descending (oy ascending) */
-template <class T>
-__global__ void pool_bwd_k(pool_geom g, bool nhwc, bool max, int64_t total, const T *x,
+template <class T, class I>
+__global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T *x,
                            const T *dy, T *dx) {
     T inv = (T)(1.0 / (double)(g.KH * g.KW));
-    GRID_STRIDE(p, total) {
-        coord4 k = coord_of(nhwc, p, g.C, g.H, g.W);
+    GRID_STRIDE(q, total) {
+        I p = (I)q;
+        coord<I> k = coord_in(nhwc, p, g.C, g.H, g.W);
         T acc = 0;
-        for (int64_t i = g.KH - 1; i >= 0; i--) {
-            int64_t ty = k.y + g.PH - i * g.DH;
+        for (I i = g.KH - 1; i >= 0; i--) {
+            I ty = k.y + g.PH - i * g.DH;
             if (ty < 0 || ty % g.SH)
                 continue;
-            int64_t oy = ty / g.SH;
+            I oy = ty / g.SH;
             if (oy >= g.OH)
                 continue;
-            for (int64_t j = g.KW - 1; j >= 0; j--) {
-                int64_t tx = k.x + g.PW - j * g.DW;
+            for (I j = g.KW - 1; j >= 0; j--) {
+                I tx = k.x + g.PW - j * g.DW;
                 if (tx < 0 || tx % g.SW)
                     continue;
-                int64_t ox = tx / g.SW;
+                I ox = tx / g.SW;
                 if (ox >= g.OW)
                     continue;
-                T d = dy[index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW)];
+                T d = dy[index_in(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW)];
                 if (!max) {
                     acc += d * inv;
                 } else {
                     T best;
-                    int64_t at;
+                    I at;
                     double sum;
                     window(g, nhwc, x, k.n, k.c, oy, ox, &best, &at, &sum);
                     if (at == p)
@@ -93,6 +118,13 @@ __global__ void pool_bwd_k(pool_geom g, bool nhwc, bool max, int64_t total, cons
         }
         dx[p] = acc;
     }
+}
+
+/* whether every index of a pooling of n images fits in int */
+static bool fits_int(int64_t n, const fl_conv_geom *g) {
+    int64_t in = n * g->c * g->h * g->w, out = n * g->c * g->oh * g->ow;
+    return in < INT32_MAX && out < INT32_MAX && g->h + g->ph + g->kh * g->dh < INT32_MAX &&
+           g->w + g->pw + g->kw * g->dw < INT32_MAX;
 }
 
 static void check_pool(const char *op, fl_pool pool, fl_layout layout) {
@@ -108,10 +140,15 @@ extern "C" void cuda_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, in
     int64_t total = n * g->c * g->oh * g->ow;
     if (total <= 0)
         return;
-    DISPATCH_T("pool_forward", t,
-               pool_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                   geom(g), layout == FL_LAYOUT_NHWC, pool == FL_POOL_MAX, total, (const T *)x,
-                   (T *)y));
+    bool nhwc = layout == FL_LAYOUT_NHWC, max = pool == FL_POOL_MAX;
+    if (fits_int(n, g))
+        DISPATCH_T("pool_forward", t,
+                   pool_fwd_k<T, int><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                       geom<int>(g), nhwc, max, (int)total, (const T *)x, (T *)y));
+    else
+        DISPATCH_T("pool_forward", t,
+                   pool_fwd_k<T, int64_t><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                       geom<int64_t>(g), nhwc, max, total, (const T *)x, (T *)y));
     CU_LAUNCHED("pool_forward");
 }
 
@@ -122,9 +159,16 @@ extern "C" void cuda_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, i
     int64_t total = n * g->c * g->h * g->w;
     if (total <= 0)
         return;
-    DISPATCH_T("pool_backward", t,
-               pool_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                   geom(g), layout == FL_LAYOUT_NHWC, pool == FL_POOL_MAX, total, (const T *)x,
-                   (const T *)dy, (T *)dx));
+    bool nhwc = layout == FL_LAYOUT_NHWC, max = pool == FL_POOL_MAX;
+    if (fits_int(n, g))
+        DISPATCH_T("pool_backward", t,
+                   pool_bwd_k<T, int><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                       geom<int>(g), nhwc, max, (int)total, (const T *)x, (const T *)dy,
+                       (T *)dx));
+    else
+        DISPATCH_T("pool_backward", t,
+                   pool_bwd_k<T, int64_t><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                       geom<int64_t>(g), nhwc, max, total, (const T *)x, (const T *)dy,
+                       (T *)dx));
     CU_LAUNCHED("pool_backward");
 }
