@@ -135,40 +135,49 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
 #define DATA_WS(algo, bytes) cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x, algo, bytes)
 #define FILTER_WS(algo, bytes) cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv, p->w, algo, bytes)
     cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    s = CUDNN_STATUS_NOT_SUPPORTED;
-    if (cuda_g.find) /* timed by cuDNN, fastest first (its own memory, at plan time) */
-        s = cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, p->conv, p->y,
-                                                 CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
-    if (s != CUDNN_STATUS_SUCCESS)
-        s = cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
+    /* cuDNN's Find (FLEET_CUDNN_BENCHMARK=1: timed, fastest first, with its own memory at plan
+     * time) first, then the heuristics, also where Find's list has nothing usable (its trials
+     * can fail for want of memory) */
+    int pick = -1;
+    for (int src = cuda_g.find ? 0 : 1; src < 2 && pick < 0; src++) {
+        s = src == 0 ? cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, p->conv, p->y,
+                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp)
+                     : cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
+                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
+        if (s != CUDNN_STATUS_SUCCESS)
+            continue;
+        LOG_PERF("forward", fp, cnt);
+        PICK(fp, cnt, limit, false, i, &sz, FWD_WS);
+        pick = i;
+    }
     if (s != CUDNN_STATUS_SUCCESS) {
         snprintf(why, whylen, "forward heuristics: %s", dnn_err(s));
         return -1;
     }
-    LOG_PERF("forward", fp, cnt);
-    PICK(fp, cnt, limit, false, i, &sz, FWD_WS);
+    i = pick;
     if (i < 0) {
         snprintf(why, whylen, "no forward algorithm (of %d) for this shape", cnt);
         return -1;
     }
     a->fwd = fp[i].algo, ws = sz > ws ? sz : ws;
     cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    s = CUDNN_STATUS_NOT_SUPPORTED;
-    if (cuda_g.find)
-        s = cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x,
-                                                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt,
-                                                      dp);
-    if (s != CUDNN_STATUS_SUCCESS)
-        s = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
-                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                                                        &cnt, dp);
+    pick = -1;
+    for (int src = cuda_g.find ? 0 : 1; src < 2 && pick < 0; src++) {
+        s = src == 0 ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x,
+                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, dp)
+                     : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
+                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, dp);
+        if (s != CUDNN_STATUS_SUCCESS)
+            continue;
+        LOG_PERF("backward data", dp, cnt);
+        PICK(dp, cnt, limit, true, i, &sz, DATA_WS);
+        pick = i;
+    }
     if (s != CUDNN_STATUS_SUCCESS) {
         snprintf(why, whylen, "backward-data heuristics: %s", dnn_err(s));
         return -1;
     }
-    LOG_PERF("backward data", dp, cnt);
-    PICK(dp, cnt, limit, true, i, &sz, DATA_WS);
+    i = pick;
     if (i < 0) {
         snprintf(why, whylen, "no backward-data algorithm (of %d) for this shape", cnt);
         return -1;
@@ -176,19 +185,23 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
     a->bwd_data = dp[i].algo, ws = sz > ws ? sz : ws;
     bool det = dp[i].determinism == CUDNN_DETERMINISTIC;
     cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    s = CUDNN_STATUS_NOT_SUPPORTED;
-    if (cuda_g.find)
-        s = cudnnFindConvolutionBackwardFilterAlgorithm(
-            h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp);
-    if (s != CUDNN_STATUS_SUCCESS)
-        s = cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-            h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp);
+    pick = -1;
+    for (int src = cuda_g.find ? 0 : 1; src < 2 && pick < 0; src++) {
+        s = src == 0 ? cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, p->conv, p->w,
+                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp)
+                     : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w,
+                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp);
+        if (s != CUDNN_STATUS_SUCCESS)
+            continue;
+        LOG_PERF("backward filter", wp, cnt);
+        PICK(wp, cnt, limit, true, i, &sz, FILTER_WS);
+        pick = i;
+    }
     if (s != CUDNN_STATUS_SUCCESS) {
         snprintf(why, whylen, "backward-filter heuristics: %s", dnn_err(s));
         return -1;
     }
-    LOG_PERF("backward filter", wp, cnt);
-    PICK(wp, cnt, limit, true, i, &sz, FILTER_WS);
+    i = pick;
     if (i < 0) {
         snprintf(why, whylen, "no backward-filter algorithm (of %d) for this shape", cnt);
         return -1;
