@@ -8,7 +8,8 @@
 # fleet-eval on it), configs/quickstart.yaml, a CIFAR ResNet-8 on the shapes task (one worker,
 # and two under fleetrun with dense buckets overlapped with backward), the MLP on two workers
 # with f16 allreduce and gradient merge, DGC after its rampup (allgather with the dense
-# fallback; on 6 workers the sparse exchange, which drops pairs), Local SGD, and resumes of
+# fallback; on 6 workers the sparse exchange, which drops pairs), Local SGD, mixed precision
+# (float16, an injected inf skipped on both workers), and resumes of
 # stopped devsim runs (ResNet-8; DGC on two workers) against the uninterrupted cpu runs. Then
 # the device selection: fleetrun --gpus gives each worker its GPU (FLAGS_selected_gpus), and
 # train.device: gpu without a GPU backend, with train.backend cpu, or with a GPU that is not
@@ -185,6 +186,12 @@ OMP_NUM_THREADS=1 pair dgcsp 6 6 mlp "${dgc[@]}" -o "strategy.dgc_configs.sparsi
   { echo "FAIL: dgcsp: no pairs dropped by the sparse exchange"; fail=1; }
 # 7. Local SGD
 pair lsgd 2 2 mlp -o strategy.localsgd=true -o strategy.localsgd_configs.k_steps=4
+# 7b. mixed precision on the device (its amp_round, the loss scaling), ResNet-8 in float16 on
+# two workers with an inf injected at step 6: skipped alike on both
+FLEET_AMP_INJECT_INF=6 pair ampx2 2 1 r8 -o strategy.amp=true &&
+  grep -q 'skipped 1$' "$tmp/wlog_ampx2_dev/workerlog.1" &&
+  echo "ok: ampx2: the injected inf was skipped on the devsim workers" ||
+  { echo "FAIL: ampx2: no skipped step on the devsim workers"; fail=1; }
 
 # 8. device selection refused before training, naming train.device
 refused() { # refused WHAT PATTERN PROG ARGS...
