@@ -75,13 +75,15 @@ typedef struct {
     /* the sparse step in flight, begun by the first hook or by update */
     int64_t      step;     /* the update these describe; -1: none */
     bool         early;    /* tensors are prepared by the hook (not with local clipping) */
+    bool         avg_early; /* hierarchical: the hook starts each tensor's node average */
     bool         xsparse;  /* this step's pairs go through the sparse allreduce */
     int64_t     *kk;       /* (nct) pairs every rank sends for each tensor in this step */
     int64_t     *cnt;      /* (nct) of which this rank's real ones (the rest: zero padding) */
     int64_t     *soff;     /* (nct + 1) where they start in send */
     bool        *prepared; /* (nct) accumulated, selected and encoded */
     fl_request **req;      /* (nct) each tensor's allgather in flight, or NULL */
-    fl_request **xreq;     /* (nct) hierarchical: each tensor's allgather between nodes */
+    fl_request **xreq;     /* (nct) hierarchical: each tensor's node average, then its
+                            * allgather between nodes */
     size_t      *xcounts;  /* (node size) hierarchical: the node allgatherv's counts */
     int          launched; /* tensors launched, in launch order: the last (c = nct - 1) first */
     float       *hint;     /* (nct) each tensor's k-th largest |v| at its last selection, or 0 */
@@ -419,6 +421,9 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
     /* clipping needs the norm of every gradient first; the hierarchical step the node's
      * average of every gradient */
     g->early = !local_clipping(d) && !hierarchical(d);
+    /* the node's average overlaps backward where nothing must see every gradient first and
+     * no gradient-merge scale is pending (the scale would follow the average: other bits) */
+    g->avg_early = hierarchical(d) && !local_clipping(d) && d->grad_scale == 1.0;
     for (int c = 0; c < g->nct; c++) {
         g->kk[c] = dgc_k(g->ct[c].p->value.numel, sp);
         g->soff[c + 1] = g->soff[c] + g->kk[c];
@@ -525,18 +530,31 @@ static int launch_hierarchical(fl_dist_optim *d, dgc *g, int c) {
     return FL_OK;
 }
 
-/* The node's average of the compressed tensors' gradients (hierarchical DGC), in place. */
+/* Starts tensor c's node average (hierarchical DGC) in place: on a device through its host
+ * staging in hv. */
+static int start_node_average(fl_dist_optim *d, dgc *g, int c) {
+    const fl_backend *be = fl_net_backend(d->net);
+    size_t n = (size_t)g->ct[c].p->value.numel;
+    float *wire = fl_backend_stage_buf(be, g->gseg[c], g->hv ? g->hv + g->start[c] : NULL);
+    fl_backend_stage_out(be, g->gseg[c], wire, n * sizeof(float), NULL);
+    int rc = fl_comm_iallreduce(d->node, wire, n, FL_DTYPE_F32, FL_REDOP_AVG, &g->xreq[c]);
+    if (rc < 0) {
+        g->xreq[c] = NULL;
+        return fl_fail_prefix(rc, "strategy dgc: step %lld: the node's average of %s",
+                              (long long)DIST_STEP(d), g->ct[c].p->name);
+    }
+    return FL_OK;
+}
+
+/* The node's average of the compressed tensors' gradients (hierarchical DGC), in place: the
+ * averages the hooks started (g->avg_early, in backward's order, the same on every rank), then
+ * the others in tensor order; all waited for. */
 static int node_average(fl_dist_optim *d, dgc *g) {
     const fl_backend *be = fl_net_backend(d->net);
     int rc = FL_OK;
-    for (int c = 0; c < g->nct && rc == FL_OK; c++) {
-        size_t n = (size_t)g->ct[c].p->value.numel;
-        float *wire = fl_backend_stage_buf(be, g->gseg[c], g->hv ? g->hv + g->start[c] : NULL);
-        fl_backend_stage_out(be, g->gseg[c], wire, n * sizeof(float), NULL);
-        rc = fl_comm_iallreduce(d->node, wire, n, FL_DTYPE_F32, FL_REDOP_AVG, &g->xreq[c]);
-        if (rc < 0)
-            g->xreq[c] = NULL;
-    }
+    for (int c = 0; c < g->nct && rc == FL_OK; c++)
+        if (!g->xreq[c])
+            rc = start_node_average(d, g, c);
     char msg[512] = "";
     if (rc < 0)
         snprintf(msg, sizeof msg, "%s", fl_errmsg());
@@ -606,6 +624,8 @@ static void grad_ready(void *ctx, fl_param *p) {
     if (c < 0 || g->error || !sparse_step(d, sp))
         return;
     int rc = begin_sparse_step(d, g, step, sp);
+    if (rc == FL_OK && g->avg_early && !g->xreq[c])
+        rc = start_node_average(d, g, c);
     if (rc == FL_OK && g->early && !g->prepared[c]) {
         prepare(d, g, c, d->grad_scale);
         rc = launch_ready(d, g);
