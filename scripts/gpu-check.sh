@@ -20,7 +20,7 @@ for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/{cudnn,nccl}/lib; do
   [[ -d $d ]] && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 done
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
-nvidia-smi -L 2>&1 | head -1
+command -v nvidia-smi >/dev/null && nvidia-smi -L | head -1
 step() { # step NAME TIMEOUT COMMAND...: runs it with its log in OUT/NAME.log
   local name=$1 limit=$2 t0=$SECONDS
   shift 2
