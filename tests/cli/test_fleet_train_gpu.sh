@@ -3,10 +3,10 @@
 # follows the CPU run's loss: the quick-start MLP and the CIFAR ResNet-20 of
 # configs/shapes_resnet.yaml for 50 steps; 2 workers on the one GPU (two processes, backend tcp,
 # fleetrun --gpus 0,0) print the loss lines of 2 CPU workers; DGC and Local SGD on 2 GPU workers
-# likewise; and mixed precision (strategy.amp) on the GPU: its losses, a skipped inf step,
-# its accuracy against f32's. Every loss is compared with the CPU's to a relative tolerance (MLP_TOL, CNN_TOL
-# below: the losses are printed to 4 places, the GPU sums in another order, and a CNN's 50
-# steps of momentum carry that further).
+# likewise; and mixed precision (strategy.amp) on the GPU: its losses, a skipped inf step, its
+# accuracy against f32's. Every loss is compared with the CPU's to a relative tolerance
+# (MLP_TOL, CNN_TOL below: the losses are printed to 4 places, the GPU sums in another order,
+# and a CNN's 50 steps of momentum carry that further).
 # Skipped (77) where fleet has no CUDA or the machine no GPU.
 set -u
 bin="${FLEET_BIN:?}/fleet-train"
