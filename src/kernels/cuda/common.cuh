@@ -74,13 +74,20 @@ template <class T> __device__ __forceinline__ T block_max(T v, T *sh) {
 }
 
 /* One element of an (N, C, H, W) batch in a layout: its coordinates from its position in
- * memory, and its position from them. */
-struct coord4 {
-    int64_t n, c, y, x;
+ * memory, and its position from them, in index type I (int64_t; int where every index of a
+ * call fits in 31 bits: 64-bit division is a long routine on the GPU). The first argument
+ * fixes I, the others convert to it. */
+template <class I> struct same_as {
+    typedef I type;
 };
-__host__ __device__ __forceinline__ coord4 coord_of(bool nhwc, int64_t i, int64_t c, int64_t h,
-                                                    int64_t w) {
-    coord4 k;
+template <class I> struct coord4 {
+    I n, c, y, x;
+};
+template <class I>
+__host__ __device__ __forceinline__ coord4<I> coord_of(bool nhwc, I i, typename same_as<I>::type c,
+                                                       typename same_as<I>::type h,
+                                                       typename same_as<I>::type w) {
+    coord4<I> k;
     if (nhwc) {
         k.c = i % c, i /= c;
         k.x = i % w, i /= w;
@@ -92,9 +99,13 @@ __host__ __device__ __forceinline__ coord4 coord_of(bool nhwc, int64_t i, int64_
     }
     return k;
 }
-__host__ __device__ __forceinline__ int64_t index_of(bool nhwc, int64_t n, int64_t ch,
-                                                     int64_t y, int64_t x, int64_t c, int64_t h,
-                                                     int64_t w) {
+template <class I>
+__host__ __device__ __forceinline__ I index_of(bool nhwc, I n, typename same_as<I>::type ch,
+                                               typename same_as<I>::type y,
+                                               typename same_as<I>::type x,
+                                               typename same_as<I>::type c,
+                                               typename same_as<I>::type h,
+                                               typename same_as<I>::type w) {
     return nhwc ? ((n * h + y) * w + x) * c + ch : ((n * c + ch) * h + y) * w + x;
 }
 

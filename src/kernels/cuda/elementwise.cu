@@ -334,7 +334,7 @@ __global__ void pad_fwd_k(bool nhwc, int64_t total, int64_t c, int64_t h, int64_
                           int64_t stride, int64_t oc, int64_t oh, int64_t ow, const T *x, T *y) {
     int64_t off = (oc - c) / 2;
     GRID_STRIDE(i, total) {
-        coord4 k = coord_of(nhwc, i, oc, oh, ow);
+        coord4<int64_t> k = coord_of(nhwc, i, oc, oh, ow);
         int64_t ch = k.c - off;
         y[i] = ch >= 0 && ch < c ? x[index_of(nhwc, k.n, ch, k.y * stride, k.x * stride, c, h, w)]
                                  : (T)0;
@@ -346,7 +346,7 @@ __global__ void pad_bwd_k(bool nhwc, int64_t total, int64_t c, int64_t h, int64_
                           int64_t stride, int64_t oc, int64_t oh, int64_t ow, T *x, const T *y) {
     int64_t off = (oc - c) / 2;
     GRID_STRIDE(i, total) {
-        coord4 k = coord_of(nhwc, i, c, h, w);
+        coord4<int64_t> k = coord_of(nhwc, i, c, h, w);
         bool hit = k.y % stride == 0 && k.x % stride == 0;
         x[i] = hit ? y[index_of(nhwc, k.n, k.c + off, k.y / stride, k.x / stride, oc, oh, ow)]
                    : (T)0;

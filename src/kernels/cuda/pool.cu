@@ -6,9 +6,8 @@
  * order the ref table adds them, so it gives the ref's bits (no atomics). */
 #include "common.cuh"
 
-/* The geometry in index type I: int where every index of the call fits in 31 bits (the common
- * case, and 64-bit division is a long routine on the GPU: the backward's taps divide), int64_t
- * otherwise. */
+/* The geometry in index type I (common.cuh's coord_of): int where every index of the call
+ * fits in 31 bits, as is usual (the backward's taps divide), int64_t otherwise. */
 template <class I> struct pool_geom {
     I C, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW;
 };
@@ -17,28 +16,6 @@ template <class I> static pool_geom<I> geom(const fl_conv_geom *g) {
     pool_geom<I> q = {(I)g->c,  (I)g->h,  (I)g->w,  (I)g->kh, (I)g->kw, (I)g->sh, (I)g->sw,
                       (I)g->ph, (I)g->pw, (I)g->dh, (I)g->dw, (I)g->oh, (I)g->ow};
     return q;
-}
-
-template <class I> struct coord {
-    I n, c, y, x;
-};
-template <class I>
-__device__ __forceinline__ coord<I> coord_in(bool nhwc, I i, I c, I h, I w) {
-    coord<I> k;
-    if (nhwc) {
-        k.c = i % c, i /= c;
-        k.x = i % w, i /= w;
-        k.y = i % h, k.n = i / h;
-    } else {
-        k.x = i % w, i /= w;
-        k.y = i % h, i /= h;
-        k.c = i % c, k.n = i / c;
-    }
-    return k;
-}
-template <class I>
-__device__ __forceinline__ I index_in(bool nhwc, I n, I ch, I y, I x, I c, I h, I w) {
-    return nhwc ? ((n * h + y) * w + x) * c + ch : ((n * c + ch) * h + y) * w + x;
 }
 
 /* the window (oy, ox) of image n, channel c: max (first largest) and its position, and sum */
@@ -56,7 +33,7 @@ __device__ __forceinline__ void window(const pool_geom<I> &g, bool nhwc, const T
             I ix = ox * g.SW - g.PW + j * g.DW;
             if (ix < 0 || ix >= g.W)
                 continue;
-            I p = index_in(nhwc, n, c, iy, ix, g.C, g.H, g.W);
+            I p = index_of(nhwc, n, c, iy, ix, g.C, g.H, g.W);
             T v = x[p];
             if (where < 0 || v > b)
                 b = v, where = p;
@@ -70,7 +47,7 @@ template <class T, class I>
 __global__ void pool_fwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T *x, T *y) {
     T inv = (T)(1.0 / (double)(g.KH * g.KW));
     GRID_STRIDE(i, total) {
-        coord<I> k = coord_in(nhwc, (I)i, g.C, g.OH, g.OW);
+        coord4<I> k = coord_of(nhwc, (I)i, g.C, g.OH, g.OW);
         T best;
         I at;
         double sum;
@@ -87,7 +64,7 @@ __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T
     T inv = (T)(1.0 / (double)(g.KH * g.KW));
     GRID_STRIDE(q, total) {
         I p = (I)q;
-        coord<I> k = coord_in(nhwc, p, g.C, g.H, g.W);
+        coord4<I> k = coord_of(nhwc, p, g.C, g.H, g.W);
         T acc = 0;
         for (I i = g.KH - 1; i >= 0; i--) {
             I ty = k.y + g.PH - i * g.DH;
@@ -103,7 +80,7 @@ __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T
                 I ox = tx / g.SW;
                 if (ox >= g.OW)
                     continue;
-                T d = dy[index_in(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW)];
+                T d = dy[index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW)];
                 if (!max) {
                     acc += d * inv;
                 } else {
