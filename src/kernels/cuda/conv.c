@@ -86,42 +86,52 @@ static bool math_ok(const fl_conv_plan *p, cudnnMathType_t m) {
             }                                                                                 \
     } while (0)
 
-/* FLEET_CUDA_CONV_LOG=1: every heuristic list choose() reads, on stderr (which algorithm, its
+/* FLEET_CUDA_CONV_LOG=1: every algorithm list choose() reads, on stderr (which algorithm, its
  * status, determinism, math and workspace), to see why a shape got the algorithm it got */
-static void log_perf(const fl_conv_plan *p, int64_t n, size_t limit, const char *what, int cnt,
-                     const int *algo, const cudnnStatus_t *st, const cudnnDeterminism_t *det,
-                     const cudnnMathType_t *math, const size_t *mem) {
+static bool conv_log(void) {
     static int on = -1;
     if (on < 0)
         on = getenv("FLEET_CUDA_CONV_LOG") && getenv("FLEET_CUDA_CONV_LOG")[0] == '1';
-    if (!on)
-        return;
-    for (int i = 0; i < cnt; i++)
-        fprintf(stderr, "fleet: cuda conv %lld -> %lld %lldx%lld n %lld (limit %zu): %s #%d: "
-                "algo %d, %s, %s, math %d, workspace %zu\n", (long long)p->d.g.c,
-                (long long)p->d.oc, (long long)p->d.g.kh, (long long)p->d.g.kw, (long long)n,
-                limit, what, i, algo[i], cudnnGetErrorString(st[i]),
-                det[i] == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic",
-                (int)math[i], mem[i]);
+    return on;
 }
 #define LOG_PERF(what, perf, cnt)                                                             \
+    for (int j_ = 0; conv_log() && j_ < (cnt); j_++)                                          \
+    fprintf(stderr, "fleet: cuda conv %lld -> %lld %lldx%lld n %lld (limit %zu): %s #%d: "    \
+            "algo %d, %s, %s, math %d, workspace %zu\n", (long long)p->d.g.c,                 \
+            (long long)p->d.oc, (long long)p->d.g.kh, (long long)p->d.g.kw, (long long)n,     \
+            limit, what, j_, (int)(perf)[j_].algo, cudnnGetErrorString((perf)[j_].status),     \
+            (perf)[j_].determinism == CUDNN_DETERMINISTIC ? "deterministic"                   \
+                                                          : "non-deterministic",              \
+            (int)(perf)[j_].mathType, (perf)[j_].memory)
+
+/* One of the three choices into `pick`: cuDNN's Find list first where FLEET_CUDNN_BENCHMARK=1
+ * (timed, fastest first, with its own memory, at plan time), then the heuristics' list, also
+ * where Find's has nothing usable (its trials can fail for want of memory). FIND and V7 are
+ * the two queries filling perf; what names the direction in messages; returns -1 from
+ * choose() with why filled when neither list has a usable algorithm. */
+#define QUERY_PICK(perf, FIND, V7, det, WS, what)                                            \
     do {                                                                                      \
-        int a_[16];                                                                           \
-        cudnnStatus_t s_[16];                                                                 \
-        cudnnDeterminism_t d_[16];                                                            \
-        cudnnMathType_t m_[16];                                                               \
-        size_t b_[16];                                                                        \
-        int c_ = (cnt) < 16 ? (cnt) : 16;                                                     \
-        for (int j_ = 0; j_ < c_; j_++)                                                       \
-            a_[j_] = (int)(perf)[j_].algo, s_[j_] = (perf)[j_].status,                        \
-            d_[j_] = (perf)[j_].determinism, m_[j_] = (perf)[j_].mathType,                    \
-            b_[j_] = (perf)[j_].memory;                                                       \
-        log_perf(p, n, limit, what, c_, a_, s_, d_, m_, b_);                                  \
+        pick = -1;                                                                            \
+        for (int src_ = cuda_g.find ? 0 : 1; src_ < 2 && pick < 0; src_++) {                  \
+            s = src_ == 0 ? (FIND) : (V7);                                                    \
+            if (s != CUDNN_STATUS_SUCCESS)                                                    \
+                continue;                                                                     \
+            LOG_PERF(what, perf, cnt);                                                        \
+            PICK(perf, cnt, limit, det, pick, &sz, WS);                                       \
+        }                                                                                     \
+        if (s != CUDNN_STATUS_SUCCESS) {                                                      \
+            snprintf(why, whylen, "%s heuristics: %s", what, dnn_err(s));                     \
+            return -1;                                                                        \
+        }                                                                                     \
+        if (pick < 0) {                                                                       \
+            snprintf(why, whylen, "no %s algorithm (of %d) for this shape", what, cnt);       \
+            return -1;                                                                        \
+        }                                                                                     \
     } while (0)
 
 /* Chooses the three algorithms for n images within limit bytes of workspace each; the largest
- * workspace they need in *need. 0, or -1 with why filled. */
-static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *need, char *why,
+ * workspace they need in a->need. 0, or -1 with why filled. */
+static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, char *why,
                   size_t whylen) {
     cudnnHandle_t h = cuda_g.dnn;
     cudnnStatus_t s = set_batch(p, n);
@@ -129,91 +139,46 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, size_t *ne
         snprintf(why, whylen, "tensor descriptors: %s", dnn_err(s));
         return -1;
     }
-    int cnt = 0, i;
+    int cnt = 0;
     size_t ws = 0, sz = 0;
 #define FWD_WS(algo, bytes) cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->conv, p->y, algo, bytes)
 #define DATA_WS(algo, bytes) cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->conv, p->x, algo, bytes)
 #define FILTER_WS(algo, bytes) cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->conv, p->w, algo, bytes)
     cudnnConvolutionFwdAlgoPerf_t fp[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    /* cuDNN's Find (FLEET_CUDNN_BENCHMARK=1: timed, fastest first, with its own memory at plan
-     * time) first, then the heuristics, also where Find's list has nothing usable (its trials
-     * can fail for want of memory) */
-    int pick = -1;
-    for (int src = cuda_g.find ? 0 : 1; src < 2 && pick < 0; src++) {
-        s = src == 0 ? cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, p->conv, p->y,
-                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp)
-                     : cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
-                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp);
-        if (s != CUDNN_STATUS_SUCCESS)
-            continue;
-        LOG_PERF("forward", fp, cnt);
-        PICK(fp, cnt, limit, false, i, &sz, FWD_WS);
-        pick = i;
-    }
-    if (s != CUDNN_STATUS_SUCCESS) {
-        snprintf(why, whylen, "forward heuristics: %s", dnn_err(s));
-        return -1;
-    }
-    i = pick;
-    if (i < 0) {
-        snprintf(why, whylen, "no forward algorithm (of %d) for this shape", cnt);
-        return -1;
-    }
-    a->fwd = fp[i].algo, ws = sz > ws ? sz : ws;
     cudnnConvolutionBwdDataAlgoPerf_t dp[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    pick = -1;
-    for (int src = cuda_g.find ? 0 : 1; src < 2 && pick < 0; src++) {
-        s = src == 0 ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x,
-                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, dp)
-                     : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
-                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &cnt, dp);
-        if (s != CUDNN_STATUS_SUCCESS)
-            continue;
-        LOG_PERF("backward data", dp, cnt);
-        PICK(dp, cnt, limit, true, i, &sz, DATA_WS);
-        pick = i;
-    }
-    if (s != CUDNN_STATUS_SUCCESS) {
-        snprintf(why, whylen, "backward-data heuristics: %s", dnn_err(s));
-        return -1;
-    }
-    i = pick;
-    if (i < 0) {
-        snprintf(why, whylen, "no backward-data algorithm (of %d) for this shape", cnt);
-        return -1;
-    }
-    a->bwd_data = dp[i].algo, ws = sz > ws ? sz : ws;
-    bool det = dp[i].determinism == CUDNN_DETERMINISTIC;
     cudnnConvolutionBwdFilterAlgoPerf_t wp[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    pick = -1;
-    for (int src = cuda_g.find ? 0 : 1; src < 2 && pick < 0; src++) {
-        s = src == 0 ? cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, p->conv, p->w,
-                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp)
-                     : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv, p->w,
-                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp);
-        if (s != CUDNN_STATUS_SUCCESS)
-            continue;
-        LOG_PERF("backward filter", wp, cnt);
-        PICK(wp, cnt, limit, true, i, &sz, FILTER_WS);
-        pick = i;
-    }
-    if (s != CUDNN_STATUS_SUCCESS) {
-        snprintf(why, whylen, "backward-filter heuristics: %s", dnn_err(s));
-        return -1;
-    }
-    i = pick;
-    if (i < 0) {
-        snprintf(why, whylen, "no backward-filter algorithm (of %d) for this shape", cnt);
-        return -1;
-    }
+    int pick;
+    QUERY_PICK(fp,
+               cudnnFindConvolutionForwardAlgorithm(h, p->x, p->w, p->conv, p->y,
+                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp),
+               cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv, p->y,
+                                                      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &cnt, fp),
+               false, FWD_WS, "forward");
+    a->fwd = fp[pick].algo, ws = sz > ws ? sz : ws;
+    QUERY_PICK(dp,
+               cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y, p->conv, p->x,
+                                                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                         &cnt, dp),
+               cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
+                                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                           &cnt, dp),
+               true, DATA_WS, "backward-data");
+    a->bwd_data = dp[pick].algo, ws = sz > ws ? sz : ws;
+    bool det = dp[pick].determinism == CUDNN_DETERMINISTIC;
+    QUERY_PICK(wp,
+               cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x, p->y, p->conv, p->w,
+                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                           &cnt, wp),
+               cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                   h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp),
+               true, FILTER_WS, "backward-filter");
 #undef FWD_WS
 #undef DATA_WS
 #undef FILTER_WS
-    a->bwd_filter = wp[i].algo, ws = sz > ws ? sz : ws;
-    a->det = det && wp[i].determinism == CUDNN_DETERMINISTIC;
+    a->bwd_filter = wp[pick].algo, ws = sz > ws ? sz : ws;
+    a->det = det && wp[pick].determinism == CUDNN_DETERMINISTIC;
     a->n = n;
     a->need = ws;
-    *need = ws;
     return 0;
 }
 
@@ -275,12 +240,11 @@ static int plan_setup(fl_conv_plan *p, cudnnTensorFormat_t filter_fmt, char *why
                  (long long)d->oc, (long long)g->oh, (long long)g->ow);
         return -1;
     }
-    size_t need = 0;
-    if (choose(p, d->max_batch, WS_CAP, &p->cache[0], &need, why, whylen))
+    if (choose(p, d->max_batch, WS_CAP, &p->cache[0], why, whylen))
         return -1;
     warn_nondet(p, &p->cache[0]);
     p->ncache = 1;
-    p->ws = need;
+    p->ws = p->cache[0].need;
     return 0;
 }
 
@@ -359,22 +323,19 @@ static const algos *for_batch(fl_conv_plan *p, int64_t n, const char *op) {
         if (p->cache[i].n == n)
             return &p->cache[i];
     algos a;
-    size_t need = 0;
     char why[256];
-    if (choose(p, n, p->ws, &a, &need, why, sizeof why))
+    if (choose(p, n, p->ws, &a, why, sizeof why))
         cuda_fatal(op, "choosing cuDNN algorithms for a smaller batch", why, __FILE__, __LINE__);
     algos wide;
-    if (!a.det && choose(p, n, WS_CAP, &wide, &need, why, sizeof why) == 0 && wide.det) {
-        if (wide.need > p->xws_bytes) {
-            void *m = cuda_alloc(wide.need);
-            if (m) { /* out of memory: keep the non-deterministic choice (warned below) */
-                cuda_free(p->xws);
-                p->xws = m, p->xws_bytes = wide.need;
-                a = wide;
-            }
-        } else {
+    if (!a.det && choose(p, n, WS_CAP, &wide, why, sizeof why) == 0 && wide.det) {
+        void *m = NULL;
+        if (wide.need <= p->xws_bytes) {
             a = wide;
-        }
+        } else if ((m = cuda_alloc(wide.need))) {
+            cuda_free(p->xws);
+            p->xws = m, p->xws_bytes = wide.need;
+            a = wide;
+        } /* else out of memory: the non-deterministic choice stays (warned below) */
     }
     warn_nondet(p, &a);
     int slot = p->ncache < NCACHE ? p->ncache++ : NCACHE - 1; /* slot 0: the max batch */
