@@ -13,13 +13,15 @@
  * the device's peak memory. CNN_STEP_DGC=S (a sparsity, e.g. 0.999) adds DGC's local work to
  * every step as the strategy does it (src/strategy/dgc.c prepare: the fused accumulation and
  * sampled top-k selection, encoding, the pairs copied to the host) for each parameter of at
- * least 16384 values, and stderr says what that work costs as a share of the step. */
+ * least the strategy's min_compress_numel (16384) values, and stderr says what that work costs as a share of the step. */
 #include "fleet/backend.h"
 #include "fleet/log.h"
 #include "fleet/nn.h"
 #include "fleet/optim.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
+#include "fleet/strategy.h"
+#include "strategy/dgc_math.h"
 #include "bench_time.h"
 
 #include <stdio.h>
@@ -50,17 +52,20 @@ static int dgc_work_init(dgc_work *w, fl_net *net, double sparsity) {
     if (!(sparsity > 0 && sparsity < 1))
         return fl_fail(FL_EINVAL, "sparsity %g is not in (0, 1)", sparsity);
     w->sparsity = sparsity;
+    fl_strategy defaults;
+    fl_strategy_defaults(&defaults);
+    int64_t smallest = defaults.dgc_configs.min_compress_numel;
     w->t = calloc((size_t)fl_net_num_params(net), sizeof *w->t);
     if (!w->t)
         return fl_fail(FL_ENOMEM, "out of memory");
     for (int i = 0; i < fl_net_num_params(net); i++) {
         fl_param *p = fl_net_param(net, i);
         int64_t n = p->value.numel;
-        if (!p->trainable || n < 16384) /* small tensors go dense, as in Paddle's DGC */
+        if (!p->trainable || n < smallest) /* small tensors go dense, as in the strategy */
             continue;
         dgc_tensor *t = &w->t[w->n++];
         t->p = p;
-        t->k = (int64_t)((1 - sparsity) * (double)n + 0.999999);
+        t->k = dgc_k(n, sparsity);
         size_t scratch = (size_t)(n + (n / 100 > 4096 ? n / 100 : 4096)) * sizeof(float);
         t->u = k->alloc((size_t)n * sizeof(float));
         t->v = k->alloc((size_t)n * sizeof(float));
