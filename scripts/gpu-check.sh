@@ -39,6 +39,8 @@ for t in test_cuda_device test_cuda_convert test_comm_nccl_open test_cuda_backen
   (cd "$build/tests" && step "$t" 300 "./$t")
   verdict $?
 done
+(cd "$build/tests" && FLEET_CUDNN_BENCHMARK=1 step test_cuda_backend_find 300 ./test_cuda_backend)
+verdict $?
 FLEET_BIN=$build/tools FLEET_BUILD=$build FLEET_SRC=$src OMP_NUM_THREADS=4 \
   step test_fleet_train_gpu 600 bash "$src/tests/cli/test_fleet_train_gpu.sh"
 verdict $?
