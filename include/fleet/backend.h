@@ -325,6 +325,12 @@ typedef struct fl_backend {
     /* The most bytes of backend memory held at once since device_bind (the allocator's cache
      * included), for the progress line and metrics.jsonl. */
     size_t (*memory_peak)(void);
+    /* Host memory for staging between the device and the host (comm's buckets, input
+     * batches): page-locked (cudaHostAlloc), so that copies in a stream to or from it run
+     * asynchronously, overlapping compute; 64-byte aligned, zero-filled, NULL on failure
+     * (fl_errmsg set). NULL entries: plain host memory (fl_backend_host_alloc below). */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
 } fl_backend;
 
 /* The OpenBLAS + OpenMP table. */
@@ -349,6 +355,11 @@ static inline fl_device fl_backend_device(const fl_backend *be) {
     fl_device d = {be->host_memory ? FL_DEVICE_CPU : FL_DEVICE_CUDA, 0};
     return d;
 }
+
+/* Staging memory on the host for be (its host_alloc, else 64-byte aligned zeroed memory;
+ * bytes 0 gives a valid pointer); freed with fl_backend_host_free (NULL: no-op). */
+void *fl_backend_host_alloc(const fl_backend *be, size_t bytes);
+void  fl_backend_host_free(const fl_backend *be, void *p);
 
 /* The host memory holding `bytes` of backend memory src, for comm to send: src itself on a
  * host-memory backend (free), else staging after a device-to-host copy in stream s (complete

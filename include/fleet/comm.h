@@ -151,6 +151,12 @@ int fl_comm_barrier(fl_comm *c);
  * completes. *req is owned by the caller until fl_request_wait, which frees it. --- */
 int fl_comm_iallreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op,
                        fl_request **req);
+/* fl_comm_iallreduce for a buffer that is still being filled when it is issued (a
+ * device-to-host copy in flight): the comm thread calls ready(arg) after every earlier request
+ * and before this collective touches buf; ready returns once buf holds the data (a device
+ * event's sync). ready cannot fail: a device error ends the process (the peers name it). */
+int fl_comm_iallreduce_gated(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op,
+                             void (*ready)(void *arg), void *arg, fl_request **req);
 int fl_comm_ireduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
                             fl_redop op, fl_request **req);
 int fl_comm_iallgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,

@@ -43,6 +43,8 @@ typedef struct {
     fl_dtype      t;
     fl_redop      op;
     int           root;
+    void        (*ready)(void *arg); /* async only: waited for before the collective starts */
+    void         *ready_arg;
 } call;
 
 struct fl_request {
@@ -362,6 +364,8 @@ static void *comm_thread(void *arg) {
             snprintf(r->msg, sizeof r->msg, "%s", c->fail_msg);
         } else {
             pthread_mutex_unlock(&q->mu);
+            if (r->a.ready) /* the buffer's producer (a device copy) finishes first */
+                r->a.ready(r->a.ready_arg);
             pthread_mutex_lock(&c->exec_lock);
             rc = execute(r->c, &r->a); /* r->c: c or one of its views */
             pthread_mutex_unlock(&c->exec_lock);
@@ -757,6 +761,13 @@ int fl_comm_barrier(fl_comm *c) {
 int fl_comm_iallreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op,
                        fl_request **req) {
     call a = {.kind = OP_ALLREDUCE, .out = buf, .count = count, .t = t, .op = op};
+    return submit(c, &a, req);
+}
+
+int fl_comm_iallreduce_gated(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op,
+                             void (*ready)(void *arg), void *arg, fl_request **req) {
+    call a = {.kind = OP_ALLREDUCE, .out = buf, .count = count, .t = t, .op = op,
+              .ready = ready, .ready_arg = arg};
     return submit(c, &a, req);
 }
 

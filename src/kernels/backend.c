@@ -1,4 +1,4 @@
-/* backend.c - choosing a backend by name, and the answers of fl_backend_onednn() and
+/* backend.c - choosing a backend by name, staging memory on the host, and the answers of fl_backend_onednn() and
  * fl_backend_cuda() in builds without oneDNN or CUDA. */
 #include "fleet/backend.h"
 #include "fleet/status.h"
@@ -30,6 +30,25 @@ int fl_conv_desc_check(const fl_conv_desc *d, const char *who) {
     if (d->layout != FL_LAYOUT_NCHW && d->layout != FL_LAYOUT_NHWC)
         return fl_fail(FL_EINVAL, "%s: unknown layout %d", who, (int)d->layout);
     return FL_OK;
+}
+
+void *fl_backend_host_alloc(const fl_backend *be, size_t bytes) {
+    if (be && be->host_alloc)
+        return be->host_alloc(bytes);
+    void *p = fl_alloc_aligned(bytes);
+    if (!p) {
+        fl_fail(FL_ENOMEM, "cannot allocate %zu bytes of host memory", bytes);
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+void fl_backend_host_free(const fl_backend *be, void *p) {
+    if (be && be->host_free)
+        be->host_free(p);
+    else
+        fl_free_aligned(p);
 }
 
 /* " onednn cuda" as built, for the lists of valid names */

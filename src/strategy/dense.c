@@ -2,7 +2,14 @@
  * reverse parameter order and started during backward as soon as each is complete (PyTorch
  * DDP's reducer: Li et al., "PyTorch Distributed", VLDB 2020, sec. 3.2.3). Backward finishes the
  * last parameters first, so the first bucket's allreduce overlaps the rest of backward; the flat
- * gradient block is in parameter order, so each bucket is one contiguous range, one iallreduce. */
+ * gradient block is in parameter order, so each bucket is one contiguous range, one iallreduce.
+ *
+ * On a device (a backend without host memory) a bucket travels through page-locked host memory:
+ * when it is complete, its device-to-host copy is queued in a copy stream of its own, after an
+ * event of the compute stream, and its allreduce is issued at once, gated on the copy (the comm
+ * thread waits for the copy's event just before it sends). The training thread goes on queueing
+ * backward; bucket i is sent while bucket i + 1 is copied. The results come back with
+ * host-to-device copies in the compute stream, queued as each allreduce completes. */
 #include "strategy_impl.h"
 
 #include "fleet/log.h"
@@ -19,6 +26,10 @@ typedef struct {
     int         nparams;     /* trainable parameters in it */
     int         ready;       /* of which final in the current backward */
     fl_request *req;         /* in flight; NULL otherwise */
+    /* on a device: the compute stream's point where the bucket is final, and the copy
+     * stream's where its host copy is; the comm thread waits for `staged` (bucket_staged) */
+    fl_event          *computed, *staged;
+    const fl_backend  *be;
 } bucket;
 
 struct dense_state {
@@ -29,10 +40,12 @@ struct dense_state {
     int       error;       /* first failure of the current step */
     char      errmsg[512]; /* and its message (grad_ready cannot return it) */
     uint16_t *staging;     /* (numel) f16 gradients on the wire: fp16_allreduce only */
-    /* (numel) host copies of the gradients for comm where the backend's memory is a device's
-     * (fl_backend_stage_out / _in); NULL on the CPU backends, whose gradients comm sends in
-     * place */
+    /* (numel) host copies of the gradients for comm where the backend's memory is a device's,
+     * page-locked (fl_backend_host_alloc); NULL on the CPU backends, whose gradients comm sends
+     * in place */
     void     *host;
+    fl_stream *copy;       /* on a device: the stream of the buckets' device-to-host copies */
+    const fl_backend *be;  /* whose host memory, stream and events these are */
 };
 typedef struct dense_state dense;
 
@@ -91,11 +104,35 @@ static int plan(fl_dist_optim *d, dense *ds) {
 void fl_dense_state_free(dense_state *ds) {
     if (!ds)
         return;
+    if (ds->copy) /* its copies are done before their host memory goes */
+        ds->be->stream_free(ds->copy);
+    for (int i = 0; ds->be && ds->buckets && i < ds->nbuckets; i++) {
+        ds->be->event_free(ds->buckets[i].computed);
+        ds->be->event_free(ds->buckets[i].staged);
+    }
     free(ds->buckets);
     free(ds->bucket_of);
     fl_free_aligned(ds->staging);
-    fl_free_aligned(ds->host);
+    fl_backend_host_free(ds->be, ds->host);
     free(ds);
+}
+
+/* The device-side state: page-locked host gradients, the copy stream, two events a bucket. */
+static int stage_create(fl_dist_optim *d, dense *ds) {
+    const fl_backend *be = ds->be;
+    size_t bytes = (size_t)fl_net_numel(d->net) * fl_dtype_size(fl_net_dtype(d->net));
+    if (!(ds->host = fl_backend_host_alloc(be, bytes)))
+        return fl_fail_prefix(FL_ENOMEM, "strategy dense: %zu bytes of host gradients", bytes);
+    if (d->s.fp16_allreduce) /* cast on the host: its copies wait where they are made */
+        return FL_OK;
+    ds->copy = be->stream_create();
+    for (int i = 0; i < ds->nbuckets; i++) {
+        bucket *b = &ds->buckets[i];
+        b->be = be;
+        b->computed = be->event_create();
+        b->staged = be->event_create();
+    }
+    return FL_OK;
 }
 
 int fl_dense_state_create(fl_dist_optim *d, dense_state **out) {
@@ -121,14 +158,9 @@ int fl_dense_state_create(fl_dist_optim *d, dense_state **out) {
             goto fail;
         }
     }
-    if (!fl_net_backend(d->net)->host_memory && d->world > 1) {
-        size_t bytes = (size_t)fl_net_numel(d->net) * fl_dtype_size(fl_net_dtype(d->net));
-        if (!(ds->host = fl_alloc_aligned(bytes ? bytes : 1))) {
-            rc = fl_fail(FL_ENOMEM, "strategy dense: cannot allocate %zu bytes of host gradients",
-                         bytes);
-            goto fail;
-        }
-    }
+    ds->be = fl_net_backend(d->net);
+    if (!ds->be->host_memory && d->world > 1 && (rc = stage_create(d, ds)) < 0)
+        goto fail;
     *out = ds;
     return FL_OK;
 fail:
@@ -148,6 +180,12 @@ static void *wire_of(fl_dist_optim *d, dense *ds, const bucket *b) {
                                 ds->host ? (char *)ds->host + (size_t)b->off * es : NULL);
 }
 
+/* The comm thread, before it sends bucket arg: its host copy must have landed. */
+static void bucket_staged(void *arg) {
+    const bucket *b = arg;
+    b->be->event_sync(b->staged);
+}
+
 static int launch(fl_dist_optim *d, dense *ds, bucket *b) {
     fl_dtype t = fl_net_dtype(d->net);
     void *g = range_of(d, b);
@@ -162,12 +200,19 @@ static int launch(fl_dist_optim *d, dense *ds, bucket *b) {
         fl_f32_to_f16_n(hg, ds->staging + b->off, (size_t)b->n);
         rc = fl_comm_iallreduce(d->comm, ds->staging + b->off, (size_t)b->n, FL_DTYPE_F16,
                                 FL_REDOP_SUM, &b->req);
-    } else {
-        /* staged: a device-to-host copy on a GPU backend, nothing on the CPU */
+    } else if (ds->copy) {
+        /* on a device: copied in the copy stream once the compute stream has made it; sent
+         * when the copy has landed */
+        const fl_backend *be = ds->be;
         void *wire = wire_of(d, ds, b);
-        fl_backend_stage_out(fl_net_backend(d->net), g, wire, (size_t)b->n * fl_dtype_size(t),
-                             NULL);
-        rc = fl_comm_iallreduce(d->comm, wire, (size_t)b->n, t, FL_REDOP_AVG, &b->req);
+        be->event_record(b->computed, NULL);
+        be->event_wait(ds->copy, b->computed);
+        be->copy(wire, g, (size_t)b->n * fl_dtype_size(t), FL_COPY_D2H, ds->copy);
+        be->event_record(b->staged, ds->copy);
+        rc = fl_comm_iallreduce_gated(d->comm, wire, (size_t)b->n, t, FL_REDOP_AVG,
+                                      bucket_staged, b, &b->req);
+    } else {
+        rc = fl_comm_iallreduce(d->comm, g, (size_t)b->n, t, FL_REDOP_AVG, &b->req);
     }
     if (rc < 0)
         return fl_fail_prefix(rc, "strategy dense: allreduce of the bucket %s .. %s",
@@ -203,7 +248,9 @@ void fl_dense_state_grad_ready(fl_dist_optim *d, dense_state *ds, fl_param *p) {
         keep_error(ds, rc);
 }
 
-/* Waits for every started bucket; with keep, unpacks each result into the gradients. */
+/* Waits for every started bucket; with keep, unpacks each result into the gradients (on a
+ * device: a host-to-device copy in the compute stream, queued as each bucket completes, so
+ * the first buckets' copies run while the host waits for the last ones). */
 static void complete(fl_dist_optim *d, dense *ds, bool keep) {
     for (int i = 0; i < ds->launched; i++) {
         bucket *b = &ds->buckets[i];

@@ -1,6 +1,6 @@
 /* train_device.c - the trainer's side of a device backend (backend.h's memory rule): the
  * backend train.device and train.backend choose, with the GPU bound before anything is built;
- * batches copied to the device once per step (input and labels); the logits copied back once
+ * evaluation batches copied to the device (training's: train_input.c); the logits copied back once
  * for accuracy; and host stand-ins for the tensors checkpoints read and write. On the CPU
  * backends (host_memory) every one of these is the memory itself, and nothing is copied. */
 #include "train/train_impl.h"
@@ -112,13 +112,18 @@ void fl_train_batch_clear(fl_train_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
+void fl_train_batch_probs(fl_train_batch *b, int64_t rows, fl_tensor *probs) {
+    FL_ASSERT(rows <= b->max_batch);
+    fl_tensor_view(probs, FL_DTYPE_F32, 2, (int64_t[]){rows, b->classes}, b->probs);
+    probs->device = fl_backend_device(b->k);
+}
+
 int fl_train_batch_put(fl_train_batch *b, const fl_tensor *x, const int32_t *labels,
                        fl_tensor *dx, const int32_t **dlabels, fl_tensor *probs) {
     int64_t rows = x->shape[0];
     FL_ASSERT(rows <= b->max_batch && x->dtype == FL_DTYPE_F32 &&
               x->numel == rows * b->sample);
-    fl_tensor_view(probs, FL_DTYPE_F32, 2, (int64_t[]){rows, b->classes}, b->probs);
-    probs->device = fl_backend_device(b->k);
+    fl_train_batch_probs(b, rows, probs);
     *dx = *x;
     *dlabels = labels;
     if (b->k->host_memory)

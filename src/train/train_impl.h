@@ -34,10 +34,50 @@ void fl_train_batch_clear(fl_train_batch *b);
  * unlabelled evaluation). *probs views b's loss buffer for the batch's rows. */
 int  fl_train_batch_put(fl_train_batch *b, const fl_tensor *x, const int32_t *labels,
                         fl_tensor *dx, const int32_t **dlabels, fl_tensor *probs);
+/* *probs views b's loss buffer for rows samples. */
+void fl_train_batch_probs(fl_train_batch *b, int64_t rows, fl_tensor *probs);
 /* The network's logits in host memory, for accuracy (fl_topk_correct): logits themselves on
  * the CPU backends, else a copy in b viewed by *view. */
 const fl_tensor *fl_train_batch_logits(fl_train_batch *b, const fl_tensor *logits,
                                        fl_tensor *view);
+
+/* The training batches where the network computes (train_input.c). On a device the loader's
+ * next batch is uploaded in a stream of its own (from page-locked memory) while the current
+ * step computes, one batch ahead; on the CPU backends the loader's batch is used in place. */
+typedef struct {
+    float      *hx;       /* (max_batch, sample) page-locked host memory */
+    int32_t    *hlabels;  /* (max_batch) page-locked; the accuracy reads them */
+    void       *x;        /* (max_batch, sample) f32, the backend's memory */
+    int32_t    *labels;   /* (max_batch) the backend's memory */
+    fl_event   *landed;   /* the upload's end in the input's stream */
+    fl_tensor   view;     /* the batch's shape over x */
+} fl_train_input_slot;
+
+typedef struct {
+    const fl_backend   *k;
+    fl_prefetch        *loader;
+    int64_t             max_batch, sample, classes;
+    fl_train_input_slot slot[2];
+    fl_stream          *up;       /* the uploads */
+    fl_event           *computed; /* the compute stream's point an upload waits for */
+    int                 next;     /* the slot of the next batch */
+    bool                ahead;    /* it is staged already */
+    int                 held_rc;  /* 1, or the loader's end (0) or error met looking ahead */
+} fl_train_input;
+
+/* Plans in for loader's batches of up to max_batch samples on k (two device batches and their
+ * page-locked host copies on a device). FL_ENOMEM. */
+int  fl_train_input_init(fl_train_input *in, const fl_backend *k, fl_prefetch *loader,
+                         int64_t max_batch, int64_t sample, int64_t classes);
+void fl_train_input_clear(fl_train_input *in);
+/* fl_prefetch_seek, dropping the batch staged ahead. */
+int  fl_train_input_seek(fl_train_input *in, int64_t epoch, int64_t batch);
+/* As fl_prefetch_next: 1 with the next batch, x and *labels in k's memory (the compute stream
+ * waits for their upload), *hlabels the same labels in host memory (checked with
+ * fl_labels_check on a device), valid until the call after next; 0 at the end of the epoch;
+ * a negative status with the loader's message. */
+int  fl_train_input_next(fl_train_input *in, fl_tensor *x, const int32_t **labels,
+                         const int32_t **hlabels);
 
 /* The backend cfg's train.device and train.backend name; with train.device: gpu the GPU
  * FLAGS_selected_gpus names is bound first, once per process (device_bind). NULL with a
@@ -68,6 +108,7 @@ typedef struct {
     fl_optim      *opt;
     fl_dist_optim *dopt;      /* wraps opt; replaces backward + step */
     fl_train_batch batch;     /* the batch on the network's backend, its loss buffer */
+    fl_train_input input;     /* the training batches on it, one uploaded ahead on a device */
     void          *hbuffers;  /* host staging of the persistable buffers for their average
                                * (a device backend with several ranks only) */
     fl_metrics    *metrics;   /* rank 0 only; NULL elsewhere or without train.log_dir */

@@ -256,6 +256,8 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     const fl_backend *k = fl_net_backend(t->net);
     FL_TRY(fl_train_batch_init(&t->batch, k, cfg->train.batch_size, t->train_set->sample_numel,
                                cfg->data.classes));
+    FL_TRY(fl_train_input_init(&t->input, k, t->loader, cfg->train.batch_size,
+                               t->train_set->sample_numel, cfg->data.classes));
     size_t buffers = 0; /* persistable values after the trainable ones: averaged before evals */
     for (int i = 0; i < fl_net_num_params(t->net); i++)
         if (!fl_net_param(t->net, i)->trainable)
@@ -300,6 +302,7 @@ fl_net *fl_train_make_model(const fl_train_config *cfg, const fl_dataset *ds) {
 void fl_train_teardown(trainer *t) {
     fl_metrics_close(t->metrics);
     fl_train_batch_clear(&t->batch);
+    fl_train_input_clear(&t->input);
     fl_free_aligned(t->hbuffers);
     fl_dist_optim_free(t->dopt);
     fl_optim_free(t->opt);

@@ -10,20 +10,20 @@
 
 /* One micro-batch: forward, loss, then fl_dist_minimize in place of backward + optimizer
  * step. *updated says whether the optimizer updated (with gradient_merge, every k-th call).
- * x and labels are the loader's (host memory); on a device they are copied there first, and
- * the logits come back once for the accuracy. */
-static int train_step(trainer *t, const fl_tensor *x, const int32_t *labels, double lr,
-                      double *loss, int64_t *correct, bool *updated) {
+ * x and labels are where the network computes (fl_train_input), hlabels the labels in host
+ * memory; on a device the logits come back once for the accuracy. */
+static int train_step(trainer *t, const fl_tensor *x, const int32_t *labels,
+                      const int32_t *hlabels, double lr, double *loss, int64_t *correct,
+                      bool *updated) {
     const fl_tensor *logits;
-    fl_tensor dx, probs, hview;
-    const int32_t *dlabels;
-    FL_TRY(fl_train_batch_put(&t->batch, x, labels, &dx, &dlabels, &probs));
-    FL_TRY(fl_net_forward(t->net, &dx, true, &logits));
+    fl_tensor probs, hview;
+    fl_train_batch_probs(&t->batch, x->shape[0], &probs);
+    FL_TRY(fl_net_forward(t->net, x, true, &logits));
     const fl_backend *k = fl_net_backend(t->net);
     double eps = t->label_smoothing;
-    FL_TRY(fl_softmax_xent_smooth_forward(k, logits, dlabels, eps, &probs, loss));
-    *correct = fl_topk_correct(fl_train_batch_logits(&t->batch, logits, &hview), labels, 1);
-    FL_TRY(fl_softmax_xent_smooth_backward(k, &probs, dlabels, eps, &probs));
+    FL_TRY(fl_softmax_xent_smooth_forward(k, logits, labels, eps, &probs, loss));
+    *correct = fl_topk_correct(fl_train_batch_logits(&t->batch, logits, &hview), hlabels, 1);
+    FL_TRY(fl_softmax_xent_smooth_backward(k, &probs, labels, eps, &probs));
     if (x->shape[0] == 0) /* every sample of this rank's batch was a skipped image */
         *loss = 0;
     if (isfinite(*loss)) /* adaptive Local SGD follows the loss */
@@ -38,8 +38,8 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
     double run_start = fl_now();
     t->start_time = run_start;
     train_window w;
-    const fl_tensor *x;
-    const int32_t *labels;
+    fl_tensor x;
+    const int32_t *labels, *hlabels;
 
     FL_INFO("worker %d of %d: training %lld epochs of %lld steps of %lld x %lld samples, %lld "
             "parameters", t->rank, t->world, (long long)cfg->train.epochs,
@@ -63,24 +63,24 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
             break;
         last_epoch = epoch;
         batch = epoch == start.epoch ? start.batch : 0;
-        FL_TRY(fl_prefetch_seek(t->loader, epoch, batch));
+        FL_TRY(fl_train_input_seek(&t->input, epoch, batch));
         int rc;
-        while ((rc = fl_prefetch_next(t->loader, &x, &labels)) == 1) {
+        while ((rc = fl_train_input_next(&t->input, &x, &labels, &hlabels)) == 1) {
             batch++;
             double lr = fl_lr_at(&t->sched, step) * t->lr_scale, loss;
             int64_t correct;
             bool updated = true;
             fl_straggler_step(&slow);
-            FL_TRY(train_step(t, x, labels, lr, &loss, &correct, &updated));
+            FL_TRY(train_step(t, &x, labels, hlabels, lr, &loss, &correct, &updated));
             if (!isfinite(loss))
                 return fl_fail(FL_EINVAL,
                                "worker %d: loss became %f at step %lld; lower "
                                "optimizer.lr.base or set optimizer.clip_norm",
                                t->rank, loss, (long long)step);
-            w.loss_sum += loss * (double)x->shape[0];
+            w.loss_sum += loss * (double)x.shape[0];
             w.correct += correct;
-            w.samples += x->shape[0];
-            local_samples += x->shape[0];
+            w.samples += x.shape[0];
+            local_samples += x.shape[0];
             if (!updated)
                 continue;
             step++;

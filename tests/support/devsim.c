@@ -232,6 +232,8 @@ static void *ds_alloc(size_t bytes) {
     return p;
 }
 
+static void check_unqueued(const char *base, size_t len);
+
 static void ds_free(void *p) {
     if (!p)
         return;
@@ -241,6 +243,7 @@ static void ds_free(void *p) {
         pthread_mutex_unlock(&lock);
         misuse("free", "p", p, "is not an allocation of this backend");
     }
+    check_unqueued(regions[i].base, regions[i].size);
     munmap(regions[i].base, regions[i].mapped);
     live -= regions[i].size;
     memmove(regions + i, regions + i + 1, (size_t)(nregions - i - 1) * sizeof *regions);
@@ -250,24 +253,218 @@ static void ds_free(void *p) {
 
 static const fl_backend *cpu(void) { return fl_backend_cpu(); }
 
-static void ds_copy(void *dst, const void *src, size_t bytes, fl_copy_kind kind, fl_stream *s) {
+/* Checks a copy's pointers and opens them for the next enter(). */
+static void copy_args(void *dst, const void *src, size_t bytes, fl_copy_kind kind) {
     static const char *const names[] = {"copy H2H", "copy H2D", "copy D2H", "copy D2D"};
     const char *fn = (unsigned)kind < 4 ? names[kind] : "copy";
     bool ddst = kind == FL_COPY_H2D || kind == FL_COPY_D2D;
     bool dsrc = kind == FL_COPY_D2H || kind == FL_COPY_D2D;
-    if (bytes) {
-        if (ddst)
-            dev(fn, "dst", dst, bytes);
-        else
-            host(fn, "dst", dst);
-        if (dsrc)
-            dev(fn, "src", src, bytes);
-        else
-            host(fn, "src", src);
-    }
+    if (!bytes)
+        return;
+    if (ddst)
+        dev(fn, "dst", dst, bytes);
+    else
+        host(fn, "dst", dst);
+    if (dsrc)
+        dev(fn, "src", src, bytes);
+    else
+        host(fn, "src", src);
+}
+
+static void run_copy(void *dst, const void *src, size_t bytes, fl_copy_kind kind) {
+    copy_args(dst, src, bytes, kind);
     enter();
-    cpu()->copy(dst, src, bytes, kind, s);
+    cpu()->copy(dst, src, bytes, kind, NULL);
     leave();
+}
+
+/* --- streams and events: the default stream (NULL) runs every call at once, as the cpu
+ * table does; a stream of stream_create runs nothing until the host or the default stream
+ * waits for it. Its copies are queued and done, reading their source then, only when an
+ * event recorded after them is waited for (event_sync, event_wait) or the stream is synced.
+ * A device runs them at some moment in between; the latest moment is the one that exposes a
+ * missing wait: a host buffer read before its copy was waited for holds stale data, a source
+ * changed before the copy ran gives the changed data. Freeing memory a queued copy still
+ * uses aborts. --- */
+
+typedef struct ds_stream ds_stream;
+typedef struct {
+    bool          wait;  /* a wait for stream `on` up to `upto`, else a copy */
+    void         *dst;
+    const void   *src;
+    size_t        bytes;
+    fl_copy_kind  kind;
+    ds_stream    *on;
+    uint64_t      upto;
+} ds_op;
+
+struct ds_stream {
+    ds_op     *ops;      /* queued: ops[head .. n) are numbers first + head .. first + n - 1 */
+    size_t     head, n, cap;
+    uint64_t   first;
+    int        refs;     /* the handle (until stream_free) and the events recorded in it */
+    ds_stream *next;     /* all streams with references, for free's check */
+};
+
+typedef struct {
+    ds_stream *s; /* NULL: complete (recorded in the default stream, or never) */
+    uint64_t   upto;
+} ds_event;
+
+static ds_stream *streams;
+
+static void stream_unref(ds_stream *s) {
+    if (!s || --s->refs > 0)
+        return;
+    for (ds_stream **pp = &streams; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    free(s->ops);
+    free(s);
+}
+
+/* Runs s's queued work numbered below upto (everything: UINT64_MAX), under lock. */
+static void flush(ds_stream *s, uint64_t upto) {
+    while (s && s->head < s->n && s->first + s->head < upto) {
+        ds_op op = s->ops[s->head++];
+        if (op.wait)
+            flush(op.on, op.upto);
+        else
+            run_copy(op.dst, op.src, op.bytes, op.kind);
+        if (op.wait)
+            stream_unref(op.on);
+    }
+    if (s && s->head == s->n) {
+        s->first += s->n;
+        s->head = s->n = 0;
+    }
+}
+
+static void push(ds_stream *s, ds_op op) {
+    if (s->n == s->cap) {
+        size_t ncap = s->cap ? 2 * s->cap : 16;
+        ds_op *no = realloc(s->ops, ncap * sizeof *no);
+        if (!no) {
+            say("devsim: out of memory queueing stream work\n");
+            abort();
+        }
+        s->ops = no;
+        s->cap = ncap;
+    }
+    s->ops[s->n++] = op;
+}
+
+static void ds_copy(void *dst, const void *src, size_t bytes, fl_copy_kind kind, fl_stream *s) {
+    if (!s || !bytes) {
+        run_copy(dst, src, bytes, kind);
+        return;
+    }
+    copy_args(dst, src, bytes, kind); /* named now, at the call that is wrong */
+    pthread_mutex_lock(&lock);
+    if (depth == 0)
+        pending.n = 0; /* opened when the copy runs */
+    push((ds_stream *)s, (ds_op){.dst = dst, .src = src, .bytes = bytes, .kind = kind});
+    pthread_mutex_unlock(&lock);
+}
+
+static fl_stream *ds_stream_create(void) {
+    ds_stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        say("devsim: out of memory for a stream\n");
+        abort();
+    }
+    s->refs = 1;
+    pthread_mutex_lock(&lock);
+    s->next = streams;
+    streams = s;
+    pthread_mutex_unlock(&lock);
+    return (fl_stream *)s;
+}
+
+/* As cudaStreamDestroy: queued work still completes (here: now). */
+static void ds_stream_free(fl_stream *fs) {
+    pthread_mutex_lock(&lock);
+    flush((ds_stream *)fs, UINT64_MAX);
+    stream_unref((ds_stream *)fs);
+    pthread_mutex_unlock(&lock);
+}
+
+static void ds_stream_sync(fl_stream *fs) {
+    pthread_mutex_lock(&lock);
+    flush((ds_stream *)fs, UINT64_MAX);
+    pthread_mutex_unlock(&lock);
+}
+
+static fl_event *ds_event_create(void) {
+    ds_event *e = calloc(1, sizeof *e);
+    if (!e) {
+        say("devsim: out of memory for an event\n");
+        abort();
+    }
+    return (fl_event *)e;
+}
+
+static void ds_event_free(fl_event *fe) {
+    ds_event *e = (ds_event *)fe;
+    if (!e)
+        return;
+    pthread_mutex_lock(&lock);
+    stream_unref(e->s);
+    pthread_mutex_unlock(&lock);
+    free(e);
+}
+
+static void ds_event_record(fl_event *fe, fl_stream *fs) {
+    ds_event *e = (ds_event *)fe;
+    ds_stream *s = (ds_stream *)fs;
+    pthread_mutex_lock(&lock);
+    stream_unref(e->s);
+    e->s = s && s->head < s->n ? s : NULL; /* nothing queued: complete already */
+    if (e->s) {
+        e->s->refs++;
+        e->upto = s->first + s->n;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* The default stream waits by running the work now; a stream queues the wait. */
+static void ds_event_wait(fl_stream *fs, fl_event *fe) {
+    ds_event *e = (ds_event *)fe;
+    ds_stream *s = (ds_stream *)fs;
+    pthread_mutex_lock(&lock);
+    if (!s) {
+        flush(e->s, e->upto);
+    } else if (e->s && e->s != s) {
+        e->s->refs++;
+        push(s, (ds_op){.wait = true, .on = e->s, .upto = e->upto});
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+static void ds_event_sync(fl_event *fe) {
+    ds_event *e = (ds_event *)fe;
+    pthread_mutex_lock(&lock);
+    flush(e->s, e->upto);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Aborts when a queued copy reads or writes [base, base + len). */
+static void check_unqueued(const char *base, size_t len) {
+    for (ds_stream *s = streams; s; s = s->next)
+        for (size_t i = s->head; i < s->n; i++) {
+            const ds_op *op = &s->ops[i];
+            if (op->wait)
+                continue;
+            const char *d = op->dst, *c = op->src;
+            if ((d < base + len && d + op->bytes > base) ||
+                (c < base + len && c + op->bytes > base)) {
+                pthread_mutex_unlock(&lock);
+                misuse("free", "p", base, "is used by a copy still queued in a stream (sync the "
+                                          "stream or an event after the copy first)");
+            }
+        }
 }
 
 static size_t es(fl_dtype t) { return fl_dtype_size(t); }
@@ -701,6 +898,14 @@ static void init(void) {
     table.alloc = ds_alloc;
     table.free = ds_free;
     table.copy = ds_copy;
+    table.stream_create = ds_stream_create;
+    table.stream_free = ds_stream_free;
+    table.stream_sync = ds_stream_sync;
+    table.event_create = ds_event_create;
+    table.event_free = ds_event_free;
+    table.event_record = ds_event_record;
+    table.event_wait = ds_event_wait;
+    table.event_sync = ds_event_sync;
     table.fill = ds_fill;
     table.reorder = ds_reorder;
     table.gemm = ds_gemm;

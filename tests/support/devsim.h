@@ -6,7 +6,10 @@
  * was allocated and where the host touched it. Every table function also checks that the data
  * pointers it is given are backend memory (backend.h's memory rule), so host memory passed to
  * the "device" aborts with the function and argument named. Results are the cpu table's, bit
- * for bit.
+ * for bit. Streams made with stream_create are lazy: their copies run only when an event
+ * recorded after them is waited for or the stream is synced (the default stream runs
+ * everything at once), so a read of a staging buffer that forgot to wait finds stale data, and
+ * freeing memory a queued copy uses aborts.
  *
  * Test-only: it is not in fl_backend_by_name's registry. A test program uses it directly, or
  * installs it as the trainer's GPU backend (fl_train_set_gpu_backend, train.h) and runs with

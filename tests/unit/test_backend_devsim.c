@@ -93,6 +93,64 @@ static void guard(void) {
                  "devsim: copy D2H: argument dst");
 }
 
+/* --- lazy streams: a stream's copies run when they are waited for, not before --- */
+
+static void free_while_queued(void) {
+    const fl_backend *d = fl_devsim_backend();
+    static float host[16];
+    fl_stream *s = d->stream_create();
+    void *p = d->alloc(sizeof host);
+    d->copy(host, p, sizeof host, FL_COPY_D2H, s);
+    d->free(p); /* the copy has not run: a device would read freed memory */
+}
+
+static void streams(void) {
+    const fl_backend *d = fl_devsim_backend();
+    float *p = d->alloc(4 * sizeof(float)), *q = d->alloc(4 * sizeof(float));
+    float h[4] = {0}, h2[4] = {0};
+    fl_stream *s = d->stream_create(), *s2 = d->stream_create();
+    fl_event *e = d->event_create(), *e2 = d->event_create();
+    d->fill(FL_DTYPE_F32, p, 4, 1.0);
+    d->copy(h, p, sizeof h, FL_COPY_D2H, s);
+    d->event_record(e, s);
+    d->fill(FL_DTYPE_F32, p, 4, 2.0); /* the default stream runs at once: the copy reads 2 */
+    CHECK(h[0] == 0.0f);              /* not run yet */
+    d->event_sync(e);
+    CHECK(h[0] == 2.0f && h[3] == 2.0f);
+    /* a stream that waits for an event of another runs that one's work first */
+    d->fill(FL_DTYPE_F32, p, 4, 3.0);
+    d->copy(h, p, sizeof h, FL_COPY_D2H, s); /* s: h = 3 */
+    d->event_record(e, s);
+    d->event_wait(s2, e);
+    d->copy(q, h, sizeof h, FL_COPY_H2D, s2); /* s2, after s: q = 3 */
+    d->event_record(e2, s2);
+    CHECK(h[0] == 2.0f);
+    d->event_wait(NULL, e2); /* the default stream waits: both run */
+    d->copy(h2, q, sizeof h2, FL_COPY_D2H, NULL);
+    CHECK(h[0] == 3.0f && h2[0] == 3.0f && h2[3] == 3.0f);
+    /* stream_sync runs everything queued; an event recorded on nothing queued is complete */
+    d->fill(FL_DTYPE_F32, p, 4, 4.0);
+    d->copy(h, p, sizeof h, FL_COPY_D2H, s);
+    d->stream_sync(s);
+    CHECK(h[0] == 4.0f);
+    d->event_record(e, s);
+    d->event_sync(e);
+    /* freeing a stream finishes its work; its events stay valid */
+    d->fill(FL_DTYPE_F32, p, 4, 5.0);
+    d->copy(h, p, sizeof h, FL_COPY_D2H, s);
+    d->event_record(e, s);
+    d->stream_free(s);
+    CHECK(h[0] == 5.0f);
+    d->event_sync(e);
+    d->event_free(e);
+    d->event_free(e2);
+    d->stream_free(s2);
+    d->free(p);
+    d->free(q);
+    expect_abort("free under a queued copy", free_while_queued,
+                 "is used by a copy still queued in a stream");
+}
+
 /* --- training, cpu against devsim --- */
 
 static fl_backend counting; /* devsim with its copies counted */
@@ -226,6 +284,7 @@ static fl_net *mlp_dropout(void) {
 
 int main(void) {
     guard();
+    streams();
     counting = *fl_devsim_backend();
     counting.copy = counting_copy;
     recipe momentum = {.oc = {.type = FL_OPTIM_MOMENTUM, .momentum = 0.9, .weight_decay = 1e-4,

@@ -365,6 +365,50 @@ typedef struct {
     pthread_barrier_t *bar;
 } rank_arg;
 
+/* fl_comm_iallreduce_gated: the gate runs on the comm thread after the earlier request is
+ * complete and before the collective reads the buffer, which it fills here (as a device copy
+ * landing would). */
+typedef struct {
+    fl_request *before; /* the request issued just before */
+    float      *buf;
+    size_t      n;
+    int         rank;
+    int         calls, early; /* gate calls; of which before `before` completed */
+} gate_arg;
+
+static void gate_fill(void *p) {
+    gate_arg *g = p;
+    g->calls++;
+    if (!fl_request_test(g->before))
+        g->early++;
+    for (size_t i = 0; i < g->n; i++)
+        g->buf[i] = (float)(g->rank + 1) * (float)(i + 1);
+}
+
+static long gated_allreduce(fl_comm *c, int rank, int size) {
+    enum { N = 1001 };
+    static _Thread_local float first[N], buf[N];
+    long bad = 0;
+    for (int i = 0; i < N; i++)
+        first[i] = 1.0f, buf[i] = -1.0f;
+    fl_request *r1, *r2;
+    gate_arg g = {.buf = buf, .n = N, .rank = rank};
+    if (fl_comm_iallreduce(c, first, N, FL_DTYPE_F32, FL_REDOP_SUM, &r1) < 0)
+        return 1;
+    g.before = r1;
+    if (fl_comm_iallreduce_gated(c, buf, N, FL_DTYPE_F32, FL_REDOP_SUM, gate_fill, &g, &r2) < 0)
+        return 1;
+    int rc2 = fl_request_wait(r2), rc1 = fl_request_wait(r1);
+    float ranks = (float)size * (float)(size + 1) / 2; /* sum of rank + 1 */
+    for (int i = 0; i < N; i++)
+        bad += buf[i] != ranks * (float)(i + 1) || first[i] != (float)size;
+    bad += rc1 < 0 || rc2 < 0 || g.calls != 1 || g.early != 0;
+    if (bad)
+        fprintf(stderr, "rank %d of %d: gated allreduce: %ld wrong (gate called %d times, %d "
+                "before the earlier request completed)\n", rank, size, bad, g.calls, g.early);
+    return bad;
+}
+
 static void *rank_main(void *p) {
     rank_arg *a = p;
     fl_comm *c = NULL;
@@ -375,6 +419,7 @@ static void *rank_main(void *p) {
         return NULL;
     }
     pthread_barrier_wait(a->bar);
+    a->failures += gated_allreduce(c, a->rank, a->size);
     fl_tcp_tuning def;
     fl_comm_tcp_get_tuning(c, &def);
     for (int k = 0; k < TUNE_COUNT; k++) {

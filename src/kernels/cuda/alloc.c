@@ -225,6 +225,28 @@ size_t cuda_memory_peak(void) {
     return p;
 }
 
+/* Page-locked host memory: copies in a stream to and from it return at once and overlap the
+ * compute (portable: usable from every thread and context). Not cached: staging buffers are
+ * made once, at set-up. */
+void *cuda_host_alloc(size_t bytes) {
+    cuda_require_bound("host_alloc");
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        fl_fail(FL_ENOMEM, "cuda backend: cannot allocate %zu bytes of page-locked host memory: "
+                           "%s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+void cuda_host_free(void *p) {
+    if (p)
+        CU_CHECK("host_free", cudaFreeHost(p));
+}
+
 /* Asynchronous in the stream; a pageable host buffer makes cudaMemcpyAsync wait for the copy
  * (device to host) or for its staging (host to device), so such buffers may be reused at
  * once. */

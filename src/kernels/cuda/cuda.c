@@ -252,6 +252,8 @@ static const fl_backend cuda_ops = {
     .col2im = NULL,
     .device_bind = cuda_device_bind,
     .memory_peak = cuda_memory_peak,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 const fl_backend *fl_backend_cuda(void) { return &cuda_ops; }

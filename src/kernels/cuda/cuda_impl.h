@@ -74,6 +74,9 @@ void *cuda_alloc(size_t bytes);
 void cuda_free(void *p);
 void cuda_copy(void *dst, const void *src, size_t bytes, fl_copy_kind kind, fl_stream *s);
 size_t cuda_memory_peak(void);
+/* page-locked host memory for staging (host_alloc / host_free) */
+void *cuda_host_alloc(size_t bytes);
+void cuda_host_free(void *p);
 void *cuda_get(size_t bytes, const char *op);
 void cuda_put(void *p);
 
