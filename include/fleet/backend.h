@@ -24,7 +24,9 @@
  * and `hint` and `passes` of dgc_accumulate_select; values a function returns come back to
  * the host. The host never reads or writes backend memory itself: it copies with `copy`
  * (FL_COPY_H2D / D2H) or computes with a table function. Comm (src/comm) sees only host
- * memory: strategies stage buffers through fl_backend_stage_out / fl_backend_stage_in below.
+ * memory: strategies stage buffers through fl_backend_stage_out / fl_backend_stage_in below,
+ * or, to keep the compute stream running, through host_alloc memory with a copy in a stream of
+ * their own (the dense strategy's buckets: docs/backends.md "Comm staging").
  * fl_argmax is a host function over host memory. On a backend with host_memory true (cpu,
  * ref, onednn) backend memory is host memory and the copies are skipped, so following the
  * rule costs those backends nothing.

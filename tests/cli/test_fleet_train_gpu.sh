@@ -15,10 +15,7 @@ src="${FLEET_SRC:?}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
-check() { # check DESCRIPTION COMMAND...
-  local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
+. "$src/tests/cli/dist_train_lib.sh" # check
 [ -x "$bin" ] && [ -x "$run" ] || { echo "SKIPPED: fleet-train not built"; exit 77; }
 unset FLEET_CUDA_TF32 FLAGS_START_PORT FLEET_JOB_TOKEN FLEET_LISTEN_FD
 MLP_TOL=1e-3

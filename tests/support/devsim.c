@@ -329,12 +329,12 @@ static void stream_unref(ds_stream *s) {
 static void flush(ds_stream *s, uint64_t upto) {
     while (s && s->head < s->n && s->first + s->head < upto) {
         ds_op op = s->ops[s->head++];
-        if (op.wait)
+        if (op.wait) {
             flush(op.on, op.upto);
-        else
-            run_copy(op.dst, op.src, op.bytes, op.kind);
-        if (op.wait)
             stream_unref(op.on);
+        } else {
+            run_copy(op.dst, op.src, op.bytes, op.kind);
+        }
     }
     if (s && s->head == s->n) {
         s->first += s->n;
