@@ -32,10 +32,15 @@
  *   of two ranks and may differ in the last bit otherwise (the tcp and mpi backends divide
  *   after the sum). Results are bit-identical on every rank (NCCL's rings and trees end with
  *   every rank holding the same reduced bytes).
+ * - Node groups (nccl_split): the node view is NCCL (ncclCommSplit by node), the cross view tcp
+ *   over the transport above; a hierarchical allreduce is the views' own collectives
+ *   (hier_views.c), on host memory.
  * - Counters: as mpi.c, the payload handed to NCCL and received from it. */
 #include "nccl_comm.h"
 
 #include "algorithms.h"
+#include "hier_views.h"
+#include "tcp.h"
 #include "transport.h"
 
 #include "kernels/cuda/cuda_impl.h"
@@ -86,6 +91,7 @@ typedef struct {
     size_t        split_min_bytes;
     double        timeout_s;
     fl_transport *tp;      /* set-up and the failure probe; NULL for one rank */
+    bool          tp_borrowed; /* a node view's: its communicator's transport, not freed here */
     bool          dead;    /* communicators aborted */
 } nccl_state;
 
@@ -391,8 +397,9 @@ static ncclRedOp_t nccl_op(fl_redop op) {
 }
 
 static void count_bytes(fl_comm *c, size_t sent, size_t received) {
-    atomic_fetch_add(&c->counters.bytes_sent, sent);
-    atomic_fetch_add(&c->counters.bytes_received, received);
+    fl_comm *r = c->root ? c->root : c; /* a node view counts into its communicator */
+    atomic_fetch_add(&r->counters.bytes_sent, sent);
+    atomic_fetch_add(&r->counters.bytes_received, received);
 }
 
 /* The lane of a collective that is not split: in turn, the same on every rank. */
@@ -475,7 +482,20 @@ static int split_op(fl_comm *c, const char *what, void *buf, size_t count, fl_dt
     return 0;
 }
 
+/* Hierarchical (fl_comm_set_hierarchical, strategy.use_hierarchical_allreduce): NCCL inside
+ * the node, tcp between the nodes (hier_views.c). The cross step reduces on the host, so the
+ * buffer must be host memory (the strategies stage their buckets there). */
 static int nccl_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
+    if (c->hierarchical && c->node_view && c->cross_view->size > 1) {
+        op_name o = {c, "hierarchical allreduce", count, t};
+        bool dev;
+        FL_TRY(on_device(state_of(c), &o, buf, &dev));
+        if (dev)
+            return fl_fail(FL_EINVAL, "nccl: rank %d: hierarchical allreduce of %zu %s: the "
+                           "buffer is GPU memory, but the step between nodes is tcp's and "
+                           "takes host memory", c->rank, count, fl_dtype_name(t));
+        return fl_hier_views_allreduce(c, buf, count, t, op);
+    }
     return split_op(c, "allreduce", buf, count, t, op, -1);
 }
 
@@ -659,7 +679,8 @@ static void free_state(nccl_state *st) {
     }
     if (st->token)
         cudaFree(st->token);
-    fl_transport_free(st->tp);
+    if (!st->tp_borrowed)
+        fl_transport_free(st->tp);
     free(st);
 }
 
@@ -667,6 +688,9 @@ static void nccl_destroy(fl_comm *c) {
     free_state(state_of(c));
     c->backend = NULL;
 }
+
+static int nccl_split(fl_comm *c, fl_comm *node, const int *node_ranks, fl_comm *cross,
+                      const int *cross_ranks);
 
 static const struct fl_comm_ops nccl_ops = {
     .name = "nccl",
@@ -677,7 +701,7 @@ static const struct fl_comm_ops nccl_ops = {
     .alltoallv = nccl_alltoallv,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
-    /* no node groups: NCCL's own topology detection does what hier.c does for tcp */
+    .split = nccl_split,
     .destroy = nccl_destroy,
 };
 
@@ -694,6 +718,23 @@ static int env_count(const char *name, long min, long max, long *out) {
     if (errno || *end || x < min || x > max)
         return fl_fail(FL_EINVAL, "%s=%s: want an integer from %ld to %ld", name, v, min, max);
     *out = x;
+    return 0;
+}
+
+/* Each lane's stream and event, the compute and fork events, the barrier's token. */
+static int open_streams(nccl_state *st, const op_name *o) {
+    cudaError_t e;
+    for (int i = 0; i < st->nlanes; i++) {
+        lane *l = &st->lanes[i];
+        if ((e = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming)) != cudaSuccess)
+            return cuda_failed(st, o, "creating the communication streams", e);
+    }
+    if ((e = cudaEventCreateWithFlags(&st->compute, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&st->fork, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&st->token, sizeof *st->token)) != cudaSuccess ||
+        (e = cudaMemset(st->token, 0, sizeof *st->token)) != cudaSuccess)
+        return cuda_failed(st, o, "creating events and the barrier's token", e);
     return 0;
 }
 
@@ -718,6 +759,48 @@ static int pick_device(const fl_comm_env *env, int count, int *out) {
         return fl_fail(FL_EINVAL, "backend nccl: rank %d: GPU %d (%s), but the cuda backend is "
                        "bound to GPU %d: one GPU per process", rank, dev, from, cuda_g.device);
     *out = dev;
+    return 0;
+}
+
+/* Node groups (fl_comm_split_nodes): the node view is NCCL again, every lane's communicator
+ * split by node (ncclCommSplit, collective over all ranks, in lane order on every rank), with
+ * streams of its own and this communicator's transport for the failure probe; the cross view
+ * is tcp over that transport (tcp.h: fl_comm_tcp_view), so that the nodes talk through
+ * fleet's sockets, dense or DGC's pairs, while each node's GPUs reduce through NCCL. */
+static int nccl_split(fl_comm *c, fl_comm *node, const int *node_ranks, fl_comm *cross,
+                      const int *cross_ranks) {
+    (void)node_ranks;
+    nccl_state *st = state_of(c);
+    op_name o = {c, "split into nodes", 0, FL_DTYPE_U8};
+    /* several ranks always have the transport; a view of one rank needs none */
+    FL_TRY(fl_comm_tcp_view(cross, st->tp, cross_ranks, st->timeout_s));
+    nccl_state *ns = calloc(1, sizeof *ns);
+    if (!ns)
+        return fl_fail(FL_ENOMEM, "nccl: out of memory");
+    ns->device = st->device;
+    ns->nlanes = st->nlanes;
+    ns->split_min_bytes = st->split_min_bytes;
+    ns->timeout_s = st->timeout_s;
+    ns->tp = st->tp;
+    ns->tp_borrowed = true;
+    node->ops = &nccl_ops;
+    node->backend = ns; /* from here the view's destroy frees ns */
+    cudaError_t e = cudaSetDevice(st->device);
+    if (e != cudaSuccess)
+        return cuda_failed(st, &o, "cudaSetDevice", e);
+    FL_TRY(open_streams(ns, &o));
+    double deadline = fl_now() + st->timeout_s;
+    for (int i = 0; i < st->nlanes; i++) {
+        /* NULL config: the child is non-blocking as its parent */
+        ncclResult_t r = ncclCommSplit(st->lanes[i].comm, cross->rank, node->rank,
+                                       &ns->lanes[i].comm, NULL);
+        if (r != ncclSuccess && r != ncclInProgress)
+            return nccl_failed(st, &o, "ncclCommSplit", r, st->lanes[i].comm);
+        FL_TRY(wait_enqueued(st, &o, st->nlanes, deadline));
+        FL_TRY(wait_enqueued(ns, &o, i + 1, deadline));
+    }
+    FL_INFO("comm: nccl: rank %d: node of %d GPUs through NCCL, %d nodes through tcp", c->rank,
+            node->size, cross->size);
     return 0;
 }
 
@@ -787,21 +870,8 @@ int fl_comm_nccl_open(fl_comm *c, const fl_comm_env *env) {
             snprintf(c->endpoints[r], sizeof c->endpoints[r], "%s",
                      st->tp ? fl_transport_endpoint(st->tp, r) : env->endpoints[r]);
     }
-    for (int i = 0; i < st->nlanes; i++) {
-        lane *l = &st->lanes[i];
-        if ((e = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-            (e = cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming)) != cudaSuccess) {
-            rc = cuda_failed(st, &o, "creating the communication streams", e);
-            goto fail;
-        }
-    }
-    if ((e = cudaEventCreateWithFlags(&st->compute, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&st->fork, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaMalloc((void **)&st->token, sizeof *st->token)) != cudaSuccess ||
-        (e = cudaMemset(st->token, 0, sizeof *st->token)) != cudaSuccess) {
-        rc = cuda_failed(st, &o, "creating events and the barrier's token", e);
+    if ((rc = open_streams(st, &o)) < 0)
         goto fail;
-    }
     /* the communicators, one after the other (every rank in the same order), non-blocking so
      * that a rank that never joins costs a timeout, not a hang */
     double deadline = fl_now() + st->timeout_s;

@@ -307,6 +307,20 @@ static int open_view(fl_comm *c, fl_comm *view, const int *members, bool node) {
     return 0;
 }
 
+static const struct fl_comm_ops tcp_ops;
+
+int fl_comm_tcp_view(fl_comm *view, fl_transport *tp, const int *members, double timeout_s) {
+    tcp_state *vs = NULL;
+    FL_TRY(new_state(&vs));
+    vs->timeout_s = timeout_s;
+    view->ops = &tcp_ops;
+    view->backend = vs; /* from here the view's destroy frees vs */
+    if (view->size > 1 && !(vs->group = fl_group_new(fl_transport_peers(tp), members,
+                                                     view->size)))
+        return fl_fail(FL_ENOMEM, "tcp: out of memory");
+    return 0;
+}
+
 static int tcp_split(fl_comm *c, fl_comm *node, const int *node_ranks, fl_comm *cross,
                      const int *cross_ranks) {
     FL_TRY(open_view(c, node, node_ranks, true));

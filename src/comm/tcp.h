@@ -4,6 +4,7 @@
 #define FLEET_COMM_TCP_H
 
 #include "comm_impl.h"
+#include "transport.h"
 
 #include <stddef.h>
 
@@ -40,6 +41,11 @@ int fl_comm_tcp_from_fds(int rank, int size, const int *fds, double timeout_s, f
 /* tcp.c: fills the blank communicator c (fl_comm_new) as fl_comm_tcp_from_fds describes; the
  * fds are closed on failure, c is then freed by the caller. */
 int fl_comm_tcp_open_fds(fl_comm *c, int rank, int size, const int *fds, double timeout_s);
+/* Fills the blank view `view` (rank and size set by comm.c's split) with the tcp backend over
+ * members[view->size], ranks of another backend's transport tp (NULL when the view has one
+ * rank), which stays that backend's (it must outlive the view): the cross-node view of the nccl backend's node groups
+ * (hier_views.h). Always sockets, never shared memory: its ranks are on different nodes. */
+int fl_comm_tcp_view(fl_comm *view, fl_transport *tp, const int *members, double timeout_s);
 /* Reads / replaces the switch points of a tcp communicator (tests force each algorithm). */
 void fl_comm_tcp_get_tuning(const fl_comm *c, fl_tcp_tuning *out);
 void fl_comm_tcp_set_tuning(fl_comm *c, const fl_tcp_tuning *tuning);

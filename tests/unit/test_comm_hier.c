@@ -14,10 +14,13 @@
  *    hierarchical). */
 #include "test.h"
 
+#include "comm/algorithms.h"
 #include "comm/comm_impl.h"
 #include "comm/comm_matrix.h"
+#include "comm/hier_views.h"
 #include "comm/socket_mesh.h"
 #include "comm/tcp.h"
+#include "comm/transport.h"
 
 #include "fleet/comm.h"
 #include "fleet/status.h"
@@ -30,7 +33,7 @@
 
 typedef struct {
     int                rank, L, M;
-    int               *fds;
+    int               *fds, *fds2; /* fds2: a second mesh for fl_comm_tcp_view's transport */
     long               failures;
     pthread_barrier_t *bar;
 } rank_arg;
@@ -111,6 +114,115 @@ static void interleaved(rank_arg *a, fl_comm *c, fl_comm *node) {
         FAILF(a, "interleaved: got %g %g %g %g", x[0], y, x[1], x[2]);
 }
 
+
+/* The same bits on every rank of c: the largest and the smallest (largest negated) over ranks
+ * of a hash of buf agree. */
+static bool same_on_all(fl_comm *c, const void *buf, size_t bytes) {
+    uint64_t u = 1469598103934665603ull;
+    for (size_t i = 0; i < bytes; i++)
+        u = (u ^ ((const unsigned char *)buf)[i]) * 1099511628211ull;
+    int64_t hi = (int64_t)(u >> 1), neg_lo = -hi;
+    return fl_comm_allreduce(c, &hi, 1, FL_DTYPE_I64, FL_REDOP_MAX) == 0 &&
+           fl_comm_allreduce(c, &neg_lo, 1, FL_DTYPE_I64, FL_REDOP_MAX) == 0 && hi == -neg_lo;
+}
+
+/* The allreduce composed of the views' own collectives (hier_views.c, what the nccl backend
+ * runs: NCCL's node allreduce and allgatherv, tcp's cross allreduce), here over tcp's views:
+ * small counts (segments of 0 and 1 element) exact on integers for sum, max and avg; spread
+ * floats equal to the flat allreduce within rounding, repeatable and the same on every rank. */
+static void views_composed(rank_arg *a, fl_comm *c) {
+    int n = a->L * a->M;
+    static const size_t counts[] = {1, 2, 5, 7, 1000};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        size_t m = counts[k];
+        int32_t sum[1000], mx[1000], avg[1000];
+        for (size_t i = 0; i < m; i++) {
+            sum[i] = mx[i] = (int32_t)(a->rank * 1000 + (int)i);
+            avg[i] = (int32_t)(a->rank * n + (int)i);
+        }
+        if (fl_hier_views_allreduce(c, sum, m, FL_DTYPE_I32, FL_REDOP_SUM) < 0 ||
+            fl_hier_views_allreduce(c, mx, m, FL_DTYPE_I32, FL_REDOP_MAX) < 0 ||
+            fl_hier_views_allreduce(c, avg, m, FL_DTYPE_I32, FL_REDOP_AVG) < 0) {
+            FAILF(a, "views, count %zu: %s", m, fl_errmsg());
+            return;
+        }
+        for (size_t i = 0; i < m; i++) {
+            int32_t want_sum = (int32_t)(1000 * n * (n - 1) / 2 + n * (int)i);
+            int32_t want_max = (int32_t)((n - 1) * 1000 + (int)i);
+            int32_t want_avg = (int32_t)((n * n * (n - 1) / 2 + n * (int)i) / n);
+            if (sum[i] != want_sum || mx[i] != want_max || avg[i] != want_avg) {
+                FAILF(a, "views, count %zu, element %zu: sum %d (%d) max %d (%d) avg %d (%d)", m,
+                      i, sum[i], want_sum, mx[i], want_max, avg[i], want_avg);
+                return;
+            }
+        }
+    }
+    int32_t none = 7;
+    if (fl_hier_views_allreduce(c, &none, 0, FL_DTYPE_I32, FL_REDOP_SUM) < 0 || none != 7)
+        FAILF(a, "views: a count of 0 must change nothing");
+    enum { N = 100003 };
+    float *flat = malloc(N * sizeof *flat), *h1 = malloc(N * sizeof *h1),
+          *h2 = malloc(N * sizeof *h2);
+    for (size_t i = 0; i < N; i++)
+        flat[i] = h1[i] = h2[i] = value(a->rank, i);
+    if (fl_comm_set_hierarchical(c, 0) < 0 ||
+        fl_comm_allreduce(c, flat, N, FL_DTYPE_F32, FL_REDOP_AVG) < 0 ||
+        fl_hier_views_allreduce(c, h1, N, FL_DTYPE_F32, FL_REDOP_AVG) < 0 ||
+        fl_hier_views_allreduce(c, h2, N, FL_DTYPE_F32, FL_REDOP_AVG) < 0) {
+        FAILF(a, "views, floats: %s", fl_errmsg());
+        goto done;
+    }
+    if (memcmp(h1, h2, N * sizeof *h1) != 0)
+        FAILF(a, "views: not repeatable to the bit");
+    if (!same_on_all(c, h1, N * sizeof *h1))
+        FAILF(a, "views: ranks hold different bits");
+    int bad = 0;
+    for (size_t i = 0; i < N && bad < 3; i++) {
+        double sum_abs = 0;
+        for (int q = 0; q < n; q++)
+            sum_abs += fabs((double)value(q, i));
+        if (fabs((double)h1[i] - (double)flat[i]) > 4.0 * 6e-8 * sum_abs + 1e-30) {
+            FAILF(a, "views, element %zu: composed %.9g, flat %.9g", i, h1[i], flat[i]);
+            bad++;
+        }
+    }
+done:
+    free(flat);
+    free(h1);
+    free(h2);
+}
+
+/* fl_comm_tcp_view: a tcp communicator over another's transport (the nccl backend's cross
+ * view), here the ranks with this local rank over a transport of all ranks: the collective
+ * matrix on it; the transport outlives it and still works after it is freed. */
+static void tcp_view(rank_arg *a) {
+    int n = a->L * a->M, me_local = a->rank % a->L, members[8];
+    fl_comm_counters counters = {0};
+    fl_transport *tp = NULL;
+    if (fl_transport_from_fds(a->rank, n, a->fds2, 60, &counters, &tp) < 0) {
+        FAILF(a, "transport: %s", fl_errmsg());
+        return;
+    }
+    for (int j = 0; j < a->M; j++)
+        members[j] = j * a->L + me_local;
+    fl_comm *v = fl_comm_new();
+    if (!v) {
+        FAILF(a, "fl_comm_new: %s", fl_errmsg());
+        fl_transport_free(tp);
+        return;
+    }
+    v->rank = a->rank / a->L;
+    v->size = a->M;
+    if (fl_comm_tcp_view(v, tp, members, 60) < 0)
+        FAILF(a, "fl_comm_tcp_view: %s", fl_errmsg());
+    else
+        a->failures += run_matrix(v, "tcp view over another transport", a->L, a->M);
+    fl_comm_free(v);
+    if (fl_rd_barrier(fl_transport_peers(tp)) < 0)
+        FAILF(a, "the transport after its view was freed: %s", fl_errmsg());
+    fl_transport_free(tp);
+}
+
 static void *rank_main(void *p) {
     rank_arg *a = p;
     int n = a->L * a->M;
@@ -155,20 +267,23 @@ static void *rank_main(void *p) {
     fl_comm_tcp_set_tuning(c, &def);
     hier_vs_flat(a, c);
     interleaved(a, c, node);
+    views_composed(a, c);
+    tcp_view(a);
     fl_comm_free(c);
     return NULL;
 }
 
 static void run_layout(int L, int M) {
     int n = L * M;
-    int *fds = socket_mesh(n, 0);
+    int *fds = socket_mesh(n, 0), *fds2 = socket_mesh(n, 0);
     rank_arg args[8];
     pthread_t th[8];
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, (unsigned)n);
     double t0 = fl_now();
     for (int r = 0; r < n; r++) {
-        args[r] = (rank_arg){.rank = r, .L = L, .M = M, .fds = fds + r * n, .bar = &bar};
+        args[r] = (rank_arg){.rank = r, .L = L, .M = M, .fds = fds + r * n,
+                             .fds2 = fds2 + r * n, .bar = &bar};
         pthread_create(&th[r], NULL, rank_main, &args[r]);
     }
     long failures = 0;
@@ -182,6 +297,7 @@ static void run_layout(int L, int M) {
     if (failures)
         test_failures++;
     free(fds);
+    free(fds2);
 }
 
 static void test_bad_split(void) {

@@ -5,7 +5,7 @@
  * allreduces over both). With one rank every result is known exactly: the input (avg of one
  * rank multiplies by 1/1, integers divide by 1), compared bit for bit. Also: a device buffer
  * the cuda backend is still writing in its stream is reduced after the write (the comm stream
- * waits on the compute stream). Built only with CUDA; skipped (77) without a GPU or NCCL. */
+ * waits on the compute stream); node groups (an NCCL node view, a tcp cross view). Built only with CUDA; skipped (77) without a GPU or NCCL. */
 #include "test.h"
 
 #include "comm/nccl_comm.h"
@@ -194,6 +194,30 @@ static void run_ordering(fl_comm *c, const fl_backend *G) {
     free(h);
 }
 
+/* Node groups: the node view is NCCL again (ncclCommSplit), the cross view tcp over the
+ * communicator's transport; with one rank both are views of one, and the hierarchical
+ * allreduce (NCCL inside the node, tcp between nodes: hier_views.c) reduces to the node's.
+ * Several nodes need several GPUs (docs/nccl.md names the runs). */
+static void run_split(fl_comm *c) {
+    fl_comm *node = NULL, *cross = NULL;
+    CHECK_OK(fl_comm_split_nodes(c, 1, &node, &cross));
+    if (!node || !cross)
+        return;
+    CHECK(strcmp(fl_comm_backend(node), "nccl") == 0);
+    CHECK(strcmp(fl_comm_backend(cross), "tcp") == 0);
+    CHECK(fl_comm_size(node) == 1 && fl_comm_size(cross) == 1);
+    size_t sizes[] = {0, 1, 1001};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        for (int mode = 0; mode < 3; mode++)
+            run_matrix(node, sizes[s], mode);
+        run_matrix(cross, sizes[s], 0); /* tcp: host memory only */
+    }
+    CHECK_OK(fl_comm_set_hierarchical(c, 1));
+    for (int mode = 0; mode < 3; mode++)
+        run_matrix(c, 1001, mode);
+    CHECK_OK(fl_comm_set_hierarchical(c, 0));
+}
+
 static fl_comm *open_one(void) {
     fl_comm_env env;
     memset(&env, 0, sizeof env);
@@ -240,6 +264,7 @@ int main(void) {
         run_async(c);
         run_large(c);
         run_ordering(c, G);
+        run_split(c);
         fl_comm_stats stats;
         fl_comm_get_stats(c, &stats);
         CHECK(stats.ops > 0);
