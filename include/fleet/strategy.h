@@ -60,6 +60,8 @@ typedef struct fl_strategy {
         int                selection;          /* top-k: 0 sampled threshold, 1 exact */
         int                exchange;           /* pairs: 0 auto, 1 allgather, 2 sparse
                                                   allreduce (docs/dgc.md) */
+        int64_t            sparse_budget;      /* the sparse allreduce keeps at most this
+                                                  many times k summed pairs (default 4) */
         bool               dense_fallback;     /* dense allreduce when the pairs would send
                                                   half a dense allreduce or more (true) */
         bool               warmup;             /* false: sparsity[last] from the begin step */

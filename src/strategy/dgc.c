@@ -57,7 +57,7 @@ typedef struct {
     int32_t     *idx;     /* selection: largest tensor */
     int         *ct_of;   /* (nparams) compressed tensor of each parameter, or -1 */
     dgc_pair    *send;    /* (send_cap) this rank's pairs: tensor c's kk[c] at soff[c] */
-    dgc_pair    *recv;    /* (max(world, DGC_SPARSE_BUDGET) * send_cap) allgather: every rank's,
+    dgc_pair    *recv;    /* (max(world, budget) * send_cap) allgather: every rank's,
                            * tensor c's at world * soff[c]; sparse: the kept sums */
     dgc_pair    *hsend, *hrecv; /* host copies of send and recv, for comm (and the padding) */
     int32_t     *kidx;    /* (send_cap) the sparse exchange's kept indices, whose u is masked */
@@ -70,7 +70,7 @@ typedef struct {
     int32_t     *xidx;    /* host memory, as xval, xkept, oidx and oval */
     float       *xval;
     uint8_t     *xkept;
-    int32_t     *oidx; /* (DGC_SPARSE_BUDGET * send_cap) the kept sums */
+    int32_t     *oidx; /* (budget * send_cap) the kept sums */
     float       *oval;
     /* the sparse step in flight, begun by the first hook or by update */
     int64_t      step;     /* the update these describe; -1: none */
@@ -169,13 +169,19 @@ static void *alloc_or_fail(const fl_backend *be, size_t bytes, int *rc, const ch
     return p;
 }
 
+/* dgc_configs.sparse_budget: the sparse allreduce keeps at most budget * k summed pairs. */
+static int budget(const fl_dist_optim *d) {
+    return (int)d->s.dgc_configs.sparse_budget;
+}
+
 /* The most pairs a rank sends in one step: k at the lowest sparsity that runs sparse. */
 static int64_t plan_send_cap(const fl_dist_optim *d, const dgc *g) {
     const fl_cfg_double_list *sl = &d->s.dgc_configs.sparsity;
     double smin = 2;
     for (int i = 0; i < sl->n; i++)
         if (!d->s.dgc_configs.dense_fallback ||
-            dgc_sparse_pays(d->world, sl->v[i], (dgc_exchange)d->s.dgc_configs.exchange))
+            dgc_sparse_pays(d->world, sl->v[i], (dgc_exchange)d->s.dgc_configs.exchange,
+                            budget(d)))
             smin = sl->v[i] < smin ? sl->v[i] : smin;
     if (smin > 1)
         return 0; /* every step falls back to dense */
@@ -294,7 +300,7 @@ static int setup(fl_dist_optim *d) {
     g->send_cap = plan_send_cap(d, g);
     size_t send_bytes = (size_t)g->send_cap * sizeof(dgc_pair);
     g->send = alloc_or_fail(be, send_bytes, &rc, "the pairs sent");
-    int64_t recv_cap = g->send_cap * (d->world > DGC_SPARSE_BUDGET ? d->world : DGC_SPARSE_BUDGET);
+    int64_t recv_cap = g->send_cap * (d->world > budget(d) ? d->world : budget(d));
     size_t recv_bytes = (size_t)recv_cap * sizeof(dgc_pair);
     g->recv = alloc_or_fail(be, recv_bytes, &rc, "the pairs received");
     if (dev) {
@@ -306,7 +312,7 @@ static int setup(fl_dist_optim *d) {
         }
     }
     if (s->dgc_configs.exchange != DGC_EXCHANGE_ALLGATHER && d->world > 1) {
-        size_t cap = (size_t)g->send_cap, keep = DGC_SPARSE_BUDGET * cap;
+        size_t cap = (size_t)g->send_cap, keep = (size_t)budget(d) * cap;
         g->xidx = alloc_or_fail(NULL, cap * sizeof(int32_t), &rc, "the sparse exchange");
         g->xval = alloc_or_fail(NULL, cap * sizeof(float), &rc, "the sparse exchange");
         g->xkept = alloc_or_fail(NULL, cap, &rc, "the sparse exchange");
@@ -324,19 +330,23 @@ static int setup(fl_dist_optim *d) {
             (rc = name_state(&t->v, "v", t->p, g->vblock + g->start[c])) < 0)
             goto fail;
     }
-    char sched[256];
+    char sched[256], budget_note[48] = "";
     int off = 0;
+    if (s->dgc_configs.exchange != DGC_EXCHANGE_ALLGATHER)
+        snprintf(budget_note, sizeof budget_note, " (sparse allreduce keeps up to %d k)",
+                 budget(d));
     for (int i = 0; i < s->dgc_configs.sparsity.n && off < (int)sizeof sched - 16; i++)
         off += snprintf(sched + off, sizeof sched - (size_t)off, "%s%g", i ? ", " : "",
                         s->dgc_configs.sparsity.v[i]);
     FL_INFO("strategy dgc: %d tensors (%lld values) compressed, %d (%lld values) dense (< %lld "
             "elements); dense until step %lld, then sparsity [%s] over %lld steps%s; %s top-k; "
-            "exchange %s",
+            "exchange %s%s",
             g->nct, (long long)g->cnumel, g->ndp, (long long)g->dnumel,
             (long long)s->dgc_configs.min_compress_numel,
             (long long)s->dgc_configs.rampup_begin_step, sched,
             (long long)s->dgc_configs.rampup_step, s->dgc_configs.warmup ? "" : " (warm-up off)",
-            s->dgc_configs.selection ? "exact" : "sampled", exchange_name(s->dgc_configs.exchange));
+            s->dgc_configs.selection ? "exact" : "sampled", exchange_name(s->dgc_configs.exchange),
+            budget_note);
     return FL_OK;
 fail:
     destroy(d);
@@ -405,7 +415,8 @@ static bool sparse_step(const fl_dist_optim *d, double sp) {
     return sp >= 0 && !(d->s.dgc_configs.dense_fallback &&
                         !dgc_sparse_pays(exchange_world(d), sp,
                                          hierarchical(d) ? DGC_EXCHANGE_ALLGATHER
-                                                         : (dgc_exchange)d->s.dgc_configs.exchange));
+                                                         : (dgc_exchange)d->s.dgc_configs.exchange,
+                                         budget(d)));
 }
 
 static bool local_clipping(const fl_dist_optim *d) {
@@ -438,7 +449,7 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
     int64_t k = g->soff[g->nct];
     dgc_exchange e = hierarchical(d) ? DGC_EXCHANGE_ALLGATHER
                                      : dgc_choose_exchange((dgc_exchange)d->s.dgc_configs.exchange,
-                                                           d->world, k, sp);
+                                                           d->world, k, sp, budget(d));
     g->xsparse = e == DGC_EXCHANGE_SPARSE;
     if (hierarchical(d) && g->said_exchange != (int)e) {
         FL_INFO("strategy dgc: step %lld: %lld pairs per node, hierarchical: %d nodes of %d "
@@ -451,8 +462,8 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
                 "(estimate at 1 Gbit/s: allgather %.2f ms, sparse allreduce %.2f ms)",
                 (long long)step, (long long)k, d->world,
                 g->xsparse ? "sparse allreduce" : "allgather",
-                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_ALLGATHER, d->world, k),
-                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_SPARSE, d->world, k));
+                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_ALLGATHER, d->world, k, budget(d)),
+                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_SPARSE, d->world, k, budget(d)));
         g->said_exchange = (int)e;
     }
     return FL_OK;
@@ -724,7 +735,7 @@ static int exchange_sparse(fl_dist_optim *d, dgc *g, int64_t *total) {
         }
     }
     int rc = fl_comm_sparse_allreduce(d->comm, g->cnumel, g->xidx, g->xval, m,
-                                      DGC_SPARSE_BUDGET * k, g->oidx, g->oval, &got, g->xkept);
+                                      budget(d) * k, g->oidx, g->oval, &got, g->xkept);
     if (rc < 0)
         return fl_fail_prefix(rc, "strategy dgc: step %lld: sparse allreduce of %lld pairs",
                               (long long)g->step, (long long)m);

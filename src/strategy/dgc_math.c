@@ -32,7 +32,7 @@ static double gather_rounds(double n, double bytes) {
     return bytes <= DGC_COST_BRUCK_MAX_BYTES ? ceil(log2(n)) : n - 1;
 }
 
-double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k) {
+double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k, int budget) {
     double n = world, bytes = 8.0 * (double)k;
     if (world <= 1)
         return 0;
@@ -43,36 +43,39 @@ double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k) {
          * recursive doubling, which folds a rank count that is not a power of two (2 more) */
         int f = (int)floor(log2(n));
         double rd = (1 << f) == world ? f : f + 2;
-        double rounds = (n - 1) + 2 * ceil(log2(n)) + gather_rounds(n, bytes * DGC_SPARSE_BUDGET) +
+        double rounds = (n - 1) + 2 * ceil(log2(n)) + gather_rounds(n, bytes * budget) +
                         2 * rd;
-        return rounds * DGC_COST_ALPHA_S + bytes * (1 + DGC_SPARSE_BUDGET) * (n - 1) / n *
+        return rounds * DGC_COST_ALPHA_S + bytes * (1 + budget) * (n - 1) / n *
                                                DGC_COST_BYTE_S;
     }
     return gather_rounds(n, bytes * n) * DGC_COST_ALPHA_S + (n - 1) * bytes * DGC_COST_BYTE_S;
 }
 
-static bool pays(dgc_exchange e, int world, double s) {
+static bool pays(dgc_exchange e, int world, double s, int budget) {
     if (e == DGC_EXCHANGE_SPARSE && world > 1)
-        return (1.0 + DGC_SPARSE_BUDGET) * (1.0 - s) * 2.0 < 1.0;
+        return (1.0 + budget) * (1.0 - s) * 2.0 < 1.0;
     return (double)world * (1.0 - s) * 2.0 < 1.0;
 }
 
-bool dgc_sparse_pays(int world, double s, dgc_exchange mode) {
+bool dgc_sparse_pays(int world, double s, dgc_exchange mode, int budget) {
     if (mode != DGC_EXCHANGE_AUTO)
-        return pays(mode, world, s);
-    return pays(DGC_EXCHANGE_ALLGATHER, world, s) || pays(DGC_EXCHANGE_SPARSE, world, s);
+        return pays(mode, world, s, budget);
+    return pays(DGC_EXCHANGE_ALLGATHER, world, s, budget) ||
+           pays(DGC_EXCHANGE_SPARSE, world, s, budget);
 }
 
-dgc_exchange dgc_choose_exchange(dgc_exchange mode, int world, int64_t k, double s) {
+dgc_exchange dgc_choose_exchange(dgc_exchange mode, int world, int64_t k, double s,
+                                 int budget) {
     if (world <= 1)
         return DGC_EXCHANGE_ALLGATHER;
     if (mode != DGC_EXCHANGE_AUTO)
         return mode;
-    bool ag = pays(DGC_EXCHANGE_ALLGATHER, world, s), sp = pays(DGC_EXCHANGE_SPARSE, world, s);
+    bool ag = pays(DGC_EXCHANGE_ALLGATHER, world, s, budget),
+         sp = pays(DGC_EXCHANGE_SPARSE, world, s, budget);
     if (ag != sp)
         return sp ? DGC_EXCHANGE_SPARSE : DGC_EXCHANGE_ALLGATHER;
-    return dgc_exchange_seconds(DGC_EXCHANGE_SPARSE, world, k) <
-                   dgc_exchange_seconds(DGC_EXCHANGE_ALLGATHER, world, k)
+    return dgc_exchange_seconds(DGC_EXCHANGE_SPARSE, world, k, budget) <
+                   dgc_exchange_seconds(DGC_EXCHANGE_ALLGATHER, world, k, budget)
                ? DGC_EXCHANGE_SPARSE
                : DGC_EXCHANGE_ALLGATHER;
 }

@@ -34,17 +34,20 @@ int64_t dgc_k(int64_t numel, double s);
 /* dgc_configs.exchange: the strategy's config values, in the schema's order. */
 typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } dgc_exchange;
 
-/* The sparse allreduce keeps at most DGC_SPARSE_BUDGET * k summed pairs (k: the pairs each
- * rank gives): up to 4 ranks never lose an entry, and a rank receives ~5 k pairs whatever N.
- * Measured on Fashion-MNIST with 8 workers (docs/dgc.md): a budget of 2 k dropped 70% of the
- * pairs and cost 0.26 pt of accuracy against allgather-DGC, 4 k dropped 42% and cost 0.10. */
+/* The sparse allreduce keeps at most budget * k summed pairs (k: the pairs each rank gives;
+ * dgc_configs.sparse_budget, this by default): up to `budget` ranks never lose an entry, and a
+ * rank receives ~(1 + budget) k pairs whatever N.
+ * Measured on Fashion-MNIST with 8 workers (docs/dgc.md): on the MLP a budget of 2 k dropped
+ * 70% of the pairs and cost 0.26 pt of accuracy against allgather-DGC, 4 k dropped 42% and
+ * cost 0.10; on the small ResNet 4 k cost 0.36 pt and 5 k 0.26 (8 seeds), where 5 k costs
+ * ResNet-50 at 128 workers 1.24x compute against 4 k's 1.22x by bench/dgc_cost.py. */
 #define DGC_SPARSE_BUDGET 4
 
 /* The estimate behind exchange auto: seconds to exchange k pairs per rank among `world` ranks
  * on a link of DGC_COST_ALPHA_S latency per message and DGC_COST_BYTE_S seconds per byte
  * (fleet's target, 1 Gbit/s Ethernet), with the tcp backend's algorithms: allgather
  * g(8 k N) alpha + 8 k (N - 1) beta; the sparse allreduce ((N - 1) + 2 ceil(log2 N) +
- * g(8 k BUDGET) + 2 rd(N)) alpha + 8 k (1 + BUDGET) (N - 1) / N beta, where g(B), the rounds of
+ * g(8 k budget) + 2 rd(N)) alpha + 8 k (1 + budget) (N - 1) / N beta, where g(B), the rounds of
  * an allgather of B bytes in all, is Bruck's ceil(log2 N) up to DGC_COST_BRUCK_MAX_BYTES and
  * the ring's N - 1 above, and rd(N), recursive doubling's, is log2 N, + 2 when N is not a
  * power of two (the pairs' alltoallv takes N - 1 rounds; Bruck's alltoall of the counts and
@@ -53,18 +56,19 @@ typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } 
 #define DGC_COST_ALPHA_S 50e-6
 #define DGC_COST_BYTE_S 8e-9
 #define DGC_COST_BRUCK_MAX_BYTES 1048576.0 /* TCP_BRUCK_MAX_BYTES, src/comm/tcp.c */
-double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k);
+double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k, int budget);
 
 /* The exchange a step at sparsity s uses: allgather for one rank; `mode` itself unless auto,
  * which takes the one that pays (dgc_sparse_pays) if only one does, else the cheaper estimate
  * (allgather on a tie). */
-dgc_exchange dgc_choose_exchange(dgc_exchange mode, int world, int64_t k, double s);
+dgc_exchange dgc_choose_exchange(dgc_exchange mode, int world, int64_t k, double s,
+                                 int budget);
 
 /* Whether exchange `mode` at sparsity s sends less than half the bytes of a dense allreduce:
  * allgather N (1 - s) 2 < 1 (8-byte pairs against 4-byte values, seed 000's warning that
- * allgather grows with N); sparse (1 + BUDGET) (1 - s) 2 < 1 (one rank: allgather's rule);
+ * allgather grows with N); sparse (1 + budget) (1 - s) 2 < 1 (one rank: allgather's rule);
  * auto: either. */
-bool dgc_sparse_pays(int world, double s, dgc_exchange mode);
+bool dgc_sparse_pays(int world, double s, dgc_exchange mode, int budget);
 
 /* After a sparse allreduce of this rank's m pairs (global indices idx, values val sent from v,
  * which encoding zeroed), what goes back into the accumulators, sorted out on the host for the

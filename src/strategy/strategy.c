@@ -4,6 +4,7 @@
 #include "fleet/strategy.h"
 
 #include "amp.h"
+#include "dgc_math.h"
 #include "fleet/status.h"
 
 #include <math.h>
@@ -57,7 +58,11 @@ static const fl_cfg_key keys[] = {
     {"dgc_configs.exchange", FL_CFG_ENUM, OFF(dgc_configs.exchange), 0, 0, 0,
      "auto|allgather|sparse", false,
      "how the pairs travel: allgather (k (N - 1) received per worker), sparse (a sparse "
-     "allreduce, ~3 k whatever N), auto (the cheaper by an alpha-beta estimate)"},
+     "allreduce, (1 + sparse_budget) k whatever N), auto (the cheaper by an alpha-beta estimate)"},
+    {"dgc_configs.sparse_budget", FL_CFG_INT, OFF(dgc_configs.sparse_budget), 0, 1, 64, NULL,
+     false,
+     "the sparse allreduce keeps the largest budget * k summed pairs and defers the rest a step: "
+     "larger keeps more (accuracy), smaller sends less to each worker (scaling)"},
     {"dgc_configs.dense_fallback", FL_CFG_BOOL, OFF(dgc_configs.dense_fallback), 0, 0, 0, NULL,
      false, "use dense allreduce for steps where the pairs would send half its bytes or more"},
     {"dgc_configs.warmup", FL_CFG_BOOL, OFF(dgc_configs.warmup), 0, 0, 0, NULL, false,
@@ -151,6 +156,7 @@ void fl_strategy_defaults(fl_strategy *s) {
     s->dgc_configs.sparsity.n = 1;
     s->dgc_configs.sparsity.v[0] = 0.999;
     s->dgc_configs.min_compress_numel = 16384;
+    s->dgc_configs.sparse_budget = DGC_SPARSE_BUDGET;
     s->dgc_configs.selection = 0;
     s->dgc_configs.dense_fallback = true;
     s->dgc_configs.warmup = true;

@@ -11,6 +11,8 @@
 #   every update balances: what left the accumulators, summed over ranks, is what moved the
 #   parameters (dist_train --check-dgc, tests/dist/dgc_ledger.h), so a dropped pair went back
 #   into the accumulator, not lost;
+# - dgc_configs.sparse_budget 5 with 5 workers drops nothing and follows allgather-DGC; 1
+#   drops more than the default 4 and still balances;
 # - exchange auto picks allgather for this small model (a few hundred pairs: latency-bound) and
 #   says which in the log; a wrong value is refused naming the key.
 set -u
@@ -71,6 +73,29 @@ train mask_5 5 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" -o "strategy.dgc_configs.s
   check "5 workers, masking on: differs from masking off" \
     bash -c "! cmp -s '$tmp/mask_5.bin' '$tmp/drop_5.bin'"
 
+# 3b. dgc_configs.sparse_budget: with a budget of 5 k the union of 5 workers' top-k sets always
+# fits: nothing dropped, allgather-DGC's parameters to rounding; a budget of 1 k drops more
+# pairs than the default 4 k of the same run (drop_5), and still balances
+bud=(-o "strategy.dgc_configs.sparsity=[0.99]" "${nomask[@]}")
+if train ag_5 5 "${mom[@]}" "${dgc[@]}" "${bud[@]}" -o strategy.dgc_configs.exchange=allgather &&
+  train bud5_5 5 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${bud[@]}" \
+    -o strategy.dgc_configs.sparse_budget=5 --check-dgc; then
+  compare "5 workers at 0.99, budget 5 k: sparse allreduce vs allgather" 1e-4 bud5_5 ag_5
+  check "5 workers, budget 5 k: no pair dropped on any rank" \
+    bash -c "[ \$(cat '$tmp/log_bud5_5'/workerlog.* | grep -c 'dgc pairs [1-9][0-9]* dropped 0 ') = 5 ]"
+  check "5 workers, budget 5 k: the log names the budget" \
+    grep -q 'sparse allreduce keeps up to 5 k' "$tmp/bud5_5.log"
+fi
+if train bud1_5 5 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${bud[@]}" \
+  -o strategy.dgc_configs.sparse_budget=1 --check-dgc && [ -d "$tmp/log_drop_5" ]; then
+  d1=$(rank_lines bud1_5 | awk '{ s += $8 } END { print s }')
+  d4=$(rank_lines drop_5 | awk '{ s += $8 } END { print s }')
+  echo "pairs dropped by 5 workers: budget 1 k $d1, budget 4 k $d4"
+  check "budget 1 k drops more than 4 k ($d1 > $d4)" awk -v a="$d1" -v b="$d4" 'BEGIN { exit !(a > b) }'
+  check "budget 1 k: every update balances (ledger < 1e-4)" \
+    awk '{ if (!($10 < 1e-4)) bad++ } END { exit bad > 0 }' <<<"$(rank_lines bud1_5)"
+fi
+
 # 4. auto on this small model: allgather (latency-bound), said in the log
 train auto_4 4 "${mom[@]}" "${dgc[@]}" &&
   check "exchange auto, 4 workers, a few hundred pairs: allgather, said" \
@@ -81,4 +106,8 @@ out=$("$prog" --dgc -o strategy.dgc_configs.exchange=gossip 2>&1)
 rc=$?
 check "exchange gossip is refused (exit $rc) naming the key" \
   bash -c "[ $rc -ne 0 ] && grep -q 'dgc_configs.exchange' <<<'$out'"
+out=$("$prog" --dgc -o strategy.dgc_configs.sparse_budget=0 2>&1)
+rc=$?
+check "sparse_budget 0 is refused (exit $rc) naming the key and the range" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'sparse_budget: 0 is out of range \[1, 64\]' <<<'$out'"
 exit $fail

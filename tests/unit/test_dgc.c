@@ -63,39 +63,52 @@ static void test_k_and_rules(void) {
     /* allgather pays while N * (1 - s) * 2 < 1 (seed 000: 32 workers at 0.75 send 8x dense) */
     const dgc_exchange AG = DGC_EXCHANGE_ALLGATHER, SP = DGC_EXCHANGE_SPARSE,
                        AU = DGC_EXCHANGE_AUTO;
-    CHECK(dgc_sparse_pays(2, 0.999, AG) && dgc_sparse_pays(4, 0.9375, AG) &&
-          dgc_sparse_pays(1, 0.6, AG));
-    CHECK(!dgc_sparse_pays(2, 0.75, AG) && !dgc_sparse_pays(32, 0.75, AG) &&
-          !dgc_sparse_pays(2, 0, AG));
-    CHECK(!dgc_sparse_pays(4, 0.875, AG) && dgc_sparse_pays(4, 0.9, AG));
+    CHECK(dgc_sparse_pays(2, 0.999, AG, 4) && dgc_sparse_pays(4, 0.9375, AG, 4) &&
+          dgc_sparse_pays(1, 0.6, AG, 4));
+    CHECK(!dgc_sparse_pays(2, 0.75, AG, 4) && !dgc_sparse_pays(32, 0.75, AG, 4) &&
+          !dgc_sparse_pays(2, 0, AG, 4));
+    CHECK(!dgc_sparse_pays(4, 0.875, AG, 4) && dgc_sparse_pays(4, 0.9, AG, 4));
     /* the sparse allreduce sends ~(1 + 4) k whatever N: pays while 5 (1 - s) 2 < 1 */
-    CHECK(dgc_sparse_pays(1024, 0.95, SP) && !dgc_sparse_pays(1024, 0.88, SP) &&
-          !dgc_sparse_pays(2, 0.8, SP) && dgc_sparse_pays(2, 0.92, SP) &&
-          dgc_sparse_pays(1, 0.6, SP));
-    CHECK(dgc_sparse_pays(32, 0.9375, AU) && !dgc_sparse_pays(32, 0.75, AU) &&
-          dgc_sparse_pays(2, 0.8, AU));
+    CHECK(dgc_sparse_pays(1024, 0.95, SP, 4) && !dgc_sparse_pays(1024, 0.88, SP, 4) &&
+          !dgc_sparse_pays(2, 0.8, SP, 4) && dgc_sparse_pays(2, 0.92, SP, 4) &&
+          dgc_sparse_pays(1, 0.6, SP, 4));
+    CHECK(dgc_sparse_pays(32, 0.9375, AU, 4) && !dgc_sparse_pays(32, 0.75, AU, 4) &&
+          dgc_sparse_pays(2, 0.8, AU, 4));
     /* the estimate: allgather g(8 k N) alpha + 8 k (N - 1) beta; sparse ((N - 1) + 2 ceil(log2
      * N) + g(8 k 4) + 2 rd(N)) alpha + 8 k (1 + 4) (N - 1) / N beta; g is Bruck's ceil(log2 N)
      * up to 1 MiB, else N - 1; rd(8) = 3, rd(5) = 2 + 2 */
-    CHECK_NEAR(dgc_exchange_seconds(AG, 8, 1000), 3 * 50e-6 + 7 * 8000 * 8e-9, 1e-15);
-    CHECK_NEAR(dgc_exchange_seconds(AG, 8, 100000), 7 * (50e-6 + 800000 * 8e-9), 1e-15);
-    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 1000), 22 * 50e-6 + 40000 * 7.0 / 8 * 8e-9, 1e-15);
-    CHECK_NEAR(dgc_exchange_seconds(SP, 5, 1000), 21 * 50e-6 + 40000 * 4.0 / 5 * 8e-9, 1e-15);
-    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 100000), 26 * 50e-6 + 4000000 * 7.0 / 8 * 8e-9,
+    CHECK_NEAR(dgc_exchange_seconds(AG, 8, 1000, 4), 3 * 50e-6 + 7 * 8000 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(AG, 8, 100000, 4), 7 * (50e-6 + 800000 * 8e-9), 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 1000, 4), 22 * 50e-6 + 40000 * 7.0 / 8 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 5, 1000, 4), 21 * 50e-6 + 40000 * 4.0 / 5 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 100000, 4), 26 * 50e-6 + 4000000 * 7.0 / 8 * 8e-9,
                1e-15);
-    CHECK(dgc_exchange_seconds(AG, 1, 1000) == 0 && dgc_exchange_seconds(SP, 1, 1000) == 0);
+    CHECK(dgc_exchange_seconds(AG, 1, 1000, 4) == 0 && dgc_exchange_seconds(SP, 1, 1000, 4) == 0);
     /* auto: one rank and few pairs allgather; ResNet-50's 25.6k pairs at 0.999: sparse from 8 */
-    CHECK(dgc_choose_exchange(AU, 1, 1 << 20, 0.999) == AG);
-    CHECK(dgc_choose_exchange(SP, 1, 100, 0.999) == AG);
-    CHECK(dgc_choose_exchange(AU, 8, 100, 0.999) == AG);
-    CHECK(dgc_choose_exchange(AU, 2, 25600, 0.999) == AG);
-    CHECK(dgc_choose_exchange(AU, 4, 25600, 0.999) == AG);
-    CHECK(dgc_choose_exchange(AU, 8, 25600, 0.999) == SP);
-    CHECK(dgc_choose_exchange(AU, 128, 25600, 0.999) == SP);
-    CHECK(dgc_choose_exchange(SP, 2, 10, 0.999) == SP);
-    CHECK(dgc_choose_exchange(AG, 64, 1000000, 0.999) == AG);
+    CHECK(dgc_choose_exchange(AU, 1, 1 << 20, 0.999, 4) == AG);
+    CHECK(dgc_choose_exchange(SP, 1, 100, 0.999, 4) == AG);
+    CHECK(dgc_choose_exchange(AU, 8, 100, 0.999, 4) == AG);
+    CHECK(dgc_choose_exchange(AU, 2, 25600, 0.999, 4) == AG);
+    CHECK(dgc_choose_exchange(AU, 4, 25600, 0.999, 4) == AG);
+    CHECK(dgc_choose_exchange(AU, 8, 25600, 0.999, 4) == SP);
+    CHECK(dgc_choose_exchange(AU, 128, 25600, 0.999, 4) == SP);
+    CHECK(dgc_choose_exchange(SP, 2, 10, 0.999, 4) == SP);
+    CHECK(dgc_choose_exchange(AG, 64, 1000000, 0.999, 4) == AG);
+    /* the budget (dgc_configs.sparse_budget) in both rules: budget 1 pays while 2 (1 - s) 2 < 1,
+     * budget 8 while 9 (1 - s) 2 < 1; budget 8 at 8 ranks, k = 1000: 22 rounds (the kept sums'
+     * 64 000 bytes still Bruck's), 8 k 9 (N - 1) / N bytes; budget 32 at 8 ranks, k = 10 000:
+     * the kept sums are 2.56 MB, the ring's 7 rounds: 26 */
+    CHECK(dgc_sparse_pays(1024, 0.8, SP, 1) && !dgc_sparse_pays(1024, 0.74, SP, 1));
+    CHECK(dgc_sparse_pays(1024, 0.95, SP, 8) && !dgc_sparse_pays(1024, 0.94, SP, 8));
+    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 1000, 8), 22 * 50e-6 + 72000 * 7.0 / 8 * 8e-9, 1e-15);
+    CHECK_NEAR(dgc_exchange_seconds(SP, 8, 10000, 32),
+               26 * 50e-6 + 80000 * 33 * 7.0 / 8 * 8e-9, 1e-15);
+    CHECK(dgc_exchange_seconds(AG, 8, 1000, 1) == dgc_exchange_seconds(AG, 8, 1000, 32));
+    /* a large budget makes the sparse allreduce dearer than allgather for 8 ranks */
+    CHECK(dgc_choose_exchange(AU, 8, 25600, 0.999, 4) == SP &&
+          dgc_choose_exchange(AU, 8, 25600, 0.999, 16) == AG);
     /* auto takes the one that pays when only one does: 32 workers at 0.9375, few pairs */
-    CHECK(dgc_choose_exchange(AU, 32, 10, 0.9375) == SP);
+    CHECK(dgc_choose_exchange(AU, 32, 10, 0.9375, 4) == SP);
     /* the return of dropped pairs: kept -> u masked (when masking), dropped -> back to v */
     {
         int32_t idx[4] = {0, 2, 4, 5}, masked[4];
