@@ -310,6 +310,7 @@ static int open_view(fl_comm *c, fl_comm *view, const int *members, bool node) {
 static const struct fl_comm_ops tcp_ops;
 
 int fl_comm_tcp_view(fl_comm *view, fl_transport *tp, const int *members, double timeout_s) {
+    FL_ASSERT(tp || view->size == 1);
     tcp_state *vs = NULL;
     FL_TRY(new_state(&vs));
     vs->timeout_s = timeout_s;
