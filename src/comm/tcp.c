@@ -289,37 +289,39 @@ static void tcp_destroy(fl_comm *c) {
 }
 
 static int new_state(tcp_state **out);
+static const struct fl_comm_ops tcp_ops;
+
+/* Fills the blank view with tcp over members[view->size] of parent (NULL for a view of one);
+ * *out: its state. */
+static int view_over(fl_comm *view, fl_peers *parent, const int *members, double timeout_s,
+                     tcp_state **out) {
+    tcp_state *vs = NULL;
+    FL_TRY(new_state(&vs));
+    vs->timeout_s = timeout_s;
+    view->ops = &tcp_ops;
+    view->backend = vs; /* from here the view's destroy frees vs */
+    if (view->size > 1 && !(vs->group = fl_group_new(parent, members, view->size)))
+        return fl_fail(FL_ENOMEM, "tcp: out of memory");
+    *out = vs;
+    return 0;
+}
 
 /* A view over the members' ranks of c's transport (a group of one needs no peers); a node
  * view of ranks that all share this host moves to shared memory (when c itself is not there
  * already: then the view is a group of c's shared memory). */
 static int open_view(fl_comm *c, fl_comm *view, const int *members, bool node) {
     tcp_state *st = state_of(c), *vs = NULL;
-    FL_TRY(new_state(&vs));
+    FL_TRY(view_over(view, peers(st), members, st->timeout_s, &vs));
     vs->tune = st->tune;
-    vs->timeout_s = st->timeout_s;
-    view->ops = c->ops;
-    view->backend = vs;
-    if (view->size > 1 && !(vs->group = fl_group_new(peers(st), members, view->size)))
-        return FL_ENOMEM;
     if (node && view->size > 1 && st->tp && !st->shm && st->allow_shm)
         return try_shm(vs, st->tp, vs->group, members, &c->counters);
     return 0;
 }
 
-static const struct fl_comm_ops tcp_ops;
-
 int fl_comm_tcp_view(fl_comm *view, fl_transport *tp, const int *members, double timeout_s) {
     FL_ASSERT(tp || view->size == 1);
     tcp_state *vs = NULL;
-    FL_TRY(new_state(&vs));
-    vs->timeout_s = timeout_s;
-    view->ops = &tcp_ops;
-    view->backend = vs; /* from here the view's destroy frees vs */
-    if (view->size > 1 && !(vs->group = fl_group_new(fl_transport_peers(tp), members,
-                                                     view->size)))
-        return fl_fail(FL_ENOMEM, "tcp: out of memory");
-    return 0;
+    return view_over(view, tp ? fl_transport_peers(tp) : NULL, members, timeout_s, &vs);
 }
 
 static int tcp_split(fl_comm *c, fl_comm *node, const int *node_ranks, fl_comm *cross,

@@ -43,8 +43,9 @@ int fl_comm_tcp_from_fds(int rank, int size, const int *fds, double timeout_s, f
 int fl_comm_tcp_open_fds(fl_comm *c, int rank, int size, const int *fds, double timeout_s);
 /* Fills the blank view `view` (rank and size set by comm.c's split) with the tcp backend over
  * members[view->size], ranks of another backend's transport tp (NULL when the view has one
- * rank), which stays that backend's (it must outlive the view): the cross-node view of the nccl backend's node groups
- * (hier_views.h). Always sockets, never shared memory: its ranks are on different nodes. */
+ * rank), which stays that backend's (it must outlive the view): the cross-node view of the
+ * nccl backend's node groups (hier_views.h). Always sockets, never shared memory: its ranks
+ * are on different nodes. */
 int fl_comm_tcp_view(fl_comm *view, fl_transport *tp, const int *members, double timeout_s);
 /* Reads / replaces the switch points of a tcp communicator (tests force each algorithm). */
 void fl_comm_tcp_get_tuning(const fl_comm *c, fl_tcp_tuning *out);
