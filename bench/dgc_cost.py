@@ -6,8 +6,9 @@ seconds per byte on each worker's link (full duplex), gamma seconds of local wor
 
   allgather            g(8 k N) alpha + 8 k (N - 1) beta              g(B): Bruck's ceil(log2 N)
                                                                        rounds up to 1 MiB
-                                                                       gathered, the ring's N - 1
-                                                                       above (tcp's choice)
+                                                                       gathered or 256 KiB per
+                                                                       round saved, the ring's
+                                                                       N - 1 above (tcp's choice)
   sparse allreduce     ((N - 1) + 2 ceil(log2 N) + g(8 K) + h rd(N)) alpha
                        + 8 (N - 1)/N (k + K) beta
                        + 8 ceil(N/2) ceil(log2 N) beta
@@ -48,7 +49,8 @@ import sys
 
 HIST1 = 257 * 8   # the count of distinct indices and the exponent histogram
 HIST2 = 256 * 8   # the next 8 bits' histogram, when the budget binds
-BRUCK_MAX = 1 << 20   # the tcp backend's switch from Bruck's allgather to the ring
+BRUCK_MAX = 1 << 20   # the tcp backend's switch from Bruck's allgather to the ring ...
+BRUCK_ROUND = 256 << 10   # ... or this many bytes per round Bruck saves (fl_tcp_gather_bruck)
 RD_MAX, RH_MIN, RH_MAX, RH_RANKS = 256 << 10, 64 << 10, 4 << 20, 8   # tcp's allreduce choice
 
 
@@ -76,8 +78,11 @@ def sparse_rounds_bytes(n, k, numel, shared, budget):
     return rounds, nbytes
 
 
-def gather_rounds(n, nbytes):  # tcp: Bruck's allgather up to BRUCK_MAX gathered, else the ring
-    return lg(n) if nbytes <= BRUCK_MAX else n - 1
+def gather_rounds(n, nbytes):
+    """tcp over sockets: Bruck's allgather up to BRUCK_MAX gathered or BRUCK_ROUND per round
+    it saves against the ring (n - 1 - lg n), else the ring"""
+    saved = n - 1 - lg(n)
+    return lg(n) if nbytes <= BRUCK_MAX or nbytes <= saved * BRUCK_ROUND else n - 1
 
 
 def t_allgather(n, k, a, b):

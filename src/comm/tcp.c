@@ -106,6 +106,16 @@
  * 128 KiB and 1 MiB would do better on pairwise exchange; the one the sparse allreduce needs
  * carries counts (8 bytes per rank). Overridable: FLEET_TCP_BRUCK_MAX_BYTES. */
 #define TCP_BRUCK_MAX_BYTES ((size_t)1 << 20)
+/* Over sockets the allgather's switch point also grows with the rounds Bruck saves: the ring
+ * takes n - 1 rounds where Bruck takes ceil(log2 n), both move the same bytes, and Bruck pays
+ * one local copy of the result to un-rotate it. At alpha per round and a copy of c seconds per
+ * byte, Bruck is ahead while bytes * c < (n - 1 - ceil(log2 n)) alpha: with alpha = 50 us (a
+ * message round on 1 GbE in a cloud zone, docs/dgc.md) and ~5 GB/s of memcpy, 256 KiB per
+ * round saved. It binds only above 8 ranks (at 8, 4 rounds saved give the 1 MiB measured
+ * above); at 128 ranks it is 30 MiB, where the ring's 120 extra rounds cost 6 ms (DGC's sparse
+ * allreduce gathers ~1.6 MB of kept sums there, bench/dgc_cost.py). Not over shared memory,
+ * where a round costs ~5 us. Overridable: FLEET_TCP_BRUCK_ROUND_BYTES. */
+#define TCP_BRUCK_ROUND_BYTES ((size_t)256 << 10)
 
 typedef struct {
     fl_transport  *tp;    /* the connections; NULL for a single rank and for views */
@@ -201,6 +211,24 @@ static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t coun
                                   t, op);
 }
 
+bool fl_tcp_gather_bruck(const fl_tcp_tuning *tune, int n, size_t bytes, bool shm) {
+    if (bytes <= tune->bruck_max_bytes)
+        return true;
+    int lg = 0;
+    while ((1 << lg) < n)
+        lg++;
+    size_t saved = n - 1 > lg ? (size_t)(n - 1 - lg) : 0;
+    if (shm || saved == 0)
+        return false;
+    return tune->bruck_round_bytes > SIZE_MAX / saved || bytes <= saved * tune->bruck_round_bytes;
+}
+
+/* Bruck's allgather(v) for `bytes` gathered over this communicator's ranks. */
+static bool gather_bruck(const fl_comm *c, size_t bytes) {
+    const tcp_state *st = state_of(c);
+    return fl_tcp_gather_bruck(&st->tune, c->size, bytes, st->shm != NULL);
+}
+
 static int tcp_allgather(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t) {
     tcp_state *st = state_of(c);
     size_t es = fl_dtype_size(t);
@@ -209,7 +237,7 @@ static int tcp_allgather(fl_comm *c, const void *in, void *out, size_t count, fl
             memcpy(out, in, count * es);
         return 0;
     }
-    if ((size_t)c->size * count * es <= st->tune.bruck_max_bytes)
+    if (gather_bruck(c, (size_t)c->size * count * es))
         return fl_bruck_allgatherv(peers(st), &st->scratch, in, out, NULL, count, es);
     return fl_ring_allgatherv(peers(st), in, out, NULL, count, es);
 }
@@ -225,7 +253,7 @@ static int tcp_allgatherv(fl_comm *c, const void *in, void *out, const size_t *c
     }
     for (int r = 0; r < c->size; r++)
         total += counts[r];
-    if (total * es <= st->tune.bruck_max_bytes)
+    if (gather_bruck(c, total * es))
         return fl_bruck_allgatherv(peers(st), &st->scratch, in, out, counts, 0, es);
     return fl_ring_allgatherv(peers(st), in, out, counts, 0, es);
 }
@@ -367,7 +395,8 @@ static bool shm_wanted(void) {
 }
 
 /* Defaults, then FLEET_TCP_RD_MAX_BYTES, FLEET_TCP_RH_MIN_RANKS, FLEET_TCP_RH_MIN_BYTES,
- * FLEET_TCP_RH_MAX_BYTES, FLEET_TCP_SEG_MAX_BYTES and FLEET_TCP_BRUCK_MAX_BYTES if set. */
+ * FLEET_TCP_RH_MAX_BYTES, FLEET_TCP_SEG_MAX_BYTES, FLEET_TCP_BRUCK_MAX_BYTES and
+ * FLEET_TCP_BRUCK_ROUND_BYTES if set. */
 static int new_state(tcp_state **out) {
     *out = NULL;
     tcp_state *st = calloc(1, sizeof *st);
@@ -381,6 +410,7 @@ static int new_state(tcp_state **out) {
     st->tune.bcast_tree_max_bytes = TCP_BCAST_TREE_MAX_BYTES;
     st->tune.bcast_chunk_bytes = TCP_BCAST_CHUNK_BYTES;
     st->tune.bruck_max_bytes = TCP_BRUCK_MAX_BYTES;
+    st->tune.bruck_round_bytes = TCP_BRUCK_ROUND_BYTES;
     int rc;
     if ((rc = env_size("FLEET_TCP_RD_MAX_BYTES", "byte count", &st->tune.rd_max_bytes)) < 0 ||
         (rc = env_size("FLEET_TCP_RH_MIN_RANKS", "rank count", &st->tune.rh_min_ranks)) < 0 ||
@@ -388,7 +418,9 @@ static int new_state(tcp_state **out) {
         (rc = env_size("FLEET_TCP_RH_MAX_BYTES", "byte count", &st->tune.rh_max_bytes)) < 0 ||
         (rc = env_size("FLEET_TCP_SEG_MAX_BYTES", "byte count", &st->tune.seg_max_bytes)) < 0 ||
         (rc = env_size("FLEET_TCP_BRUCK_MAX_BYTES", "byte count", &st->tune.bruck_max_bytes)) <
-            0) {
+            0 ||
+        (rc = env_size("FLEET_TCP_BRUCK_ROUND_BYTES", "byte count",
+                       &st->tune.bruck_round_bytes)) < 0) {
         free(st);
         return rc;
     }

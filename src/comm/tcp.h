@@ -25,6 +25,9 @@ typedef struct {
     size_t bruck_max_bytes;   /* allgather(v): Bruck up to this many gathered bytes, else ring;
                                  alltoall: Bruck up to this many bytes in (size * count), else
                                  pairwise exchange (env FLEET_TCP_BRUCK_MAX_BYTES) */
+    size_t bruck_round_bytes; /* allgather(v) over sockets: also Bruck up to this many gathered
+                                 bytes per message round it saves against the ring (n - 1 -
+                                 ceil(log2 n)) (env FLEET_TCP_BRUCK_ROUND_BYTES) */
 } fl_tcp_tuning;
 
 /* The allreduce the tcp backend runs for `bytes` over n ranks (a flat communicator; the
@@ -33,6 +36,12 @@ typedef struct {
  * (n < rh_min_ranks or bytes < rh_min_bytes); else the ring. */
 typedef enum { FL_TCP_ALLREDUCE_RD, FL_TCP_ALLREDUCE_RH, FL_TCP_ALLREDUCE_RING } fl_tcp_allreduce;
 fl_tcp_allreduce fl_tcp_allreduce_choice(const fl_tcp_tuning *tune, int n, size_t bytes);
+
+/* Whether the tcp backend gathers `bytes` in all over n ranks with Bruck's allgather(v) rather
+ * than the ring: up to bruck_max_bytes, and over sockets (shm false) also up to
+ * bruck_round_bytes for every round it saves (n - 1 - ceil(log2 n)), so the switch point grows
+ * with the rank count (1 MiB up to 8 ranks, 30 MiB at 128 by default). */
+bool fl_tcp_gather_bruck(const fl_tcp_tuning *tune, int n, size_t bytes, bool shm);
 
 /* A tcp communicator over already-connected sockets (fds[r] for r != rank, fds[rank] = -1;
  * ownership passes to the communicator), e.g. socketpair()s between threads in tests

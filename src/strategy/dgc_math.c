@@ -26,10 +26,13 @@ int64_t dgc_k(int64_t numel, double s) {
     return k < 0 ? 0 : k > numel ? numel : k;
 }
 
-/* Rounds of an allgather of `bytes` in all on the tcp backend: Bruck's up to its switch point,
- * else the ring. */
+/* Rounds of an allgather of `bytes` in all on the tcp backend over sockets: Bruck's up to its
+ * switch point (fl_tcp_gather_bruck), else the ring. */
 static double gather_rounds(double n, double bytes) {
-    return bytes <= DGC_COST_BRUCK_MAX_BYTES ? ceil(log2(n)) : n - 1;
+    double lg = ceil(log2(n)), saved = n - 1 - lg;
+    bool bruck = bytes <= DGC_COST_BRUCK_MAX_BYTES ||
+                 (saved > 0 && bytes <= saved * DGC_COST_BRUCK_ROUND_BYTES);
+    return bruck ? lg : n - 1;
 }
 
 double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k, int budget) {

@@ -48,14 +48,16 @@ typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } 
  * (fleet's target, 1 Gbit/s Ethernet), with the tcp backend's algorithms: allgather
  * g(8 k N) alpha + 8 k (N - 1) beta; the sparse allreduce ((N - 1) + 2 ceil(log2 N) +
  * g(8 k budget) + 2 rd(N)) alpha + 8 k (1 + budget) (N - 1) / N beta, where g(B), the rounds of
- * an allgather of B bytes in all, is Bruck's ceil(log2 N) up to DGC_COST_BRUCK_MAX_BYTES and
- * the ring's N - 1 above, and rd(N), recursive doubling's, is log2 N, + 2 when N is not a
+ * an allgather of B bytes in all, is Bruck's ceil(log2 N) up to DGC_COST_BRUCK_MAX_BYTES or
+ * DGC_COST_BRUCK_ROUND_BYTES per round it saves (N - 1 - ceil(log2 N)), the ring's N - 1
+ * above (fl_tcp_gather_bruck's rule over sockets), and rd(N), recursive doubling's, is log2 N, + 2 when N is not a
  * power of two (the pairs' alltoallv takes N - 1 rounds; Bruck's alltoall of the counts and
  * allgather of the kept counts ceil(log2 N) each; two histogram allreduces rd(N) each;
  * bench/dgc_cost.py is the same model). */
 #define DGC_COST_ALPHA_S 50e-6
 #define DGC_COST_BYTE_S 8e-9
-#define DGC_COST_BRUCK_MAX_BYTES 1048576.0 /* TCP_BRUCK_MAX_BYTES, src/comm/tcp.c */
+#define DGC_COST_BRUCK_MAX_BYTES 1048576.0  /* TCP_BRUCK_MAX_BYTES, src/comm/tcp.c */
+#define DGC_COST_BRUCK_ROUND_BYTES 262144.0 /* TCP_BRUCK_ROUND_BYTES, src/comm/tcp.c */
 double dgc_exchange_seconds(dgc_exchange e, int world, int64_t k, int budget);
 
 /* The exchange a step at sparsity s uses: allgather for one rank; `mode` itself unless auto,

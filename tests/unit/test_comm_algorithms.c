@@ -226,8 +226,10 @@ static void test_single_rank(void) {
 static void test_allreduce_choice(void) {
     /* the defaults, as tcp.c documents them (a tcp communicator of one rank holds them) */
     static const char *const knobs[] = {"FLEET_TCP_RD_MAX_BYTES", "FLEET_TCP_RH_MIN_RANKS",
-                                        "FLEET_TCP_RH_MIN_BYTES", "FLEET_TCP_RH_MAX_BYTES"};
-    for (int i = 0; i < 4; i++)
+                                        "FLEET_TCP_RH_MIN_BYTES", "FLEET_TCP_RH_MAX_BYTES",
+                                        "FLEET_TCP_BRUCK_MAX_BYTES", "FLEET_TCP_BRUCK_ROUND_BYTES"};
+    const int nknobs = (int)(sizeof knobs / sizeof knobs[0]);
+    for (int i = 0; i < nknobs; i++)
         unsetenv(knobs[i]);
     int fd = -1;
     fl_comm *c = NULL;
@@ -265,6 +267,23 @@ static void test_allreduce_choice(void) {
     tu.rh_min_ranks = SIZE_MAX; /* off */
     CHECK(fl_tcp_allreduce_choice(&tu, 64, 100 << 10) == FL_TCP_ALLREDUCE_RD);
 
+    /* Bruck's allgather: 1 MiB up to 8 ranks, then 256 KiB per round it saves over sockets
+     * (16 ranks: 11 rounds; 128: 120), the flat 1 MiB over shared memory */
+    CHECK(tu.bruck_max_bytes == 1 << 20 && tu.bruck_round_bytes == 256 << 10);
+    CHECK(fl_tcp_gather_bruck(&tu, 2, 1 << 20, false));
+    CHECK(!fl_tcp_gather_bruck(&tu, 2, (1 << 20) + 1, false));
+    CHECK(fl_tcp_gather_bruck(&tu, 8, 1 << 20, false));
+    CHECK(!fl_tcp_gather_bruck(&tu, 8, (1 << 20) + 1, false));
+    CHECK(fl_tcp_gather_bruck(&tu, 16, 11 * (256 << 10), false));
+    CHECK(!fl_tcp_gather_bruck(&tu, 16, 11 * (256 << 10) + 1, false));
+    CHECK(fl_tcp_gather_bruck(&tu, 128, 1600000, false));
+    CHECK(!fl_tcp_gather_bruck(&tu, 128, 1600000, true));
+    CHECK(fl_tcp_gather_bruck(&tu, 128, 1 << 20, true));
+    tu.bruck_max_bytes = tu.bruck_round_bytes = 0; /* the ring for everything but 0 bytes */
+    CHECK(!fl_tcp_gather_bruck(&tu, 128, 1, false) && fl_tcp_gather_bruck(&tu, 128, 0, false));
+    tu.bruck_round_bytes = SIZE_MAX; /* no overflow */
+    CHECK(fl_tcp_gather_bruck(&tu, 1000, SIZE_MAX, false));
+
     /* the environment overrides the defaults; a bad value is refused by name */
     setenv("FLEET_TCP_RH_MIN_RANKS", "4", 1);
     setenv("FLEET_TCP_RH_MIN_BYTES", "1000", 1);
@@ -278,7 +297,7 @@ static void test_allreduce_choice(void) {
     setenv("FLEET_TCP_RH_MIN_RANKS", "eight", 1);
     CHECK_RC(fl_comm_tcp_from_fds(0, 1, &fd, 10, &c), FL_EINVAL);
     CHECK_MSG("FLEET_TCP_RH_MIN_RANKS=eight is not a rank count");
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < nknobs; i++)
         unsetenv(knobs[i]);
 }
 
@@ -433,6 +452,7 @@ static void *rank_main(void *p) {
             tu.bcast_tree_max_bytes = 0;
             tu.bcast_chunk_bytes = 1000;
             tu.bruck_max_bytes = 0;
+            tu.bruck_round_bytes = 0;
         } else if (k == TUNE_RD) {
             tu.rd_max_bytes = SIZE_MAX;
             tu.rh_min_ranks = SIZE_MAX;

@@ -104,6 +104,14 @@ static void test_k_and_rules(void) {
     CHECK_NEAR(dgc_exchange_seconds(SP, 8, 10000, 32),
                26 * 50e-6 + 80000 * 33 * 7.0 / 8 * 8e-9, 1e-15);
     CHECK(dgc_exchange_seconds(AG, 8, 1000, 1) == dgc_exchange_seconds(AG, 8, 1000, 32));
+    /* above 8 ranks Bruck's allgather also up to 256 KiB per round it saves: at 128 ranks
+     * (120 saved, 30 MiB) budget 8's 1.6 MB of kept sums take 7 rounds, not the ring's 127:
+     * 127 + 14 + 7 + 14 = 162 rounds; allgather's 26 MB also 7 */
+    CHECK_NEAR(dgc_exchange_seconds(SP, 128, 25600, 8),
+               162 * 50e-6 + 204800 * 9 * 127.0 / 128 * 8e-9, 1e-12);
+    CHECK_NEAR(dgc_exchange_seconds(AG, 128, 25600, 8), 7 * 50e-6 + 127 * 204800 * 8e-9, 1e-12);
+    CHECK_NEAR(dgc_exchange_seconds(AG, 128, 40000, 8), 127 * 50e-6 + 127 * 320000 * 8e-9,
+               1e-12); /* 40.96 MB gathered: the ring */
     /* a large budget makes the sparse allreduce dearer than allgather for 8 ranks */
     CHECK(dgc_choose_exchange(AU, 8, 25600, 0.999, 4) == SP &&
           dgc_choose_exchange(AU, 8, 25600, 0.999, 16) == AG);
