@@ -25,17 +25,17 @@ seconds per byte on each worker's link (full duplex), gamma seconds of local wor
 
 rd(N) = log2 N for powers of two, floor(log2 N) + 2 otherwise (the fold).
 U = min(n, f k + N (1 - f) k) is the number of distinct indices when a fraction f of every
-worker's indices is common to all; B = 4 is DGC's budget (src/strategy/dgc_math.h). gamma is
+worker's indices is common to all; B = 7 is DGC's default budget (src/strategy/dgc_math.h). gamma is
 the sparse allreduce's own work (sorting, summing, the threshold), measured with one worker;
 when N workers share `cores` cores (netlab on one machine) it is paid N / cores times over.
 
-  dgc_cost.py validate RAW [--cores 2] [--shared 0.5] [--budget 4]
+  dgc_cost.py validate RAW [--cores 2] [--shared 0.5] [--budget 7]
       RAW: bench/dgc_exchange.sh's RAW file. alpha per N from the 8-byte allgather rows
       (time / g(8 N) rounds: on one machine mostly the wake-up of N processes on few cores),
       beta from the dense allreduce of the fewest hosts, gamma from the one-worker sparse rows.
       Prints measured against predicted for every allgather and sparse row, and the error.
   dgc_cost.py predict [--alpha-us 50] [--gamma-ns 30] [--compute-s 0.1] [--params 25557032]
-                      [--dense-params 53120] [--sparsity 0.999] [--shared 0.5] [--budget 4]
+                      [--dense-params 53120] [--sparsity 0.999] [--shared 0.5] [--budget 7]
       ResNet-50's step (compute-s of computation, then the exchange, no overlap) with dense
       allreduce, allgather-DGC and sparse-allreduce DGC for 16 .. 1024 workers at 1 and
       10 Gbit/s (beta from 0.956 x the rate: TCP's goodput over Ethernet frames), as a ratio
@@ -183,7 +183,7 @@ def main():
     v.add_argument("raw")
     v.add_argument("--cores", type=float, default=2)
     v.add_argument("--shared", type=float, default=0.5)
-    v.add_argument("--budget", type=float, default=4)
+    v.add_argument("--budget", type=float, default=7)
     q = sub.add_parser("predict")
     q.add_argument("--alpha-us", type=float, default=50)
     q.add_argument("--gamma-ns", type=float, default=30)
@@ -192,7 +192,7 @@ def main():
     q.add_argument("--dense-params", type=int, default=53120)
     q.add_argument("--sparsity", type=float, default=0.999)
     q.add_argument("--shared", type=float, default=0.5)
-    q.add_argument("--budget", type=float, default=4)
+    q.add_argument("--budget", type=float, default=7)
     args = p.parse_args()
     validate(args) if args.cmd == "validate" else predict(args)
 

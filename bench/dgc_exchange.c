@@ -2,7 +2,7 @@
  * value) pairs per rank of a tensor of n values (k = density * n), a fraction `shared` of the
  * indices the same on every rank (top-k sets of real gradients overlap), the rest each rank's
  * own; the pairs exchanged by allgather (DGC's exchange: allgather) and by the sparse allreduce
- * with DGC's budget of 4 k sums (--budget; exchange: sparse), plus a dense allreduce of the n
+ * with DGC's default budget of 7 k sums (--budget; exchange: sparse), plus a dense allreduce of the n
  * values and an allgather of 8 bytes (one message per round: the latency the cost model calls alpha). Per
  * operation: the median over the iterations of the slowest rank's time, the bytes each rank
  * received (mean over ranks), and for the sparse allreduce the fraction of pairs dropped.
@@ -136,7 +136,7 @@ static int measure(bufs *b, op_kind op, int iters, int warmup, result *out) {
 
 int main(int argc, char **argv) {
     int64_t n = 1 << 20;
-    double density = 0.001, shared = 0.5, budget = 4;
+    double density = 0.001, shared = 0.5, budget = 7; /* DGC_SPARSE_BUDGET */
     int iters = 10, warmup = 2;
     const char *ops = "latency,allgather,sparse,dense";
     for (int i = 1; i < argc; i += 2) {

@@ -14,6 +14,7 @@
 # Usage: bench/dgc_exchange.sh [BUILD_DIR]
 #   HOSTS="2 4 8"  RATE=1gbit  ROUNDS=3  ITERS=10  RAW=FILE (every round's rows, for dgc_cost.py)
 #   NETLAB_BURST=16384 (the links' token bucket, bench/netlab.md)
+#   BUDGET=7 (the sums the sparse allreduce keeps, in k: DGC's dgc_configs.sparse_budget)
 # Prints: op hosts k numel time_ms recv_bytes dropped (medians), then the table of the issue.
 set -euo pipefail
 trap 'echo "$(basename "$0"): failed at line $LINENO: $BASH_COMMAND" >&2' ERR
@@ -21,7 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
 hosts_list=${HOSTS:-2 4 8}
 rate=${RATE:-1gbit}
-rounds=${ROUNDS:-3} iters=${ITERS:-10}
+rounds=${ROUNDS:-3} iters=${ITERS:-10} budget=${BUDGET:-7}
 netlab=$here/netlab
 fleetrun=$build/tools/fleetrun
 prog=$build/bench/dgc_exchange
@@ -61,7 +62,7 @@ run_job() {
   grep -E '^(latency|allgather|sparse|dense) ' "$work/out.$port.0"
 }
 
-echo "# dgc_exchange: links $rate, hosts [$hosts_list], $rounds rounds of $iters exchanges," \
+echo "# dgc_exchange: links $rate, hosts [$hosts_list], budget $budget k, $rounds rounds of $iters exchanges," \
   "$(date -u +%Y-%m-%dT%H:%MZ)"
 raw=$work/raw
 : >"$raw"
@@ -69,13 +70,13 @@ port=6300
 for ((r = 0; r < rounds; r++)); do
   # one worker alone (no lab, nothing sent): the sparse allreduce's own work, gamma of the model
   for n in 25600000 2560000; do
-    "$prog" --numel "$n" --density 0.001 --iters "$iters" --ops sparse | sed "s/\$/ $r/" >>"$raw"
+    "$prog" --numel "$n" --density 0.001 --budget "$budget" --iters "$iters" --ops sparse | sed "s/\$/ $r/" >>"$raw"
   done
   for h in $hosts_list; do
-    run_job "$h" "$port" --numel 25600000 --density 0.001 --iters "$iters" \
+    run_job "$h" "$port" --numel 25600000 --density 0.001 --budget "$budget" --iters "$iters" \
       --ops latency,allgather,sparse | sed "s/\$/ $r/" >>"$raw"
     port=$((port + 10))
-    run_job "$h" "$port" --numel 2560000 --density 0.001 --iters "$iters" \
+    run_job "$h" "$port" --numel 2560000 --density 0.001 --budget "$budget" --iters "$iters" \
       --ops allgather,sparse,dense | sed "s/\$/ $r/" >>"$raw"
     port=$((port + 10))
   done

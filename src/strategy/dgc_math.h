@@ -37,11 +37,12 @@ typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } 
 /* The sparse allreduce keeps at most budget * k summed pairs (k: the pairs each rank gives;
  * dgc_configs.sparse_budget, this by default): up to `budget` ranks never lose an entry, and a
  * rank receives ~(1 + budget) k pairs whatever N.
- * Measured on Fashion-MNIST with 8 workers (docs/dgc.md): on the MLP a budget of 2 k dropped
- * 70% of the pairs and cost 0.26 pt of accuracy against allgather-DGC, 4 k dropped 42% and
- * cost 0.10; on the small ResNet 4 k cost 0.36 pt and 5 k 0.26 (8 seeds), where 5 k costs
- * ResNet-50 at 128 workers 1.24x compute against 4 k's 1.22x by bench/dgc_cost.py. */
-#define DGC_SPARSE_BUDGET 4
+ * Measured on Fashion-MNIST's small ResNet with 8 workers against allgather-DGC (docs/dgc.md,
+ * bench/RESULTS.md): budgets of 4 and 5 k dropped 38% and 23% of the pairs and cost 0.36 and
+ * 0.26 pt; 7 k drops ~7% and costs nothing measurable (-0.02 pt, s.e. 0.10, 8 seeds). By
+ * bench/dgc_cost.py, 7 k keeps ResNet-50 at 128 workers on 1 Gbit/s at 1.27x its computation
+ * (4 k: 1.22x, 8 k: 1.29x). */
+#define DGC_SPARSE_BUDGET 7
 
 /* The estimate behind exchange auto: seconds to exchange k pairs per rank among `world` ranks
  * on a link of DGC_COST_ALPHA_S latency per message and DGC_COST_BYTE_S seconds per byte
@@ -50,8 +51,8 @@ typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } 
  * g(8 k budget) + 2 rd(N)) alpha + 8 k (1 + budget) (N - 1) / N beta, where g(B), the rounds of
  * an allgather of B bytes in all, is Bruck's ceil(log2 N) up to DGC_COST_BRUCK_MAX_BYTES or
  * DGC_COST_BRUCK_ROUND_BYTES per round it saves (N - 1 - ceil(log2 N)), the ring's N - 1
- * above (fl_tcp_gather_bruck's rule over sockets), and rd(N), recursive doubling's, is log2 N, + 2 when N is not a
- * power of two (the pairs' alltoallv takes N - 1 rounds; Bruck's alltoall of the counts and
+ * above (fl_tcp_gather_bruck's rule over sockets), and rd(N), recursive doubling's, is
+ * log2 N, + 2 when N is not a power of two (the pairs' alltoallv takes N - 1 rounds; Bruck's alltoall of the counts and
  * allgather of the kept counts ceil(log2 N) each; two histogram allreduces rd(N) each;
  * bench/dgc_cost.py is the same model). */
 #define DGC_COST_ALPHA_S 50e-6

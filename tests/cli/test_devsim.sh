@@ -8,8 +8,8 @@
 # fleet-eval on it), configs/quickstart.yaml, a CIFAR ResNet-8 on the shapes task (one worker,
 # and two under fleetrun with dense buckets overlapped with backward), the MLP on two workers
 # with f16 allreduce and gradient merge, DGC after its rampup (allgather with the dense
-# fallback; on 6 workers the sparse exchange, which drops pairs), Local SGD, mixed precision
-# (float16, an injected inf skipped on both workers), and resumes of
+# fallback; on 6 workers the sparse exchange at a 4 k budget, which drops pairs), Local SGD,
+# mixed precision (float16, an injected inf skipped on both workers), and resumes of
 # stopped devsim runs (ResNet-8; DGC on two workers) against the uninterrupted cpu runs. Then
 # the device selection: fleetrun --gpus gives each worker its GPU (FLAGS_selected_gpus), and
 # train.device: gpu without a GPU backend, with train.backend cpu, or with a GPU that is not
@@ -176,10 +176,11 @@ grep -q "gpu 3 bound" "$tmp/wlog_dgc_dev/workerlog.0" && grep -q "gpu 1 bound" "
   echo "ok: fleetrun --gpus 3,1: the workers bound GPUs 3 and 1" ||
   { echo "FAIL: the workers did not bind the GPUs fleetrun --gpus gave them"; fail=1; }
 resumed dgc 2 2 mlp 10 "${dgc[@]}"
-# 6. DGC's sparse exchange on 6 workers, where its budget drops pairs: the dropped ones go back
-# into v, the kept ones are masked in u
+# 6. DGC's sparse exchange on 6 workers, where a budget of 4 k drops pairs (the default, 7 k,
+# holds 6 workers' union): the dropped ones go back into v, the kept ones are masked in u
 OMP_NUM_THREADS=1 pair dgcsp 6 6 mlp "${dgc[@]}" -o "strategy.dgc_configs.sparsity=[0.99]" \
   -o strategy.dgc_configs.rampup_begin_step=2 -o strategy.dgc_configs.exchange=sparse \
+  -o strategy.dgc_configs.sparse_budget=4 \
   -o train.batch_size=16 -o train.max_steps=20 -o train.log_dir="$tmp/dgcsp_log" &&
   grep -q '"dgc_dropped":0\.[0-9]*[1-9]' "$tmp/dgcsp_log/metrics.jsonl" &&
   echo "ok: dgcsp: the sparse exchange dropped pairs" ||

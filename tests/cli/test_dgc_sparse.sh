@@ -2,17 +2,17 @@
 # test_dgc_sparse.sh - DGC with its pairs exchanged by the sparse allreduce
 # (strategy.dgc_configs.exchange: sparse; docs/dgc.md "Beyond 128 workers"), over fleetrun on
 # loopback, against what it must keep:
-# - at sparsity 0 with masking off every entry is a pair and the budget (4 k) holds the whole
-#   union: the step is dense Momentum's, N = 2, 3, 4 (3: not a power of two);
+# - at sparsity 0 with masking off every entry is a pair and the budget (7 k by default)
+#   holds the whole union: the step is dense Momentum's, N = 2, 3, 4 (3: not a power of two);
 # - with 2 workers the budget holds the union of both top-k sets: nothing is dropped and the
 #   parameters follow allgather-DGC's to rounding (pairs summed before, not after, scaling);
-# - with 5 and 6 workers at sparsity 0.99 (more than 4 k distinct indices can come together)
-#   the global threshold drops pairs, and on every rank
+# - with 5 and 6 workers at sparsity 0.99 and a budget of 4 k (more than 4 k distinct indices
+#   can come together) the global threshold drops pairs, and on every rank
 #   every update balances: what left the accumulators, summed over ranks, is what moved the
 #   parameters (dist_train --check-dgc, tests/dist/dgc_ledger.h), so a dropped pair went back
 #   into the accumulator, not lost;
 # - dgc_configs.sparse_budget 5 with 5 workers drops nothing and follows allgather-DGC; 1
-#   drops more than the default 4 and still balances;
+#   drops more than 4 and still balances; the default (7) drops nothing with 6 workers;
 # - exchange auto picks allgather for this small model (a few hundred pairs: latency-bound) and
 #   says which in the log; a wrong value is refused naming the key.
 set -u
@@ -27,6 +27,7 @@ mom=(--optimizer momentum --momentum 0.9 --weight-decay 1e-3 --batch 16)
 dgc=(--dgc -o strategy.dgc_configs.min_compress_numel=1000)
 sparse=(-o strategy.dgc_configs.exchange=sparse)
 nomask=(-o strategy.dgc_configs.momentum_masking=false)
+b4=(-o strategy.dgc_configs.sparse_budget=4) # below the 5 and 6 workers of section 3
 # rank_lines NAME: every rank's "dgc pairs P dropped D ledger E" line
 rank_lines() { cat "$tmp/log_$1"/workerlog.* | grep -h '^dist_train: rank .* dgc pairs'; }
 
@@ -56,7 +57,7 @@ fi
 
 # 3. five and six workers at 0.99: pairs dropped, every update balanced on every rank
 for n in 5 6; do
-  train "drop_$n" "$n" "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${nomask[@]}" \
+  train "drop_$n" "$n" "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${b4[@]}" "${nomask[@]}" \
     -o "strategy.dgc_configs.sparsity=[0.99]" --check-dgc || continue
   lines=$(rank_lines "drop_$n")
   echo "$lines"
@@ -69,13 +70,14 @@ for n in 5 6; do
     bash -c "grep '^step 29 ' '$tmp/drop_$n.log' | grep -qvi nan"
 done
 # with masking on (the default) it trains too, and the masked run differs from the unmasked one
-train mask_5 5 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" -o "strategy.dgc_configs.sparsity=[0.99]" &&
+train mask_5 5 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${b4[@]}" \
+  -o "strategy.dgc_configs.sparsity=[0.99]" &&
   check "5 workers, masking on: differs from masking off" \
     bash -c "! cmp -s '$tmp/mask_5.bin' '$tmp/drop_5.bin'"
 
 # 3b. dgc_configs.sparse_budget: with a budget of 5 k the union of 5 workers' top-k sets always
 # fits: nothing dropped, allgather-DGC's parameters to rounding; a budget of 1 k drops more
-# pairs than the default 4 k of the same run (drop_5), and still balances
+# pairs than 4 k in the same setting (drop_5), and still balances
 bud=(-o "strategy.dgc_configs.sparsity=[0.99]" "${nomask[@]}")
 if train ag_5 5 "${mom[@]}" "${dgc[@]}" "${bud[@]}" -o strategy.dgc_configs.exchange=allgather &&
   train bud5_5 5 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${bud[@]}" \
@@ -86,6 +88,10 @@ if train ag_5 5 "${mom[@]}" "${dgc[@]}" "${bud[@]}" -o strategy.dgc_configs.exch
   check "5 workers, budget 5 k: the log names the budget" \
     grep -q 'sparse allreduce keeps up to 5 k' "$tmp/bud5_5.log"
 fi
+# the default budget (7 k) holds the union of 6 workers' top-k sets where 4 k dropped (drop_6)
+train def_6 6 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${bud[@]}" --check-dgc &&
+  check "6 workers at 0.99, the default budget: no pair dropped on any rank" \
+    bash -c "[ \$(cat '$tmp/log_def_6'/workerlog.* | grep -c 'dgc pairs [1-9][0-9]* dropped 0 ') = 6 ]"
 if train bud1_5 5 "${mom[@]}" "${dgc[@]}" "${sparse[@]}" "${bud[@]}" \
   -o strategy.dgc_configs.sparse_budget=1 --check-dgc && [ -d "$tmp/log_drop_5" ]; then
   d1=$(rank_lines bud1_5 | awk '{ s += $8 } END { print s }')

@@ -115,6 +115,15 @@ static void test_k_and_rules(void) {
     /* a large budget makes the sparse allreduce dearer than allgather for 8 ranks */
     CHECK(dgc_choose_exchange(AU, 8, 25600, 0.999, 4) == SP &&
           dgc_choose_exchange(AU, 8, 25600, 0.999, 16) == AG);
+    /* the default budget, 7: ResNet-50's k at 0.999 by allgather at 8 workers, sparse from
+     * 16; warm-up's 0.9375 pays with neither from 8 workers ((1 + 7)(1 - s) 2 = 1), 0.984375
+     * does */
+    CHECK(DGC_SPARSE_BUDGET == 7);
+    CHECK(dgc_choose_exchange(AU, 8, 25504, 0.999, DGC_SPARSE_BUDGET) == AG &&
+          dgc_choose_exchange(AU, 16, 25504, 0.999, DGC_SPARSE_BUDGET) == SP);
+    CHECK(!dgc_sparse_pays(128, 0.9375, AU, DGC_SPARSE_BUDGET) &&
+          dgc_sparse_pays(7, 0.9375, AU, DGC_SPARSE_BUDGET) &&
+          dgc_sparse_pays(128, 0.984375, AU, DGC_SPARSE_BUDGET));
     /* auto takes the one that pays when only one does: 32 workers at 0.9375, few pairs */
     CHECK(dgc_choose_exchange(AU, 32, 10, 0.9375, 4) == SP);
     /* the return of dropped pairs: kept -> u masked (when masking), dropped -> back to v */

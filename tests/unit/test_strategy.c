@@ -70,7 +70,7 @@ static void test_defaults(void) {
     CHECK(!s.dgc && s.dgc_configs.rampup_begin_step == 0 && s.dgc_configs.rampup_step == 1);
     CHECK(s.dgc_configs.sparsity.n == 1 && s.dgc_configs.sparsity.v[0] == 0.999);
     CHECK(s.dgc_configs.min_compress_numel == 16384 && s.dgc_configs.selection == 0 &&
-          s.dgc_configs.exchange == 0 /* auto */ && s.dgc_configs.sparse_budget == 4 &&
+          s.dgc_configs.exchange == 0 /* auto */ && s.dgc_configs.sparse_budget == 7 &&
           s.dgc_configs.dense_fallback && s.dgc_configs.warmup &&
           s.dgc_configs.momentum_correction && s.dgc_configs.local_clipping &&
           s.dgc_configs.momentum_masking && s.dgc_configs.weight_decay_correction);
