@@ -113,8 +113,8 @@
  * message round on 1 GbE in a cloud zone, docs/dgc.md) and ~5 GB/s of memcpy, 256 KiB per
  * round saved. It binds only above 8 ranks (at 8, 4 rounds saved give the 1 MiB measured
  * above); at 128 ranks it is 30 MiB, where the ring's 120 extra rounds cost 6 ms (DGC's sparse
- * allreduce gathers ~1.6 MB of kept sums there, bench/dgc_cost.py). Not over shared memory,
- * where a round costs ~5 us. Overridable: FLEET_TCP_BRUCK_ROUND_BYTES. */
+ * allreduce gathers ~1.4 MB of kept sums there at its default budget, bench/dgc_cost.py). Not
+ * over shared memory, where a round costs ~5 us. Overridable: FLEET_TCP_BRUCK_ROUND_BYTES. */
 #define TCP_BRUCK_ROUND_BYTES ((size_t)256 << 10)
 
 typedef struct {
