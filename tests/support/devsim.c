@@ -369,12 +369,21 @@ static void ds_copy(void *dst, const void *src, size_t bytes, fl_copy_kind kind,
     pthread_mutex_unlock(&lock);
 }
 
-static fl_stream *ds_stream_create(void) {
-    ds_stream *s = calloc(1, sizeof *s);
-    if (!s) {
-        say("devsim: out of memory for a stream\n");
+/* A zeroed handle; out of memory ends the process (cudaStreamCreate and cudaEventCreate's
+ * callers here have no error path). `what` completes "devsim: out of memory for ...". */
+static void *handle_alloc(size_t bytes, const char *what) {
+    void *h = calloc(1, bytes);
+    if (!h) {
+        say("devsim: out of memory for ");
+        say(what);
+        say("\n");
         abort();
     }
+    return h;
+}
+
+static fl_stream *ds_stream_create(void) {
+    ds_stream *s = handle_alloc(sizeof *s, "a stream");
     s->refs = 1;
     pthread_mutex_lock(&lock);
     s->next = streams;
@@ -398,12 +407,7 @@ static void ds_stream_sync(fl_stream *fs) {
 }
 
 static fl_event *ds_event_create(void) {
-    ds_event *e = calloc(1, sizeof *e);
-    if (!e) {
-        say("devsim: out of memory for an event\n");
-        abort();
-    }
-    return (fl_event *)e;
+    return handle_alloc(sizeof(ds_event), "an event");
 }
 
 static void ds_event_free(fl_event *fe) {
