@@ -25,8 +25,8 @@ seconds per byte on each worker's link (full duplex), gamma seconds of local wor
 
 rd(N) = log2 N for powers of two, floor(log2 N) + 2 otherwise (the fold).
 U = min(n, f k + N (1 - f) k) is the number of distinct indices when a fraction f of every
-worker's indices is common to all; B = 7 is DGC's default budget (src/strategy/dgc_math.h). gamma is
-the sparse allreduce's own work (sorting, summing, the threshold), measured with one worker;
+worker's indices is common to all; B = 7 is DGC's default budget (src/strategy/dgc_math.h).
+gamma is the sparse allreduce's own work (sorting, summing, the threshold), measured with one worker;
 when N workers share `cores` cores (netlab on one machine) it is paid N / cores times over.
 
   dgc_cost.py validate RAW [--cores 2] [--shared 0.5] [--budget 7]

@@ -2,10 +2,11 @@
  * value) pairs per rank of a tensor of n values (k = density * n), a fraction `shared` of the
  * indices the same on every rank (top-k sets of real gradients overlap), the rest each rank's
  * own; the pairs exchanged by allgather (DGC's exchange: allgather) and by the sparse allreduce
- * with DGC's default budget of 7 k sums (--budget; exchange: sparse), plus a dense allreduce of the n
- * values and an allgather of 8 bytes (one message per round: the latency the cost model calls alpha). Per
- * operation: the median over the iterations of the slowest rank's time, the bytes each rank
- * received (mean over ranks), and for the sparse allreduce the fraction of pairs dropped.
+ * with DGC's default budget of 7 k sums (--budget; exchange: sparse), plus a dense allreduce of
+ * the n values and an allgather of 8 bytes (one message per round: the latency the cost model
+ * calls alpha). Per operation: the median over the iterations of the slowest rank's time, the
+ * bytes each rank received (mean over ranks), and for the sparse allreduce the fraction of pairs
+ * dropped.
  * Rank 0 prints one line per operation:
  *   op ranks k n time_ms recv_bytes dropped
  * Used by bench/dgc_exchange.sh (netlab) and bench/dgc_cost.py (the model it validates). */

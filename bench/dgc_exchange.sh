@@ -62,15 +62,16 @@ run_job() {
   grep -E '^(latency|allgather|sparse|dense) ' "$work/out.$port.0"
 }
 
-echo "# dgc_exchange: links $rate, hosts [$hosts_list], budget $budget k, $rounds rounds of $iters exchanges," \
-  "$(date -u +%Y-%m-%dT%H:%MZ)"
+echo "# dgc_exchange: links $rate, hosts [$hosts_list], budget $budget k," \
+  "$rounds rounds of $iters exchanges, $(date -u +%Y-%m-%dT%H:%MZ)"
 raw=$work/raw
 : >"$raw"
 port=6300
 for ((r = 0; r < rounds; r++)); do
   # one worker alone (no lab, nothing sent): the sparse allreduce's own work, gamma of the model
   for n in 25600000 2560000; do
-    "$prog" --numel "$n" --density 0.001 --budget "$budget" --iters "$iters" --ops sparse | sed "s/\$/ $r/" >>"$raw"
+    "$prog" --numel "$n" --density 0.001 --budget "$budget" --iters "$iters" --ops sparse |
+      sed "s/\$/ $r/" >>"$raw"
   done
   for h in $hosts_list; do
     run_job "$h" "$port" --numel 25600000 --density 0.001 --budget "$budget" --iters "$iters" \

@@ -39,7 +39,7 @@ typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } 
  * rank receives ~(1 + budget) k pairs whatever N.
  * Measured on Fashion-MNIST's small ResNet with 8 workers against allgather-DGC (docs/dgc.md,
  * bench/RESULTS.md): budgets of 4 and 5 k dropped 38% and 23% of the pairs and cost 0.36 and
- * 0.26 pt; 7 k drops ~7% and costs nothing measurable (-0.02 pt, s.e. 0.10, 8 seeds). By
+ * 0.26 pt; 7 k drops ~7% and costs nothing measurable (-0.02 pt, s.e. 0.05, 16 seeds). By
  * bench/dgc_cost.py, 7 k keeps ResNet-50 at 128 workers on 1 Gbit/s at 1.27x its computation
  * (4 k: 1.22x, 8 k: 1.29x). */
 #define DGC_SPARSE_BUDGET 7
@@ -52,9 +52,9 @@ typedef enum { DGC_EXCHANGE_AUTO, DGC_EXCHANGE_ALLGATHER, DGC_EXCHANGE_SPARSE } 
  * an allgather of B bytes in all, is Bruck's ceil(log2 N) up to DGC_COST_BRUCK_MAX_BYTES or
  * DGC_COST_BRUCK_ROUND_BYTES per round it saves (N - 1 - ceil(log2 N)), the ring's N - 1
  * above (fl_tcp_gather_bruck's rule over sockets), and rd(N), recursive doubling's, is
- * log2 N, + 2 when N is not a power of two (the pairs' alltoallv takes N - 1 rounds; Bruck's alltoall of the counts and
- * allgather of the kept counts ceil(log2 N) each; two histogram allreduces rd(N) each;
- * bench/dgc_cost.py is the same model). */
+ * log2 N, + 2 when N is not a power of two (the pairs' alltoallv takes N - 1 rounds; Bruck's
+ * alltoall of the counts and allgather of the kept counts ceil(log2 N) each; two histogram
+ * allreduces rd(N) each; bench/dgc_cost.py is the same model). */
 #define DGC_COST_ALPHA_S 50e-6
 #define DGC_COST_BYTE_S 8e-9
 #define DGC_COST_BRUCK_MAX_BYTES 1048576.0  /* TCP_BRUCK_MAX_BYTES, src/comm/tcp.c */
