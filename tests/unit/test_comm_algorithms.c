@@ -288,12 +288,18 @@ static void test_allreduce_choice(void) {
     setenv("FLEET_TCP_RH_MIN_RANKS", "4", 1);
     setenv("FLEET_TCP_RH_MIN_BYTES", "1000", 1);
     setenv("FLEET_TCP_RH_MAX_BYTES", "2000", 1);
+    setenv("FLEET_TCP_BRUCK_ROUND_BYTES", "3000", 1);
     CHECK_OK(fl_comm_tcp_from_fds(0, 1, &fd, 10, &c));
     if (c) {
         fl_comm_tcp_get_tuning(c, &tu);
         CHECK(tu.rh_min_ranks == 4 && tu.rh_min_bytes == 1000 && tu.rh_max_bytes == 2000);
+        CHECK(tu.bruck_round_bytes == 3000);
         fl_comm_free(c);
     }
+    setenv("FLEET_TCP_BRUCK_ROUND_BYTES", "lots", 1);
+    CHECK_RC(fl_comm_tcp_from_fds(0, 1, &fd, 10, &c), FL_EINVAL);
+    CHECK_MSG("FLEET_TCP_BRUCK_ROUND_BYTES=lots is not a byte count");
+    unsetenv("FLEET_TCP_BRUCK_ROUND_BYTES");
     setenv("FLEET_TCP_RH_MIN_RANKS", "eight", 1);
     CHECK_RC(fl_comm_tcp_from_fds(0, 1, &fd, 10, &c), FL_EINVAL);
     CHECK_MSG("FLEET_TCP_RH_MIN_RANKS=eight is not a rank count");
