@@ -333,6 +333,12 @@ typedef struct fl_backend {
      * (fl_errmsg set). NULL entries: plain host memory (fl_backend_host_alloc below). */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *p);
+    /* train.deterministic: false lets the backend trade bit-repeatability for speed (the cuda
+     * backend: cuDNN's fastest backward algorithms, atomics included, as PyTorch's default);
+     * true (the default) keeps every run's bits. Call after device_bind, before the network is
+     * built: convolution plans keep the choice they were made with. NULL: the backend has
+     * deterministic kernels only (cpu, ref, onednn). */
+    void (*set_deterministic)(bool on);
 } fl_backend;
 
 /* The OpenBLAS + OpenMP table. */

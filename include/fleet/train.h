@@ -116,6 +116,8 @@ typedef struct fl_train_config {
         int     device;       /* fl_train_device */
         char    log_dir[256]; /* rank 0 writes metrics.jsonl here; "" for none */
         bool    eval_train;   /* also evaluate over the whole training set after each epoch */
+        bool    deterministic; /* bit-repeatable runs (default); false: the backend's fastest
+                                * kernels (backend.h set_deterministic) */
     } train;
     struct {                    /* docs/checkpoint.md */
         char    dir[256];       /* step-named checkpoints here; "" for none */

@@ -70,10 +70,10 @@ static int check_param(const fl_param *p, fl_dtype dtype, bool has_state) {
     return FL_OK;
 }
 
-/* Bytes of a velocity, rounded up so every one starts 64-byte aligned in the block. */
-static size_t padded_bytes(const fl_param *p) {
-    return (fl_tensor_nbytes(&p->value) + 63) & ~(size_t)63;
-}
+/* Bytes of a velocity. The velocities lie back to back in the block, in parameter order, as a
+ * network's flat parameter and gradient blocks do (fl_net_build), so that one kernel call can
+ * update a whole run of parameters (run_end). */
+static size_t velocity_bytes(const fl_param *p) { return fl_tensor_nbytes(&p->value); }
 
 fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, fl_dtype dtype,
                           const fl_backend *k) {
@@ -111,7 +111,7 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
     int nstate = 0;
     for (int i = 0; i < n; i++) {
         if (params[i].trainable) {
-            bytes += padded_bytes(&params[i]);
+            bytes += velocity_bytes(&params[i]);
             nstate++;
         }
     }
@@ -133,7 +133,7 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         fl_tensor_view(&v->grad, dtype, p->value.ndim, p->value.shape, NULL);
         v->value.device = fl_backend_device(k);
         v->trainable = false;
-        off += padded_bytes(p);
+        off += velocity_bytes(p);
         opt->velocity_of[i] = opt->nstate++;
     }
     if (cfg->type == FL_OPTIM_LARS && cfg->weight_decay > 0) {
@@ -163,6 +163,34 @@ void fl_optim_free(fl_optim *opt) {
     free(opt);
 }
 
+/* The end of the run of parameters from i (trainable, with a gradient) whose values,
+ * gradients and velocities each follow one another in memory, non-trainable ones between them
+ * skipped; *numel gets the run's elements. A network's parameters are usually one run (its
+ * flat blocks), so SGD and Momentum update them in one kernel call instead of one a tensor:
+ * the same arithmetic per element, the same bits. */
+static int run_end(const fl_optim *opt, int i, int64_t *numel) {
+    size_t e = fl_dtype_size(opt->dtype);
+    const fl_param *p = &opt->params[i];
+    const fl_param *v = opt->velocity_of[i] >= 0 ? &opt->state[opt->velocity_of[i]] : NULL;
+    int64_t n = p->value.numel;
+    const char *w0 = p->value.data, *g0 = p->grad.data, *v0 = v ? v->value.data : NULL;
+    int j = i + 1;
+    for (; j < opt->n; j++) {
+        const fl_param *q = &opt->params[j];
+        if (!q->trainable)
+            continue;
+        size_t off = (size_t)n * e;
+        const fl_param *qv = opt->velocity_of[j] >= 0 ? &opt->state[opt->velocity_of[j]] : NULL;
+        if (!q->grad.data || (const char *)q->value.data != w0 + off ||
+            (const char *)q->grad.data != g0 + off ||
+            (v0 && (const char *)qv->value.data != v0 + off))
+            break;
+        n += q->value.numel;
+    }
+    *numel = n;
+    return j;
+}
+
 int fl_optim_step(fl_optim *opt, double lr, double *grad_norm) {
     FL_ASSERT(opt);
     if (!(lr >= 0) || !isfinite(lr))
@@ -174,20 +202,24 @@ int fl_optim_step(fl_optim *opt, double lr, double *grad_norm) {
         if (grad_norm)
             *grad_norm = norm;
     }
-    for (int i = 0; i < opt->n; i++) {
+    for (int i = 0, next; i < opt->n; i = next) {
         fl_param *p = &opt->params[i];
+        next = i + 1;
         if (!p->trainable || !p->grad.data)
             continue;
-        if (c->type == FL_OPTIM_SGD) {
-            opt->k->sgd_update(opt->dtype, p->value.numel, p->value.data, p->grad.data, lr,
-                               c->weight_decay);
-        } else if (c->type == FL_OPTIM_LARS) {
+        if (c->type == FL_OPTIM_LARS) { /* layer-wise: each tensor its own rate */
             fl_param *v = &opt->state[opt->velocity_of[i]];
             lars_update(opt->k, opt->dtype, c, p, v->value.data, opt->lars_scratch, lr);
+            continue;
+        }
+        int64_t n;
+        next = run_end(opt, i, &n);
+        if (c->type == FL_OPTIM_SGD) {
+            opt->k->sgd_update(opt->dtype, n, p->value.data, p->grad.data, lr, c->weight_decay);
         } else {
             fl_param *v = &opt->state[opt->velocity_of[i]];
-            opt->k->momentum_update(opt->dtype, p->value.numel, p->value.data, p->grad.data,
-                                    v->value.data, lr, c->momentum, c->weight_decay, c->nesterov);
+            opt->k->momentum_update(opt->dtype, n, p->value.data, p->grad.data, v->value.data,
+                                    lr, c->momentum, c->weight_decay, c->nesterov);
         }
     }
     return FL_OK;

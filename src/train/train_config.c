@@ -138,6 +138,10 @@ static const fl_cfg_key own_keys[] = {
      "--gpus sets it; 0 when unset) and trains with the cuda backend"},
     {"train.log_dir", FL_CFG_STRING, OFF(train.log_dir), sizeof(((fl_train_config *)0)->train.log_dir),
      0, 0, NULL, false, "directory for rank 0's metrics.jsonl; empty: none"},
+    {"train.deterministic", FL_CFG_BOOL, OFF(train.deterministic), 0, 0, 0, NULL, false,
+     "bit-repeatable runs; false lets a GPU backend choose its fastest kernels (cuDNN's "
+     "non-deterministic backward algorithms, as PyTorch's default), whose last bits vary run to "
+     "run"},
     {"train.eval_train", FL_CFG_BOOL, OFF(train.eval_train), 0, 0, 0, NULL, false,
      "after each epoch also evaluate over the whole training set (else the validation set "
      "only)"},
@@ -215,6 +219,7 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->data.crop_padding = 2;
     cfg->data.prefetch = 2;
     cfg->train.eval_train = true;
+    cfg->train.deterministic = true;
     cfg->optimizer.type = FL_OPTIM_SGD;
     cfg->optimizer.momentum = 0.9;
     cfg->optimizer.lr.base = 0.01; /* the seed's fluid.optimizer.SGD(learning_rate=0.01) */

@@ -35,6 +35,27 @@ static int selected_gpu(int *ordinal) {
     return FL_OK;
 }
 
+/* train.deterministic into a bound device backend (before any plan is made), said once */
+static const fl_backend *set_determinism(const fl_backend *be, const fl_train_config *cfg) {
+    static int said = -1;
+    bool det = cfg->train.deterministic;
+    if (be->set_deterministic)
+        be->set_deterministic(det);
+    if (!be->set_deterministic) { /* the CPU backends: deterministic kernels only */
+        if (!det && said != 0)
+            FL_INFO("train.deterministic: false has no effect on the %s backend (its kernels "
+                    "are deterministic): runs repeat to the bit", be->name);
+        said = det;
+    } else if (said != (int)det) {
+        said = det;
+        FL_INFO("train.deterministic: %s", det ? "true (runs repeat to the bit; false lets "
+                "cuDNN choose its fastest, non-deterministic backward algorithms)"
+                : "false (cuDNN's fastest backward algorithms, some non-deterministic: runs "
+                "differ in the last bits)");
+    }
+    return be;
+}
+
 const fl_backend *fl_train_compute_backend(const fl_train_config *cfg) {
     static const char *const names[] = {"auto", "cpu", "onednn", "ref", "cuda"};
     static const fl_backend *bound; /* the backend whose device this process bound */
@@ -43,7 +64,7 @@ const fl_backend *fl_train_compute_backend(const fl_train_config *cfg) {
         const fl_backend *be = fl_backend_by_name(names[cfg->train.backend]);
         if (!be)
             fl_fail_prefix(FL_ECONFIG, "train.backend");
-        return be;
+        return be ? set_determinism(be, cfg) : NULL;
     }
     const fl_backend *be = gpu_seam ? gpu_seam : fl_backend_cuda();
     if (!be) {
@@ -56,7 +77,7 @@ const fl_backend *fl_train_compute_backend(const fl_train_config *cfg) {
     if (selected_gpu(&ordinal) < 0)
         return NULL;
     if (bound == be && bound_ordinal == ordinal)
-        return be;
+        return set_determinism(be, cfg);
     if (!be->device_bind) {
         fl_fail(FL_ECONFIG, "train.device: gpu, but backend %s has no device to bind", be->name);
         return NULL;
@@ -72,7 +93,7 @@ const fl_backend *fl_train_compute_backend(const fl_train_config *cfg) {
     bound = be;
     bound_ordinal = ordinal;
     FL_INFO("train.device: gpu %d bound (FLAGS_selected_gpus), backend %s", ordinal, be->name);
-    return be;
+    return set_determinism(be, cfg);
 }
 
 /* --- batches --- */

@@ -576,6 +576,100 @@ out:
     fl_optim_free(opt[1]);
 }
 
+/* --- runs: parameters back to back in memory are updated by one kernel call --- */
+
+static int calls;
+static int64_t call_n[8];
+static fl_backend counting; /* the cpu table, its two updates counted */
+static void count_sgd(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd) {
+    if (calls < 8)
+        call_n[calls] = n;
+    calls++;
+    fl_backend_cpu()->sgd_update(t, n, w, g, lr, wd);
+}
+static void count_momentum(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
+                           double mu, double wd, bool nesterov) {
+    if (calls < 8)
+        call_n[calls] = n;
+    calls++;
+    fl_backend_cpu()->momentum_update(t, n, w, g, v, lr, mu, wd, nesterov);
+}
+
+/* Three trainable tensors (3, 5, 4 values) and a buffer listed between the first two, values
+ * in one block and gradients in another (a network's layout); split: the third's gradient
+ * elsewhere.
+ * The optimizer must give the bits of one update per tensor, in as many calls as there are
+ * runs. */
+static void check_runs(fl_optim_type type, bool split) {
+    enum { NV = 12 };
+    static const int64_t len[4] = {3, 2, 5, 4}; /* w0, buffer, w1, w2 */
+    float w[NV + 2], g[NV], g2[4], want[NV + 2], vel[NV];
+    fl_rng r;
+    fl_rng_init(&r, 5, (uint64_t)split);
+    fill_uniform(w, NV + 2, &r, -1, 1);
+    fill_uniform(g, NV, &r, -1, 1);
+    memcpy(g2, g + 8, sizeof g2);
+    memcpy(want, w, sizeof w);
+    memset(vel, 0, sizeof vel);
+    fl_param p[4];
+    memset(p, 0, sizeof p);
+    int64_t off = 0, goff = 0;
+    for (int i = 0; i < 4; i++) {
+        snprintf(p[i].name, sizeof p[i].name, "p%d", i);
+        p[i].trainable = i != 1;
+        fl_tensor_view(&p[i].value, FL_DTYPE_F32, 1, &len[i], w + off);
+        if (p[i].trainable) {
+            fl_tensor_view(&p[i].grad, FL_DTYPE_F32, 1, &len[i],
+                           split && i == 3 ? g2 : g + goff);
+            goff += len[i];
+        }
+        off += len[i];
+    }
+    /* the buffer's value behind the others (as a network's buffers are), its parameter
+     * between theirs in the list */
+    p[1].value.data = w + NV;
+    p[2].value.data = w + 3, p[3].value.data = w + 8;
+    fl_optim_config cfg = {.type = type, .momentum = type == FL_OPTIM_SGD ? 0 : 0.9,
+                           .weight_decay = 1e-2};
+    fl_optim *opt = fl_optim_create(&cfg, p, 4, FL_DTYPE_F32, &counting);
+    CHECK(opt != NULL);
+    if (!opt)
+        return;
+    for (int step = 0; step < 2; step++) {
+        calls = 0;
+        CHECK_OK(fl_optim_step(opt, 0.5, NULL));
+        CHECK(calls == (split ? 2 : 1));
+        if (!split)
+            CHECK(call_n[0] == NV);
+        else
+            CHECK(call_n[0] == 8 && call_n[1] == 4);
+        for (int i = 0; i < 4; i++) { /* the same update a tensor at a time */
+            if (!p[i].trainable)
+                continue;
+            int64_t at = (float *)p[i].value.data - w;
+            const float *gi = p[i].grad.data;
+            float *vi = vel + at; /* the velocities follow the values' order */
+            if (type == FL_OPTIM_SGD)
+                fl_backend_cpu()->sgd_update(FL_DTYPE_F32, len[i], want + at, gi, 0.5, 1e-2);
+            else
+                fl_backend_cpu()->momentum_update(FL_DTYPE_F32, len[i], want + at, gi, vi, 0.5,
+                                                  0.9, 1e-2, false);
+        }
+        CHECK(memcmp(w, want, sizeof w) == 0);
+    }
+    fl_optim_free(opt);
+}
+
+static void test_runs(void) {
+    counting = *fl_backend_cpu();
+    counting.sgd_update = count_sgd;
+    counting.momentum_update = count_momentum;
+    for (int split = 0; split < 2; split++) {
+        check_runs(FL_OPTIM_SGD, split);
+        check_runs(FL_OPTIM_MOMENTUM, split);
+    }
+}
+
 int main(void) {
     const fl_backend *tables[] = {fl_backend_ref(), fl_backend_cpu()};
     for (int k = 0; k < 2; k++) {
@@ -594,5 +688,6 @@ int main(void) {
     test_bad_schedules();
     test_f32_cpu_vs_ref();
     test_f32_optim_cpu_vs_ref();
+    test_runs();
     TEST_DONE();
 }

@@ -3,39 +3,86 @@
  * device arrays; inference: those arrays read) with the fused ReLU, and backward with relu_y.
  * fleet's own kernels, not cuDNN's: cuDNN keeps a float inverse variance and updates running
  * statistics itself, where fleet's contract is double statistics returned to the layer. Sums are
- * reduce.cuh's per-channel fixed-order reductions in double (two passes for the variance, as the
- * ref table); the per-channel coefficients are computed in double and rounded once, as the
- * cpu table does, and the elementwise passes apply them. */
+ * reduce.cuh's per-channel fixed-order reductions in double; the per-channel coefficients are
+ * computed in double and rounded once, as the cpu table does, and the elementwise passes apply
+ * them. The statistics take one pass over x (shifted sums of d and d^2), and every kernel finds
+ * an element's channel with fastdiv.h's multiply-and-shift where the call's indices fit in 31
+ * bits. */
+#include "fastdiv.h"
 #include "reduce.cuh"
 
 #include <math.h>
 
-/* --- statistics --- */
+/* --- where element (row r, channel c) lies: rows are the N HW pixels of the batch --- */
 
-template <class T> struct x_f {
+/* The shape of a call, with dividers for HW and C where every index fits in 31 bits (SMALL):
+ * NCHW's position of (r, c) needs r / HW, an element's channel (i / HW) % C or i % C, and
+ * 64-bit division per element cost these kernels most of their time. */
+struct bn_shape {
+    bool       nhwc;
+    int64_t    C, hw;
+    fl_fastdiv dhw, dc;
+};
+
+static bn_shape shape_of(bool nhwc, int64_t c, int64_t hw, bool small) {
+    bn_shape s = {nhwc, c, hw, {}, {}};
+    if (small)
+        s.dhw = fl_fastdiv_make((uint32_t)hw), s.dc = fl_fastdiv_make((uint32_t)c);
+    return s;
+}
+
+template <bool SMALL> __device__ __forceinline__ int64_t bn_at(const bn_shape &s, int64_t r, int64_t c) {
+    if (s.nhwc)
+        return r * s.C + c;
+    if (SMALL) {
+        uint32_t n = fl_fastdiv_q(s.dhw, (uint32_t)r);
+        return ((int64_t)n * s.C + c) * s.hw + (r - (int64_t)n * s.hw);
+    }
+    return (r / s.hw * s.C + c) * s.hw + r % s.hw;
+}
+
+template <bool SMALL> __device__ __forceinline__ int64_t bn_channel(const bn_shape &s, int64_t i) {
+    if (SMALL)
+        return fl_fastdiv_r(s.dc, s.nhwc ? (uint32_t)i : fl_fastdiv_q(s.dhw, (uint32_t)i));
+    return s.nhwc ? i % s.C : (i / s.hw) % s.C;
+}
+
+/* Runs BODY with the constant S = small (the templates' SMALL). */
+#define DISPATCH_SMALL(small, ...)                                                            \
+    do {                                                                                      \
+        if (small) {                                                                          \
+            constexpr bool S = true;                                                          \
+            __VA_ARGS__;                                                                      \
+        } else {                                                                              \
+            constexpr bool S = false;                                                         \
+            __VA_ARGS__;                                                                      \
+        }                                                                                     \
+    } while (0)
+
+/* --- statistics in one pass: sums of d and d^2 with d = x - K, K the channel's first value
+ * (shifted data: with K near the mean, E[d^2] - E[d]^2 loses no more than the two-pass
+ * formula, where E[x^2] - E[x]^2 would cancel when |mean| >> std) --- */
+
+template <class T, bool SMALL> struct stat_f {
     const T *x;
-    bool     nhwc;
-    int64_t  C, hw;
+    bn_shape s;
     __device__ double2 operator()(int64_t r, int64_t c) const {
-        return make_double2((double)x[nchw_at(nhwc, r, c, C, hw)], 0);
+        double d = (double)x[bn_at<SMALL>(s, r, c)] - (double)x[bn_at<SMALL>(s, 0, c)];
+        return make_double2(d, d * d);
     }
 };
 
-template <class T> struct dev2_f { /* (x - mean)^2 */
-    const T      *x;
-    const double *mean;
-    bool          nhwc;
-    int64_t       C, hw;
-    __device__ double2 operator()(int64_t r, int64_t c) const {
-        double d = (double)x[nchw_at(nhwc, r, c, C, hw)] - mean[c];
-        return make_double2(d * d, 0);
+template <class T, bool SMALL> struct stat_store {
+    const T *x;
+    bn_shape s;
+    double  *mean, *var;
+    double   cnt;
+    __device__ void operator()(int64_t c, double2 t) const {
+        double k = cnt > 0 ? (double)x[bn_at<SMALL>(s, 0, c)] : 0, m = t.x / cnt;
+        double v = t.y / cnt - m * m;
+        mean[c] = k + m;
+        var[c] = v > 0 ? v : 0 * v; /* rounding can leave -1e-17; NaN stays NaN */
     }
-};
-
-struct div_store {
-    double *out;
-    double  cnt;
-    __device__ void operator()(int64_t c, double2 s) const { out[c] = s.x / cnt; }
 };
 
 /* --- y = [relu](x a + b), a = gamma / sqrt(var + eps), b = beta - mean a --- */
@@ -50,12 +97,11 @@ __global__ void bn_coef_k(const T *gamma, const T *beta, const double *mean, con
     }
 }
 
-template <class T>
-__global__ void bn_apply_k(bool nhwc, int64_t total, int64_t C, int64_t hw, const T *x,
-                           const T *ab, bool relu, T *y) {
+template <class T, bool SMALL>
+__global__ void bn_apply_k(bn_shape s, int64_t total, const T *x, const T *ab, bool relu, T *y) {
     GRID_STRIDE(i, total) {
-        int64_t c = nhwc ? i % C : (i / hw) % C;
-        T v = x[i] * ab[c] + ab[C + c];
+        int64_t c = bn_channel<SMALL>(s, i);
+        T v = x[i] * ab[c] + ab[s.C + c];
         y[i] = relu ? (v > (T)0 ? v : (T)0) : v;
     }
 }
@@ -74,35 +120,35 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
         return;
     bool nhwc = layout == FL_LAYOUT_NHWC;
     int64_t R = n * hw, total = R * c;
-    DISPATCH_T(op, t, {
+    bool small = total < INT32_MAX && hw >= 1;
+    bn_shape s = shape_of(nhwc, c, hw, small);
+    DISPATCH_T(op, t, DISPATCH_SMALL(small, {
         const T *xt = (const T *)x;
-        if (training) {
-            colsum(!nhwc, x_f<T>{xt, nhwc, c, hw}, div_store{mean, (double)R}, R, c, op);
-            colsum(!nhwc, dev2_f<T>{xt, mean, nhwc, c, hw}, div_store{var, (double)R}, R, c, op);
-        }
+        if (training)
+            colsum(!nhwc, stat_f<T, S>{xt, s}, stat_store<T, S>{xt, s, mean, var, (double)R}, R,
+                   c, op);
         T *ab = (T *)cuda_get((size_t)(2 * c) * sizeof(T), op);
         bn_coef_k<T><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
             (const T *)gamma, (const T *)beta, mean, var, eps, c, ab);
         CU_LAUNCHED(op);
         if (total > 0) {
-            bn_apply_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(nhwc, total, c, hw,
-                                                                            xt, ab, relu, (T *)y);
+            bn_apply_k<T, S><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(s, total, xt, ab,
+                                                                              relu, (T *)y);
             CU_LAUNCHED(op);
         }
         cuda_put(ab);
-    });
+    }));
 }
 
 /* --- backward --- */
 
 /* (d, d (x - mean)) with d = dy masked by relu_y > 0; x - mean in T as the cpu table */
-template <class T> struct grad_f {
+template <class T, bool SMALL> struct grad_f {
     const T      *x, *ry, *dy;
     const double *mean;
-    bool          nhwc;
-    int64_t       C, hw;
+    bn_shape      s;
     __device__ double2 operator()(int64_t r, int64_t c) const {
-        int64_t i = nchw_at(nhwc, r, c, C, hw);
+        int64_t i = bn_at<SMALL>(s, r, c);
         T d = ry ? relu_keep(ry[i], dy[i]) : dy[i];
         return make_double2((double)d, (double)(d * (x[i] - (T)mean[c])));
     }
@@ -129,11 +175,12 @@ template <class T> struct grad_store {
     }
 };
 
-template <class T>
-__global__ void bn_dx_k(bool nhwc, int64_t total, int64_t C, int64_t hw, const T *x, const T *ry,
-                        const T *dy, const double *mean, const T *coef, T *dx) {
+template <class T, bool SMALL>
+__global__ void bn_dx_k(bn_shape s, int64_t total, const T *x, const T *ry, const T *dy,
+                        const double *mean, const T *coef, T *dx) {
+    int64_t C = s.C;
     GRID_STRIDE(i, total) {
-        int64_t c = nhwc ? i % C : (i / hw) % C;
+        int64_t c = bn_channel<SMALL>(s, i);
         T d = ry ? relu_keep(ry[i], dy[i]) : dy[i];
         dx[i] = coef[c] * d + coef[C + c] * (x[i] - (T)mean[c]) + coef[2 * C + c];
     }
@@ -150,17 +197,19 @@ extern "C" void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_
         return;
     bool nhwc = layout == FL_LAYOUT_NHWC;
     int64_t R = n * hw, total = R * c;
-    DISPATCH_T(op, t, {
+    bool small = total < INT32_MAX && hw >= 1;
+    bn_shape s = shape_of(nhwc, c, hw, small);
+    DISPATCH_T(op, t, DISPATCH_SMALL(small, {
         const T *xt = (const T *)x, *ry = (const T *)relu_y, *dyt = (const T *)dy;
         T *coef = (T *)cuda_get((size_t)(3 * c) * sizeof(T), op);
         grad_store<T> st = {(const T *)gamma, mean, var, eps, (double)R, training, accumulate,
                             (T *)dgamma, (T *)dbeta, coef, c};
-        colsum(!nhwc, grad_f<T>{xt, ry, dyt, mean, nhwc, c, hw}, st, R, c, op);
+        colsum(!nhwc, grad_f<T, S>{xt, ry, dyt, mean, s}, st, R, c, op);
         if (dx && total > 0) {
-            bn_dx_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                nhwc, total, c, hw, xt, ry, dyt, mean, coef, (T *)dx);
+            bn_dx_k<T, S><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                s, total, xt, ry, dyt, mean, coef, (T *)dx);
             CU_LAUNCHED(op);
         }
         cuda_put(coef);
-    });
+    }));
 }

@@ -3,7 +3,9 @@
  * algorithms from cuDNN's heuristics (_v7), or timed by cuDNN's Find where
  * FLEET_CUDNN_BENCHMARK=1 (PyTorch's cudnn.benchmark: faster, but the choice, and so the last
  * bits, may differ from run to run), chosen once per batch size (the max batch's at plan time,
- * a smaller batch's on first use), deterministic ones preferred for the backwards; bias and its gradient by fleet's own kernels (fixed-order sums).
+ * a smaller batch's on first use), deterministic ones preferred for the backwards unless
+ * set_deterministic(false) (train.deterministic: false) lets the fastest serve; bias and its
+ * gradient by fleet's own kernels (fixed-order sums).
  * Weights stay in PyTorch's (OC, IC / groups, KH, KW) order: cuDNN is given an NCHW filter
  * with NHWC activations, and where it has no algorithm for that mix the plan keeps an NHWC
  * (OHWI) copy of the weights, reordered on every call, and reorders the gradient back. */
@@ -162,7 +164,7 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, char *why,
                cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv, p->x,
                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
                                                            &cnt, dp),
-               true, DATA_WS, "backward-data");
+               cuda_g.det, DATA_WS, "backward-data");
     a->bwd_data = dp[pick].algo, ws = sz > ws ? sz : ws;
     bool det = dp[pick].determinism == CUDNN_DETERMINISTIC;
     QUERY_PICK(wp,
@@ -171,7 +173,7 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, char *why,
                                                            &cnt, wp),
                cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                    h, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &cnt, wp),
-               true, FILTER_WS, "backward-filter");
+               cuda_g.det, FILTER_WS, "backward-filter");
 #undef FWD_WS
 #undef DATA_WS
 #undef FILTER_WS
@@ -184,7 +186,7 @@ static int choose(fl_conv_plan *p, int64_t n, size_t limit, algos *a, char *why,
 
 /* Says once per plan that a shape's backward is not bit-repeatable. */
 static void warn_nondet(fl_conv_plan *p, const algos *a) {
-    if (a->det || p->nondet_warned)
+    if (a->det || p->nondet_warned || !cuda_g.det)
         return;
     p->nondet_warned = true;
     fprintf(stderr, "fleet: cuda conv %lld -> %lld %lldx%lld (batch %lld): cuDNN offers no "
@@ -327,7 +329,7 @@ static const algos *for_batch(fl_conv_plan *p, int64_t n, const char *op) {
     if (choose(p, n, p->ws, &a, why, sizeof why))
         cuda_fatal(op, "choosing cuDNN algorithms for a smaller batch", why, __FILE__, __LINE__);
     algos wide;
-    if (!a.det && choose(p, n, WS_CAP, &wide, why, sizeof why) == 0 && wide.det) {
+    if (!a.det && cuda_g.det && choose(p, n, WS_CAP, &wide, why, sizeof why) == 0 && wide.det) {
         void *m = NULL;
         if (wide.need <= p->xws_bytes) {
             a = wide;

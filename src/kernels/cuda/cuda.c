@@ -105,6 +105,8 @@ static int cuda_device_bind(int ordinal) {
     cuda_g.tf32 = tf && tf[0] == '1';
     const char *find = getenv("FLEET_CUDNN_BENCHMARK");
     cuda_g.find = find && find[0] == '1';
+    const char *det = getenv("FLEET_CUDNN_DETERMINISTIC");
+    cuda_g.det = !(det && det[0] == '0');
     cublasStatus_t bs;
     if ((bs = cublasCreate(&blas)) != CUBLAS_STATUS_SUCCESS ||
         (bs = cublasSetStream(blas, st)) != CUBLAS_STATUS_SUCCESS ||
@@ -187,6 +189,11 @@ static void cuda_event_sync(fl_event *e) {
     CU_CHECK("event_sync", cudaEventSynchronize((cudaEvent_t)e));
 }
 
+static void cuda_set_deterministic(bool on) {
+    cuda_require_bound("set_deterministic");
+    cuda_g.det = on;
+}
+
 /* f32 and f64 convolutions run on NCHW (cuDNN's FMA kernels are as fast there); channels-last
  * is for the f16/bf16 tensor-core kernels to come */
 static fl_layout cuda_preferred_layout(fl_dtype t) {
@@ -254,6 +261,7 @@ static const fl_backend cuda_ops = {
     .memory_peak = cuda_memory_peak,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .set_deterministic = cuda_set_deterministic,
 };
 
 const fl_backend *fl_backend_cuda(void) { return &cuda_ops; }

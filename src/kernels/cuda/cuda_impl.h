@@ -27,6 +27,8 @@ typedef struct cuda_ctx {
     struct cudnnContext  *dnn;  /* cudnnHandle_t */
     bool                  tf32; /* FLEET_CUDA_TF32=1: TF32 tensor cores for f32 gemm and conv */
     bool                  find; /* FLEET_CUDNN_BENCHMARK=1: conv algorithms by timing them */
+    bool                  det;  /* deterministic backward algorithms only (set_deterministic;
+                                 * FLEET_CUDNN_DETERMINISTIC=0 clears it at bind) */
 } cuda_ctx;
 extern cuda_ctx cuda_g;
 

@@ -3,7 +3,10 @@
  * gradient to its FIRST largest x (cuDNN's tie rule is unspecified and it has no dilation, so
  * these are fleet's kernels); average divides by KH KW, padding included. The backward gathers:
  * one thread per input pixel adds the gradients of the windows holding it in output order, the
- * order the ref table adds them, so it gives the ref's bits (no atomics). */
+ * order the ref table adds them, so it gives the ref's bits (no atomics); max pool's windows
+ * find their largest once, in a pass over the outputs before (recomputing each window for each
+ * of its pixels made the gather read x up to KH KW times per window: 4 ms of a ResNet-50
+ * step on an H100). */
 #include "common.cuh"
 
 /* The geometry in index type I (common.cuh's coord_of): int where every index of the call
@@ -56,11 +59,22 @@ __global__ void pool_fwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T
     }
 }
 
-/* the outputs whose window holds input row iy: oy = (iy + PH - i DH) / SH for the taps i that
- * divide, visited with i descending (oy ascending) */
+/* max pool's backward, first step: each window's first largest position (-1: none) */
 template <class T, class I>
-__global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T *x,
-                           const T *dy, T *dx) {
+__global__ void pool_argmax_k(pool_geom<I> g, bool nhwc, I total, const T *x, I *at) {
+    GRID_STRIDE(i, total) {
+        coord4<I> k = coord_of(nhwc, (I)i, g.C, g.OH, g.OW);
+        T best;
+        double sum;
+        window(g, nhwc, x, k.n, k.c, k.y, k.x, &best, &at[i], &sum);
+    }
+}
+
+/* the outputs whose window holds input row iy: oy = (iy + PH - i DH) / SH for the taps i that
+ * divide, visited with i descending (oy ascending); max pool takes a window's gradient where
+ * at (pool_argmax_k) names this pixel */
+template <class T, class I>
+__global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, const I *at, I total, const T *dy, T *dx) {
     T inv = (T)(1.0 / (double)(g.KH * g.KW));
     GRID_STRIDE(q, total) {
         I p = (I)q;
@@ -80,21 +94,36 @@ __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T
                 I ox = tx / g.SW;
                 if (ox >= g.OW)
                     continue;
-                T d = dy[index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW)];
-                if (!max) {
-                    acc += d * inv;
-                } else {
-                    T best;
-                    I at;
-                    double sum;
-                    window(g, nhwc, x, k.n, k.c, oy, ox, &best, &at, &sum);
-                    if (at == p)
-                        acc += d;
-                }
+                I o = index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW);
+                if (!at)
+                    acc += dy[o] * inv;
+                else if (at[o] == p)
+                    acc += dy[o];
             }
         }
         dx[p] = acc;
     }
+}
+
+/* max pool's backward in index type I: the windows' positions into scratch, then the gather */
+template <class T, class I>
+static void pool_backward_in(const fl_conv_geom *g, bool nhwc, bool max, int64_t n,
+                             const void *x, const void *dy, void *dx) {
+    const char *op = "pool_backward";
+    pool_geom<I> q = geom<I>(g);
+    int64_t total = n * g->c * g->h * g->w, outs = n * g->c * g->oh * g->ow;
+    I *at = NULL;
+    if (max && outs > 0) {
+        at = (I *)cuda_get((size_t)outs * sizeof(I), op);
+        pool_argmax_k<T, I><<<blocks_for(outs), THREADS, 0, cuda_stream()>>>(
+            q, nhwc, (I)outs, (const T *)x, at);
+        CU_LAUNCHED(op);
+    }
+    pool_bwd_k<T, I><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+        q, nhwc, at, (I)total, (const T *)dy, (T *)dx);
+    CU_LAUNCHED(op);
+    if (at)
+        cuda_put(at);
 }
 
 /* whether every index of a pooling of n images fits in int */
@@ -138,14 +167,7 @@ extern "C" void cuda_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, i
         return;
     bool nhwc = layout == FL_LAYOUT_NHWC, max = pool == FL_POOL_MAX;
     if (fits_int(n, g))
-        DISPATCH_T("pool_backward", t,
-                   pool_bwd_k<T, int><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                       geom<int>(g), nhwc, max, (int)total, (const T *)x, (const T *)dy,
-                       (T *)dx));
+        DISPATCH_T("pool_backward", t, pool_backward_in<T, int>(g, nhwc, max, n, x, dy, dx));
     else
-        DISPATCH_T("pool_backward", t,
-                   pool_bwd_k<T, int64_t><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                       geom<int64_t>(g), nhwc, max, total, (const T *)x, (const T *)dy,
-                       (T *)dx));
-    CU_LAUNCHED("pool_backward");
+        DISPATCH_T("pool_backward", t, pool_backward_in<T, int64_t>(g, nhwc, max, n, x, dy, dx));
 }
