@@ -3,7 +3,11 @@
 # for minutes: one call does it all). Brings the build libraries from DEBS (scripts/gpu-deps.sh)
 # where the machine lacks them, configures without oneDNN for the machine's GPU architecture,
 # builds, and runs the GPU tests (the cuda and nccl unit tests, test_fleet_train_gpu.sh), each
-# log under OUT; with --bench also bench/gpu_step.sh (f32 and TF32 rows, DGC's share).
+# log under OUT; with --bench also bench/gpu_step.sh (f32 and TF32 rows, deterministic and fast,
+# beside PyTorch; DGC's share), after the unit tests and before the slower training test, so
+# that a run cut short by the machine's 10-minute limit still brings the table. The bench's
+# knobs (PRECISIONS, BATCHES, ROUNDS, REPEATS, ITERS) pass through; its defaults here fit the
+# whole command in about 8 minutes on an H100.
 #   scripts/gpu-check.sh DEBS OUT [--bench]      (DEBS: scripts/gpu-deps.sh download DEBS)
 # Prints one line per step with its exit status (77: skipped, no GPU); exits non-zero when a
 # test failed.
@@ -14,7 +18,7 @@ debs=$1 out=$2 bench=${3:-}
 build=${FLEET_GPU_BUILD:-/tmp/fleet-gpu-build}
 mkdir -p "$out"
 if ! pkg-config --exists yaml-0.1 libjpeg 2>/dev/null; then
-  eval "$("$src/scripts/gpu-deps.sh" unpack "$debs" /tmp/fleet-sysroot)" || exit 1
+  eval "$(bash "$src/scripts/gpu-deps.sh" unpack "$debs" /tmp/fleet-sysroot)" || exit 1
 fi
 for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/{cudnn,nccl}/lib; do
   [[ -d $d ]] && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -32,21 +36,25 @@ step() { # step NAME TIMEOUT COMMAND...: runs it with its log in OUT/NAME.log
 step configure 300 cmake -S "$src" -B "$build" -DFLEET_ONEDNN=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" || { tail -20 "$out/configure.log"; exit 1; }
 grep 'fleet:' "$out/configure.log"
-step build 600 cmake --build "$build" -j"$(nproc)" || { grep -m5 error "$out/build.log"; exit 1; }
+step build 300 cmake --build "$build" -j"$(nproc)" || { grep -m5 error "$out/build.log"; exit 1; }
 fail=0
 verdict() { [[ $1 -eq 0 || $1 -eq 77 ]] || fail=1; } # 77: skipped (no GPU)
-for t in test_cuda_device test_cuda_convert test_comm_nccl_open test_cuda_backend test_nccl; do
-  (cd "$build/tests" && step "$t" 300 "./$t")
+for t in test_cuda_device test_cuda_convert test_comm_nccl_open test_cuda_backend test_nccl \
+  test_fastdiv test_optim; do
+  (cd "$build/tests" && step "$t" 120 "./$t")
   verdict $?
 done
-(cd "$build/tests" && FLEET_CUDNN_BENCHMARK=1 step test_cuda_backend_find 300 ./test_cuda_backend)
+(cd "$build/tests" && FLEET_CUDNN_BENCHMARK=1 step test_cuda_backend_find 120 ./test_cuda_backend)
 verdict $?
-FLEET_BIN=$build/tools FLEET_BUILD=$build FLEET_SRC=$src OMP_NUM_THREADS=4 \
-  step test_fleet_train_gpu 600 bash "$src/tests/cli/test_fleet_train_gpu.sh"
+(cd "$build/tests" && FLEET_CUDNN_DETERMINISTIC=0 step test_cuda_backend_fast 120 ./test_cuda_backend)
 verdict $?
-grep -hE '^FAIL|FAILED' "$out"/test_*.log | head -20
 if [[ $bench == --bench ]]; then
-  PRECISIONS="f32 tf32" ROUNDS=2 ITERS=5 step gpu_step 900 bash "$src/bench/gpu_step.sh" "$build"
+  PRECISIONS=${PRECISIONS-f32 tf32} ROUNDS=${ROUNDS:-1} REPEATS=${REPEATS:-3} ITERS=${ITERS:-5} \
+    step gpu_step 420 bash "$src/bench/gpu_step.sh" "$build"
   cat "$out/gpu_step.log"
 fi
+FLEET_BIN=$build/tools FLEET_BUILD=$build FLEET_SRC=$src OMP_NUM_THREADS=4 \
+  step test_fleet_train_gpu 300 bash "$src/tests/cli/test_fleet_train_gpu.sh"
+verdict $?
+grep -hE '^FAIL|FAILED' "$out"/test_*.log | head -20
 exit $fail

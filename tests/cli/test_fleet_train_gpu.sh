@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_fleet_train_gpu.sh - fleet-train on a GPU (train.device: gpu, the cuda backend, TF32 off)
 # follows the CPU run's loss: the quick-start MLP and the CIFAR ResNet-20 of
-# configs/shapes_resnet.yaml for 50 steps; 2 workers on the one GPU (two processes, backend tcp,
+# configs/shapes_resnet.yaml for 50 steps (repeated to the bit by default; with
+# train.deterministic: false following the CPU too); 2 workers on the one GPU (two processes, backend tcp,
 # fleetrun --gpus 0,0) print the loss lines of 2 CPU workers; DGC and Local SGD on 2 GPU workers
 # likewise; and mixed precision (strategy.amp) on the GPU: its losses, a skipped inf step, its
 # accuracy against f32's. Every loss is compared with the CPU's to a relative tolerance
@@ -77,6 +78,19 @@ cnn=(-c "$src/configs/shapes_resnet.yaml" -o data.train_size=1600 -o data.val_si
   -o train.epochs=1 -o train.log_interval=10 -o data.num_workers=0 -o optimizer.lr.base=0.02)
 for d in cpu gpu; do one resnet20 $d "${cnn[@]}"; done
 follow resnet20 $CNN_TOL
+# train.deterministic: the default says so and repeats every loss of metrics.jsonl to the bit;
+# false (cuDNN's fastest backward algorithms) says so and still follows the CPU
+mloss() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl"; }
+one resnet20again gpu "${cnn[@]}"
+check "resnet20 on gpu: the log says train.deterministic: true" \
+  grep -q 'train.deterministic: true' "$tmp/resnet20.gpu.out"
+check "resnet20 on gpu: a second run repeats every loss to the bit" \
+  cmp <(mloss "$tmp/resnet20.gpu.m") <(mloss "$tmp/resnet20again.gpu.m")
+one fast gpu "${cnn[@]}" -o train.deterministic=false
+check "resnet20 on gpu, deterministic false: the log says so" \
+  grep -q 'train.deterministic: false' "$tmp/fast.gpu.out"
+cp "$tmp/resnet20.cpu.out" "$tmp/fast.cpu.out"
+follow fast $CNN_TOL
 
 # 3. two workers on the one GPU (tcp between the processes) against two CPU workers
 for d in cpu gpu; do two mlp2 $d "${mlp[@]}"; done

@@ -668,6 +668,13 @@ static void test_layer_ops(fl_dtype t) {
 /* ------------------------------------------------------------------------------------------ */
 /* convolution: every case in both layouts (f32), the small ones in f64 */
 
+/* FLEET_CUDNN_DETERMINISTIC=0 (the backend's train.deterministic: false): the backwards may
+ * use algorithms whose bits vary from call to call */
+static bool fast_algorithms(void) {
+    const char *v = getenv("FLEET_CUDNN_DETERMINISTIC");
+    return v && v[0] == '0';
+}
+
 static double conv_tol(fl_dtype t, int64_t k) {
     if (t == FL_DTYPE_F64)
         return 1e-12 * sqrt((double)k + 1);
@@ -763,14 +770,20 @@ static void check_conv(fl_dtype t, const conv_case *cc) {
             snprintf(what, sizeof what, "%s %s: dbias", cc->name, fl_layout_name(l));
             rel("conv backward filter", what, t, hdb, db_ref, cc->oc, conv_tol(t, kw_));
         }
-        /* bit-repeatable: the backwards again */
+        /* bit-repeatable (unless FLEET_CUDNN_DETERMINISTIC=0 lets any algorithm serve, when
+         * the ref tolerances above are what holds): the backwards again */
         G->conv_backward_data(p, n, gdy, gw, gdx, s);
         G->conv_backward_filter(p, n, gx, gdy, gdw, cc->bias ? gdb : NULL, false, s);
         void *hdx2 = dget(gdx, (size_t)(n * in) * e), *hdw2 = dget(gdw, (size_t)nw * e);
         void *hdb2 = dget(gdb, (size_t)cc->oc * e);
         snprintf(what, sizeof what, "%s %s: run twice", cc->name, fl_layout_name(l));
-        same_bits("conv backward data (repeat)", what, hdx2, hdx, (size_t)(n * in) * e);
-        same_bits("conv backward filter (repeat)", what, hdw2, hdw, (size_t)nw * e);
+        if (!fast_algorithms()) {
+            same_bits("conv backward data (repeat)", what, hdx2, hdx, (size_t)(n * in) * e);
+            same_bits("conv backward filter (repeat)", what, hdw2, hdw, (size_t)nw * e);
+        } else {
+            rel("conv backward data", what, t, hdx2, dx_ref, n * in, conv_tol(t, kd));
+            rel("conv backward filter", what, t, hdw2, dw_ref, nw, conv_tol(t, kw_));
+        }
         same_bits("conv backward filter (repeat)", what, hdb2, hdb, (size_t)cc->oc * e);
         /* accumulating into dw0, db0 */
         G->copy(gdw, dw0, (size_t)nw * e, FL_COPY_H2D, NULL);
