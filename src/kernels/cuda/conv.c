@@ -17,7 +17,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define WS_CAP ((size_t)256 << 20) /* the most workspace one algorithm may take (max batch) */
+/* The most workspace one algorithm may take (at the max batch): FLEET_CUDNN_WORKSPACE_MB, else
+ * 1 GiB, and never more than 1/16 of the device's memory. The layers share one scratch (the
+ * largest asked), so this bounds one buffer; PyTorch lets cuDNN's choice take what is free. */
+static size_t ws_cap(void) {
+    static size_t cap;
+    if (cap)
+        return cap;
+    size_t want = (size_t)1 << 30, fr = 0, total = 0;
+    const char *e = getenv("FLEET_CUDNN_WORKSPACE_MB");
+    if (e && atol(e) > 0)
+        want = (size_t)atol(e) << 20;
+    if (cudaMemGetInfo(&fr, &total) == cudaSuccess && total / 16 < want)
+        want = total / 16;
+    return cap = want;
+}
+#define WS_CAP ws_cap()
 #define NCACHE 8                   /* batch sizes whose algorithms a plan keeps */
 
 typedef struct {
