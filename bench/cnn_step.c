@@ -13,7 +13,9 @@
  * the device's peak memory. CNN_STEP_DGC=S (a sparsity, e.g. 0.999) adds DGC's local work to
  * every step as the strategy does it (src/strategy/dgc.c prepare: the fused accumulation and
  * sampled top-k selection, encoding, the pairs copied to the host) for each parameter of at
- * least the strategy's min_compress_numel (16384) values, and stderr says what that work costs as a share of the step. */
+ * least the strategy's min_compress_numel (16384) values, all in one batched call
+ * (fl_backend_dgc_batch; CNN_STEP_DGC_BATCH=0: tensor by tensor, as the strategy does on the
+ * CPU), and stderr says what that work costs as a share of the step. */
 #include "fleet/backend.h"
 #include "fleet/log.h"
 #include "fleet/nn.h"
@@ -41,10 +43,14 @@ typedef struct dgc_tensor {
     fl_dgc_pair *pairs, *host;
 } dgc_tensor;
 typedef struct dgc_work {
-    int         n;
-    int64_t     values;
-    double      sparsity;
-    dgc_tensor *t;
+    int                n;
+    int64_t            values, pairs_total;
+    double             sparsity;
+    bool               batched; /* CNN_STEP_DGC_BATCH=0: tensor by tensor, as before */
+    dgc_tensor        *t;
+    fl_dgc_batch_item *items;   /* the batched call's tensors */
+    int64_t           *count;
+    fl_dgc_pair       *pairs, *host; /* every tensor's pairs, one after the other */
 } dgc_work;
 
 static int dgc_work_init(dgc_work *w, fl_net *net, double sparsity) {
@@ -71,11 +77,29 @@ static int dgc_work_init(dgc_work *w, fl_net *net, double sparsity) {
         t->v = k->alloc((size_t)n * sizeof(float));
         t->scratch = k->alloc(scratch);
         t->idx = k->alloc((size_t)n * sizeof(int32_t));
-        t->pairs = k->alloc((size_t)t->k * sizeof(fl_dgc_pair));
-        t->host = malloc((size_t)t->k * sizeof(fl_dgc_pair));
-        if (!t->u || !t->v || !t->scratch || !t->idx || !t->pairs || !t->host)
+        if (!t->u || !t->v || !t->scratch || !t->idx)
             return fl_fail(FL_ENOMEM, "out of memory for %s's DGC buffers", p->name);
         w->values += n;
+        w->pairs_total += t->k;
+    }
+    const char *b = getenv("CNN_STEP_DGC_BATCH");
+    w->batched = !(b && b[0] == '0');
+    w->pairs = k->alloc((size_t)w->pairs_total * sizeof(fl_dgc_pair));
+    w->host = fl_backend_host_alloc(k, (size_t)w->pairs_total * sizeof(fl_dgc_pair));
+    w->items = calloc((size_t)(w->n ? w->n : 1), sizeof *w->items);
+    w->count = calloc((size_t)(w->n ? w->n : 1), sizeof *w->count);
+    if (!w->pairs || !w->host || !w->items || !w->count)
+        return fl_fail(FL_ENOMEM, "out of memory for the DGC pairs");
+    int64_t off = 0;
+    for (int i = 0; i < w->n; i++) {
+        dgc_tensor *t = &w->t[i];
+        t->pairs = w->pairs + off;
+        t->host = w->host + off;
+        w->items[i] = (fl_dgc_batch_item){.n = t->p->value.numel, .k = t->k, .base = 0,
+                                          .grad = t->p->grad.data, .w = t->p->value.data,
+                                          .u = t->u, .v = t->v, .pairs = t->pairs,
+                                          .hint = &t->hint};
+        off += t->k;
     }
     return FL_OK;
 }
@@ -86,6 +110,18 @@ static double dgc_work_step(dgc_work *w, const fl_backend *k, int step) {
     fl_dgc_accum_args a = {.clip_scale = 1, .decay = 1e-4, .momentum = 0.9, .correction = true};
     k->stream_sync(NULL);
     double t0 = fl_now();
+    if (w->batched) { /* every tensor in one call, the pairs back in one copy */
+        for (int i = 0; i < w->n; i++)
+            w->items[i].seed = (uint64_t)step * 1000003u + (uint64_t)i;
+        int big = 0; /* idx and scratch serve each tensor in turn where the backend loops */
+        for (int i = 1; i < w->n; i++)
+            big = w->t[i].p->value.numel > w->t[big].p->value.numel ? i : big;
+        fl_backend_dgc_batch(k, w->n, w->items, &a, true, w->count, w->t[big].idx,
+                             w->t[big].scratch);
+        fl_backend_stage_out(k, w->pairs, w->host, (size_t)w->pairs_total * sizeof *w->pairs,
+                             NULL);
+        return fl_now() - t0;
+    }
     for (int i = 0; i < w->n; i++) {
         dgc_tensor *t = &w->t[i];
         int64_t n = t->p->value.numel;
@@ -231,9 +267,10 @@ int main(int argc, char **argv) {
     qsort(dgc_ms, (size_t)repeats, sizeof dgc_ms[0], bench_cmp_double);
     printf("%.4f\n", times[repeats / 2]);
     if (dgc.n)
-        fprintf(stderr, "cnn_step: dgc at sparsity %g over %d tensors (%lld values): %.3f ms "
-                "per step, %.1f%% of the step's %.3f ms\n", dgc.sparsity, dgc.n,
-                (long long)dgc.values, dgc_ms[repeats / 2],
+        fprintf(stderr, "cnn_step: dgc at sparsity %g over %d tensors (%lld values, %s): %.3f "
+                "ms per step, %.1f%% of the step's %.3f ms\n", dgc.sparsity, dgc.n,
+                (long long)dgc.values, dgc.batched ? "batched" : "tensor by tensor",
+                dgc_ms[repeats / 2],
                 100 * dgc_ms[repeats / 2] / times[repeats / 2], times[repeats / 2]);
     if (k->memory_peak)
         fprintf(stderr, "cnn_step: device memory peak %.1f MiB\n",

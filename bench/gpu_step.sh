@@ -12,7 +12,8 @@
 # each with PyTorch eager. Each process times REPEATS runs of ITERS steps and reports their
 # median; ROUNDS processes alternate fleet and PyTorch, and the cell is their median.
 # Also the share of a step that DGC's local work takes on the GPU (CNN_STEP_DGC: the fused
-# accumulate + top-k selection at sparsity 0.999, encoding, pairs to the host) at each batch.
+# accumulate + top-k selection at sparsity 0.999, encoding, pairs to the host) at each batch,
+# all tensors in one batched call and tensor by tensor.
 # Usage: bench/gpu_step.sh [BUILD_DIR]     (on a machine with a GPU and PyTorch)
 #   ROUNDS=3 ITERS=10 REPEATS=1 BATCHES="64 256" PRECISIONS="f32 tf32 f16 bf16" COMPILE=0 DGC=1
 #   PYTHON=python3
@@ -81,7 +82,9 @@ done
 echo
 echo "DGC's local work on the GPU (sparsity 0.999, f32, TF32 off), share of a fleet step:"
 for b in "${batches[@]}"; do
-  CNN_STEP_DGC=0.999 FLEET_CUDA_TF32=0 "$fleet" resnet50 "$b" "$iters" "$((rounds * repeats))" cuda 2>"$err.f" >/dev/null ||
-    { cat "$err.f" >&2; exit 1; }
-  echo "  batch $b: $(sed -nE 's/^cnn_step: dgc at (.*)/\1/p' "$err.f")"
+  for batched in 1 0; do # every tensor in one batched call; tensor by tensor
+    CNN_STEP_DGC=0.999 CNN_STEP_DGC_BATCH=$batched FLEET_CUDA_TF32=0 "$fleet" resnet50 "$b" \
+      "$iters" "$((rounds * repeats))" cuda 2>"$err.f" >/dev/null || { cat "$err.f" >&2; exit 1; }
+    echo "  batch $b: $(sed -nE 's/^cnn_step: dgc at (.*)/\1/p' "$err.f")"
+  done
 done

@@ -40,7 +40,7 @@ step build 300 cmake --build "$build" -j"$(nproc)" || { grep -m5 error "$out/bui
 fail=0
 verdict() { [[ $1 -eq 0 || $1 -eq 77 ]] || fail=1; } # 77: skipped (no GPU)
 for t in test_cuda_device test_cuda_convert test_comm_nccl_open test_cuda_backend test_nccl \
-  test_fastdiv test_optim; do
+  test_fastdiv test_optim test_dgc_batch; do
   (cd "$build/tests" && step "$t" 120 "./$t")
   verdict $?
 done

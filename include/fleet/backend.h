@@ -121,6 +121,19 @@ typedef struct fl_dgc_accum_args {
     bool   correction; /* momentum correction; false: v accumulates the gradient itself */
 } fl_dgc_accum_args;
 
+/* One compressed tensor of a batched selection (dgc_accumulate_select_batch): n values' gradient,
+ * weights, u and v (backend memory), the k to select, its first index in the compressed index
+ * space (base), where its pairs go (backend memory, room for k), and dgc_accumulate_select's
+ * seed and hint (host memory; hint may be NULL). */
+typedef struct fl_dgc_batch_item {
+    int64_t      n, k, base;
+    const float *grad, *w;
+    float       *u, *v;
+    fl_dgc_pair *pairs;
+    uint64_t     seed;
+    float       *hint;
+} fl_dgc_batch_item;
+
 /* Kinds of copy between a backend's memory and the host's. */
 typedef enum { FL_COPY_H2H = 0, FL_COPY_H2D, FL_COPY_D2H, FL_COPY_D2D } fl_copy_kind;
 
@@ -295,6 +308,15 @@ typedef struct fl_backend {
                                      float *v, const fl_dgc_accum_args *a, int64_t k,
                                      int32_t *idx, float *scratch, uint64_t seed, float *hint,
                                      int *passes);
+    /* dgc_accumulate_select and then dgc_encode (u zeroed too where mask_u) for each of nt
+     * tensors, their results those calls give: count[i] (host) tensor i's count, its pairs in
+     * items[i].pairs. A device backend does them all in a few launches with one wait (the
+     * per-tensor calls wait once each); idx (int32, the largest k) and scratch (the largest
+     * tensor's dgc_accumulate_select scratch) serve the per-tensor calls. NULL: call
+     * fl_backend_dgc_batch, which makes those calls. */
+    void (*dgc_accumulate_select_batch)(int nt, const fl_dgc_batch_item *items,
+                                        const fl_dgc_accum_args *a, bool mask_u, int64_t *count,
+                                        int32_t *idx, float *scratch);
     /* pairs[i] = {base + idx[i], v[idx[i]]}; those entries of v (and u, unless NULL) zeroed */
     void (*dgc_encode)(const int32_t *idx, int64_t count, int64_t base, float *v, float *u,
                        fl_dgc_pair *pairs);
@@ -390,6 +412,12 @@ static inline void fl_backend_stage_in(const fl_backend *be, void *dst, const vo
     if (!be->host_memory)
         be->copy(dst, staging, bytes, FL_COPY_H2D, s);
 }
+
+/* be's dgc_accumulate_select_batch, or, where the table has none, dgc_accumulate_select and
+ * dgc_encode tensor by tensor (same arguments and results). */
+void fl_backend_dgc_batch(const fl_backend *be, int nt, const fl_dgc_batch_item *items,
+                          const fl_dgc_accum_args *a, bool mask_u, int64_t *count, int32_t *idx,
+                          float *scratch);
 
 /* Number of threads the CPU kernels use: OpenMP loops and OpenBLAS both follow it. n <= 0
  * restores the default (OMP_NUM_THREADS, else one per core). Affects kernels called from the

@@ -25,7 +25,7 @@ static void check_entries(const fl_backend *b) {
         E(conv_backward_data), E(conv_backward_filter), E(pool_forward), E(pool_backward),
         E(bn_forward), E(bn_backward), E(add_forward), E(add_backward), E(dropout_mask),
         E(channel_pad), E(xent_smooth_term), E(xent_smooth_backward), E(dgc_accumulate),
-        E(dgc_select_exact), E(dgc_accumulate_select), E(dgc_encode), E(dgc_scatter_add),
+        E(dgc_select_exact), E(dgc_accumulate_select), E(dgc_accumulate_select_batch), E(dgc_encode), E(dgc_scatter_add),
         E(dgc_apply_pairs), E(dgc_apply_dense), E(device_bind), E(memory_peak),
 #undef E
     };

@@ -251,6 +251,7 @@ static const fl_backend cuda_ops = {
     .dgc_accumulate = cuda_dgc_accumulate,
     .dgc_select_exact = cuda_dgc_select_exact,
     .dgc_accumulate_select = cuda_dgc_accumulate_select,
+    .dgc_accumulate_select_batch = cuda_dgc_accumulate_select_batch,
     .dgc_encode = cuda_dgc_encode,
     .dgc_scatter_add = cuda_dgc_scatter_add,
     .dgc_apply_pairs = cuda_dgc_apply_pairs,

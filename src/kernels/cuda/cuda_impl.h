@@ -164,6 +164,9 @@ int64_t cuda_dgc_select_exact(int64_t n, const float *v, int64_t k, int32_t *idx
 int64_t cuda_dgc_accumulate_select(int64_t n, const float *grad, const float *w, float *u,
                                    float *v, const fl_dgc_accum_args *a, int64_t k, int32_t *idx,
                                    float *scratch, uint64_t seed, float *hint, int *passes);
+void cuda_dgc_accumulate_select_batch(int nt, const fl_dgc_batch_item *items,
+                                      const fl_dgc_accum_args *a, bool mask_u, int64_t *count,
+                                      int32_t *idx, float *scratch);
 void cuda_dgc_encode(const int32_t *idx, int64_t count, int64_t base, float *v, float *u,
                      fl_dgc_pair *pairs);
 int64_t cuda_dgc_scatter_add(const fl_dgc_pair *pairs, int64_t n, int nseg,

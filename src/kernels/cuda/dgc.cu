@@ -32,22 +32,26 @@ static accum accum_of(const fl_dgc_accum_args *a) {
     return s;
 }
 
+__device__ __forceinline__ void accumulate_at(int64_t i, const float *grad, const float *w,
+                                              float *u, float *v, const accum &a) {
+    float g = a.c * grad[i] + a.lam * w[i];
+    if (!a.correction) {
+        v[i] += g;
+    } else if (a.nesterov) {
+        float ui = a.m * (u[i] + g);
+        u[i] = ui;
+        v[i] += ui + g;
+    } else {
+        float ui = a.m * u[i] + g;
+        u[i] = ui;
+        v[i] += ui;
+    }
+}
+
 __global__ void accumulate_k(int64_t n, const float *grad, const float *w, float *u, float *v,
                              accum a) {
-    GRID_STRIDE(i, n) {
-        float g = a.c * grad[i] + a.lam * w[i];
-        if (!a.correction) {
-            v[i] += g;
-        } else if (a.nesterov) {
-            float ui = a.m * (u[i] + g);
-            u[i] = ui;
-            v[i] += ui + g;
-        } else {
-            float ui = a.m * u[i] + g;
-            u[i] = ui;
-            v[i] += ui;
-        }
-    }
+    GRID_STRIDE(i, n)
+        accumulate_at(i, grad, w, u, v, a);
 }
 
 extern "C" void cuda_dgc_accumulate(int64_t n, const float *grad, const float *w, float *u,
@@ -58,7 +62,8 @@ extern "C" void cuda_dgc_accumulate(int64_t n, const float *grad, const float *w
     CU_LAUNCHED("dgc_accumulate");
 }
 
-/* --- top-k selection --- */
+/* --- top-k selection of one tensor, or of many in the same launches (blockIdx.y: the
+ * tensor), with one wait for all their counts --- */
 
 /* |v| as an ordered key: a non-negative float's bits order as its value */
 __device__ __forceinline__ uint32_t mag_key(float x) { return __float_as_uint(x) & 0x7fffffffu; }
@@ -71,14 +76,41 @@ typedef struct {
     uint32_t above, ties, take; /* totals of the compaction and the ties it keeps */
 } sel_state;
 
+/* One tensor of a selection: its values (and, where accumulated first, gradient, weights and
+ * u), how many to keep (0: none), the tie order, its tiles' counts at cnt + 2 tile0, where its
+ * indices go, and where the batch encodes its pairs (NULL: not encoded). */
+typedef struct {
+    const float *grad, *w;
+    float       *u, *v;
+    int64_t      n, tile0, tiles, base;
+    uint32_t     k;
+    bool         lowest, mask_u;
+    int32_t     *idx;
+    fl_dgc_pair *pairs;
+} sel_item;
+
+#define ITEM_LOOP(i, s)                                                                       \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (s).n;             \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+__global__ void accumulate_many_k(const sel_item *it, accum a) {
+    const sel_item s = it[blockIdx.y];
+    ITEM_LOOP(i, s)
+        accumulate_at(i, s.grad, s.w, s.u, s.v, a);
+}
+
 /* histogram of byte `shift` of the keys that match the prefix found so far */
-__global__ void hist_k(const float *v, int64_t n, int shift, sel_state *st) {
+__global__ void hist_k(const sel_item *it, int shift, sel_state *sts) {
+    const sel_item s = it[blockIdx.y];
+    sel_state *st = sts + blockIdx.y;
+    if (s.k == 0)
+        return;
     __shared__ uint32_t h[256];
     h[threadIdx.x] = 0;
     __syncthreads();
     uint32_t prefix = st->prefix, mask = st->mask;
-    GRID_STRIDE(i, n) {
-        uint32_t key = mag_key(v[i]);
+    ITEM_LOOP(i, s) {
+        uint32_t key = mag_key(s.v[i]);
         if ((key & mask) == prefix)
             atomicAdd(&h[(key >> shift) & 255u], 1u);
     }
@@ -87,8 +119,11 @@ __global__ void hist_k(const float *v, int64_t n, int shift, sel_state *st) {
         atomicAdd(&st->hist[threadIdx.x], h[threadIdx.x]);
 }
 
-/* the byte holding the kk-th largest key, counting from the top bin */
-__global__ void pick_k(sel_state *st, int shift) {
+/* the byte holding the kk-th largest key, counting from the top bin (a block per tensor) */
+__global__ void pick_k(const sel_item *it, sel_state *sts, int shift) {
+    sel_state *st = sts + blockIdx.x;
+    if (it[blockIdx.x].k == 0)
+        return;
     uint32_t cum = 0, kk = st->kk;
     for (int b = 255; b >= 0; b--) {
         uint32_t c = st->hist[b];
@@ -105,28 +140,39 @@ __global__ void pick_k(sel_state *st, int shift) {
 }
 
 /* per tile: (entries above tau, ties at tau > 0) */
-__global__ void count_k(const float *v, int64_t n, const sel_state *st, uint32_t *cnt) {
+__global__ void count_k(const sel_item *it, const sel_state *sts, uint32_t *cnt) {
+    const sel_item s = it[blockIdx.y];
+    if (s.k == 0 || blockIdx.x >= s.tiles)
+        return;
     __shared__ uint32_t sa, sb;
     if (threadIdx.x == 0)
         sa = 0, sb = 0;
     __syncthreads();
-    uint32_t tau = st->prefix, a = 0, t = 0;
-    int64_t lo = (int64_t)blockIdx.x * TILE, hi = lo + TILE < n ? lo + TILE : n;
+    uint32_t tau = sts[blockIdx.y].prefix, a = 0, t = 0;
+    int64_t lo = (int64_t)blockIdx.x * TILE, hi = lo + TILE < s.n ? lo + TILE : s.n;
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        uint32_t key = mag_key(v[i]);
+        uint32_t key = mag_key(s.v[i]);
         a += key > tau;
         t += key == tau && tau > 0;
     }
     atomicAdd(&sa, a);
     atomicAdd(&sb, t);
     __syncthreads();
-    if (threadIdx.x == 0)
-        cnt[2 * blockIdx.x] = sa, cnt[2 * blockIdx.x + 1] = sb;
+    if (threadIdx.x == 0) {
+        uint32_t *c = cnt + 2 * (s.tile0 + blockIdx.x);
+        c[0] = sa, c[1] = sb;
+    }
 }
 
-/* exclusive scan of the tiles' counts (one block), the totals, and the ties kept:
- * take = min(k - above, ties) */
-__global__ void scan_k(uint32_t *cnt, int64_t tiles, sel_state *st, uint32_t k) {
+/* exclusive scan of a tensor's tiles' counts (a block per tensor), the totals, and the ties
+ * kept: take = min(k - above, ties) */
+__global__ void scan_k(const sel_item *it, uint32_t *cnt_all, sel_state *sts) {
+    const sel_item s = it[blockIdx.x];
+    if (s.k == 0)
+        return;
+    sel_state *st = sts + blockIdx.x;
+    uint32_t *cnt = cnt_all + 2 * s.tile0, k = s.k;
+    int64_t tiles = s.tiles;
     __shared__ uint32_t sh[2][1024];
     __shared__ uint32_t carry[2];
     if (threadIdx.x == 0)
@@ -163,8 +209,16 @@ __global__ void scan_k(uint32_t *cnt, int64_t tiles, sel_state *st, uint32_t k) 
 /* Each tile writes its chosen indices in order: 16 rounds of 256 elements, each ranked within
  * the block by warp ballots. lowest: ties with the lowest indices, merged in ascending order;
  * else the CPU exact order (above ascending, then the highest-index ties descending). */
-__global__ void scatter_k(const float *v, int64_t n, const uint32_t *cnt, const sel_state *st,
-                          bool lowest, int32_t *idx) {
+__global__ void scatter_k(const sel_item *it, const uint32_t *cnt_all, const sel_state *sts) {
+    const sel_item s = it[blockIdx.y];
+    if (s.k == 0 || blockIdx.x >= s.tiles)
+        return;
+    const sel_state *st = sts + blockIdx.y;
+    const uint32_t *cnt = cnt_all + 2 * s.tile0;
+    const float *v = s.v;
+    int64_t n = s.n;
+    bool lowest = s.lowest;
+    int32_t *idx = s.idx;
     __shared__ uint32_t wa[8], wt[8];
     uint32_t tau = st->prefix, A = st->above, T = st->ties, take = st->take;
     uint32_t ra = cnt[2 * blockIdx.x], rt = cnt[2 * blockIdx.x + 1]; /* before this round */
@@ -202,42 +256,102 @@ __global__ void scatter_k(const float *v, int64_t n, const uint32_t *cnt, const 
     }
 }
 
+/* the batch's encoding: pairs[j] = {base + idx[j], v[idx[j]]}, v (and u where masked) zeroed */
+__global__ void encode_many_k(const sel_item *it, const sel_state *sts) {
+    const sel_item s = it[blockIdx.y];
+    const sel_state *st = sts + blockIdx.y;
+    if (s.k == 0 || !s.pairs)
+        return;
+    int64_t count = (int64_t)st->above + st->take;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < count;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        int32_t i = s.idx[j];
+        fl_dgc_pair p;
+        p.index = (int32_t)(s.base + i);
+        p.value = s.v[i];
+        s.pairs[j] = p;
+        s.v[i] = 0;
+        if (s.mask_u)
+            s.u[i] = 0;
+    }
+}
+
+/* Accumulates (acc not NULL) and selects the top k of nt tensors (host items: n, k, lowest,
+ * idx, and for the batch grad, w, u, v, base, pairs) in one set of launches: count[i] and
+ * kth[i] (the k-th magnitude where count is k, else 0) come back with one wait. */
+static void select_many(int nt, sel_item *items, const accum *acc, int64_t *count, float *kth,
+                        const char *op) {
+    int64_t tiles = 0, most = 1, most_tiles = 1;
+    for (int i = 0; i < nt; i++) {
+        sel_item *s = &items[i];
+        if (s->n > INT32_MAX)
+            cuda_fatal(op, "the size check", "more than 2^31 entries", __FILE__, __LINE__);
+        if (s->n <= 0)
+            s->k = 0;
+        else if ((int64_t)s->k > s->n)
+            s->k = (uint32_t)s->n;
+        s->tile0 = tiles;
+        s->tiles = s->k ? (s->n + TILE - 1) / TILE : 0;
+        tiles += s->tiles;
+        most = s->n > most ? s->n : most;
+        most_tiles = s->tiles > most_tiles ? s->tiles : most_tiles;
+        count[i] = 0, kth[i] = 0;
+    }
+    if (nt <= 0)
+        return;
+    size_t ib = (size_t)nt * sizeof(sel_item), sb = (size_t)nt * sizeof(sel_state);
+    ib = (ib + 63) & ~(size_t)63;
+    size_t cb = (size_t)(2 * (tiles > 0 ? tiles : 1)) * sizeof(uint32_t);
+    char *host = (char *)calloc(1, ib + sb);
+    if (!host)
+        cuda_fatal(op, "calloc", "out of host memory", __FILE__, __LINE__);
+    memcpy(host, items, (size_t)nt * sizeof(sel_item));
+    sel_state *init = (sel_state *)(host + ib);
+    for (int i = 0; i < nt; i++)
+        init[i].kk = items[i].k;
+    char *buf = (char *)cuda_get(ib + sb + cb, op);
+    sel_item *dit = (sel_item *)buf;
+    sel_state *st = (sel_state *)(buf + ib);
+    uint32_t *cnt = (uint32_t *)(buf + ib + sb);
+    CU_CHECK(op, cudaMemcpyAsync(buf, host, ib + sb, cudaMemcpyHostToDevice, cuda_stream()));
+    cudaStream_t cs = cuda_stream();
+    unsigned hb = blocks_for(most) < 1024 ? blocks_for(most) : 1024;
+    if (acc)
+        accumulate_many_k<<<dim3(hb, (unsigned)nt), THREADS, 0, cs>>>(dit, *acc);
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        hist_k<<<dim3(hb, (unsigned)nt), 256, 0, cs>>>(dit, shift, st);
+        pick_k<<<(unsigned)nt, 1, 0, cs>>>(dit, st, shift);
+    }
+    dim3 tg((unsigned)most_tiles, (unsigned)nt);
+    count_k<<<tg, 256, 0, cs>>>(dit, st, cnt);
+    scan_k<<<(unsigned)nt, 1024, 0, cs>>>(dit, cnt, st);
+    scatter_k<<<tg, 256, 0, cs>>>(dit, cnt, st);
+    encode_many_k<<<dim3(hb, (unsigned)nt), THREADS, 0, cs>>>(dit, st);
+    CU_LAUNCHED(op);
+    CU_CHECK(op, cudaMemcpyAsync(init, st, sb, cudaMemcpyDeviceToHost, cs));
+    cuda_sync(op);
+    cuda_put(buf);
+    for (int i = 0; i < nt; i++) {
+        if (!items[i].k)
+            continue;
+        count[i] = (int64_t)init[i].above + init[i].take;
+        if (count[i] == (int64_t)items[i].k) {
+            uint32_t key = init[i].prefix;
+            memcpy(&kth[i], &key, sizeof key);
+        }
+    }
+    free(host);
+}
+
 /* The top k of |v| into idx (order as above); the count, and the k-th magnitude in *kth. */
 static int64_t select_top(int64_t n, const float *v, int64_t k, int32_t *idx, bool lowest,
                           float *kth, const char *op) {
-    *kth = 0;
-    if (k <= 0 || n <= 0)
-        return 0;
-    if (n > INT32_MAX)
-        cuda_fatal(op, "the size check", "more than 2^31 entries", __FILE__, __LINE__);
-    k = k < n ? k : n;
-    int64_t tiles = (n + TILE - 1) / TILE;
-    size_t cnt_bytes = (size_t)(2 * tiles) * sizeof(uint32_t);
-    char *buf = (char *)cuda_get(sizeof(sel_state) + cnt_bytes, op);
-    sel_state *st = (sel_state *)buf;
-    uint32_t *cnt = (uint32_t *)(buf + sizeof(sel_state));
-    sel_state init;
-    memset(&init, 0, sizeof init);
-    init.kk = (uint32_t)k;
-    CU_CHECK(op, cudaMemcpyAsync(st, &init, sizeof init, cudaMemcpyHostToDevice, cuda_stream()));
-    unsigned hb = blocks_for(n) < 1024 ? blocks_for(n) : 1024;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        hist_k<<<hb, 256, 0, cuda_stream()>>>(v, n, shift, st);
-        pick_k<<<1, 1, 0, cuda_stream()>>>(st, shift);
-    }
-    count_k<<<(unsigned)tiles, 256, 0, cuda_stream()>>>(v, n, st, cnt);
-    scan_k<<<1, 1024, 0, cuda_stream()>>>(cnt, tiles, st, (uint32_t)k);
-    scatter_k<<<(unsigned)tiles, 256, 0, cuda_stream()>>>(v, n, cnt, st, lowest, idx);
-    CU_LAUNCHED(op);
-    sel_state out;
-    CU_CHECK(op, cudaMemcpyAsync(&out, st, sizeof out, cudaMemcpyDeviceToHost, cuda_stream()));
-    cuda_sync(op);
-    cuda_put(buf);
-    int64_t got = (int64_t)out.above + out.take;
-    if (got == k) {
-        uint32_t key = out.prefix;
-        memcpy(kth, &key, sizeof *kth);
-    }
+    sel_item one;
+    memset(&one, 0, sizeof one);
+    one.v = (float *)v, one.n = n, one.k = k > 0 ? (uint32_t)(k < n ? k : n) : 0;
+    one.lowest = lowest, one.idx = idx;
+    int64_t got;
+    select_many(1, &one, NULL, &got, kth, op);
     return got;
 }
 
@@ -248,14 +362,19 @@ extern "C" int64_t cuda_dgc_select_exact(int64_t n, const float *v, int64_t k, i
     return select_top(n, v, k, idx, false, &kth, "dgc_select_exact");
 }
 
+/* where the CPU samples (dgc_kernels.h), its answer is ordered ascending with the lowest-index
+ * ties */
+static bool cpu_samples(int64_t n, int64_t k) {
+    return !(k <= 0 || n <= 0 || k > n / 64 || n < 4 * 4096);
+}
+
 extern "C" int64_t cuda_dgc_accumulate_select(int64_t n, const float *grad, const float *w,
                                               float *u, float *v, const fl_dgc_accum_args *a,
                                               int64_t k, int32_t *idx, float *scratch,
                                               uint64_t seed, float *hint, int *passes) {
     (void)scratch, (void)seed;
     cuda_dgc_accumulate(n, grad, w, u, v, a);
-    /* where the CPU samples, its answer is ordered ascending with the lowest-index ties */
-    bool sampled = !(k <= 0 || n <= 0 || k > n / 64 || n < 4 * 4096);
+    bool sampled = cpu_samples(n, k);
     float kth;
     int64_t got = select_top(n, v, k, idx, sampled, &kth, "dgc_accumulate_select");
     if (passes)
@@ -263,6 +382,44 @@ extern "C" int64_t cuda_dgc_accumulate_select(int64_t n, const float *grad, cons
     if (hint)
         *hint = got == k && k > 0 ? kth : 0;
     return got;
+}
+
+extern "C" void cuda_dgc_accumulate_select_batch(int nt, const fl_dgc_batch_item *items,
+                                                 const fl_dgc_accum_args *a, bool mask_u,
+                                                 int64_t *count, int32_t *idx, float *scratch) {
+    const char *op = "dgc_accumulate_select_batch";
+    (void)idx, (void)scratch;
+    if (nt <= 0)
+        return;
+    sel_item *si = (sel_item *)calloc((size_t)nt, sizeof *si);
+    float *kth = (float *)calloc((size_t)nt, sizeof *kth);
+    if (!si || !kth)
+        cuda_fatal(op, "calloc", "out of host memory", __FILE__, __LINE__);
+    int64_t ksum = 0;
+    for (int i = 0; i < nt; i++)
+        ksum += items[i].k > 0 && items[i].n > 0 ? (items[i].k < items[i].n ? items[i].k
+                                                                             : items[i].n) : 0;
+    int32_t *didx = (int32_t *)cuda_get((size_t)(ksum > 0 ? ksum : 1) * sizeof(int32_t), op);
+    int64_t off = 0;
+    for (int i = 0; i < nt; i++) {
+        const fl_dgc_batch_item *b = &items[i];
+        sel_item *s = &si[i];
+        int64_t k = b->k > 0 && b->n > 0 ? (b->k < b->n ? b->k : b->n) : 0;
+        s->grad = b->grad, s->w = b->w, s->u = b->u, s->v = b->v;
+        s->n = b->n, s->k = (uint32_t)k, s->base = b->base;
+        s->lowest = cpu_samples(b->n, b->k);
+        s->mask_u = mask_u && b->u;
+        s->idx = didx + off, s->pairs = b->pairs;
+        off += k;
+    }
+    accum ac = accum_of(a);
+    select_many(nt, si, &ac, count, kth, op);
+    for (int i = 0; i < nt; i++)
+        if (items[i].hint)
+            *items[i].hint = count[i] == items[i].k && items[i].k > 0 ? kth[i] : 0;
+    cuda_put(didx);
+    free(si);
+    free(kth);
 }
 
 /* --- encoding --- */
