@@ -4,11 +4,13 @@
  * too: the values an f16 / bf16 tensor-core layer reads and writes, computed in f32 by the
  * unchanged f32 kernels. The master weights stay f32 (the layer reads a rounded copy), and the
  * rounded inputs are copies, so an output read by other layers stays as its producer wrote it
- * (a cast op's output, as in Paddle's O1 programs). */
+ * (a cast op's output, as in Paddle's O1 programs). fl_net_set_amp, at the end, chooses the
+ * white layers and sizes the buffers; network.c's forward and backward call the nn_amp_* steps. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,4 +114,87 @@ void nn_amp_grads_finish(nn_amp *a, const fl_backend *k, fl_layer *l, bool saved
             k->axpy(FL_DTYPE_F32, t->numel, 1.0, g, t->data);
         g += fl_tensor_nbytes(t);
     }
+}
+
+/* The network's setting (fleet/nn.h) */
+
+/* Values per sample of a planned (batch, ...) tensor. */
+static int64_t sample_numel(const fl_tensor *t) { return fl_shape_numel(t->ndim - 1, t->shape + 1); }
+
+int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
+    FL_ASSERT(net);
+    nn_amp_free(net->k, net->amp);
+    net->amp = NULL;
+    if (low == FL_DTYPE_F32)
+        return FL_OK;
+    if (low != FL_DTYPE_F16 && low != FL_DTYPE_BF16)
+        return fl_fail(FL_EINVAL, "net: amp: dtype %s (f16 or bf16, or f32 for off)",
+                       fl_dtype_name(low));
+    if (!net->built)
+        return fl_fail(FL_ESTATE, "net: amp: set after fl_net_build");
+    if (net->dtype != FL_DTYPE_F32)
+        return fl_fail(FL_EINVAL, "net: amp: the network computes in %s; mixed precision "
+                       "needs f32 master weights", fl_dtype_name(net->dtype));
+    if (!net->k->amp_round)
+        return fl_fail(FL_EUNSUPPORTED, "net: amp: the %s backend cannot round to %s (its "
+                       "table has no amp_round); the cpu, onednn, ref and cuda backends can",
+                       net->k->name, fl_dtype_name(low));
+    /* which layers: every type named must be one a network can hold */
+    char list[512];
+    int ntypes = 0;
+    const char *types[64];
+    snprintf(list, sizeof list, "%s", white_types ? white_types : "");
+    for (char *save = NULL, *tok = strtok_r(list, ", \t", &save); tok;
+         tok = strtok_r(NULL, ", \t", &save)) {
+        if (!fl_layer_type_known(tok))
+            return fl_fail(FL_EINVAL, "net: amp: '%s' is not a layer type (%s)", tok,
+                           fl_layer_type_names());
+        if (ntypes < 64)
+            types[ntypes++] = tok;
+    }
+    /* the buffers: the largest white layer's inputs and parameters, the last output */
+    size_t in_bytes = 0;
+    int64_t wnumel = 0;
+    int maxparams = 0;
+    bool *is_white = calloc((size_t)net->nlayers, sizeof *is_white);
+    if (!is_white)
+        return fl_fail(FL_ENOMEM, "net: amp: out of memory");
+    for (int i = 0; i < net->nlayers; i++) {
+        fl_layer *l = net->layers[i];
+        for (int t = 0; t < ntypes; t++)
+            is_white[i] |= strcmp(l->ops->type, types[t]) == 0;
+        if (!is_white[i])
+            continue;
+        for (int k = 0; k < l->ninputs; k++) {
+            int from = l->inputs[k];
+            int64_t sample = from < 0 ? fl_shape_numel(net->in_ndim, net->in_shape)
+                                      : sample_numel(&net->out[from]);
+            size_t nb = (size_t)(net->max_batch * sample) * sizeof(float);
+            in_bytes = nb > in_bytes ? nb : in_bytes;
+        }
+        int64_t n = 0;
+        for (int p = 0; p < l->nparams; p++)
+            if (l->params[p].trainable)
+                n += l->params[p].value.numel;
+        wnumel = n > wnumel ? n : wnumel;
+        maxparams = l->nparams > maxparams ? l->nparams : maxparams;
+    }
+    const fl_tensor *last = &net->out[net->nlayers - 1];
+    size_t dout_bytes = (size_t)(sample_numel(last) * net->max_batch) * sizeof(float);
+    int rc = nn_amp_create(net->k, low, net->nlayers, in_bytes, wnumel, maxparams, dout_bytes,
+                           &net->amp);
+    if (rc == FL_OK)
+        memcpy(net->amp->white, is_white, (size_t)net->nlayers * sizeof *is_white);
+    free(is_white);
+    return rc;
+}
+
+void fl_net_set_loss_scale(fl_net *net, float scale) {
+    FL_ASSERT(net && net->amp && scale > 0);
+    net->amp->loss_scale = scale;
+}
+
+bool fl_net_amp_white(const fl_net *net, int i) {
+    FL_ASSERT(net && i >= 0 && i < net->nlayers);
+    return net->amp && net->amp->white[i];
 }

@@ -1,6 +1,7 @@
 /* nn_impl.h - private to src/nn: what the layers share with the network, chiefly how each
  * parameter gets a random stream of its own (so one parameter's initial values do not depend on
- * how many numbers the others drew). */
+ * how many numbers the others drew), and the network's state, which the files of src/nn that
+ * build it, run it and keep its recompute and AMP settings share. */
 #ifndef FLEET_NN_IMPL_H
 #define FLEET_NN_IMPL_H
 
@@ -72,6 +73,54 @@ void nn_amp_params(nn_amp *a, const fl_backend *k, fl_layer *l, bool on);
  * finish rounds what that backward wrote and, when saved, adds the kept sum back in f32. */
 void nn_amp_grads_save(nn_amp *a, const fl_backend *k, fl_layer *l);
 void nn_amp_grads_finish(nn_amp *a, const fl_backend *k, fl_layer *l, bool saved);
+
+/* A network's state (fleet/nn.h keeps it opaque): network.c adds layers and runs forward and
+ * backward, network_build.c plans its memory, amp.c and recompute.c keep their settings. */
+struct fl_net {
+    fl_dtype             dtype;
+    const fl_backend *k;
+    fl_layer           **layers;
+    int                  nlayers;
+    /* Every layer's parameters, in layer order, trainable first within a layer; each layer's
+     * params field points at its run here, so fl_net_param(net, 0) starts an fl_param array. */
+    fl_param            *params;
+    int                  nparams;
+
+    bool    built, accumulate, have_forward;
+    int     in_ndim;
+    int64_t in_shape[FL_MAX_DIMS];
+    int64_t max_batch;
+    int64_t numel;       /* trainable scalars: flat_grads holds exactly these */
+    int64_t numel_all;   /* plus buffers, placed after the trainable values */
+    void   *flat_params; /* (numel_all): trainable values in param order, then buffers */
+    void   *flat_grads;  /* (numel): gradients, same order and offsets as flat_params */
+    void   *act_mem;     /* all outputs, then all output gradients */
+    fl_tensor *out;      /* [nlayers] output of layer i, (B, sample shape of layer i) */
+    fl_tensor *dout;     /* [nlayers] gradient of the loss w.r.t. out[i]; the last is unused */
+    fl_tensor  x;        /* input of the last forward (borrowed) */
+    int       *consumers;/* [nlayers] how many layer inputs read out[i] */
+    bool      *dout_set; /* [nlayers] backward: dout[i] already holds a consumer's gradient */
+    void      *scratch;  /* lent to layers (ops->scratch_bytes), scratch_size bytes */
+    size_t     scratch_size;
+    void      *sum_mem[2]; /* input gradients of outputs read twice, summed into dout */
+    /* activation layout: the backend's preferred one where every layer reading a spatial
+     * (C, H, W) activation runs on it (ops->nhwc), else NCHW; an NHWC network reorders its
+     * NCHW input into x_nhwc, its only edge (a network whose output is spatial stays NCHW) */
+    fl_layout  layout;
+    void      *x_nhwc;
+    /* recompute (fl_net_set_recompute): outputs not kept live in one arena that every segment
+     * reuses, in forward and again when backward recomputes them */
+    char              *recompute_spec; /* NULL: off */
+    nn_recompute_plan  plan;
+    size_t             kept_bytes, arena_bytes, grad_bytes; /* activation memory: outputs
+                                                             * kept, arena, output gradients */
+    bool               fwd_training;   /* of the last forward, which backward replays */
+    nn_amp            *amp;            /* mixed precision (fl_net_set_amp); NULL: off */
+};
+
+/* Frees what fl_net_build allocated and returns the network to its unbuilt state
+ * (network_build.c). */
+void nn_net_unplan(fl_net *net);
 
 /* Fills t (F32 or F64) with U(-bound, bound). */
 void nn_fill_uniform(fl_tensor *t, fl_rng *r, double bound);

@@ -3,7 +3,8 @@
  * Sublinear Memory Cost", arXiv:1604.06174; Paddle's strategy.recompute). Checkpoints split
  * the layers (in insertion order) into segments, each ending at a checkpoint; an output is kept
  * when it is a checkpoint, the network's output, or read by a layer of a later segment. The
- * network recomputes the other outputs of a segment just before its backward. */
+ * network recomputes the other outputs of a segment just before its backward. The network's
+ * setting (fl_net_set_recompute) and what it tells about kept outputs are at the end. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -204,4 +205,37 @@ void nn_recompute_plan_free(nn_recompute_plan *p) {
     free(p->kept);
     free(p->segment);
     memset(p, 0, sizeof *p);
+}
+
+/* The network's setting (fleet/nn.h) */
+
+int fl_net_set_recompute(fl_net *net, const char *checkpoints) {
+    FL_ASSERT(net);
+    if (net->built)
+        return fl_fail(FL_ESTATE, "net: recompute must be set before fl_net_build");
+    free(net->recompute_spec);
+    net->recompute_spec = NULL;
+    if (!checkpoints || !checkpoints[0])
+        return FL_OK;
+    if (!(net->recompute_spec = strdup(checkpoints)))
+        return fl_fail(FL_ENOMEM, "net: out of memory");
+    /* the names are checked now, so that a typo is said before anything is allocated */
+    nn_recompute_plan plan;
+    int rc = nn_recompute_plan_make(net->layers, net->nlayers, checkpoints, NULL, &plan);
+    nn_recompute_plan_free(&plan);
+    if (rc < 0) {
+        free(net->recompute_spec);
+        net->recompute_spec = NULL;
+    }
+    return rc;
+}
+
+bool fl_net_is_checkpoint(const fl_net *net, int i) {
+    FL_ASSERT(net && i >= 0 && i < net->nlayers);
+    return net->built && net->plan.enabled && net->plan.checkpoint[i];
+}
+
+bool fl_net_output_kept(const fl_net *net, int i) {
+    FL_ASSERT(net && i >= 0 && i < net->nlayers);
+    return !net->built || net->plan.kept[i];
 }

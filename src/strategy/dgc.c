@@ -1,5 +1,5 @@
-/* dgc.c - the Deep Gradient Compression strategy (Lin et al. 2018, arXiv:1712.01887, as
- * Paddle's DGCMomentumOptimizer does it): dense Momentum before rampup_begin_step (the dense
+/* dgc.c - the Deep Gradient Compression strategy's exchange (Lin et al. 2018, arXiv:1712.01887,
+ * as Paddle's DGCMomentumOptimizer does it): dense Momentum before rampup_begin_step (the dense
  * strategy's buckets); then every tensor of at least min_compress_numel elements accumulates
  * its momentum-corrected gradient locally and sends only the top (1 - s) of it as (index,
  * value) pairs, while the small tensors are averaged with one allreduce and stepped by
@@ -10,13 +10,13 @@
  * hooks only prepare, and one sparse allreduce of every tensor's pairs runs in update: each
  * worker receives at most ~5 k pairs whatever N, and the pairs its global threshold drops go
  * back into the accumulators (docs/dgc.md "Beyond 128 workers"). The arithmetic is in
- * dgc_math.c; this file plans buffers, talks to the communicator and keeps the state (u, v per
- * rank) checkpointable. The arrays the kernels work on are the backend's memory; what the
- * communicator sends and receives is host memory: on a device the pairs, the small tensors'
- * gradients and the dense fallback's v travel through host copies (on the CPU backends those
- * are the arrays themselves). */
-#include "dgc_math.h"
-#include "strategy_impl.h"
+ * dgc_math.c; the plan, the buffers and the checkpointable state (u, v per rank) in
+ * dgc_plan.c. The arrays the kernels work on are the backend's memory; what the communicator
+ * sends and receives is host memory: on a device the pairs, the small tensors' gradients and
+ * the dense fallback's v travel through host copies (on the CPU backends those are the arrays
+ * themselves). A little over 600 lines: the hooks and update share one step's state and
+ * order (begin_sparse_step .. sparse_apply), which reads best in one file. */
+#include "dgc_plan.h"
 
 #include "fleet/log.h"
 #include "fleet/status.h"
@@ -25,333 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define VEL_PREFIX "opt.velocity."
-
-typedef struct {
-    fl_param *p;    /* borrowed: the network's parameter */
-    fl_param *vel;  /* borrowed: its optimizer velocity */
-    fl_param  u, v; /* "dgc.u.<name>" (momentum), "dgc.v.<name>" (accumulator): views */
-} ctensor;
-
-typedef struct {
-    dense_state *dense;  /* the dense phase before rampup_begin_step */
-    ctensor     *ct;     /* (nct) compressed tensors, in parameter order */
-    int          nct;
-    int64_t     *start;  /* (nct + 1) their ranges in the compressed index space */
-    float      **gseg;   /* (nct) their gradients: the scatter-add target */
-    float      **wseg;   /* (nct) their values */
-    float      **vseg;   /* (nct) their accumulators: where the sparse exchange's dropped pairs
-                          * return */
-    int64_t      cnumel; /* compressed elements */
-    float       *ublock, *vblock; /* (cnumel) the state's memory, u and v of every tensor */
-    float       *hv;     /* (cnumel) host copy of vblock for the dense fallback's allreduce */
-    fl_param   **dp;     /* (ndp) trainable tensors that stay dense */
-    fl_param   **dvel;   /* (ndp) their optimizer velocities (borrowed from the optimizer) */
-    int          ndp;
-    int64_t      dnumel;
-    float       *dstage;  /* (dnumel) their gradients packed for one allreduce */
-    float       *hdstage; /* (dnumel) its host copy, for comm */
-    fl_param   **vel_of;  /* (nparams) optimizer velocity of each parameter, or NULL */
-    float       *scratch; /* selection: largest tensor + its sample */
-    int32_t     *idx;     /* selection: largest tensor */
-    int         *ct_of;   /* (nparams) compressed tensor of each parameter, or -1 */
-    dgc_pair    *send;    /* (send_cap) this rank's pairs: tensor c's kk[c] at soff[c] */
-    dgc_pair    *recv;    /* (max(world, budget) * send_cap) allgather: every rank's,
-                           * tensor c's at world * soff[c]; sparse: the kept sums */
-    dgc_pair    *hsend, *hrecv; /* host copies of send and recv, for comm (and the padding) */
-    int32_t     *kidx;    /* (send_cap) the sparse exchange's kept indices, whose u is masked */
-    int64_t      send_cap;
-    double       said;     /* sparsity whose dense fallback was last logged; -1: none */
-    int          said_exchange; /* the exchange last logged; -1: none */
-    int64_t      pairs, dropped; /* pairs given to the exchange, dropped by its threshold */
-    /* the sparse exchange (host memory): this rank's pairs in index order, the kept sums, the
-     * kept flags */
-    int32_t     *xidx;    /* host memory, as xval, xkept, oidx and oval */
-    float       *xval;
-    uint8_t     *xkept;
-    int32_t     *oidx; /* (budget * send_cap) the kept sums */
-    float       *oval;
-    /* the sparse step in flight, begun by the first hook or by update */
-    int64_t      step;     /* the update these describe; -1: none */
-    bool         early;    /* tensors are prepared by the hook (not with local clipping) */
-    bool         avg_early; /* hierarchical: the hook starts each tensor's node average */
-    bool         xsparse;  /* this step's pairs go through the sparse allreduce */
-    int64_t     *kk;       /* (nct) pairs every rank sends for each tensor in this step */
-    int64_t     *cnt;      /* (nct) of which this rank's real ones (the rest: zero padding) */
-    int64_t     *soff;     /* (nct + 1) where they start in send */
-    bool        *prepared; /* (nct) accumulated, selected and encoded */
-    fl_request **req;      /* (nct) each tensor's allgather in flight, or NULL */
-    fl_request **xreq;     /* (nct) hierarchical: each tensor's node average, then its
-                            * allgather between nodes */
-    size_t      *xcounts;  /* (node size) hierarchical: the node allgatherv's counts */
-    int          launched; /* tensors launched, in launch order: the last (c = nct - 1) first */
-    float       *hint;     /* (nct) each tensor's k-th largest |v| at its last selection, or 0 */
-    int64_t     *hint_k;   /* (nct) the k it was for (a new k starts without one) */
-    int          error;    /* first failure of the hook in this step */
-    char         errmsg[512];
-} dgc;
-
-static void wait_launched(dgc *g);
-
-static void destroy(fl_dist_optim *d) {
-    dgc *g = d->impl;
-    if (!g)
-        return;
-    const fl_backend *be = fl_net_backend(d->net);
-    wait_launched(g);
-    fl_dense_state_free(g->dense);
-    free(g->ct);
-    free(g->start);
-    free(g->gseg);
-    free(g->wseg);
-    free(g->vseg);
-    be->free(g->ublock);
-    be->free(g->vblock);
-    fl_free_aligned(g->hv);
-    free(g->dp);
-    free(g->dvel);
-    be->free(g->dstage);
-    fl_free_aligned(g->hdstage);
-    free(g->vel_of);
-    be->free(g->scratch);
-    be->free(g->idx);
-    be->free(g->send);
-    be->free(g->recv);
-    be->free(g->kidx);
-    fl_free_aligned(g->hsend);
-    fl_free_aligned(g->hrecv);
-    free(g->ct_of);
-    free(g->kk);
-    free(g->cnt);
-    free(g->soff);
-    fl_free_aligned(g->xidx);
-    fl_free_aligned(g->xval);
-    fl_free_aligned(g->xkept);
-    fl_free_aligned(g->oidx);
-    fl_free_aligned(g->oval);
-    free(g->prepared);
-    free(g->req);
-    free(g->xreq);
-    free(g->xcounts);
-    free(g->hint);
-    free(g->hint_k);
-    free(g);
-    d->impl = NULL;
-}
-
-/* The optimizer's velocity of each trainable parameter, by name ("opt.velocity.<name>"). */
-static int find_velocities(fl_dist_optim *d, dgc *g) {
-    int np = fl_net_num_params(d->net), nv = fl_optim_num_state(d->opt);
-    for (int i = 0; i < np; i++) {
-        fl_param *p = fl_net_param(d->net, i);
-        if (!p->trainable)
-            continue;
-        for (int j = 0; j < nv && !g->vel_of[i]; j++) {
-            fl_param *v = fl_optim_state(d->opt, j);
-            if (strncmp(v->name, VEL_PREFIX, strlen(VEL_PREFIX)) == 0 &&
-                strcmp(v->name + strlen(VEL_PREFIX), p->name) == 0)
-                g->vel_of[i] = v;
-        }
-        if (!g->vel_of[i])
-            return fl_fail(FL_ESTATE, "strategy.dgc: the optimizer has no velocity for '%s' (is "
-                                      "it the network's Momentum optimizer?)",
-                           p->name);
-    }
-    return FL_OK;
-}
-
-/* bytes of host memory (be NULL) or of be's memory */
-static void *alloc_or_fail(const fl_backend *be, size_t bytes, int *rc, const char *what) {
-    void *p = be ? be->alloc(bytes) : fl_alloc_aligned(bytes ? bytes : 1);
-    if (!p && *rc == FL_OK)
-        *rc = fl_fail(FL_ENOMEM, "strategy.dgc: cannot allocate %zu bytes for %s", bytes, what);
-    return p;
-}
-
-/* dgc_configs.sparse_budget: the sparse allreduce keeps at most budget * k summed pairs. */
-static int budget(const fl_dist_optim *d) {
-    return (int)d->s.dgc_configs.sparse_budget;
-}
-
-/* The most pairs a rank sends in one step: k at the lowest sparsity that runs sparse. */
-static int64_t plan_send_cap(const fl_dist_optim *d, const dgc *g) {
-    const fl_cfg_double_list *sl = &d->s.dgc_configs.sparsity;
-    double smin = 2;
-    for (int i = 0; i < sl->n; i++)
-        if (!d->s.dgc_configs.dense_fallback ||
-            dgc_sparse_pays(d->world, sl->v[i], (dgc_exchange)d->s.dgc_configs.exchange,
-                            budget(d)))
-            smin = sl->v[i] < smin ? sl->v[i] : smin;
-    if (smin > 1)
-        return 0; /* every step falls back to dense */
-    int64_t cap = 0;
-    for (int c = 0; c < g->nct; c++)
-        cap += dgc_k(g->ct[c].p->value.numel, smin);
-    return cap;
-}
-
-static int name_state(fl_param *st, const char *what, const fl_param *p, float *mem) {
-    int len = snprintf(st->name, sizeof st->name, "dgc.%s.%s", what, p->name);
-    if (len < 0 || (size_t)len >= sizeof st->name)
-        return fl_fail(FL_EINVAL, "strategy.dgc: state name 'dgc.%s.%s' is longer than %zu "
-                                  "characters",
-                       what, p->name, sizeof st->name - 1);
-    fl_tensor_view(&st->value, FL_DTYPE_F32, p->value.ndim, p->value.shape, mem);
-    st->value.device = p->value.device; /* the network's backend's memory, as p */
-    fl_tensor_view(&st->grad, FL_DTYPE_F32, p->value.ndim, p->value.shape, NULL);
-    st->trainable = false;
-    return FL_OK;
-}
-
-static const char *exchange_name(int e) {
-    return e == DGC_EXCHANGE_SPARSE ? "sparse" : e == DGC_EXCHANGE_ALLGATHER ? "allgather" : "auto";
-}
-
-static int setup(fl_dist_optim *d) {
-    int rc = FL_OK;
-    const fl_strategy *s = &d->s;
-    dgc *g = calloc(1, sizeof *g);
-    if (!g)
-        return fl_fail(FL_ENOMEM, "strategy.dgc: out of memory");
-    d->impl = g;
-    g->said = -1;
-    g->said_exchange = -1;
-    if (fl_net_dtype(d->net) != FL_DTYPE_F32) {
-        rc = fl_fail(FL_EUNSUPPORTED, "strategy.dgc: needs an f32 network (this one computes in "
-                                      "%s)",
-                     fl_dtype_name(fl_net_dtype(d->net)));
-        goto fail;
-    }
-    if ((rc = fl_dense_state_create(d, &g->dense)) < 0)
-        goto fail;
-    int np = fl_net_num_params(d->net);
-    size_t nps = (size_t)(np ? np : 1);
-    g->vel_of = calloc(nps, sizeof *g->vel_of);
-    g->ct = calloc(nps, sizeof *g->ct);
-    g->start = calloc(nps + 1, sizeof *g->start);
-    g->gseg = calloc(nps, sizeof *g->gseg);
-    g->wseg = calloc(nps, sizeof *g->wseg);
-    g->vseg = calloc(nps, sizeof *g->vseg);
-    g->dp = calloc(nps, sizeof *g->dp);
-    g->dvel = calloc(nps, sizeof *g->dvel);
-    g->ct_of = malloc(nps * sizeof *g->ct_of);
-    g->kk = calloc(nps, sizeof *g->kk);
-    g->cnt = calloc(nps, sizeof *g->cnt);
-    g->soff = calloc(nps + 1, sizeof *g->soff);
-    g->prepared = calloc(nps, sizeof *g->prepared);
-    g->req = calloc(nps, sizeof *g->req);
-    g->xreq = calloc(nps, sizeof *g->xreq);
-    g->xcounts = calloc(d->node ? (size_t)fl_comm_size(d->node) : 1, sizeof *g->xcounts);
-    g->hint = calloc(nps, sizeof *g->hint);
-    g->hint_k = calloc(nps, sizeof *g->hint_k);
-    g->step = -1;
-    if (!g->vel_of || !g->ct || !g->start || !g->gseg || !g->wseg || !g->vseg || !g->dp ||
-        !g->dvel ||
-        !g->ct_of || !g->kk || !g->cnt || !g->soff || !g->prepared || !g->req || !g->hint || !g->xreq || !g->xcounts ||
-        !g->hint_k) {
-        rc = fl_fail(FL_ENOMEM, "strategy.dgc: out of memory planning %d parameters", np);
-        goto fail;
-    }
-    if ((rc = find_velocities(d, g)) < 0)
-        goto fail;
-
-    /* which tensors are compressed (Paddle: 16384 elements or more), which stay dense */
-    int64_t max_numel = 0;
-    for (int i = 0; i < np; i++) {
-        fl_param *p = fl_net_param(d->net, i);
-        g->ct_of[i] = -1;
-        if (!p->trainable || !p->grad.data)
-            continue;
-        if (p->value.numel >= s->dgc_configs.min_compress_numel) {
-            g->ct_of[i] = g->nct;
-            g->start[g->nct + 1] = g->start[g->nct] + p->value.numel;
-            g->gseg[g->nct] = p->grad.data;
-            g->wseg[g->nct] = p->value.data;
-            g->ct[g->nct].vel = g->vel_of[i];
-            g->ct[g->nct++].p = p;
-            max_numel = p->value.numel > max_numel ? p->value.numel : max_numel;
-        } else {
-            g->dvel[g->ndp] = g->vel_of[i];
-            g->dp[g->ndp++] = p;
-            g->dnumel += p->value.numel;
-        }
-    }
-    g->cnumel = g->start[g->nct];
-    if (g->cnumel > INT32_MAX) {
-        rc = fl_fail(FL_EUNSUPPORTED, "strategy.dgc: %lld compressed values exceed the %d an "
-                                      "int32 index holds (raise dgc_configs.min_compress_numel "
-                                      "or use the dense strategy)",
-                     (long long)g->cnumel, INT32_MAX);
-        goto fail;
-    }
-    /* the kernels' arrays in the backend's memory (zero-filled), comm's in the host's: on a
-     * device, host copies of what travels */
-    const fl_backend *be = fl_net_backend(d->net);
-    bool dev = !be->host_memory;
-    size_t cbytes = (size_t)g->cnumel * sizeof(float), dbytes = (size_t)g->dnumel * sizeof(float);
-    g->ublock = alloc_or_fail(be, cbytes, &rc, "the momentum u");
-    g->vblock = alloc_or_fail(be, cbytes, &rc, "the accumulator v");
-    g->dstage = alloc_or_fail(be, dbytes, &rc, "the dense gradients");
-    int64_t sample = max_numel / 100 > 4096 ? max_numel / 100 : 4096;
-    g->scratch = alloc_or_fail(be, (size_t)(max_numel + sample) * sizeof(float), &rc,
-                               "selection");
-    g->idx = alloc_or_fail(be, (size_t)max_numel * sizeof(int32_t), &rc, "selection");
-    g->send_cap = plan_send_cap(d, g);
-    size_t send_bytes = (size_t)g->send_cap * sizeof(dgc_pair);
-    g->send = alloc_or_fail(be, send_bytes, &rc, "the pairs sent");
-    int64_t recv_cap = g->send_cap * (d->world > budget(d) ? d->world : budget(d));
-    size_t recv_bytes = (size_t)recv_cap * sizeof(dgc_pair);
-    g->recv = alloc_or_fail(be, recv_bytes, &rc, "the pairs received");
-    if (dev) {
-        g->hsend = alloc_or_fail(NULL, send_bytes, &rc, "the pairs sent");
-        g->hrecv = alloc_or_fail(NULL, recv_bytes, &rc, "the pairs received");
-        if (d->world > 1) {
-            g->hdstage = alloc_or_fail(NULL, dbytes, &rc, "the dense gradients");
-            g->hv = alloc_or_fail(NULL, cbytes, &rc, "the dense fallback");
-        }
-    }
-    if (s->dgc_configs.exchange != DGC_EXCHANGE_ALLGATHER && d->world > 1) {
-        size_t cap = (size_t)g->send_cap, keep = (size_t)budget(d) * cap;
-        g->xidx = alloc_or_fail(NULL, cap * sizeof(int32_t), &rc, "the sparse exchange");
-        g->xval = alloc_or_fail(NULL, cap * sizeof(float), &rc, "the sparse exchange");
-        g->xkept = alloc_or_fail(NULL, cap, &rc, "the sparse exchange");
-        g->oidx = alloc_or_fail(NULL, keep * sizeof(int32_t), &rc, "the sparse exchange");
-        g->oval = alloc_or_fail(NULL, keep * sizeof(float), &rc, "the sparse exchange");
-        g->kidx = alloc_or_fail(be, cap * sizeof(int32_t), &rc, "the sparse exchange");
-    }
-    if (rc < 0)
-        goto fail;
-    for (int c = 0; c < g->nct; c++)
-        g->vseg[c] = g->vblock + g->start[c];
-    for (int c = 0; c < g->nct; c++) {
-        ctensor *t = &g->ct[c];
-        if ((rc = name_state(&t->u, "u", t->p, g->ublock + g->start[c])) < 0 ||
-            (rc = name_state(&t->v, "v", t->p, g->vblock + g->start[c])) < 0)
-            goto fail;
-    }
-    char sched[256], budget_note[48] = "";
-    int off = 0;
-    if (s->dgc_configs.exchange != DGC_EXCHANGE_ALLGATHER)
-        snprintf(budget_note, sizeof budget_note, " (sparse allreduce keeps up to %d k)",
-                 budget(d));
-    for (int i = 0; i < s->dgc_configs.sparsity.n && off < (int)sizeof sched - 16; i++)
-        off += snprintf(sched + off, sizeof sched - (size_t)off, "%s%g", i ? ", " : "",
-                        s->dgc_configs.sparsity.v[i]);
-    FL_INFO("strategy dgc: %d tensors (%lld values) compressed, %d (%lld values) dense (< %lld "
-            "elements); dense until step %lld, then sparsity [%s] over %lld steps%s; %s top-k; "
-            "exchange %s%s",
-            g->nct, (long long)g->cnumel, g->ndp, (long long)g->dnumel,
-            (long long)s->dgc_configs.min_compress_numel,
-            (long long)s->dgc_configs.rampup_begin_step, sched,
-            (long long)s->dgc_configs.rampup_step, s->dgc_configs.warmup ? "" : " (warm-up off)",
-            s->dgc_configs.selection ? "exact" : "sampled", exchange_name(s->dgc_configs.exchange),
-            budget_note);
-    return FL_OK;
-fail:
-    destroy(d);
-    return rc;
-}
 
 static void keep_error(dgc *g, int rc) {
     if (g->error)
@@ -370,6 +43,15 @@ static void wait_launched(dgc *g) {
         g->req[c] = g->xreq[c] = NULL;
     }
     g->launched = 0;
+}
+
+static void destroy(fl_dist_optim *d) {
+    dgc *g = d->impl;
+    if (!g)
+        return;
+    wait_launched(g);
+    dgc_plan_free(fl_net_backend(d->net), g);
+    d->impl = NULL;
 }
 
 /* Hierarchical DGC (docs/dgc.md): with use_hierarchical_allreduce and several nodes of several
@@ -416,7 +98,7 @@ static bool sparse_step(const fl_dist_optim *d, double sp) {
                         !dgc_sparse_pays(exchange_world(d), sp,
                                          hierarchical(d) ? DGC_EXCHANGE_ALLGATHER
                                                          : (dgc_exchange)d->s.dgc_configs.exchange,
-                                         budget(d)));
+                                         dgc_budget(d)));
 }
 
 static bool local_clipping(const fl_dist_optim *d) {
@@ -449,7 +131,7 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
     int64_t k = g->soff[g->nct];
     dgc_exchange e = hierarchical(d) ? DGC_EXCHANGE_ALLGATHER
                                      : dgc_choose_exchange((dgc_exchange)d->s.dgc_configs.exchange,
-                                                           d->world, k, sp, budget(d));
+                                                           d->world, k, sp, dgc_budget(d));
     g->xsparse = e == DGC_EXCHANGE_SPARSE;
     if (hierarchical(d) && g->said_exchange != (int)e) {
         FL_INFO("strategy dgc: step %lld: %lld pairs per node, hierarchical: %d nodes of %d "
@@ -462,8 +144,8 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
                 "(estimate at 1 Gbit/s: allgather %.2f ms, sparse allreduce %.2f ms)",
                 (long long)step, (long long)k, d->world,
                 g->xsparse ? "sparse allreduce" : "allgather",
-                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_ALLGATHER, d->world, k, budget(d)),
-                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_SPARSE, d->world, k, budget(d)));
+                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_ALLGATHER, d->world, k, dgc_budget(d)),
+                1e3 * dgc_exchange_seconds(DGC_EXCHANGE_SPARSE, d->world, k, dgc_budget(d)));
         g->said_exchange = (int)e;
     }
     return FL_OK;
@@ -735,7 +417,7 @@ static int exchange_sparse(fl_dist_optim *d, dgc *g, int64_t *total) {
         }
     }
     int rc = fl_comm_sparse_allreduce(d->comm, g->cnumel, g->xidx, g->xval, m,
-                                      budget(d) * k, g->oidx, g->oval, &got, g->xkept);
+                                      dgc_budget(d) * k, g->oidx, g->oval, &got, g->xkept);
     if (rc < 0)
         return fl_fail_prefix(rc, "strategy dgc: step %lld: sparse allreduce of %lld pairs",
                               (long long)g->step, (long long)m);
@@ -923,22 +605,6 @@ static int update(fl_dist_optim *d, double lr) {
     return FL_OK;
 }
 
-static int num_state(const fl_dist_optim *d) {
-    const dgc *g = d->impl;
-    return 2 * g->nct;
-}
-
-static fl_param *state(fl_dist_optim *d, int i) {
-    dgc *g = d->impl;
-    if (i < 0 || i >= 2 * g->nct)
-        return NULL;
-    return i % 2 ? &g->ct[i / 2].v : &g->ct[i / 2].u;
-}
-
-/* u and v of the old workers are summed: v's sum over the workers is the update still owed
- * (each entry leaves v only when it is sent), u's the momentum behind it (docs/elastic.md) */
-static fl_state_merge merge(const fl_dist_optim *d, int i) { return FL_STATE_SUM; }
-
 static void stats(const fl_dist_optim *d, fl_dist_stats *out) {
     const dgc *g = d->impl;
     if (DIST_STEP(d) == 0) {
@@ -953,13 +619,13 @@ static void stats(const fl_dist_optim *d, fl_dist_stats *out) {
 
 const struct strategy_ops fl_dgc_ops = {
     .name = "dgc",
-    .setup = setup,
+    .setup = dgc_plan_setup,
     .grad_ready = grad_ready,
     .update = update,
     .abandon = abandon,
     .destroy = destroy,
-    .num_state = num_state,
-    .state = state,
-    .merge = merge,
+    .num_state = dgc_plan_num_state,
+    .state = dgc_plan_state,
+    .merge = dgc_plan_merge,
     .stats = stats,
 };

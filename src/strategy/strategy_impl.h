@@ -98,7 +98,8 @@ struct fl_dist_optim {
 extern const struct strategy_ops fl_dense_ops;
 /* localsgd.c: local steps, parameters averaged every k steps (fixed or adaptive). */
 extern const struct strategy_ops fl_localsgd_ops;
-/* dgc.c: Deep Gradient Compression, sparse (index, value) pairs, one allgather per tensor. */
+/* dgc.c (with dgc_plan.c): Deep Gradient Compression, sparse (index, value) pairs, one allgather
+ * per tensor. */
 extern const struct strategy_ops fl_dgc_ops;
 
 /* The dense strategy's averaging, for strategies that fall back to it (DGC before its warm-up

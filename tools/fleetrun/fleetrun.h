@@ -260,7 +260,9 @@ void fr_member_exited(job *j);
 /* The sockets the run loop watches besides the workers' (this node's connection, node 0's
  * coordinator); returns how many it added to fds (at most cap). */
 int  fr_member_pollfds(job *j, struct pollfd *fds, int cap);
-/* Handles what poll found on them: a STOP from the coordinator stops this node's workers. */
-void fr_member_service(job *j, const struct pollfd *fds, int n);
+/* Handles what poll found on them. True when this node's workers are to stop now (the
+ * coordinator's STOP or END, or the coordinator lost; j->stopped_remote set): the run loop
+ * enters PHASE_TERM. */
+bool fr_member_service(job *j, const struct pollfd *fds, int n);
 
 #endif

@@ -2,7 +2,8 @@
  * a round and learn its nodes, whose workers are ranks in node order (a node's ranks follow
  * the nodes before it, each node with its own --nproc_per_node); tell the coordinator a
  * failure as soon as its cause is named and when this node's workers are all gone; stop the
- * workers when the coordinator says so. Losing the coordinator (node 0) ends the job here. */
+ * workers when the coordinator says so. Losing the coordinator (node 0) ends the job here.
+ * Stopping is the run loop's (supervise.c owns phase changes): fr_member_service only says so. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -77,8 +78,9 @@ static int apply_go(job *j, const char *msg) {
     return 0;
 }
 
-/* A line from the coordinator outside the join: STOP or END stop this node's workers. */
-static void on_line(job *j, char *line) {
+/* A line from the coordinator outside the join: STOP or END stop this node's workers; true
+ * when this line is the one that stops them. */
+static bool on_line(job *j, char *line) {
     char *tab = strchr(line, '\t');
     const char *why = tab ? tab + 1 : "";
     if (tab)
@@ -90,15 +92,15 @@ static void on_line(job *j, char *line) {
         stop = true;
     }
     if (!stop || j->stopped_remote)
-        return;
+        return false;
     j->stopped_remote = true;
-    if (j->phase == PHASE_RUN && fr_groups_alive(j)) {
+    if (j->phase == PHASE_RUN && fr_groups_alive(j))
         fr_say("stopping this node's %d worker(s): %s", fr_groups_alive(j), why);
-        fr_enter_phase(j, PHASE_TERM, j->o.grace);
-    }
+    return true;
 }
 
-static void lost_coordinator(job *j, const char *how) {
+/* Closes the connection; true when this node's workers are to stop (not already stopped). */
+static bool lost_coordinator(job *j, const char *how) {
     if (j->end_code < 0) {
         fr_say("error: lost the job's coordinator at %s:%d (node 0's fleetrun): %s; stopping "
                "this node's workers", j->o.ips[0], j->o.coord_port, how);
@@ -106,11 +108,10 @@ static void lost_coordinator(job *j, const char *how) {
     }
     close(j->coord_fd);
     j->coord_fd = -1;
-    if (!j->stopped_remote) {
-        j->stopped_remote = true;
-        if (j->phase == PHASE_RUN && fr_groups_alive(j))
-            fr_enter_phase(j, PHASE_TERM, j->o.grace);
-    }
+    if (j->stopped_remote)
+        return false;
+    j->stopped_remote = true;
+    return true;
 }
 
 int fr_member_pollfds(job *j, struct pollfd *fds, int cap) {
@@ -120,25 +121,27 @@ int fr_member_pollfds(job *j, struct pollfd *fds, int cap) {
     return n + fr_coord_pollfds(j, fds + n, cap - n);
 }
 
-void fr_member_service(job *j, const struct pollfd *fds, int n) {
+bool fr_member_service(job *j, const struct pollfd *fds, int n) {
     int own = 0;
+    bool stop = false;
     if (j->coord_fd >= 0 && n > 0 && fds[0].fd == j->coord_fd) {
         own = 1;
         if (fds[0].revents) {
             int rc = fr_recv(j->coord_fd, &j->coord_in);
             char line[16384];
             while (fr_next_line(&j->coord_in, line, sizeof line))
-                on_line(j, line);
+                stop |= on_line(j, line);
             if (rc <= 0)
-                lost_coordinator(j, rc < 0 ? "connection broken" : "connection closed");
+                stop |= lost_coordinator(j, rc < 0 ? "connection broken" : "connection closed");
         }
     }
     fr_coord_service(j, fds + own, n - own);
+    return stop;
 }
 
 int fr_member_join(job *j) {
     if (fr_send_line(j->coord_fd, "HELLO %s %d %d", j->base_token, j->node, j->o.nproc) < 0) {
-        lost_coordinator(j, "cannot send");
+        (void)lost_coordinator(j, "cannot send"); /* no workers yet: nothing to stop */
         return 1;
     }
     for (;;) {

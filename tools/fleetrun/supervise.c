@@ -1,6 +1,7 @@
 /* supervise.c - the event loop that runs the job to its end: one poll over the workers' pipes
  * and a signalfd, reaping workers, the phases of winding down (grace, SIGTERM, SIGKILL) after a
- * failure or a signal, and naming which failure caused the others. */
+ * failure, a signal or the coordinator's STOP (member.c reports it; the loop alone changes
+ * phase), and naming which failure caused the others. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
@@ -185,7 +186,10 @@ void fr_run_loop(job *j) {
             fr_signal_groups(j, SIGKILL);
             return;
         }
-        fr_member_service(j, fds + nworker_fds, nfds - nworker_fds);
+        /* the coordinator stopped this round (or was lost): stop this node's workers */
+        if (fr_member_service(j, fds + nworker_fds, nfds - nworker_fds) &&
+            j->phase == PHASE_RUN && fr_groups_alive(j))
+            fr_enter_phase(j, PHASE_TERM, j->o.grace);
         for (int k = 0; k < nworker_fds && n > 0; k++) {
             if (!fds[k].revents)
                 continue;

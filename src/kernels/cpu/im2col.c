@@ -2,22 +2,11 @@
  * (C, H, W) image out as the columns of a (C KH KW, OH OW) matrix so that a convolution is one
  * gemm (Chellapilla et al. 2006, "High performance convolutional neural networks for document
  * processing"); col2im is its adjoint (scatter-add), used for the input gradient. Rows are
- * independent per channel, so channels are split over OpenMP threads. */
+ * independent per channel, so channels are split over OpenMP threads. The window's output size
+ * (fl_conv_geom_out) is src/kernels/conv_geom.c's. */
 #include "cpu_impl.h"
 
 #include <string.h>
-
-bool fl_conv_geom_out(fl_conv_geom *g) {
-    if (g->c < 1 || g->h < 1 || g->w < 1 || g->kh < 1 || g->kw < 1 || g->sh < 1 || g->sw < 1 ||
-        g->ph < 0 || g->pw < 0 || g->dh < 1 || g->dw < 1)
-        return false;
-    int64_t eh = g->dh * (g->kh - 1) + 1, ew = g->dw * (g->kw - 1) + 1;
-    if (g->h + 2 * g->ph < eh || g->w + 2 * g->pw < ew)
-        return false;
-    g->oh = (g->h + 2 * g->ph - eh) / g->sh + 1;
-    g->ow = (g->w + 2 * g->pw - ew) / g->sw + 1;
-    return true;
-}
 
 /* Range [*lo, *hi) of output positions o whose input o * s + off lies in [0, n). */
 static inline void valid_range(int64_t n, int64_t s, int64_t off, int64_t out, int64_t *lo,
