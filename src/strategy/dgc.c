@@ -121,6 +121,7 @@ static int begin_sparse_step(fl_dist_optim *d, dgc *g, int64_t step, double sp) 
         g->kk[c] = dgc_k(g->ct[c].p->value.numel, sp);
         g->soff[c + 1] = g->soff[c] + g->kk[c];
         g->prepared[c] = false;
+        g->ready[c] = false;
     }
     g->launched = 0;
     if (step == d->s.dgc_configs.rampup_begin_step)
@@ -193,6 +194,54 @@ static void prepare(fl_dist_optim *d, dgc *g, int c, double gscale) {
     for (int64_t j = cnt; j < kk; j++)
         out[j] = (dgc_pair){.index = (int32_t)g->start[c], .value = 0.0f};
     g->prepared[c] = true;
+}
+
+/* Group j's local work (dgc_plan.h's selection groups): prepare's, for every tensor of the
+ * group in one batched call (one wait for the device, the pairs copied back in one piece),
+ * then padded on the host as prepare pads them. Exact selection, and one-tensor groups, go
+ * tensor by tensor. */
+static void prepare_group(fl_dist_optim *d, dgc *g, int j, double gscale) {
+    const fl_backend *be = fl_net_backend(d->net);
+    int lo = g->group_lo[j], hi = g->group_lo[j + 1];
+    if (hi - lo == 1 || d->s.dgc_configs.selection) {
+        for (int c = hi - 1; c >= lo; c--)
+            if (!g->prepared[c])
+                prepare(d, g, c, gscale);
+        return;
+    }
+    dgc_accum_args acc = accum_args(d, gscale);
+    bool mask = d->s.dgc_configs.momentum_masking && acc.correction && !g->xsparse;
+    for (int c = lo; c < hi; c++) {
+        ctensor *t = &g->ct[c];
+        if (g->hint_k[c] != g->kk[c]) /* last step's k-th value says nothing about another k */
+            g->hint[c] = 0, g->hint_k[c] = g->kk[c];
+        g->items[c - lo] = (fl_dgc_batch_item){
+            .n = t->p->value.numel, .k = g->kk[c], .base = g->start[c], .grad = g->gseg[c],
+            .w = g->wseg[c], .u = t->u.value.data, .v = t->v.value.data,
+            .pairs = g->send + g->soff[c], .seed = (uint64_t)g->step * 1000003u + (uint64_t)c,
+            .hint = &g->hint[c]};
+    }
+    fl_backend_dgc_batch(be, hi - lo, g->items, &acc, mask, g->gcount, g->idx, g->scratch);
+    dgc_pair *out = send_wire(d, g);
+    fl_backend_stage_out(be, g->send + g->soff[lo], out + g->soff[lo],
+                         (size_t)(g->soff[hi] - g->soff[lo]) * sizeof *out, NULL);
+    for (int c = lo; c < hi; c++) {
+        int64_t cnt = g->gcount[c - lo];
+        g->cnt[c] = cnt;
+        g->pairs += cnt;
+        for (int64_t q = cnt; q < g->kk[c]; q++)
+            out[g->soff[c] + q] = (dgc_pair){.index = (int32_t)g->start[c], .value = 0.0f};
+        g->prepared[c] = true;
+    }
+}
+
+/* Whether every gradient of tensor c's group is final. */
+static bool group_ready(const dgc *g, int c) {
+    int j = g->group_of[c];
+    for (int q = g->group_lo[j]; q < g->group_lo[j + 1]; q++)
+        if (!g->ready[q])
+            return false;
+    return true;
 }
 
 /* Tensor c's pairs between nodes: the node's kk pairs (the same on each of its L ranks) are cut
@@ -319,8 +368,9 @@ static void grad_ready(void *ctx, fl_param *p) {
     int rc = begin_sparse_step(d, g, step, sp);
     if (rc == FL_OK && g->avg_early && !g->xreq[c])
         rc = start_node_average(d, g, c);
-    if (rc == FL_OK && g->early && !g->prepared[c]) {
-        prepare(d, g, c, d->grad_scale);
+    g->ready[c] = true;
+    if (rc == FL_OK && g->early && !g->prepared[c] && group_ready(g, c)) {
+        prepare_group(d, g, g->group_of[c], d->grad_scale);
         rc = launch_ready(d, g);
     }
     if (rc < 0)
@@ -389,11 +439,9 @@ static int fallback_step(fl_dist_optim *d, dgc *g, double sp, double lr) {
 /* The rest of the sparse step's sending: what the hooks did not prepare (overlap off, local
  * clipping), then every exchange not yet started. */
 static int sparse_launch_rest(fl_dist_optim *d, dgc *g, double gscale) {
-    for (int j = 0; j < g->nct; j++) {
-        int c = g->nct - 1 - j;
-        if (!g->prepared[c])
-            prepare(d, g, c, gscale);
-    }
+    for (int j = g->ngroups - 1; j >= 0; j--)
+        if (!g->prepared[g->group_lo[j]])
+            prepare_group(d, g, j, gscale);
     return launch_ready(d, g);
 }
 

@@ -133,6 +133,11 @@ static size_t carve_tables(dgc *g, char *base, size_t nps, size_t nnode) {
     g->xcounts = carve(base, &off, nnode, sizeof *g->xcounts);
     g->hint = carve(base, &off, nps, sizeof *g->hint);
     g->hint_k = carve(base, &off, nps, sizeof *g->hint_k);
+    g->group_of = carve(base, &off, nps, sizeof *g->group_of);
+    g->group_lo = carve(base, &off, nps + 1, sizeof *g->group_lo);
+    g->ready = carve(base, &off, nps, sizeof *g->ready);
+    g->items = carve(base, &off, nps, sizeof *g->items);
+    g->gcount = carve(base, &off, nps, sizeof *g->gcount);
     return off;
 }
 
@@ -209,10 +214,32 @@ static int alloc_buffers(fl_dist_optim *d, dgc *g, int64_t max_numel) {
     return rc;
 }
 
+/* Selection groups (dgc_plan.h): runs of tensors of at least DGC_GROUP_VALUES values, cut
+ * from the last tensor down (backward produces them in that order), the first group closing
+ * with tensor 0; on the host one tensor a group. */
+static void plan_groups(dgc *g, bool host) {
+    int j = 0;
+    int64_t acc = 0;
+    for (int c = g->nct - 1; c >= 0; c--) { /* group numbers in backward's order, for now */
+        g->group_of[c] = j;
+        acc += g->ct[c].p->value.numel;
+        if (host || acc >= DGC_GROUP_VALUES || c == 0)
+            j++, acc = 0;
+    }
+    g->ngroups = j;
+    for (int c = 0; c < g->nct; c++) /* renumbered so that group numbers ascend with c */
+        g->group_of[c] = j - 1 - g->group_of[c];
+    for (int c = g->nct - 1; c >= 0; c--)
+        g->group_lo[g->group_of[c]] = c;
+    g->group_lo[g->ngroups] = g->nct;
+}
+
 /* One line that says the plan: what is compressed, the schedule, the exchange. */
 static void say_plan(const fl_dist_optim *d, const dgc *g) {
     const fl_strategy *s = &d->s;
-    char sched[256], budget_note[48] = "";
+    char sched[256], budget_note[48] = "", groups[64] = "";
+    if (g->ngroups < g->nct)
+        snprintf(groups, sizeof groups, "; selection in %d batched groups", g->ngroups);
     int off = 0;
     if (s->dgc_configs.exchange != DGC_EXCHANGE_ALLGATHER)
         snprintf(budget_note, sizeof budget_note, " (sparse allreduce keeps up to %d k)",
@@ -222,13 +249,13 @@ static void say_plan(const fl_dist_optim *d, const dgc *g) {
                         s->dgc_configs.sparsity.v[i]);
     FL_INFO("strategy dgc: %d tensors (%lld values) compressed, %d (%lld values) dense (< %lld "
             "elements); dense until step %lld, then sparsity [%s] over %lld steps%s; %s top-k; "
-            "exchange %s%s",
+            "exchange %s%s%s",
             g->nct, (long long)g->cnumel, g->ndp, (long long)g->dnumel,
             (long long)s->dgc_configs.min_compress_numel,
             (long long)s->dgc_configs.rampup_begin_step, sched,
             (long long)s->dgc_configs.rampup_step, s->dgc_configs.warmup ? "" : " (warm-up off)",
             s->dgc_configs.selection ? "exact" : "sampled", exchange_name(s->dgc_configs.exchange),
-            budget_note);
+            budget_note, groups);
 }
 
 int dgc_plan_setup(fl_dist_optim *d) {
@@ -261,6 +288,7 @@ int dgc_plan_setup(fl_dist_optim *d) {
         goto fail;
     for (int c = 0; c < g->nct; c++)
         g->vseg[c] = g->vblock + g->start[c];
+    plan_groups(g, fl_net_backend(d->net)->host_memory);
     for (int c = 0; c < g->nct; c++) {
         ctensor *t = &g->ct[c];
         if ((rc = name_state(&t->u, "u", t->p, g->ublock + g->start[c])) < 0 ||

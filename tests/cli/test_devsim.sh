@@ -170,8 +170,9 @@ launch "$bin/fleet-train" 2 dgc_cpu mlp -o train.backend=cpu -o checkpoint.dir="
   gpus=3,1 launch "$dev" 2 dgc_dev mlp -o train.device=gpu -o checkpoint.dir="$tmp/dgc/dev" "${dgc[@]}" &&
   same_lines dgc dgc_cpu dgc_dev 2 && same_end "dgc: cpu and devsim" "$tmp/dgc/cpu" "$tmp/dgc/dev" 2 &&
   grep -q "sparse allgather would send more" "$tmp/wlog_dgc_dev/workerlog.0" &&
-  grep -q "exchange by allgather" "$tmp/wlog_dgc_dev/workerlog.0" ||
-  { echo "FAIL: dgc: the dense fallback and the sparse steps did not both run"; fail=1; }
+  grep -q "exchange by allgather" "$tmp/wlog_dgc_dev/workerlog.0" &&
+  grep -q "selection in 1 batched groups" "$tmp/wlog_dgc_dev/workerlog.0" ||
+  { echo "FAIL: dgc: the dense fallback and the sparse steps did not both run, batched"; fail=1; }
 grep -q "gpu 3 bound" "$tmp/wlog_dgc_dev/workerlog.0" && grep -q "gpu 1 bound" "$tmp/wlog_dgc_dev/workerlog.1" &&
   echo "ok: fleetrun --gpus 3,1: the workers bound GPUs 3 and 1" ||
   { echo "FAIL: the workers did not bind the GPUs fleetrun --gpus gave them"; fail=1; }
