@@ -11,6 +11,8 @@
 # FLEET_CUDNN_DETERMINISTIC=0: any backward algorithm, as PyTorch's default); ratio compares
 # each with PyTorch eager. Each process times REPEATS runs of ITERS steps and reports their
 # median; ROUNDS processes alternate fleet and PyTorch, and the cell is their median.
+# PRECISIONS may add tf32nhwc: fleet's TF32 with channels-last activations (FLEET_CUDA_NHWC=1)
+# beside PyTorch's TF32 row.
 # Also the share of a step that DGC's local work takes on the GPU (CNN_STEP_DGC: the fused
 # accumulate + top-k selection at sparsity 0.999, encoding, pairs to the host) at each batch,
 # all tensors in one batched call and tensor by tensor.
@@ -36,16 +38,17 @@ ips() { awk -v b="$1" -v ms="$2" 'BEGIN { if (ms > 0) printf "%.0f", b * 1000 / 
 
 export FLEET_CUDNN_BENCHMARK=${FLEET_CUDNN_BENCHMARK:-1} # as PyTorch's cudnn.benchmark below
 fleet_ms() { # fleet_ms BATCH PRECISION DET -> ms (or nothing: a row fleet cannot run), peak in $err.f
-  local tf
+  local tf nhwc=0
   case $2 in
     f32) tf=0 ;;
     tf32) tf=1 ;;
+    tf32nhwc) tf=1 nhwc=1 ;; # channels-last activations (FLEET_CUDA_NHWC), PyTorch's tf32 row
     *) return 0 ;; # AMP: fleet emulates it in f32 kernels (docs/amp.md), no f16 speed to time
   esac
-  FLEET_CUDA_TF32=$tf FLEET_CUDNN_DETERMINISTIC=$3 "$fleet" resnet50 "$1" "$iters" "$repeats" \
+  FLEET_CUDA_TF32=$tf FLEET_CUDA_NHWC=$nhwc FLEET_CUDNN_DETERMINISTIC=$3 "$fleet" resnet50 "$1" "$iters" "$repeats" \
     cuda 2>"$err.f"
 }
-torch_ms() { "$py" "$here/gpu_step_torch.py" "$1" "$iters" "$repeats" "$2" "${3:-eager}" 2>"$err.t"; }
+torch_ms() { "$py" "$here/gpu_step_torch.py" "$1" "$iters" "$repeats" "${2%nhwc}" "${3:-eager}" 2>"$err.t"; }
 peak() { sed -nE 's/.*device memory peak ([0-9.]+) MiB.*/\1/p' "$1" | tail -1; }
 
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); PyTorch $("$py" -c 'import torch; print(torch.__version__)')"

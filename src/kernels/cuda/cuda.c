@@ -195,10 +195,12 @@ static void cuda_set_deterministic(bool on) {
 }
 
 /* f32 and f64 convolutions run on NCHW (cuDNN's FMA kernels are as fast there); channels-last
- * is for the f16/bf16 tensor-core kernels to come */
+ * is for the f16/bf16 tensor-core kernels to come. FLEET_CUDA_NHWC=1 asks for NHWC in f32 too,
+ * to measure it with TF32 (cuDNN's TF32 kernels are NHWC and transpose NCHW tensors: 9% of a
+ * TF32 ResNet-50 step on an H200, bench/RESULTS.md) before it becomes a default. */
 static fl_layout cuda_preferred_layout(fl_dtype t) {
-    (void)t;
-    return FL_LAYOUT_NCHW;
+    const char *e = getenv("FLEET_CUDA_NHWC");
+    return t == FL_DTYPE_F32 && e && e[0] == '1' ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
 }
 
 static const fl_backend cuda_ops = {
