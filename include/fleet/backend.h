@@ -361,6 +361,10 @@ typedef struct fl_backend {
      * built: convolution plans keep the choice they were made with. NULL: the backend has
      * deterministic kernels only (cpu, ref, onednn). */
     void (*set_deterministic)(bool on);
+    /* The device device_bind bound (-1 before) and, in *stream unless NULL, the stream the
+     * backend's ops run in (a cudaStream_t), for a communicator on the same device (the nccl
+     * backend orders its collectives after the compute queued there). NULL: no device. */
+    int (*bound_device)(void **stream);
 } fl_backend;
 
 /* The OpenBLAS + OpenMP table. */

@@ -13,9 +13,8 @@
  *   asynchronous, so no CUDA call can block the host while a collective is stuck.
  * - Streams: FLEET_NCCL_COMM_NUM communicators ("lanes"), each on its own non-blocking stream.
  *   Before a collective on device memory the lane's stream waits on an event recorded on the
- *   compute stream: the cuda backend's stream when it is bound to this GPU (read from its
- *   context, kernels/cuda/cuda_impl.h: the backend table has no accessor for it), else the
- *   legacy default stream. Allreduce and broadcast of at least FLEET_NCCL_SPLIT_MIN_BYTES
+ *   compute stream: the cuda backend's stream when it is bound to this GPU (the table's
+ *   bound_device), else the legacy default stream. Allreduce and broadcast of at least FLEET_NCCL_SPLIT_MIN_BYTES
  *   (1 MiB) are cut into one contiguous part per lane, run concurrently in one NCCL group;
  *   other collectives go to the lanes in turn. Parts depend only on (count, lanes), so every
  *   rank cuts the same way.
@@ -43,7 +42,7 @@
 #include "tcp.h"
 #include "transport.h"
 
-#include "kernels/cuda/cuda_impl.h"
+#include "fleet/backend.h"
 
 #include "fleet/log.h"
 #include "fleet/status.h"
@@ -150,6 +149,14 @@ static int fail_op(nccl_state *st, const op_name *o, int code, const char *fmt, 
         }
     }
     return fl_fail(code, "%s: %s%s", head, why, probe);
+}
+
+/* The GPU the cuda backend is bound to (-1: none) and its compute stream. */
+static int compute_device(void **stream) {
+    const fl_backend *cb = fl_backend_cuda();
+    if (stream)
+        *stream = NULL;
+    return cb && cb->bound_device ? cb->bound_device(stream) : -1;
 }
 
 static int cuda_failed(nccl_state *st, const op_name *o, const char *call, cudaError_t e) {
@@ -307,8 +314,9 @@ static int xfer_begin(nccl_state *st, xfer *x) {
         FL_TRY(on_device(st, &x->o, x->out, &x->out_dev));
     cudaStream_t s = st->lanes[x->lane].stream;
     if ((x->in_dev || x->out_dev) && !x->internal) {
-        cudaStream_t compute = cuda_g.bound && cuda_g.device == st->device ? cuda_g.stream
-                                                                           : cudaStreamLegacy;
+        void *bs = NULL;
+        cudaStream_t compute = compute_device(&bs) == st->device ? (cudaStream_t)bs
+                                                                 : cudaStreamLegacy;
         CUDA_TRY(st, &x->o, cudaEventRecord(st->compute, compute));
         CUDA_TRY(st, &x->o, cudaStreamWaitEvent(s, st->compute, 0));
     }
@@ -745,8 +753,8 @@ static int pick_device(const fl_comm_env *env, int count, int *out) {
     const char *from;
     if (env->gpu >= 0)
         dev = env->gpu, from = "FLAGS_selected_gpus";
-    else if (cuda_g.bound)
-        dev = cuda_g.device, from = "the cuda backend's device";
+    else if (compute_device(NULL) >= 0)
+        dev = compute_device(NULL), from = "the cuda backend's device";
     else
         dev = env->local_rank > 0 ? env->local_rank : 0, from = "LOCAL_RANK";
     if (dev >= count)
@@ -755,9 +763,10 @@ static int pick_device(const fl_comm_env *env, int count, int *out) {
                        rank, dev, from, count,
                        getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES")
                                                       : "(unset)");
-    if (cuda_g.bound && cuda_g.device != dev)
+    if (compute_device(NULL) >= 0 && compute_device(NULL) != dev)
         return fl_fail(FL_EINVAL, "backend nccl: rank %d: GPU %d (%s), but the cuda backend is "
-                       "bound to GPU %d: one GPU per process", rank, dev, from, cuda_g.device);
+                       "bound to GPU %d: one GPU per process", rank, dev, from,
+                       compute_device(NULL));
     *out = dev;
     return 0;
 }

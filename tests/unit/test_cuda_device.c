@@ -27,6 +27,7 @@ static void check_entries(const fl_backend *b) {
         E(channel_pad), E(xent_smooth_term), E(xent_smooth_backward), E(dgc_accumulate),
         E(dgc_select_exact), E(dgc_accumulate_select), E(dgc_accumulate_select_batch), E(dgc_encode), E(dgc_scatter_add),
         E(dgc_apply_pairs), E(dgc_apply_dense), E(device_bind), E(memory_peak),
+        E(set_deterministic), E(bound_device),
 #undef E
     };
     for (size_t i = 0; i < sizeof e / sizeof e[0]; i++)

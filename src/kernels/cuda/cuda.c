@@ -1,6 +1,6 @@
 /* cuda.c - the fl_backend_cuda() table: binding the device (stream, cuBLAS and cuDNN handles,
- * made once by device_bind), streams and events as real cudaStream_t / cudaEvent_t, and the
- * fatal-error path of device failures. The ops live in the files beside it (cuda_impl.h). */
+ * made once by device_bind, into context.c's context), and streams and events as real
+ * cudaStream_t / cudaEvent_t. The ops live in the files beside it (cuda_impl.h). */
 #include "cuda_impl.h"
 
 #include <cublas_v2.h>
@@ -8,39 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-cuda_ctx cuda_g;
-
-void cuda_fatal(const char *op, const char *call, const char *what, const char *file, int line) {
-    fprintf(stderr, "fleet: cuda backend: %s: %s failed: %s (%s:%d)\n", op, call, what, file,
-            line);
-    fflush(stderr);
-    abort();
-}
-
-void cuda_require_bound(const char *op) {
-    if (!cuda_g.bound)
-        cuda_fatal(op, "the op", "called before device_bind (bind a GPU first)", __FILE__,
-                   __LINE__);
-}
-
-void cuda_bad_dtype(const char *op, fl_dtype t) {
-    char what[64];
-    snprintf(what, sizeof what, "dtype %d is not f32 or f64", (int)t);
-    cuda_fatal(op, "the dtype check", what, __FILE__, __LINE__);
-}
-
-void cuda_sync(const char *op) { CU_CHECK(op, cudaStreamSynchronize(cuda_stream())); }
-
-__thread int cuda_tl_device = -1;
-
-void cuda_enter(void) {
-    if (!cuda_g.bound)
-        cuda_fatal("an op", "the device check", "called before device_bind (bind a GPU first)",
-                   __FILE__, __LINE__);
-    CU_CHECK("making the bound device this thread's", cudaSetDevice(cuda_g.device));
-    cuda_tl_device = cuda_g.device;
-}
 
 /* --- device_bind --- */
 
@@ -189,6 +156,12 @@ static void cuda_event_sync(fl_event *e) {
     CU_CHECK("event_sync", cudaEventSynchronize((cudaEvent_t)e));
 }
 
+static int cuda_bound_device(void **stream) {
+    if (stream)
+        *stream = cuda_g.bound ? (void *)cuda_g.stream : NULL;
+    return cuda_g.bound ? cuda_g.device : -1;
+}
+
 static void cuda_set_deterministic(bool on) {
     cuda_require_bound("set_deterministic");
     cuda_g.det = on;
@@ -265,6 +238,7 @@ static const fl_backend cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .set_deterministic = cuda_set_deterministic,
+    .bound_device = cuda_bound_device,
 };
 
 const fl_backend *fl_backend_cuda(void) { return &cuda_ops; }
