@@ -1,7 +1,8 @@
 /* cuda_impl.h - private to the cuda backend: the one device context (context.c: stream, cuBLAS
- * and cuDNN handles, made by cuda.c's device_bind), the checks that turn a failed CUDA, cuBLAS or cuDNN call into a
- * fatal error naming the call and the op, the allocator's internal scratch, and the per-file
- * entry points that cuda.c gathers into fl_backend_cuda(). C and C++ (nvcc) both include it. */
+ * and cuDNN handles, made by cuda.c's device_bind), the checks that turn a failed CUDA, cuBLAS
+ * or cuDNN call into a fatal error naming the call and the op, the allocator's internal
+ * scratch, and the per-file entry points that cuda.c gathers into fl_backend_cuda(). C and C++
+ * (nvcc) both include it. */
 #ifndef FLEET_KERNELS_CUDA_IMPL_H
 #define FLEET_KERNELS_CUDA_IMPL_H
 
