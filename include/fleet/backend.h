@@ -331,15 +331,6 @@ typedef struct fl_backend {
     void (*dgc_apply_dense)(int64_t n, float *w, float *g, float *u, double lr, double inv_n,
                             double m, bool nesterov, double decay);
 
-    /* --- building blocks of the im2col convolution (NCHW; cpu and ref only, NULL elsewhere) --- */
-    /* col (C KH KW, OH OW), row stride ldc >= OH OW:
-     * col[(c KH + i) KW + j][oy OW + ox] = x[c][oy SH - PH + i DH][ox SW - PW + j DW], or 0
-     * outside the image. x is one image (C, H, W). */
-    void (*im2col)(fl_dtype t, const fl_conv_geom *g, const void *x, void *col, int64_t ldc);
-    /* The adjoint: x (C, H, W) = sum of the col entries that im2col reads from each pixel
-     * (overwrites x). */
-    void (*col2im)(fl_dtype t, const fl_conv_geom *g, const void *col, int64_t ldc, void *x);
-
     /* --- the device (NULL on the host backends) --- */
     /* Makes device `ordinal` (0-based among the visible ones) the calling process's device and
      * readies the backend's libraries on it; 0, or FL_EINVAL / FL_EIO with a message naming the

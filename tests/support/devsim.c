@@ -845,24 +845,6 @@ static void ds_dgc_apply_dense(int64_t n, float *w, float *g, float *u, double l
     RUN(dgc_apply_dense(n, w, g, u, lr, inv_n, m, nesterov, decay));
 }
 
-/* --- im2col (the cpu table has them; a device table may not) --- */
-
-static void ds_im2col(fl_dtype t, const fl_conv_geom *g, const void *x, void *col,
-                      int64_t ldc) {
-    host("im2col", "g", g);
-    dev("im2col", "x", x, nb(g->c * g->h * g->w, es(t)));
-    dev("im2col", "col", col, mat(g->c * g->kh * g->kw, g->oh * g->ow, ldc, es(t)));
-    RUN(im2col(t, g, x, col, ldc));
-}
-
-static void ds_col2im(fl_dtype t, const fl_conv_geom *g, const void *col, int64_t ldc,
-                      void *x) {
-    host("col2im", "g", g);
-    dev("col2im", "col", col, mat(g->c * g->kh * g->kw, g->oh * g->ow, ldc, es(t)));
-    dev("col2im", "x", x, nb(g->c * g->h * g->w, es(t)));
-    RUN(col2im(t, g, col, ldc, x));
-}
-
 /* --- the device --- */
 
 static int ds_device_bind(int ordinal) {
@@ -949,8 +931,6 @@ static void init(void) {
     table.dgc_scatter_add = ds_dgc_scatter_add;
     table.dgc_apply_pairs = ds_dgc_apply_pairs;
     table.dgc_apply_dense = ds_dgc_apply_dense;
-    table.im2col = ds_im2col;
-    table.col2im = ds_col2im;
     table.device_bind = ds_device_bind;
     table.memory_peak = ds_memory_peak;
 }

@@ -580,7 +580,6 @@ static void test_table(void) {
     CHECK(!strcmp(O->name, "onednn"));
     CHECK(O->preferred_layout(FL_DTYPE_F32) == FL_LAYOUT_NHWC);
     CHECK(O->preferred_layout(FL_DTYPE_F64) == FL_LAYOUT_NCHW);
-    CHECK(O->im2col == NULL && O->col2im == NULL);
     CHECK(O->gemm == fl_backend_cpu()->gemm); /* the rest is the cpu table's */
     CHECK(fl_backend_by_name("onednn") == O);
     /* the reorder, both ways, against the hand-written one */

@@ -35,7 +35,6 @@ static void check_entries(const fl_backend *b) {
             fprintf(stderr, "cuda table: %s is NULL\n", e[i].name);
             test_failures++;
         }
-    CHECK(b->im2col == NULL && b->col2im == NULL);
     CHECK(!strcmp(b->name, "cuda"));
     CHECK(!b->host_memory);
     CHECK(b->preferred_layout(FL_DTYPE_F32) == FL_LAYOUT_NCHW);

@@ -7,7 +7,7 @@
  * output rows at a time so that it stays in L2. 1x1 stride-1 unpadded convolutions skip im2col
  * (the image is its own column matrix); for other stride-1 convolutions the input gradient is
  * itself a convolution (of dy with the flipped kernel), strided ones use col2im. The plan keeps
- * the table whose gemm and im2col it runs: the cpu table's (OpenBLAS) or the ref table's (plain
+ * the table whose gemm it runs: the cpu table's (OpenBLAS) or the ref table's (plain
  * loops), so the reference backend's convolution is the same algorithm on the plainest kernels. */
 #include "cpu_impl.h"
 
@@ -22,7 +22,7 @@
 #define SLOTS 8
 
 struct fl_conv_plan {
-    const fl_backend *be;    /* whose gemm, im2col, col2im and axpy run it */
+    const fl_backend *be;    /* whose gemm and axpy run it (im2col, col2im: im2col.c) */
     fl_conv_desc      d;
     int64_t           ic;
     int64_t           kg;    /* rows of a group's column matrix: IC / groups * KH * KW */
@@ -185,7 +185,7 @@ static void im2col_rows(const fl_conv_plan *p, const fl_conv_geom *g, const char
     s.oh = oy1 - oy0;
     int64_t ld = s.oh * s.ow;
     for (int64_t ci = 0; ci < g->c; ci++)
-        p->be->im2col(p->d.dtype, &s, x + (size_t)((ci * g->h + iy0) * g->w) * es,
+        cpu_im2col(p->d.dtype, &s, x + (size_t)((ci * g->h + iy0) * g->w) * es,
                       col + (size_t)(ci * g->kh * g->kw * ld) * es, ld);
 }
 
@@ -234,7 +234,7 @@ void cpu_conv_forward(fl_conv_plan *p, int64_t b, const void *x, const void *wv,
                 }
                 continue;
             }
-            k->im2col(t, g, xn, col, ohw);
+            cpu_im2col(t, g, xn, col, ohw);
             for (int64_t gi = 0; gi < groups; gi++) // y_g (OCg, OHW) = W_g (OCg, Kg) col_g
                 k->gemm(t, false, false, p->ocg, ohw, p->kg, 1.0,
                         w + (size_t)(gi * p->ocg * p->kg) * es, p->kg,
@@ -303,7 +303,7 @@ void cpu_conv_backward_filter(fl_conv_plan *p, int64_t b, const void *x, const v
                 }
                 continue;
             }
-            k->im2col(t, g, xn, col, ohw);
+            cpu_im2col(t, g, xn, col, ohw);
             for (int64_t gi = 0; gi < groups; gi++) // dW_g [+]= dy_g col_g^T
                 k->gemm(t, false, true, p->ocg, p->kg, ohw, 1.0,
                         dyn + (size_t)(gi * p->ocg * ohw) * es, ohw,
@@ -356,7 +356,7 @@ void cpu_conv_backward_data(fl_conv_plan *p, int64_t b, const void *dyv, const v
                         w + (size_t)(gi * p->ocg * p->kg) * es, p->kg,
                         dyn + (size_t)(gi * p->ocg * ohw) * es, ohw, 0.0,
                         col + (size_t)(gi * p->kg * ohw) * es, ohw);
-            k->col2im(t, g, col, ohw, dxn);
+            cpu_col2im(t, g, col, ohw, dxn);
         }
     }
 }

@@ -102,7 +102,8 @@ void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t
                      const double *mean, const double *var, double eps, bool training, void *dx,
                      void *dgamma, void *dbeta, bool accumulate);
 
-/* conv.c: the im2col convolution, running on the gemm / im2col / col2im / axpy / sum of be */
+/* conv.c: the im2col convolution, running on the gemm / axpy / sum of be (the cpu or ref
+ * table) and on cpu_im2col / cpu_col2im, its private steps */
 fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc *d);
 void cpu_conv_plan_free(fl_conv_plan *p);
 size_t cpu_conv_scratch_bytes(const fl_conv_plan *p);

@@ -207,8 +207,6 @@ static const fl_backend ref_ops = {
     .sgd_update = ref_sgd_update,
     .momentum_update = ref_momentum_update,
     /* window and batch-norm loops: the same plain loops as the cpu table (cpu_impl.h) */
-    .im2col = cpu_im2col,
-    .col2im = cpu_col2im,
     .conv_plan_create = ref_conv_plan_create,
     .conv_plan_free = cpu_conv_plan_free,
     .conv_scratch_bytes = cpu_conv_scratch_bytes,

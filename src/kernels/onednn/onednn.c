@@ -197,8 +197,6 @@ static void init(void) {
     onednn_ops.bn_forward = onednn_bn_forward;
     onednn_ops.bn_backward = onednn_bn_backward;
     /* the im2col building blocks are NCHW-only parts of the cpu convolution, not ours */
-    onednn_ops.im2col = NULL;
-    onednn_ops.col2im = NULL;
 }
 
 const fl_backend *fl_backend_onednn(void) {
