@@ -116,6 +116,13 @@ static int alltoall_by_alltoallv(fl_comm *c, const call *a) {
     return rc;
 }
 
+/* Whether an allreduce of c runs hierarchically: the one place that decides it for every
+ * backend (the backend's hier_allreduce says how). */
+static bool hierarchical_now(const fl_comm *c) {
+    return c->hierarchical && c->node_view && c->cross_view && c->cross_view->size > 1 &&
+           c->ops->hier_allreduce;
+}
+
 /* Runs one collective on this thread; the caller holds exec_lock. */
 static int execute(fl_comm *c, const call *a) {
     const struct fl_comm_ops *ops = c->ops;
@@ -124,7 +131,8 @@ static int execute(fl_comm *c, const call *a) {
     switch (a->kind) {
     case OP_ALLREDUCE:
         if (a->count)
-            rc = ops->allreduce(c, a->out, a->count, a->t, a->op);
+            rc = hierarchical_now(c) ? ops->hier_allreduce(c, a->out, a->count, a->t, a->op)
+                                     : ops->allreduce(c, a->out, a->count, a->t, a->op);
         break;
     case OP_REDUCE_SCATTER:
         if (a->count)

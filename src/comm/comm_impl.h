@@ -22,6 +22,11 @@ typedef struct {
 struct fl_comm_ops {
     const char *name;
     int  (*allreduce)(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op);
+    /* Optional: the hierarchical allreduce. comm.c alone chooses it (fl_comm_set_hierarchical
+     * on, node and cross views made, more than one node) over allreduce; the backend says how:
+     * tcp's fuses the three steps over its peers with bounded scratch (hier.c), nccl's composes
+     * its views' own collectives (hier_views.c). NULL: allreduce serves. */
+    int  (*hier_allreduce)(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op);
     int  (*reduce_scatter)(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
                            fl_redop op);
     int  (*allgather)(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t);

@@ -3,7 +3,9 @@
  * comm.backend nccl the node view is an NCCL communicator of the node's GPUs (NVLink, PCIe)
  * and the cross view is tcp over fleet's own connections between the nodes (issue 15: "NCCL
  * inside the node and tcp between nodes"). The tcp backend itself runs hier.c, which fuses the
- * same three steps over its peers with bounded scratch.
+ * same three steps over its peers with bounded scratch. Whether an allreduce is hierarchical
+ * is comm.c's one choice for every backend (hierarchical_now); each backend's hier_allreduce
+ * entry says which of the two runs.
  *
  * Steps (Jia et al. 2018, sec. 4, as hier.c): the node's sum by the node view's allreduce;
  * this local rank's segment (fl_ring_segment: any count, segments differ by at most one

@@ -297,21 +297,22 @@ static int split_op(fl_comm *c, const char *what, void *buf, size_t count, fl_dt
     return 0;
 }
 
-/* Hierarchical (fl_comm_set_hierarchical, strategy.use_hierarchical_allreduce): NCCL inside
- * the node, tcp between the nodes (hier_views.c). The cross step reduces on the host, so the
- * buffer must be host memory (the strategies stage their buckets there). */
 static int nccl_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
-    if (c->hierarchical && c->node_view && c->cross_view->size > 1) {
-        op_name o = {c, "hierarchical allreduce", count, t};
-        bool dev;
-        FL_TRY(on_device(state_of(c), &o, buf, &dev));
-        if (dev)
-            return fl_fail(FL_EINVAL, "nccl: rank %d: hierarchical allreduce of %zu %s: the "
-                           "buffer is GPU memory, but the step between nodes is tcp's and "
-                           "takes host memory", c->rank, count, fl_dtype_name(t));
-        return fl_hier_views_allreduce(c, buf, count, t, op);
-    }
     return split_op(c, "allreduce", buf, count, t, op, -1);
+}
+
+/* Hierarchical (comm.c chose it: strategy.use_hierarchical_allreduce): NCCL inside the node,
+ * tcp between the nodes (hier_views.c). The cross step reduces on the host, so the buffer must
+ * be host memory (the strategies stage their buckets there). */
+static int nccl_hier_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
+    op_name o = {c, "hierarchical allreduce", count, t};
+    bool dev;
+    FL_TRY(on_device(state_of(c), &o, buf, &dev));
+    if (dev)
+        return fl_fail(FL_EINVAL, "nccl: rank %d: hierarchical allreduce of %zu %s: the buffer "
+                       "is GPU memory, but the step between nodes is tcp's and takes host "
+                       "memory", c->rank, count, fl_dtype_name(t));
+    return fl_hier_views_allreduce(c, buf, count, t, op);
 }
 
 static int nccl_broadcast(fl_comm *c, void *buf, size_t count, fl_dtype t, int root) {
@@ -440,6 +441,7 @@ static int nccl_barrier(fl_comm *c) {
 const struct fl_comm_ops nccl_comm_ops = {
     .name = "nccl",
     .allreduce = nccl_allreduce,
+    .hier_allreduce = nccl_hier_allreduce,
     .reduce_scatter = nccl_reduce_scatter,
     .allgather = nccl_allgather,
     .allgatherv = nccl_allgatherv,

@@ -179,17 +179,6 @@ static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_red
         fl_reduce_finalize(buf, count, t, op, 1);
         return 0;
     }
-    if (c->hierarchical && c->node_view && c->node_view->size > 1 && c->cross_view->size > 1) {
-        fl_hier_tuning ht = {st->tune.rd_max_bytes, st->tune.seg_max_bytes};
-        tcp_state *ns = state_of(c->node_view);
-        int rc = fl_hier_allreduce(peers(ns), peers(state_of(c->cross_view)), &st->scratch, &ht,
-                                   buf, count, t, op);
-        /* a failure between nodes is handed to this node's shared memory, so that its ranks
-         * name the same culprit instead of the rank that stopped answering them */
-        if (rc < 0 && ns->shm)
-            rc = fl_shm_abort(ns->shm, rc, fl_errmsg());
-        return rc;
-    }
     switch (fl_tcp_allreduce_choice(&st->tune, fl_peers_size(peers(st)),
                                     count * fl_dtype_size(t))) {
     case FL_TCP_ALLREDUCE_RD: return fl_rd_allreduce(peers(st), &st->scratch, buf, count, t, op);
@@ -197,6 +186,23 @@ static int tcp_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_red
     case FL_TCP_ALLREDUCE_RING: break;
     }
     return fl_ring_allreduce(peers(st), &st->scratch, st->tune.seg_max_bytes, buf, count, t, op);
+}
+
+/* The hierarchical allreduce (comm.c chose it): hier.c over the node's and the cross group's
+ * peers; with one rank per node it is the flat allreduce (nothing to reduce inside a node). */
+static int tcp_hier_allreduce(fl_comm *c, void *buf, size_t count, fl_dtype t, fl_redop op) {
+    tcp_state *st = state_of(c);
+    if (!peers(st) || c->node_view->size < 2)
+        return tcp_allreduce(c, buf, count, t, op);
+    fl_hier_tuning ht = {st->tune.rd_max_bytes, st->tune.seg_max_bytes};
+    tcp_state *ns = state_of(c->node_view);
+    int rc = fl_hier_allreduce(peers(ns), peers(state_of(c->cross_view)), &st->scratch, &ht, buf,
+                               count, t, op);
+    /* a failure between nodes is handed to this node's shared memory, so that its ranks name
+     * the same culprit instead of the rank that stopped answering them */
+    if (rc < 0 && ns->shm)
+        rc = fl_shm_abort(ns->shm, rc, fl_errmsg());
+    return rc;
 }
 
 static int tcp_reduce_scatter(fl_comm *c, const void *in, void *out, size_t count, fl_dtype t,
@@ -361,6 +367,7 @@ static int tcp_split(fl_comm *c, fl_comm *node, const int *node_ranks, fl_comm *
 static const struct fl_comm_ops tcp_ops = {
     .name = "tcp",
     .allreduce = tcp_allreduce,
+    .hier_allreduce = tcp_hier_allreduce,
     .reduce_scatter = tcp_reduce_scatter,
     .allgather = tcp_allgather,
     .allgatherv = tcp_allgatherv,
