@@ -36,7 +36,7 @@
  *   over the transport above; a hierarchical allreduce is the views' own collectives
  *   (hier_views.c), on host memory.
  * - Counters: as mpi.c, the payload handed to NCCL and received from it. */
-#include "nccl_impl.h"
+#include "nccl_state.h"
 
 #include "algorithms.h"
 #include "hier_views.h"

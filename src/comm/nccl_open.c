@@ -1,7 +1,7 @@
 /* nccl_open.c - the nccl backend's set-up and tear-down: the rank's GPU, the NCCL unique ids
  * over fleet's authenticated tcp transport, the lanes' communicators and streams, node groups
  * (ncclCommSplit), and closing with a bounded finalize (nccl.c's header says why). */
-#include "nccl_impl.h"
+#include "nccl_state.h"
 
 #include "algorithms.h"
 #include "hier_views.h"

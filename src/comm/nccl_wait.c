@@ -1,7 +1,7 @@
 /* nccl_wait.c - the nccl backend's waiting and failing: every wait polls a CUDA event or
  * NCCL's asynchronous error with a deadline (FLEET_COMM_TIMEOUT), and a failure aborts every
  * communicator and asks the tcp transport which peer is gone (nccl.c's header says why). */
-#include "nccl_impl.h"
+#include "nccl_state.h"
 
 #include "algorithms.h"
 #include "transport.h"

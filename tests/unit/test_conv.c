@@ -6,7 +6,7 @@
 #include "fleet/nn.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
-#include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/backend_private.h"
 #include "test.h"
 
 static fl_rng rng;

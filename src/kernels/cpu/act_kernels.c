@@ -1,7 +1,7 @@
 /* act_kernels.c - relu, tanh and sigmoid of the CPU table, forward and backward.
  * f32 tanh and sigmoid use an inline, vectorisable exp (glibc's tanhf costs ~20 ns per element
  * and would dominate a small MLP's step); f64 keeps libm, since it exists for gradient checks. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include <math.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * optional fused ReLU) and the backward. Each (image, channel) row is summed in the dtype
  * (vectorised) and the row sums in double, in a fixed order per channel; channels are split
  * over OpenMP threads, so results do not depend on the thread count. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include "kernels/relu_mask.h"
 

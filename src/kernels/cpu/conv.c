@@ -9,7 +9,7 @@
  * itself a convolution (of dy with the flipped kernel), strided ones use col2im. The plan keeps
  * the table whose gemm it runs: the cpu table's (OpenBLAS) or the ref table's (plain
  * loops), so the reference backend's convolution is the same algorithm on the plainest kernels. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include "fleet/status.h"
 

@@ -1,6 +1,6 @@
 /* cpu.c - the fl_backend_cpu() table: OpenBLAS gemm (gemm.c) and OpenMP loops
  * (elementwise.c, act_kernels.c, reduce.c, softmax.c), gathered behind fl_backend. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 static fl_conv_plan *cpu_conv_plan_create(const fl_conv_desc *d) {
     return cpu_conv_plan_create_with(fl_backend_cpu(), d);

@@ -2,7 +2,7 @@
  * Each loop is vectorised with `omp simd` and split over threads only above PAR_MIN elements;
  * none of them reduces across elements except sum_rows, whose columns are independent. Also
  * mixed precision's f16/bf16 rounding. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include <math.h>
 #include <string.h>

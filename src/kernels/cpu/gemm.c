@@ -3,7 +3,7 @@
  * the thread count. Empty sizes and alpha = 0 are handled here (BLAS rejects an empty matrix's
  * leading dimension), and small products are one block: splitting them costs more than it
  * gains. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include <cblas.h>
 #include <limits.h>

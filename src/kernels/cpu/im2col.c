@@ -4,7 +4,7 @@
  * processing"); col2im is its adjoint (scatter-add), used for the input gradient. Rows are
  * independent per channel, so channels are split over OpenMP threads. The window's output size
  * (fl_conv_geom_out) is src/kernels/conv_geom.c's. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include <string.h>
 

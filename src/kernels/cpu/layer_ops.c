@@ -2,7 +2,7 @@
  * fused ReLU, inverted dropout's mask, the option-A shortcut's channel padding, and label
  * smoothing's extra terms of the cross-entropy. Elementwise loops, one pass each way; what
  * sums (the smoothing term) sums rows in order, so nothing depends on the thread count. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include "fleet/rng.h"
 #include "kernels/relu_mask.h"

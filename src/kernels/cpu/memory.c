@@ -1,7 +1,7 @@
 /* memory.c - what the CPU backends (cpu, ref, onednn) do for the backend's memory and streams:
  * host memory from aligned_alloc, copies as memcpy, streams and events as tokens (every kernel
  * has finished when it returns), and the NCHW <-> NHWC reorder the network runs at its edges. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include "fleet/status.h"
 

@@ -1,7 +1,7 @@
 /* pool.c - max and average pooling over independent (H, W) planes, forward and backward, as
  * PyTorch defines them (max pads with -inf and sends the gradient to the first maximum; average
  * divides by KH KW, padding included). Planes are split over OpenMP threads. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include <string.h>
 

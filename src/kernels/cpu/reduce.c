@@ -1,7 +1,7 @@
 /* reduce.c - sum and sum of squares of the CPU table, deterministic under any thread count:
  * CHUNK-element chunks are each summed in double by the same vector loop wherever they run, and
  * the chunk sums are added serially in order (GROUP of them at a time, on the stack). */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #define GROUP 256 /* chunks per group: 1M elements */
 

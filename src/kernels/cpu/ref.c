@@ -1,7 +1,7 @@
 /* ref.c - the fl_backend_ref() table: the plainest loops that implement kernels.h, single-
  * threaded, naive triple-loop gemm, sums in double. Slow on purpose; it is what the tests
  * hold the fast table to, so every line should be obviously right. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 #include "fleet/backend.h"
 #include "fleet/status.h"
 
@@ -206,7 +206,7 @@ static const fl_backend ref_ops = {
     .softmax_xent_backward = ref_softmax_xent_backward,
     .sgd_update = ref_sgd_update,
     .momentum_update = ref_momentum_update,
-    /* window and batch-norm loops: the same plain loops as the cpu table (cpu_impl.h) */
+    /* window and batch-norm loops: the same plain loops as the cpu table (backend_private.h) */
     .conv_plan_create = ref_conv_plan_create,
     .conv_plan_free = cpu_conv_plan_free,
     .conv_scratch_bytes = cpu_conv_scratch_bytes,

@@ -1,7 +1,7 @@
 /* softmax.c - fused softmax cross-entropy of the CPU table: per row, max-shifted exp, sum in
  * double, loss = logsumexp - logit[label] (huge logits never overflow); row losses are added in
  * row order whatever the thread count. probs may alias logits, dlogits may alias probs. */
-#include "cpu_impl.h"
+#include "backend_private.h"
 
 #include <math.h>
 

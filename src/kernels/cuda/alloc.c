@@ -2,7 +2,7 @@
  * classes, a free list per class, cudaMalloc only on a miss, so a training step that frees and
  * allocates the same sizes allocates nothing from the driver after warm-up; PyTorch's caching
  * allocator is the model), memory_peak, and copies in a stream. One mutex guards it. */
-#include "cuda_impl.h"
+#include "backend_private.h"
 
 #include <pthread.h>
 #include <stdlib.h>

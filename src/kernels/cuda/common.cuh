@@ -4,7 +4,7 @@
 #ifndef FLEET_KERNELS_CUDA_COMMON_CUH
 #define FLEET_KERNELS_CUDA_COMMON_CUH
 
-#include "cuda_impl.h"
+#include "backend_private.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * per-thread current device, the stream's wait, and the fatal-error path of device failures.
  * Apart from cuda.c so that the allocator (alloc.c) and the table (cuda.c) both use it
  * without calling into each other. */
-#include "cuda_impl.h"
+#include "backend_private.h"
 
 #include <stdio.h>
 #include <stdlib.h>

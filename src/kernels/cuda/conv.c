@@ -9,7 +9,7 @@
  * Weights stay in PyTorch's (OC, IC / groups, KH, KW) order: cuDNN is given an NCHW filter
  * with NHWC activations, and where it has no algorithm for that mix the plan keeps an NHWC
  * (OHWI) copy of the weights, reordered on every call, and reorders the gradient back. */
-#include "cuda_impl.h"
+#include "backend_private.h"
 
 #include <cudnn.h>
 #include <limits.h>

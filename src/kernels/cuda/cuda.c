@@ -1,7 +1,7 @@
 /* cuda.c - the fl_backend_cuda() table: binding the device (stream, cuBLAS and cuDNN handles,
  * made once by device_bind, into context.c's context), and streams and events as real
- * cudaStream_t / cudaEvent_t. The ops live in the files beside it (cuda_impl.h). */
-#include "cuda_impl.h"
+ * cudaStream_t / cudaEvent_t. The ops live in the files beside it (backend_private.h). */
+#include "backend_private.h"
 
 #include <cublas_v2.h>
 #include <cudnn.h>

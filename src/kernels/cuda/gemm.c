@@ -1,7 +1,7 @@
 /* gemm.c - the cuda backend's GEMM: cuBLAS Sgemm / Dgemm on row-major matrices by the usual
  * operand swap (row-major C = A B is column-major C^T = B^T A^T). TF32 is off unless
  * FLEET_CUDA_TF32=1 (device_bind sets the handle's math mode); k = 0 is C = beta C. */
-#include "cuda_impl.h"
+#include "backend_private.h"
 
 #include <cublas_v2.h>
 #include <limits.h>

@@ -1,10 +1,10 @@
-/* cuda_impl.h - private to the cuda backend: the one device context (context.c: stream, cuBLAS
- * and cuDNN handles, made by cuda.c's device_bind), the checks that turn a failed CUDA, cuBLAS
- * or cuDNN call into a fatal error naming the call and the op, the allocator's internal
+/* backend_private.h - private to the cuda backend: the one device context (context.c: stream,
+ * cuBLAS and cuDNN handles, made by cuda.c's device_bind), the checks that turn a failed CUDA,
+ * cuBLAS or cuDNN call into a fatal error naming the call and the op, the allocator's internal
  * scratch, and the per-file entry points that cuda.c gathers into fl_backend_cuda(). C and C++
- * (nvcc) both include it. */
-#ifndef FLEET_KERNELS_CUDA_IMPL_H
-#define FLEET_KERNELS_CUDA_IMPL_H
+ * (nvcc) both include it. Named for the backend, not for one file: every file here shares it. */
+#ifndef FLEET_KERNELS_CUDA_BACKEND_PRIVATE_H
+#define FLEET_KERNELS_CUDA_BACKEND_PRIVATE_H
 
 #include "fleet/backend.h"
 #include "fleet/status.h"
@@ -180,4 +180,4 @@ void cuda_dgc_apply_dense(int64_t n, float *w, float *g, float *u, double lr, do
 #ifdef __cplusplus
 }
 #endif
-#endif /* FLEET_KERNELS_CUDA_IMPL_H */
+#endif /* FLEET_KERNELS_CUDA_BACKEND_PRIVATE_H */

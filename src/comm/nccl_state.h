@@ -1,8 +1,9 @@
-/* nccl_impl.h - private to the nccl backend's three files: nccl.c (the collectives and their
- * transfers, the ops table), nccl_wait.c (waiting with a deadline, aborting and naming the
- * failure), nccl_open.c (set-up and tear-down). Compiled only with NCCL (FL_USE_NCCL). */
-#ifndef FLEET_COMM_NCCL_IMPL_H
-#define FLEET_COMM_NCCL_IMPL_H
+/* nccl_state.h - private to the nccl backend: its state, and what its three files share:
+ * nccl.c (the collectives and their transfers, the ops table), nccl_wait.c (waiting with a
+ * deadline, aborting and naming the failure), nccl_open.c (set-up and tear-down). Compiled
+ * only with NCCL (FL_USE_NCCL). */
+#ifndef FLEET_COMM_NCCL_STATE_H
+#define FLEET_COMM_NCCL_STATE_H
 
 #include "nccl_comm.h"
 #include "transport.h"
@@ -103,4 +104,4 @@ void nccl_destroy(fl_comm *c);
 int  nccl_split(fl_comm *c, fl_comm *node, const int *node_ranks, fl_comm *cross,
                 const int *cross_ranks);
 
-#endif /* FLEET_COMM_NCCL_IMPL_H */
+#endif /* FLEET_COMM_NCCL_STATE_H */

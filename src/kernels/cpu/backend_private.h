@@ -1,8 +1,9 @@
-/* cpu_impl.h - private to the CPU kernels: the per-file entry points that cpu.c gathers into
- * fl_backend_cpu(), the dtype dispatch, and the loop macros that decide between a plain
- * vectorised loop and an OpenMP one (a parallel region costs microseconds; small loops skip it). */
-#ifndef FLEET_KERNELS_CPU_IMPL_H
-#define FLEET_KERNELS_CPU_IMPL_H
+/* backend_private.h - private to the CPU kernels (the cpu and ref tables): the per-file entry
+ * points that cpu.c and ref.c gather into their tables, the dtype dispatch, and the loop macros
+ * that decide between a plain vectorised loop and an OpenMP one (a parallel region costs
+ * microseconds; small loops skip it). Named for the backend, not for one file. */
+#ifndef FLEET_KERNELS_CPU_BACKEND_PRIVATE_H
+#define FLEET_KERNELS_CPU_BACKEND_PRIVATE_H
 
 #include "fleet/backend.h"
 #include "fleet/status.h"
@@ -162,4 +163,4 @@ fl_layout cpu_nchw_only(fl_dtype t);
     .dgc_encode = dgc_encode, .dgc_scatter_add = dgc_scatter_add,                             \
     .dgc_apply_pairs = dgc_apply_pairs, .dgc_apply_dense = dgc_apply_dense
 
-#endif /* FLEET_KERNELS_CPU_IMPL_H */
+#endif /* FLEET_KERNELS_CPU_BACKEND_PRIVATE_H */
