@@ -217,14 +217,18 @@ static inline double mx_eps(fl_dtype t) {
     }
 }
 
-/* Checks `got` (n elements: element j is global element base + j of the reduction). */
+/* Checks elements first, first + step, ... of `got` (n elements: element j is global element
+ * base + j of the reduction). An output that every rank holds whole (allreduce) is checked in
+ * rank-strided shares, the ranks' shares together all of it: mx_hashes proves the ranks hold
+ * the same bits. */
 static inline void mx_check_reduced(mx_ctx *m, const char *what, fl_dtype t, fl_redop op,
-                                    int kind, const void *got, size_t base, size_t n) {
+                                    int kind, const void *got, size_t base, size_t n,
+                                    size_t first, size_t step) {
     size_t es = fl_dtype_size(t);
     m->checks++;
     if (kind == MX_EXACT) {
         unsigned char want[8];
-        for (size_t j = 0; j < n; j++) {
+        for (size_t j = first; j < n; j += step) {
             mx_put_expected(m, t, op, want, 0, mx_expect(m, t, op, kind, base + j, NULL));
             if (!mx_same(want, (const char *)got + j * es, es)) {
                 mx_fail(m, "%s: element %zu: got %.9g want %.9g", what, j, mx_get(t, got, j),
@@ -235,7 +239,7 @@ static inline void mx_check_reduced(mx_ctx *m, const char *what, fl_dtype t, fl_
         return;
     }
     double div = op == FL_REDOP_AVG ? m->size : 1;
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = first; j < n; j += step) {
         double mag, want = mx_expect(m, t, op, kind, base + j, &mag) / div;
         double tol = (m->size + 2) * mx_eps(t) * mag / div;
         double g = mx_get(t, got, j);
@@ -267,7 +271,7 @@ static inline void mx_allreduce(mx_ctx *m, fl_dtype t, fl_redop op, int kind, si
         double dt = fl_now() - t0;
         if (m->verbose && m->rank == 0)
             fprintf(stderr, "%s: %.3f ms\n", what, dt * 1e3);
-        mx_check_reduced(m, what, t, op, kind, buf, 0, count);
+        mx_check_reduced(m, what, t, op, kind, buf, 0, count, (size_t)m->rank, (size_t)m->size);
         mx_hashes(m, what, mx_hash_bytes(0, buf, count * es), true);
     }
     free(buf);
@@ -283,14 +287,15 @@ static inline void mx_reduce_scatter(mx_ctx *m, fl_dtype t, fl_redop op, int kin
     for (size_t i = 0; i < total; i++)
         mx_put(t, in, i, mx_value(m, t, kind, m->rank, i));
     if (mx_rc(m, fl_comm_reduce_scatter(m->c, in, out, count, t, op), what)) {
-        mx_check_reduced(m, what, t, op, kind, out, (size_t)m->rank * count, count);
+        mx_check_reduced(m, what, t, op, kind, out, (size_t)m->rank * count, count, 0, 1);
         mx_hashes(m, what, mx_hash_bytes(0, out, count * es), false);
     }
     free(in);
     free(out);
 }
 
-/* allgather (counts NULL: count each; in_place: in is out's own block) or allgatherv. */
+/* allgather (counts NULL: count each; in_place: in is out's own block) or allgatherv; every
+ * rank checks its rank-strided share of the output, mx_hashes that all hold the same bits. */
 static inline void mx_allgather(mx_ctx *m, fl_dtype t, size_t count, const size_t *counts,
                                 bool in_place) {
     char what[160];
@@ -314,11 +319,11 @@ static inline void mx_allgather(mx_ctx *m, fl_dtype t, size_t count, const size_
                     : fl_comm_allgather(m->c, in, out, count, t);
     if (mx_rc(m, rc, what)) {
         m->checks++;
-        size_t off = 0;
+        size_t off = 0, sz = (size_t)m->size;
         unsigned char want[8];
-        for (int q = 0; q < m->size; q++) {
+        for (int q = 0; q < m->size; q++) { /* this rank's share: (off + i) % size == rank */
             size_t n = counts ? counts[q] : count;
-            for (size_t i = 0; i < n; i++) {
+            for (size_t i = ((size_t)m->rank + sz - off % sz) % sz; i < n; i += sz) {
                 mx_put(t, want, 0, mx_value(m, t, MX_EXACT, q, i));
                 if (!mx_same(want, (char *)out + (off + i) * es, es)) {
                     mx_fail(m, "%s: rank %d's element %zu: got %.9g want %.9g", what, q, i,
@@ -524,7 +529,7 @@ static inline void mx_async(mx_ctx *m, size_t count) {
                     mx_fail(m, "%s: iallreduce %d (%s %s) result wrong", what, k,
                             fl_dtype_name(ts[k]), fl_redop_name(ops[k]));
             } else {
-                mx_check_reduced(m, what, ts[k], ops[k], kinds[k], bufs[k], 0, count);
+                mx_check_reduced(m, what, ts[k], ops[k], kinds[k], bufs[k], 0, count, 0, 1);
             }
             m->case_id = saved;
         }
@@ -579,9 +584,9 @@ static inline void mx_async(mx_ctx *m, size_t count) {
             mx_fail(m, "%s: the blocking call returned before the async one completed", what);
         if (mx_rc(m, fl_request_wait(r), what)) {
             m->case_id = id1;
-            mx_check_reduced(m, what, FL_DTYPE_F32, FL_REDOP_SUM, MX_EXACT, a, 0, count);
+            mx_check_reduced(m, what, FL_DTYPE_F32, FL_REDOP_SUM, MX_EXACT, a, 0, count, 0, 1);
             m->case_id = id2;
-            mx_check_reduced(m, what, FL_DTYPE_F32, FL_REDOP_MAX, MX_EXACT, b, 0, count);
+            mx_check_reduced(m, what, FL_DTYPE_F32, FL_REDOP_MAX, MX_EXACT, b, 0, count, 0, 1);
         }
         r = NULL;
     }
