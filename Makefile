@@ -1,13 +1,15 @@
 # The two commands of the README:
 #   make run    installs system packages, builds, trains the quick-start model on 2 local workers
-#   make test   installs system packages, builds, runs every test (and the unit tests again
-#               under AddressSanitizer + UndefinedBehaviorSanitizer)
+#   make test   installs system packages, builds, runs every test, the numeric tests again with
+#               oneDNN and OpenBLAS held to an older instruction set (make test-isa), and the
+#               unit tests under AddressSanitizer + UndefinedBehaviorSanitizer; then prints the
+#               ten slowest tests (scripts/run-tests.sh)
 BUILD     ?= build
 SAN_BUILD ?= build-san
 JOBS      ?= $(shell nproc)
 CMAKE     ?= cmake
 
-.PHONY: all run test deps build build-san test-san bench clean
+.PHONY: all run test test-isa deps build build-san test-san bench clean
 
 all: build
 
@@ -25,8 +27,10 @@ run: build
 	$(BUILD)/tools/fleetrun --nproc_per_node 2 --log_dir log $(BUILD)/tools/fleet-train -c configs/quickstart.yaml
 
 test: build build-san
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	cd $(SAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
+	@scripts/run-tests.sh $(BUILD) $(SAN_BUILD) $(JOBS)
+
+test-isa: build
+	@scripts/test-isa.sh $(BUILD) -j $(JOBS)
 
 build-san: deps
 	@mkdir -p $(SAN_BUILD)

@@ -36,13 +36,18 @@ fi
 
 # the loss of every step, from metrics.jsonl (full precision)
 losses() { grep '"phase":"train"' "$1/metrics.jsonl" | sed -E 's/.*"loss":([^,]*),.*/\1/'; }
-# within TOL FILE1 FILE2: the same number of lines, each |a - b| <= TOL (1 + |b|)
+# within TOL FILE1 FILE2 [EARLY_TOL EARLY_STEPS]: the same number of lines, each |a - b| <=
+# TOL (1 + |b|), the first EARLY_STEPS within EARLY_TOL (1 + |b|); prints the largest
+# differences, relative to (1 + |b|), of the early steps and of all
 within() {
-  awk -v tol="$1" 'NR == FNR { a[FNR] = $1; n = FNR; next }
-    { m = FNR; d = a[FNR] - $1; if (d < 0) d = -d; s = $1 < 0 ? -$1 : $1
-      if (d > worst) worst = d
-      if (d > tol * (1 + s)) { print "step " FNR ": " a[FNR] " vs " $1; bad = 1 } }
-    END { printf "  %d steps, largest difference %.3g\n", m, worst; exit bad || n != m || m == 0 }' "$2" "$3"
+  awk -v tol="$1" -v etol="${4:-$1}" -v esteps="${5:-0}" 'NR == FNR { a[FNR] = $1; n = FNR; next }
+    { m = FNR; d = a[FNR] - $1; if (d < 0) d = -d; s = $1 < 0 ? -$1 : $1; r = d / (1 + s)
+      if (r > worst) worst = r
+      if (FNR <= esteps && r > eworst) eworst = r
+      if (r > (FNR <= esteps ? etol : tol)) { print "step " FNR ": " a[FNR] " vs " $1; bad = 1 } }
+    END { if (esteps) printf "  steps 1-%d: largest relative difference %.3g (line %g)\n", esteps, eworst, etol
+          printf "  %d steps, largest relative difference %.3g (line %g)\n", m, worst, tol
+          exit bad || n != m || m == 0 }' "$2" "$3"
 }
 one() { # one NAME BACKEND ARGS...: a single-process run logging every step
   local name=$1 be=$2; shift 2
@@ -56,8 +61,11 @@ one() { # one NAME BACKEND ARGS...: a single-process run logging every step
 # pooling in NHWC against the NCHW im2col path. A small constant rate without momentum: at the
 # recipe's rate (0.1 after warm-up, batch 16) any two summation orders, ref against cpu too,
 # drift apart ~6x a step (1e-8 after one update, 1e-3 by step 12), which would test the
-# dynamics, not the backend. Tolerance 2e-3 relative: f32 convolutions and batch-norm
-# reductions summed in other orders (a few 1e-6 after one update), compounded over 30 updates.
+# dynamics, not the backend. Even so the difference grows with the steps, and how fast depends
+# on the kernels oneDNN and OpenBLAS pick for the CPU: the largest relative difference over
+# steps 1-5 was 8.0e-6 (AVX2) and 1.5e-5 (SSE4.1 kernels), over 30 steps 3.5e-4 and 1.3e-3.
+# So: steps 1-5 within 1e-4 (rounding; a wrong gradient moves step 2 by far more), all 30
+# within 5e-3 (about 4x the worst spread seen).
 slow=(-o optimizer.lr.base=0.005 -o optimizer.lr.warmup_steps=0 -o optimizer.lr.schedule=constant
   -o optimizer.momentum=0)
 r20=(-c "$src/configs/shapes_resnet.yaml" -o train.batch_size=32 -o train.max_steps=30
@@ -65,7 +73,8 @@ r20=(-c "$src/configs/shapes_resnet.yaml" -o train.batch_size=32 -o train.max_st
 one r20 cpu "${r20[@]}"
 one r20 onednn "${r20[@]}"
 echo "ResNet-20, onednn vs cpu:"
-check "ResNet-20: 30 losses within 2e-3" within 2e-3 "$tmp/r20.onednn.loss" "$tmp/r20.cpu.loss"
+check "ResNet-20: the first 5 losses within 1e-4, 30 within 5e-3" \
+  within 5e-3 "$tmp/r20.onednn.loss" "$tmp/r20.cpu.loss" 1e-4 5
 
 # the quick-start MLP (no convolutions: the same kernels on both backends): identical
 mlp=(-c "$src/configs/mlp.yaml" -o train.max_steps=30 -o data.train_size=8192)

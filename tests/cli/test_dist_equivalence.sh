@@ -13,7 +13,8 @@
 # twice), which combines in recursive doubling's order: every rank must end with the bits of the
 # recursive-doubling run (fuse 0.02 MiB, overlap on). The bucket
 # plan is checked from rank 0's debug log: fc1 (4224 values), fc2 (16512), fc3 (516) make 1
-# bucket at 32 MiB, 3 at 0.02 MiB (fc2.weight alone), 6 at 0.
+# bucket at 32 MiB, 3 at 0.02 MiB (fc2.weight alone), 6 at 0. The 6 jobs of a case (fusion x
+# overlap) run side by side.
 set -u
 run="${FLEET_BIN:?}/fleetrun"
 prog="${FLEET_BUILD:?}/tests/dist/dist_train"
@@ -40,12 +41,26 @@ for opt in sgd momentum; do
     [ -s "$tmp/$ref.bin" ] ||
     "$prog" "${args[@]}" --batch $((n * b)) --out "$tmp/$ref.bin" >"$tmp/$ref.log" 2>&1 ||
       { echo "FAIL: 1 worker, batch $((n * b)) ($opt)"; tail -5 "$tmp/$ref.log"; fail=1; continue; }
+    # the 6 jobs of this case side by side (each a few seconds, mostly starting up and
+    # meeting), then their checks in order; a job's own FAIL lines are in NAME.train
     for fuse in 32 0.02 0; do
       for overlap in on off; do
         name="${opt}_${case}_${fuse}_$overlap"
-        train_case "$name" "$case" "${args[@]}" --batch $b --fuse "$fuse" --overlap "$overlap" &&
+        train_case "$name" "$case" "${args[@]}" --batch $b --fuse "$fuse" --overlap "$overlap" \
+          >"$tmp/$name.train" 2>&1 &
+      done
+    done
+    wait
+    for fuse in 32 0.02 0; do
+      for overlap in on off; do
+        name="${opt}_${case}_${fuse}_$overlap"
+        cat "$tmp/$name.train"
+        if grep -q '^FAIL' "$tmp/$name.train"; then
+          fail=1
+        else
           compare "$opt, $case workers x batch $b, fuse $fuse MiB, overlap $overlap vs 1 x $((n * b))" \
             1e-5 "$name" "$ref"
+        fi
         want=$(case $fuse in 32) echo 1;; 0.02) echo 3;; 0) echo 6;; esac)
         grep -q "strategy dense: $want buckets of at most $fuse MiB" "$tmp/$name.log" ||
           { echo "FAIL: $name: not $want buckets"; grep 'strategy dense' "$tmp/$name.log"; fail=1; }

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # test_fleet_train_amp.sh - fleet-train with strategy.amp: the CIFAR-style ResNet of
-# configs/shapes_resnet.yaml, made small (ResNet-8, 16x16 images, 512 steps of 32; about 4 s on
-# 2 cores), reaches the f32 run's validation accuracy within 0.5 points in float16 (the
-# longer run is bench/amp_accuracy.sh); the progress line ends with the loss scale and the
-# skipped steps and metrics.jsonl carries them; an inf injected at step 20 is skipped and said.
+# configs/shapes_resnet.yaml, made small (ResNet-8, 16x16 images, 512 steps of 32; about 20 s on
+# 2 cores), learns in float16 as in f32: both reach >= 96% validation accuracy (chance 10%), and
+# float16 is within 3 points of f32 (the 0.5-point goal is bench/amp_accuracy.sh's, over the
+# full recipe and its seeds); the progress line ends with the loss scale and the skipped steps
+# and metrics.jsonl carries them; an inf injected at step 20 is skipped and said.
+# The lines come from the measured spread of one such short run's accuracy, which moves with
+# the seed and with the kernels oneDNN and OpenBLAS pick for the CPU: seeds 1-3 and 2024 on AVX2
+# (AMD), 2024 on AVX-512 and AVX2 (Intel) and on SSE4.1 kernels gave f32 0.9873-0.9971 and
+# float16 0.9805-0.9971, float16 minus f32 -1.36 .. +0.59 points; the lines are twice that
+# spread away. A check of float16 against f32 within 0.5 points fell on either side of its
+# line from one CPU to the next.
 set -u
 bin="${FLEET_BIN:?}/fleet-train"
 cfg="${FLEET_SRC:?}/configs/shapes_resnet.yaml"
@@ -27,8 +34,9 @@ FLEET_AMP_INJECT_INF=20 timeout 300 "$bin" -c "$cfg" "${small[@]}" -o strategy.a
 check "amp float16: exit 0" test $? -eq 0
 a32=$(acc f32) a16=$(acc f16)
 echo "ResNet-8 on 16x16 shapes, 512 steps of 32: validation accuracy f32 ${a32:-none}, amp float16 ${a16:-none}"
-check "amp float16 reaches f32's accuracy within 0.5 points (${a16:-none} >= ${a32:-none} - 0.005)" \
-  awk -v a="${a16:-0}" -v b="${a32:-1}" 'BEGIN { exit !(a >= b - 0.005 && b >= 0.9) }'
+check "f32 learns: ${a32:-none} >= 0.96" awk -v b="${a32:-0}" 'BEGIN { exit !(b >= 0.96) }'
+check "amp float16 learns as f32 does: ${a16:-none} >= 0.96 and >= ${a32:-none} - 0.03" \
+  awk -v a="${a16:-0}" -v b="${a32:-1}" 'BEGIN { exit !(a >= 0.96 && a >= b - 0.03) }'
 check "progress line: loss_scale and skipped at its end" \
   grep -qE '^worker_index: 0, epoch 1, step 512, loss [0-9.]+, acc1 [0-9.]+, lr [0-9.]+, ips [0-9.]+ img/s, comm 0.0 MB, act [0-9.]+ MB, peak [0-9]+ MB, loss_scale 32768, skipped 1$' "$tmp/f16.out"
 check "f32's progress line has neither" bash -c "! grep -q loss_scale '$tmp/f32.out'"

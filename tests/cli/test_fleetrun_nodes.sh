@@ -90,8 +90,12 @@ node kill0 127.0.0.1 2 --max_restarts 2 -- "${quick[@]}" -o checkpoint.dir=kill/
 k0=$!
 node kill1 127.0.0.2 2 --max_restarts 2 -- "${quick[@]}" -o checkpoint.dir=kill/ck
 k1=$!
+# rank 3's pid found while the job starts, so that the kill follows step 22's line at once (a
+# lookup after it, on a loaded machine, let the job run past the checkpoints looked for)
+p3=""
+for _ in $(seq 1 3000); do p3=$(pid_of "$bin" PADDLE_TRAINER_ID=3); [ -n "$p3" ] && break; sleep 0.02; done
 if wait_line kill1.log/workerlog.1 "^worker_index: 3, epoch 1, step 22," 60; then
-  kill -9 $(pid_of "$bin" PADDLE_TRAINER_ID=3)
+  kill -9 ${p3:-$(pid_of "$bin" PADDLE_TRAINER_ID=3)}
 fi
 wait $k0; rc0=$?; wait $k1; rc1=$?
 unset FLEET_BENCH_SLOW

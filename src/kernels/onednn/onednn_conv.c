@@ -11,7 +11,10 @@
  * - the NCHW forward in batch slots (no sums between images).
  * The NHWC forward and both layouts' backward data compute each output on one thread in an
  * order that does not depend on the thread count (the test checks 1-4 threads), so they keep
- * oneDNN's own threading. Weights stay in PyTorch's (G)OIHW order for the caller and are
+ * oneDNN's own threading; except where oneDNN runs one of them as a gemm (no direct kernel for
+ * the shape on this CPU's instruction set: backward data of 1x1 NCHW and 3-channel inputs on
+ * AVX2, grouped forwards on SSE4.1), which splits its sums across threads: such a primitive is
+ * created and run single-threaded. Weights stay in PyTorch's (G)OIHW order for the caller and are
  * reordered each call into the format each primitive chose (format_tag_any). f64, and f32 NCHW
  * shapes oneDNN has no implementation for, run on a cpu-table plan kept inside this one. */
 #include "onednn_impl.h"
@@ -42,6 +45,7 @@ typedef struct conv_entry {
     int     nthr;
     dnnl_primitive_t fwd;          /* NULL where the forward runs in slots (NCHW) */
     dnnl_primitive_t bwd_data;
+    bool fwd_serial, bwd_serial;   /* a gemm, created and run on one thread (gemm_serial) */
     dnnl_primitive_t w_fwd, w_bwd; /* user weights -> the primitive's format; NULL: same */
     dnnl_memory_desc_t x_md, y_md, wfwd_md, wbwd_md;
     dnnl_memory_desc_t spad_md[2]; /* fwd, bwd_data scratchpads */
@@ -181,6 +185,27 @@ static conv_mds mds_of(const fl_conv_plan *p, const dnnl_memory_desc_t *x,
     return c;
 }
 
+/* Whether oneDNN implements pd as a gemm ("gemm:jit", "gemm:ref"): its sums are split across
+ * however many threads it was created for, so that its bits depend on the thread count. */
+static bool gemm_impl(const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+           impl && strstr(impl, "gemm");
+}
+
+/* Runs prim on one thread when serial (a gemm created single-threaded: gemm_impl), else with
+ * oneDNN's own threading. */
+static void run_maybe_serial(dnnl_primitive_t prim, onednn_args *a, bool serial) {
+    if (!serial) {
+        onednn_run(prim, a);
+        return;
+    }
+    int nthr = omp_get_max_threads();
+    omp_set_num_threads(1);
+    onednn_run(prim, a);
+    omp_set_num_threads(nthr);
+}
+
 /* The forward primitive descriptor (the backward ones' required hint). */
 static int fwd_pd_create(conv_mds *c, const_dnnl_primitive_attr_t attr,
                          dnnl_primitive_desc_t *pd) {
@@ -212,13 +237,23 @@ static int entry_init(fl_conv_plan *p, conv_entry *e, int64_t n) {
     dnnl_primitive_desc_t fwd_pd = NULL, bd_pd = NULL;
     dnnl_convolution_desc_t cd;
     int rc;
+    int nthr = omp_get_max_threads();
     if ((rc = fwd_pd_create(&c, attr, &fwd_pd)) < 0)
         goto done;
+    if (!p->slot_fwd && gemm_impl(fwd_pd)) { /* again, single-threaded */
+        dnnl_primitive_desc_destroy(fwd_pd);
+        omp_set_num_threads(1);
+        rc = fwd_pd_create(&c, attr, &fwd_pd);
+        e->fwd_serial = true;
+        if (rc < 0)
+            goto done;
+    }
     if (!p->slot_fwd && dnnl_primitive_create(&e->fwd, fwd_pd) != dnnl_success) {
         e->fwd = NULL;
         rc = fl_fail(FL_EUNSUPPORTED, "onednn conv: conv forward: primitive creation failed");
         goto done;
     }
+    omp_set_num_threads(nthr);
     if (dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, c.x,
                                                          &c.w_any, c.y, c.strides, c.dil, c.pad,
                                                          c.pad) != dnnl_success) {
@@ -227,6 +262,16 @@ static int entry_init(fl_conv_plan *p, conv_entry *e, int64_t n) {
     }
     if ((rc = onednn_create(&e->bwd_data, &cd, attr, fwd_pd, &bd_pd, "conv backward data")) < 0)
         goto done;
+    if (gemm_impl(bd_pd)) { /* again, single-threaded */
+        dnnl_primitive_destroy(e->bwd_data);
+        dnnl_primitive_desc_destroy(bd_pd);
+        omp_set_num_threads(1);
+        rc = onednn_create(&e->bwd_data, &cd, attr, fwd_pd, &bd_pd, "conv backward data");
+        omp_set_num_threads(nthr);
+        e->bwd_serial = true;
+        if (rc < 0)
+            goto done;
+    }
     e->wfwd_md = *dnnl_primitive_desc_query_md(fwd_pd, dnnl_query_weights_md, 0);
     e->wbwd_md = *dnnl_primitive_desc_query_md(bd_pd, dnnl_query_weights_md, 0);
     if (e->fwd) {
@@ -249,6 +294,7 @@ static int entry_init(fl_conv_plan *p, conv_entry *e, int64_t n) {
     e->wbuf_off = round64(sp);
     e->bytes = e->wbuf_off + round64(wb);
 done:
+    omp_set_num_threads(nthr);
     if (fwd_pd)
         dnnl_primitive_desc_destroy(fwd_pd);
     if (bd_pd)
@@ -738,7 +784,7 @@ void onednn_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *
         onednn_arg(&a, DNNL_ARG_BIAS, &p->b_md, bias);
     onednn_arg(&a, DNNL_ARG_DST, &e->y_md, y);
     add_scratchpad(&a, &e->spad_md[0], e->spad_bytes[0], s);
-    onednn_run(e->fwd, &a);
+    run_maybe_serial(e->fwd, &a, e->fwd_serial);
 }
 
 void onednn_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const void *w,
@@ -757,7 +803,7 @@ void onednn_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const
                weights_for(e->w_bwd, &p->w_md, &e->wbwd_md, w, s + e->wbuf_off));
     onednn_arg(&a, DNNL_ARG_DIFF_SRC, &e->x_md, dx);
     add_scratchpad(&a, &e->spad_md[1], e->spad_bytes[1], s);
-    onednn_run(e->bwd_data, &a);
+    run_maybe_serial(e->bwd_data, &a, e->bwd_serial);
 }
 
 /* Batch slots' partials, each in its slot's region (slot 0's possibly in the user's arrays

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# test-isa.sh - runs the tests labelled "numeric" (those whose checks compare trained accuracy
+# or losses, or kernel results, and so depend on the kernels oneDNN and OpenBLAS pick for this
+# CPU) a second time with both libraries held to an older instruction set than this machine's:
+# what passes here then passes on the next CPU too. On an AVX-512 machine that is AVX2
+# (ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell); on an AVX2 one SSE4.1
+# (ONEDNN_MAX_CPU_ISA=SSE41, OPENBLAS_CORETYPE=Nehalem); older CPUs skip it.
+# FLEET_TEST_ISA="ONEDNN_ISA CORETYPE" chooses by hand, e.g. FLEET_TEST_ISA="AVX Sandybridge".
+# make test runs it.
+#   scripts/test-isa.sh BUILD_DIR [ctest options...]
+set -euo pipefail
+dir=${1:?usage: test-isa.sh BUILD_DIR [ctest options...]}
+shift
+if [ -n "${FLEET_TEST_ISA:-}" ]; then
+  read -r isa core <<<"$FLEET_TEST_ISA"
+elif grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+  isa=AVX2 core=Haswell
+elif grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
+  isa=SSE41 core=Nehalem
+else
+  echo "test-isa: this CPU has no AVX2: pass 1 ran the older kernels already; skipped"
+  exit 0
+fi
+echo "test-isa: the numeric tests again with ONEDNN_MAX_CPU_ISA=$isa OPENBLAS_CORETYPE=$core"
+cd "$dir"
+# DNNL_MAX_CPU_ISA: the name oneDNN 2.x read before ONEDNN_MAX_CPU_ISA
+ONEDNN_MAX_CPU_ISA=$isa DNNL_MAX_CPU_ISA=$isa OPENBLAS_CORETYPE=$core \
+  ctest --output-on-failure -L numeric "$@"
