@@ -6,7 +6,9 @@
  * created on the first async call, so they complete in issue order; waiters sleep on a
  * condition variable (no spinning: training threads need the cores). exec_lock makes sure
  * only one collective runs at a time. Once a collective fails, every later call fails at once
- * with the first failure's message. */
+ * with the first failure's message. About 800 lines in one file on purpose: the blocking path,
+ * the async queue and the failure state share exec_lock and the queue's invariants, which a
+ * reader checks in one place. */
 #include "comm_impl.h"
 
 #include "fleet/log.h"

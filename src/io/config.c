@@ -1,7 +1,8 @@
 /* config.c - fl_config_load checks a YAML file and "-o key=value" overrides against a schema of
  * dotted keys and writes the values into the caller's struct. Every refusal names the key and
  * where it came from. Showing the result (fl_config_print, fl_config_to_json) is
- * config_print.c's. */
+ * config_print.c's. Just over 600 lines: the loader's walk over the YAML tree, its overrides and
+ * its value parsers share the per-key bookkeeping (set, file_line) that its messages quote. */
 #include "fleet/config.h"
 
 #include "fleet/status.h"

@@ -7,7 +7,9 @@
  * case: every rank checksums its state and one allreduce tells whether they all agree. If they
  * do, rank 0's model.safetensors stands for all; if not (DGC's residuals, Local SGD between
  * synchronisations), or when checkpoint.per_rank is set, every rank writes rank_<r>.safetensors.
- * Tensors in a device's memory are read and written through host copies (fl_train_stage). */
+ * Tensors in a device's memory are read and written through host copies (fl_train_stage).
+ * A little over 600 lines: save and resume must list the same tensors in the same order, so
+ * both stay beside the one list that names them. */
 #include "train/train_impl.h"
 
 #include "fleet/checkpoint.h"

@@ -16,7 +16,9 @@
  * AVX2, grouped forwards on SSE4.1), which splits its sums across threads: such a primitive is
  * created and run single-threaded. Weights stay in PyTorch's (G)OIHW order for the caller and are
  * reordered each call into the format each primitive chose (format_tag_any). f64, and f32 NCHW
- * shapes oneDNN has no implementation for, run on a cpu-table plan kept inside this one. */
+ * shapes oneDNN has no implementation for, run on a cpu-table plan kept inside this one.
+ * Over 600 lines in one file: the plan, its three passes and their work pieces are one design
+ * (results independent of the thread count) whose parts only make sense together. */
 #include "onednn_impl.h"
 
 #include <omp.h>
