@@ -97,6 +97,11 @@ typedef struct fl_layer_ops {
                     bool training);
     int (*backward2)(fl_layer *l, const fl_tensor *a, const fl_tensor *b, const fl_tensor *y,
                      const fl_tensor *dy, fl_tensor *da, fl_tensor *db, bool accumulate);
+    /* Two-input layers whose inputs may differ in shape (concatenation, the channel-wise
+     * multiply) set this as well as infer_shape (which the network then does not call): it
+     * receives both sample shapes, a's and b's. NULL: both inputs must have one shape. */
+    int (*infer_shape2)(fl_layer *l, int a_ndim, const int64_t *a_shape, int b_ndim,
+                        const int64_t *b_shape, int *out_ndim, int64_t *out_shape);
     /* The layer runs on spatial (C, H, W) activations in either layout (l->layout); a network
      * uses its backend's NHWC layout only when every layer reading a spatial input sets this
      * (elementwise layers, convolution, batch norm, pooling; not fc, which would flatten in
@@ -140,7 +145,8 @@ void fl_layer_free(fl_layer *l);
 /* Linear: y (B, OUT) = x (B, IN) W^T + b; weight (OUT, IN) as in PyTorch, bias (OUT).
  * Initialised as PyTorch's nn.Linear: U(-1/sqrt(IN), 1/sqrt(IN)) for both. */
 fl_layer *fl_fc_create(const char *name, int64_t in_features, int64_t out_features, bool bias);
-/* Elementwise activation (relu, tanh, sigmoid); any shape. */
+/* Elementwise activation (relu, tanh, sigmoid, hardswish, hardsigmoid; backend.h defines
+ * them); any shape. */
 fl_layer *fl_activation_create(const char *name, fl_act act);
 
 /* Convolution options, PyTorch's nn.Conv2d arguments (NCHW). */
@@ -174,8 +180,23 @@ fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu);
 fl_layer *fl_pool2d_create(const char *name, fl_pool pool, int64_t k, int64_t s, int64_t p);
 /* Global average pooling: (B, C, H, W) -> (B, C) (the mean of each plane). */
 fl_layer *fl_global_avg_pool_create(const char *name);
+/* Global average pooling keeping the spatial dimensions: (B, C, H, W) -> (B, C, 1, 1), Paddle's
+ * AdaptiveAvgPool2D(1) (what a squeeze-and-excitation block's 1x1 convolutions read). */
+fl_layer *fl_adaptive_avg_pool_create(const char *name);
+/* (B, d1, d2, ...) -> (B, d1 d2 ...) in NCHW order whatever the network's layout (an NHWC
+ * input is reordered), Paddle's nn.Flatten(1, -1): what lets an fc follow (C, H, W). */
+fl_layer *fl_flatten_create(const char *name);
 /* y = a + b (then max(0, .) when relu), for fl_net_add2; any shape, both inputs alike. */
 fl_layer *fl_add_create(const char *name, bool relu);
+/* The channel-wise scale of squeeze-and-excitation (Hu et al. 2018, arXiv:1709.01507), for
+ * fl_net_add2: y = a * b with a (B, C, H, W) and b (B, C, 1, 1) or (B, C), one factor per
+ * sample and channel broadcast over the pixels (paddle.multiply(x, y) with y (N, C, 1, 1));
+ * backward gives both inputs' gradients. No parameters. */
+fl_layer *fl_channel_mul_create(const char *name);
+/* Concatenation along channels, for fl_net_add2: a (B, CA, H, W) and b (B, CB, H, W) ->
+ * (B, CA + CB, H, W), a's channels first (paddle.concat(axis=1), PP-HGNet's aggregation); also
+ * (B, CA) and (B, CB). Backward hands each input its channels of dy. No parameters. */
+fl_layer *fl_concat_create(const char *name);
 /* Inverted dropout: in training y = x * m / (1 - p) with m ~ Bernoulli(1 - p) per element; in
  * inference y = x. The mask of a forward is a function of (seed, step) only (Philox stream
  * `step`), step counting the layer's training forwards from 0, so runs are reproducible and

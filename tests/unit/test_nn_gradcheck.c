@@ -1,6 +1,7 @@
 /* test_nn_gradcheck.c - every layer's backward against central finite differences in f64, with
  * both kernel tables: single layers under a random projection loss (arbitrary dy, input gradient
- * included), softmax cross-entropy, and whole MLPs (tanh, relu, sigmoid) through the mean loss. */
+ * included), softmax cross-entropy, and whole MLPs (tanh, relu, sigmoid) through the mean loss.
+ * The two-input layers and PP-LCNet's blocks: test_nn_pplcnet.c. */
 #include "fleet/backend.h"
 #include "fleet/nn.h"
 #include "fleet/rng.h"
@@ -128,6 +129,16 @@ static void test_layers(const fl_backend *k) {
                     false);
     gradcheck_layer("sigmoid", k, fl_activation_create("sigmoid", FL_ACT_SIGMOID), 1, in5, 4, -3,
                     3, false);
+    /* the hard activations on (-5, 5): both flat tails, the ramp (no sample within EPS of a
+     * kink at +-3 with this seed) */
+    gradcheck_layer("hardswish", k, fl_activation_create("hardswish", FL_ACT_HARDSWISH), 3, in234,
+                    3, -5, 5, false);
+    gradcheck_layer("hardsigmoid", k,
+                    fl_activation_create("hardsigmoid", FL_ACT_HARDSIGMOID), 3, in234, 3, -5, 5,
+                    false);
+    gradcheck_layer("adaptive_avg_pool", k, fl_adaptive_avg_pool_create("pool"), 3, in234, 2, -1,
+                    1, false);
+    gradcheck_layer("flatten", k, fl_flatten_create("flatten"), 3, in234, 2, -1, 1, false);
 }
 
 /* mean softmax cross-entropy of logits (B, C) */

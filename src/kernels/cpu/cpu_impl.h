@@ -125,6 +125,14 @@ double cpu_xent_smooth_term(fl_dtype t, const void *logits, int64_t rows, int64_
 void cpu_xent_smooth_backward(fl_dtype t, const int32_t *labels, void *dlogits, int64_t rows,
                               int64_t classes, double on, double all);
 
+/* channel_ops.c: squeeze-and-excitation's channel-wise scale and concatenation's copies */
+void cpu_channel_mul_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                             const void *x, const void *s, void *y);
+void cpu_channel_mul_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                              const void *x, const void *s, const void *dy, void *dx, void *ds);
+void cpu_channel_slice(fl_dtype t, fl_layout layout, int64_t n, int64_t hw, int64_t c, void *x,
+                       int64_t oc, int64_t off, void *y, bool forward);
+
 /* memory.c: host memory, copies, the NCHW <-> NHWC reorder, stream and event tokens */
 void *cpu_alloc(size_t bytes);
 void cpu_free(void *p);
@@ -155,6 +163,7 @@ fl_layout cpu_nchw_only(fl_dtype t);
     .event_wait = cpu_event_wait, .event_sync = cpu_event_sync,                               \
     .add_forward = cpu_add_forward, .add_backward = cpu_add_backward,                         \
     .dropout_mask = cpu_dropout_mask, .channel_pad = cpu_channel_pad,                         \
+    .channel_slice = cpu_channel_slice,                                                       \
     .xent_smooth_term = cpu_xent_smooth_term,                                                 \
     .xent_smooth_backward = cpu_xent_smooth_backward, .dgc_accumulate = dgc_accumulate,       \
     .dgc_select_exact = dgc_select_exact, .dgc_accumulate_select = dgc_accumulate_select,     \
