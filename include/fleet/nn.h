@@ -368,6 +368,20 @@ fl_net *fl_model_resnet(fl_dtype t, int layers, int64_t classes);
 fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t in_channels, int64_t classes,
                               char shortcut);
 
+/* PP-LCNet (Cui et al. 2021, arXiv:2109.15099) as PaddleClas builds it (PPLCNet_x<scale>):
+ * channels make_divisible(c * scale, 8), a 3x3 stride-2 stem and 13 depthwise-separable blocks
+ * (3x3 / 5x5 depthwise, SE in the last two), hardswish, pooling, a 1280-wide 1x1 convolution,
+ * dropout 0.2 and fc, for (in_channels, 224, 224) inputs (any size the five stride-2 steps fit).
+ * small_input: stride 1 in the stem and in blocks3 (PaddleClas's stride_list [1, 1, 2, 2, 2])
+ * for 28 x 28 and 32 x 32 images. Names are PaddleClas's ("blocks6.0.se.conv1.weight"). With
+ * 1000 classes PPLCNet_x1_0 has 2,952,520 trainable parameters (PaddleClas publishes 3.0M),
+ * x0_25 1,521,184 (1.5M), x2_5 9,017,560 (9.0M); docs/models.md lists every scale. scale in
+ * (0, 8] (PaddleClas's are 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5:
+ * fl_pplcnet_scale_known); NULL with a message otherwise. */
+fl_net *fl_model_pplcnet(fl_dtype t, double scale, int64_t in_channels, bool small_input,
+                         int64_t classes);
+bool    fl_pplcnet_scale_known(double scale);
+
 #ifdef __cplusplus
 }
 #endif

@@ -34,7 +34,12 @@ typedef enum {
  * FLAGS_selected_gpus names (its first entry, as Paddle takes it; 0 when unset) */
 typedef enum { FL_TRAIN_DEVICE_CPU = 0, FL_TRAIN_DEVICE_GPU = 1 } fl_train_device;
 
-typedef enum { FL_MODEL_MLP = 0, FL_MODEL_RESNET = 1, FL_MODEL_RESNET_CIFAR = 2 } fl_model_type;
+typedef enum {
+    FL_MODEL_MLP = 0,
+    FL_MODEL_RESNET = 1,
+    FL_MODEL_RESNET_CIFAR = 2,
+    FL_MODEL_PPLCNET = 3, /* PaddleClas's PP-LCNet (fl_model_pplcnet) */
+} fl_model_type;
 typedef enum {
     FL_DATA_RANDOM = 0,
     FL_DATA_TEACHER = 1,
@@ -62,6 +67,7 @@ typedef struct fl_train_config {
         int64_t         classes;    /* 0: the dataset's class count */
         int64_t         depth;      /* resnet: 18..152 (0: 50); resnet_cifar: 6n+2 (0: 20) */
         int             shortcut;   /* resnet_cifar: fl_shortcut_type */
+        double          scale;      /* pplcnet: PaddleClas's width scale (default 1.0) */
     } model;
     struct {
         int      type;       /* fl_data_type */
