@@ -3,12 +3,15 @@
  * squeeze-and-excitation block inside a network (every parameter's gradient by finite
  * differences); the zoo's PP-LCNet: parameter counts at 1000 classes against the architecture
  * (PaddleClas's published sizes, rounded), PaddleClas's names, its shapes at 224, 32 and 28;
- * and one training step of a small PP-LCNet on onednn (NHWC) and cpu against ref (NCHW). */
+ * one training step of a small PP-LCNet on onednn (NHWC) and cpu against ref (NCHW); and the cpu
+ * table's direct depthwise convolution against ref's im2col on backend_cases.h's grouped
+ * cases, forward and both backwards, bit-identical for 1 and 3 threads. */
 #include "fleet/backend.h"
 #include "fleet/nn.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
 #include "test.h"
+#include "unit/backend_cases.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -333,11 +336,97 @@ static void test_step_vs_ref(const fl_backend *k) {
     }
 }
 
+static void *fill_rand(fl_dtype t, int64_t n) {
+    void *p = malloc((size_t)(n > 0 ? n : 1) * 8);
+    for (int64_t i = 0; i < n; i++) {
+        double v = uniform(-1, 1);
+        if (t == FL_DTYPE_F32)
+            ((float *)p)[i] = (float)v;
+        else
+            ((double *)p)[i] = v;
+    }
+    return p;
+}
+
+static void to_f64(fl_dtype t, const void *p, int64_t n, double *out) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = t == FL_DTYPE_F32 ? ((const float *)p)[i] : ((const double *)p)[i];
+}
+
+/* one convolution's three results on table k with th threads */
+static void conv_run(const fl_backend *k, const fl_conv_desc *d, int64_t n, int th,
+                     const void *x, const void *w, const void *b, const void *dy, void *y,
+                     void *dx, void *dw, void *db) {
+    fl_kernels_set_threads(th);
+    fl_conv_plan *p = k->conv_plan_create(d);
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    void *scratch = malloc(k->conv_scratch_bytes(p) + 64);
+    k->conv_forward(p, n, x, w, b, y, scratch);
+    k->conv_backward_data(p, n, dy, w, dx, scratch);
+    k->conv_backward_filter(p, n, x, dy, dw, db, false, scratch);
+    free(scratch);
+    k->conv_plan_free(p);
+    fl_kernels_set_threads(0);
+}
+
+static void test_depthwise_vs_ref(void) {
+    const fl_backend *C = fl_backend_cpu(), *R = fl_backend_ref();
+    fl_dtype dts[] = {FL_DTYPE_F32, FL_DTYPE_F64};
+    for (size_t ci = 0; ci < N_CONV_CASES; ci++) {
+        const conv_case *cc = &conv_cases[ci];
+        if (cc->groups == 1)
+            continue;
+        for (int di = 0; di < 2; di++) {
+            fl_dtype t = dts[di];
+            fl_conv_desc d = {.dtype = t, .layout = FL_LAYOUT_NCHW, .max_batch = cc->n + cc->extra,
+                              .oc = cc->oc, .groups = cc->groups, .bias = cc->bias,
+                              .g = {.c = cc->ic, .h = cc->h, .w = cc->w, .kh = cc->kh,
+                                    .kw = cc->kw, .sh = cc->sh, .sw = cc->sw, .ph = cc->ph,
+                                    .pw = cc->pw, .dh = cc->dh, .dw = cc->dw}};
+            CHECK(fl_conv_geom_out(&d.g));
+            int64_t n = cc->n, nx = n * cc->ic * cc->h * cc->w;
+            int64_t ny = n * cc->oc * d.g.oh * d.g.ow;
+            int64_t nw = cc->oc * (cc->ic / cc->groups) * cc->kh * cc->kw;
+            void *x = fill_rand(t, nx), *w = fill_rand(t, nw), *b = fill_rand(t, cc->oc);
+            void *dy = fill_rand(t, ny);
+            void *out[3][4]; /* ref, cpu 1 thread, cpu 3 threads: y, dx, dw, db */
+            int64_t sz[4] = {ny, nx, nw, cc->oc};
+            for (int r = 0; r < 3; r++) {
+                for (int q = 0; q < 4; q++)
+                    out[r][q] = calloc((size_t)sz[q] + 1, 8);
+                conv_run(r ? C : R, &d, n, r == 2 ? 3 : 1, x, w, cc->bias ? b : NULL, dy,
+                         out[r][0], out[r][1], out[r][2], cc->bias ? out[r][3] : NULL);
+            }
+            const char *what[4] = {"forward", "backward data", "backward filter", "bias"};
+            for (int q = 0; q < 4; q++) {
+                double *g = malloc((size_t)sz[q] * 8 + 8), *want = malloc((size_t)sz[q] * 8 + 8);
+                to_f64(t, out[1][q], sz[q], g);
+                to_f64(t, out[0][q], sz[q], want);
+                char label[160];
+                snprintf(label, sizeof label, "%s %s [cpu vs ref, %s]", cc->name, what[q],
+                         fl_dtype_name(t));
+                double tol = t == FL_DTYPE_F32 ? 2e-5 : 1e-12;
+                CHECK_CLOSE(label, g, want, sz[q], tol, tol);
+                CHECK(memcmp(out[1][q], out[2][q], (size_t)sz[q] * fl_dtype_size(t)) == 0);
+                free(g);
+                free(want);
+            }
+            for (int r = 0; r < 3; r++)
+                for (int q = 0; q < 4; q++)
+                    free(out[r][q]);
+            free(x), free(w), free(b), free(dy);
+        }
+    }
+}
+
 int main(void) {
     fl_rng_init(&rng, 36, 1);
     test_two_input_layers();
     test_se_block(fl_backend_cpu());
     test_se_block(fl_backend_ref());
+    test_depthwise_vs_ref();
     test_param_counts();
     test_names_and_shapes();
     test_step_vs_ref(fl_backend_cpu());

@@ -113,6 +113,16 @@ void cpu_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const vo
 void cpu_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
                               void *dw, void *dbias, bool accumulate, void *scratch);
 
+/* conv_depthwise.c: the cpu table's depthwise convolution (groups = IC = OC), direct loops;
+ * x (N, C, H, W), w (C, 1, KH, KW), bias (C) or NULL, y (N, C, OH, OW); dW overwritten or added
+ * to (accumulate) */
+void cpu_conv_dw_forward(fl_dtype t, const fl_conv_geom *g, int64_t n, const void *x,
+                         const void *w, const void *bias, void *y);
+void cpu_conv_dw_backward_data(fl_dtype t, const fl_conv_geom *g, int64_t n, const void *dy,
+                               const void *w, void *dx);
+void cpu_conv_dw_backward_filter(fl_dtype t, const fl_conv_geom *g, int64_t n, const void *x,
+                                 const void *dy, void *dw, bool accumulate);
+
 /* layer_ops.c: the residual add, dropout's mask, option-A padding, label smoothing */
 void cpu_add_forward(fl_dtype t, const void *a, const void *b, void *y, int64_t n, bool relu);
 void cpu_add_backward(fl_dtype t, const void *y, const void *dy, void *da, void *db, int64_t n,
