@@ -381,6 +381,16 @@ fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t in_channels, int64_
 fl_net *fl_model_pplcnet(fl_dtype t, double scale, int64_t in_channels, bool small_input,
                          int64_t classes);
 bool    fl_pplcnet_scale_known(double scale);
+/* PP-HGNet (PaddleClas's PPHGNet_tiny / _small / _base; size "tiny", "small", "base"): VoVNet-
+ * style HG blocks (a chain of 3x3 ConvBNAct whose outputs and input are concatenated, a 1x1
+ * aggregation, ESE attention), depthwise stride-2 downsampling, a 2048-wide last convolution,
+ * for (in_channels, 224, 224); small_input: stride 1 in the stem's first convolution (28 x 28,
+ * 32 x 32). Names are PaddleClas's ("stages.2.blocks.1.att.conv.weight"). At 1000 classes:
+ * tiny 14,735,864 trainable values and 15,040 batch-norm buffer values, 14,750,904 in all
+ * (PaddleClas publishes 14.75M, counting the buffers), small 24,381,864 in all (24.38M), base
+ * 71,624,584 (71.62M). NULL with a message for another size. */
+fl_net *fl_model_pphgnet(fl_dtype t, const char *size, int64_t in_channels, bool small_input,
+                         int64_t classes);
 
 #ifdef __cplusplus
 }

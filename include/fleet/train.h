@@ -39,7 +39,9 @@ typedef enum {
     FL_MODEL_RESNET = 1,
     FL_MODEL_RESNET_CIFAR = 2,
     FL_MODEL_PPLCNET = 3, /* PaddleClas's PP-LCNet (fl_model_pplcnet) */
+    FL_MODEL_PPHGNET = 4, /* PaddleClas's PP-HGNet (fl_model_pphgnet) */
 } fl_model_type;
+typedef enum { FL_HGNET_TINY = 0, FL_HGNET_SMALL = 1, FL_HGNET_BASE = 2 } fl_hgnet_size;
 typedef enum {
     FL_DATA_RANDOM = 0,
     FL_DATA_TEACHER = 1,
@@ -68,6 +70,7 @@ typedef struct fl_train_config {
         int64_t         depth;      /* resnet: 18..152 (0: 50); resnet_cifar: 6n+2 (0: 20) */
         int             shortcut;   /* resnet_cifar: fl_shortcut_type */
         double          scale;      /* pplcnet: PaddleClas's width scale (default 1.0) */
+        int             size;       /* pphgnet: fl_hgnet_size (default tiny) */
     } model;
     struct {
         int      type;       /* fl_data_type */

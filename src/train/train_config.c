@@ -22,10 +22,11 @@
 
 /* enum choices are listed in the order of the C enums they map to */
 static const fl_cfg_key own_keys[] = {
-    {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0, "mlp|resnet|resnet_cifar|pplcnet",
-     true, "model zoo entry: mlp; resnet (torchvision's, 224x224 inputs); resnet_cifar "
-     "(32x32); pplcnet (PaddleClas's PP-LCNet: 224x224, or images under 112 pixels with the "
-     "small-input stem)"},
+    {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0,
+     "mlp|resnet|resnet_cifar|pplcnet|pphgnet", true,
+     "model zoo entry: mlp; resnet (torchvision's, 224x224 inputs); resnet_cifar (32x32); "
+     "pplcnet, pphgnet (PaddleClas's PP-LCNet, PP-HGNet: 224x224, or images under 112 pixels "
+     "with the small-input stem)"},
     {"model.input_size", FL_CFG_INT, OFF(model.input_size), 0, 0, BIG, NULL, false,
      "input features; 0 = the dataset's"},
     {"model.hidden", FL_CFG_INT_LIST, OFF(model.hidden), 0, 1, 1e6, NULL, false,
@@ -40,6 +41,8 @@ static const fl_cfg_key own_keys[] = {
      "resnet_cifar shortcuts where the shape changes: A zero-padding, B 1x1 conv + bn"},
     {"model.scale", FL_CFG_DOUBLE, OFF(model.scale), 0, 0.25, 2.5, NULL, false,
      "pplcnet width scale: 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0 or 2.5 (PPLCNet_x0_25 ..)"},
+    {"model.size", FL_CFG_ENUM, OFF(model.size), 0, 0, 0, "tiny|small|base", false,
+     "pphgnet: PPHGNet_tiny, PPHGNet_small or PPHGNet_base"},
 
     {"data.type", FL_CFG_ENUM, OFF(data.type), 0, 0, 0,
      "random|teacher|shapes|cifar10|imagelist|mnist", true,

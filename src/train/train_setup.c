@@ -135,6 +135,12 @@ static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds) {
         return fl_model_pplcnet(FL_DTYPE_F32, cfg->model.scale, ds->ndim == 3 ? ds->shape[0] : 3,
                                 small, cfg->data.classes);
     }
+    case FL_MODEL_PPHGNET: {
+        static const char *const sizes[] = {"tiny", "small", "base"};
+        bool small = ds->ndim == 3 && (ds->shape[1] < 112 || ds->shape[2] < 112);
+        return fl_model_pphgnet(FL_DTYPE_F32, sizes[cfg->model.size],
+                                ds->ndim == 3 ? ds->shape[0] : 3, small, cfg->data.classes);
+    }
     }
     fl_fail(FL_ECONFIG, "model.type: %d is not a model", cfg->model.type);
     return NULL;
