@@ -8,9 +8,12 @@
 # 4e-2 at most by step 20 at this rate: x0.25's batch norms over 8-channel 32 x 32 maps amplify
 # rounding, as any two summation orders of these networks do, test_backends.sh). Where
 # Debian's Fashion-MNIST is installed, configs/fashion_pplcnet.yaml prints PaddleClas's layer
-# names and trains 5 steps.
+# names and trains 5 steps. Two workers (fleetrun) train it with DGC (compressing from step 0)
+# and save an inference model, which fleet-eval runs to fleet-train's validation loss.
 set -u
 bin="${FLEET_BIN:?}/fleet-train"
+run="${FLEET_BIN:?}/fleetrun"
+evl="${FLEET_BIN:?}/fleet-eval"
 src="${FLEET_SRC:?}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -69,6 +72,27 @@ for be in cpu $([ $have_onednn -eq 1 ] && echo onednn); do
   check "$be vs ref: 2 losses within 1e-5" within 1e-5 "$tmp/$be.loss" "$tmp/ref.loss" 2
   check "$be vs ref: 20 losses within 5e-2" within 5e-2 "$tmp/$be.loss" "$tmp/ref.loss"
 done
+
+# 2 workers, DGC from step 0, the inference model through fleet-eval
+be=cpu; [ $have_onednn -eq 1 ] && be=onednn
+FLEET_COMM_TIMEOUT=120 timeout 400 "$run" --nproc_per_node 2 --log_dir "$tmp/wlog" "$bin" \
+  "${args[@]}" -o train.max_steps=8 -o data.val_size=64 -o train.backend=$be \
+  -o strategy.dgc=true -o strategy.dgc_configs.rampup_begin_step=0 \
+  -o strategy.dgc_configs.min_compress_numel=1024 -o train.log_dir="$tmp/dgc" \
+  -o checkpoint.dir="$tmp/ck" -o checkpoint.inference_model="$tmp/model.safetensors" \
+  >"$tmp/dgc.out" 2>&1
+check "2 workers DGC on $be: exit 0" test $? -eq 0
+losses "$tmp/dgc" >"$tmp/dgc.loss"
+check "2 workers DGC: 8 finite losses" test "$(grep -cE '^[0-9.e+-]+$' "$tmp/dgc.loss")" -eq 8
+grep -q "dgc" "$tmp/dgc.out" || grep -rqi "dgc" "$tmp/wlog" ||
+  { echo "FAIL: the DGC run does not say dgc"; fail=1; }
+val_loss=$(grep 'val_loss' "$tmp/dgc.out" | tail -1 | sed -E 's/.*val_loss ([0-9.]+).*/\1/')
+"$evl" -m "$tmp/model.safetensors" --out "$tmp/logits.npy" >"$tmp/eval.out" 2>&1
+check "fleet-eval runs the PP-LCNet inference model" test $? -eq 0
+got=$(sed -nE 's/.*loss ([0-9.]+), top1.*/\1/p' "$tmp/eval.out")
+echo "fleet-train val_loss $val_loss, fleet-eval loss $got"
+check "fleet-eval's loss is fleet-train's validation loss" \
+  awk -v a="$val_loss" -v b="$got" 'BEGIN { exit !(a != "" && b != "" && a - b < 6e-4 && b - a < 6e-4) }'
 
 # the Fashion-MNIST config, where the data is: PaddleClas's names, 5 steps
 fm=/usr/share/datasets/fashion-mnist
