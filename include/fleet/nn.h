@@ -381,6 +381,14 @@ fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t in_channels, int64_
 fl_net *fl_model_pplcnet(fl_dtype t, double scale, int64_t in_channels, bool small_input,
                          int64_t classes);
 bool    fl_pplcnet_scale_known(double scale);
+/* PP-LCNetV2 (PaddleClas's PPLCNetV2_base) in its training form: re-parameterisable
+ * multi-scale depthwise blocks (5x5 + 3x3 (+ 1x1) ConvBN branches summed), SE with a sigmoid and
+ * split pointwise convolutions in stage 3, a shortcut in stage 4, for (in_channels, 224, 224);
+ * small_input: stride 1 in the stem and stage1. Names are PaddleClas's. At 1000 classes:
+ * 6,687,208 trainable values and 40,832 batch-norm buffer values; PaddleClas's published 6.6M
+ * is the re-parameterised inference model's count (6,624,232: each rep block's branches
+ * replaced by one k x k depthwise convolution with bias), which fleet does not build yet. */
+fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, int64_t classes);
 /* PP-HGNet (PaddleClas's PPHGNet_tiny / _small / _base; size "tiny", "small", "base"): VoVNet-
  * style HG blocks (a chain of 3x3 ConvBNAct whose outputs and input are concatenated, a 1x1
  * aggregation, ESE attention), depthwise stride-2 downsampling, a 2048-wide last convolution,

@@ -40,6 +40,7 @@ typedef enum {
     FL_MODEL_RESNET_CIFAR = 2,
     FL_MODEL_PPLCNET = 3, /* PaddleClas's PP-LCNet (fl_model_pplcnet) */
     FL_MODEL_PPHGNET = 4, /* PaddleClas's PP-HGNet (fl_model_pphgnet) */
+    FL_MODEL_PPLCNETV2 = 5, /* PaddleClas's PPLCNetV2_base (fl_model_pplcnetv2) */
 } fl_model_type;
 typedef enum { FL_HGNET_TINY = 0, FL_HGNET_SMALL = 1, FL_HGNET_BASE = 2 } fl_hgnet_size;
 typedef enum {

@@ -23,10 +23,10 @@
 /* enum choices are listed in the order of the C enums they map to */
 static const fl_cfg_key own_keys[] = {
     {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0,
-     "mlp|resnet|resnet_cifar|pplcnet|pphgnet", true,
+     "mlp|resnet|resnet_cifar|pplcnet|pphgnet|pplcnetv2", true,
      "model zoo entry: mlp; resnet (torchvision's, 224x224 inputs); resnet_cifar (32x32); "
-     "pplcnet, pphgnet (PaddleClas's PP-LCNet, PP-HGNet: 224x224, or images under 112 pixels "
-     "with the small-input stem)"},
+     "pplcnet, pphgnet, pplcnetv2 (PaddleClas's PP-LCNet, PP-HGNet, PPLCNetV2_base: 224x224, "
+     "or images under 112 pixels with the small-input stem)"},
     {"model.input_size", FL_CFG_INT, OFF(model.input_size), 0, 0, BIG, NULL, false,
      "input features; 0 = the dataset's"},
     {"model.hidden", FL_CFG_INT_LIST, OFF(model.hidden), 0, 1, 1e6, NULL, false,

@@ -141,6 +141,11 @@ static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds) {
         return fl_model_pphgnet(FL_DTYPE_F32, sizes[cfg->model.size],
                                 ds->ndim == 3 ? ds->shape[0] : 3, small, cfg->data.classes);
     }
+    case FL_MODEL_PPLCNETV2: {
+        bool small = ds->ndim == 3 && (ds->shape[1] < 112 || ds->shape[2] < 112);
+        return fl_model_pplcnetv2(FL_DTYPE_F32, ds->ndim == 3 ? ds->shape[0] : 3, small,
+                                  cfg->data.classes);
+    }
     }
     fl_fail(FL_ECONFIG, "model.type: %d is not a model", cfg->model.type);
     return NULL;
