@@ -49,9 +49,23 @@
 extern "C" {
 #endif
 
-typedef enum { FL_ACT_NONE = 0, FL_ACT_RELU, FL_ACT_TANH, FL_ACT_SIGMOID } fl_act;
+/* Activations. hardswish(x) = x relu6(x + 3) / 6 and hardsigmoid(x) = relu6(x + 3) / 6 =
+ * clip(x / 6 + 1/2, 0, 1) (Howard et al. 2019, MobileNetV3, arXiv:1905.02244; PyTorch's
+ * definitions). Paddle's Hardsigmoid, which PaddleClas's SE modules use, is clip(slope x +
+ * offset, 0, 1) with slope 0.1666667 and offset 0.5: the same function with 1/6 rounded to 7
+ * digits (2e-7 relative), so fleet keeps the exact 1/6. */
+typedef enum {
+    FL_ACT_NONE = 0,
+    FL_ACT_RELU,
+    FL_ACT_TANH,
+    FL_ACT_SIGMOID,
+    FL_ACT_HARDSWISH,
+    FL_ACT_HARDSIGMOID,
+} fl_act;
+#define FL_ACT_COUNT (FL_ACT_HARDSIGMOID + 1)
 
-/* Parses "relu", "tanh", "sigmoid", "none"; returns 0 or FL_EINVAL. */
+/* Parses "relu", "tanh", "sigmoid", "hardswish", "hardsigmoid", "none"; returns 0 or
+ * FL_EINVAL. */
 int fl_act_parse(const char *name, fl_act *out);
 const char *fl_act_name(fl_act a);
 
@@ -191,7 +205,9 @@ typedef struct fl_backend {
 
     /* y = act(x), n elements; y may alias x. */
     void (*act_forward)(fl_dtype t, fl_act act, const void *x, void *y, int64_t n);
-    /* dx = dy * act'(x): relu uses x, tanh and sigmoid use y = act(x); dx may alias dy. */
+    /* dx = dy * act'(x): relu, hardswish and hardsigmoid use x, tanh and sigmoid use
+     * y = act(x); dx may alias dy. At the kinks: relu' (0) = 0; hardswish' is 0 below -3,
+     * x / 3 + 1/2 on [-3, 3], 1 above; hardsigmoid' is 1/6 on (-3, 3), else 0 (PyTorch's). */
     void (*act_backward)(fl_dtype t, fl_act act, const void *x, const void *y, const void *dy,
                          void *dx, int64_t n);
 
@@ -287,6 +303,22 @@ typedef struct fl_backend {
      * pixel; backward (forward false), x (c, h, w) = the adjoint from y. */
     void (*channel_pad)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t h,
                         int64_t w, int64_t stride, int64_t oc, void *x, void *y, bool forward);
+    /* The channel-wise scale of squeeze-and-excitation (Hu et al. 2018, arXiv:1709.01507):
+     * n images of c channels and hw pixels in layout, y = x * s with s (N, C) one factor per
+     * image and channel (the same memory as (N, C, 1, 1) in either layout). y may alias x. */
+    void (*channel_mul_forward)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                                const void *x, const void *s, void *y);
+    /* Its backward: dx = dy * s (unless dx is NULL; may alias dy) and ds (N, C) = the sum over
+     * the pixels of dy * x (unless ds is NULL), summed pixel by pixel in order (in double on
+     * the host), whatever the thread count. */
+    void (*channel_mul_backward)(fl_dtype t, fl_layout layout, int64_t n, int64_t c,
+                                 int64_t hw, const void *x, const void *s, const void *dy,
+                                 void *dx, void *ds);
+    /* Concatenation along channels, one input at a time: n images of hw pixels in layout;
+     * forward: y's channels [off, off + c) of its oc = x's c channels; backward (forward
+     * false): x = those channels of y. x and y do not overlap. */
+    void (*channel_slice)(fl_dtype t, fl_layout layout, int64_t n, int64_t hw, int64_t c,
+                          void *x, int64_t oc, int64_t off, void *y, bool forward);
     /* Label smoothing's extra term: the sum over rows of logsumexp(x_r) - mean_j(x_rj) */
     double (*xent_smooth_term)(fl_dtype t, const void *logits, int64_t rows, int64_t classes);
     /* dlogits[r][j] += (j == labels[r] ? on : 0) - all */

@@ -97,6 +97,11 @@ typedef struct fl_layer_ops {
                     bool training);
     int (*backward2)(fl_layer *l, const fl_tensor *a, const fl_tensor *b, const fl_tensor *y,
                      const fl_tensor *dy, fl_tensor *da, fl_tensor *db, bool accumulate);
+    /* Two-input layers whose inputs may differ in shape (concatenation, the channel-wise
+     * multiply) set this as well as infer_shape (which the network then does not call): it
+     * receives both sample shapes, a's and b's. NULL: both inputs must have one shape. */
+    int (*infer_shape2)(fl_layer *l, int a_ndim, const int64_t *a_shape, int b_ndim,
+                        const int64_t *b_shape, int *out_ndim, int64_t *out_shape);
     /* The layer runs on spatial (C, H, W) activations in either layout (l->layout); a network
      * uses its backend's NHWC layout only when every layer reading a spatial input sets this
      * (elementwise layers, convolution, batch norm, pooling; not fc, which would flatten in
@@ -140,7 +145,8 @@ void fl_layer_free(fl_layer *l);
 /* Linear: y (B, OUT) = x (B, IN) W^T + b; weight (OUT, IN) as in PyTorch, bias (OUT).
  * Initialised as PyTorch's nn.Linear: U(-1/sqrt(IN), 1/sqrt(IN)) for both. */
 fl_layer *fl_fc_create(const char *name, int64_t in_features, int64_t out_features, bool bias);
-/* Elementwise activation (relu, tanh, sigmoid); any shape. */
+/* Elementwise activation (relu, tanh, sigmoid, hardswish, hardsigmoid; backend.h defines
+ * them); any shape. */
 fl_layer *fl_activation_create(const char *name, fl_act act);
 
 /* Convolution options, PyTorch's nn.Conv2d arguments (NCHW). */
@@ -174,8 +180,23 @@ fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu);
 fl_layer *fl_pool2d_create(const char *name, fl_pool pool, int64_t k, int64_t s, int64_t p);
 /* Global average pooling: (B, C, H, W) -> (B, C) (the mean of each plane). */
 fl_layer *fl_global_avg_pool_create(const char *name);
+/* Global average pooling keeping the spatial dimensions: (B, C, H, W) -> (B, C, 1, 1), Paddle's
+ * AdaptiveAvgPool2D(1) (what a squeeze-and-excitation block's 1x1 convolutions read). */
+fl_layer *fl_adaptive_avg_pool_create(const char *name);
+/* (B, d1, d2, ...) -> (B, d1 d2 ...) in NCHW order whatever the network's layout (an NHWC
+ * input is reordered), Paddle's nn.Flatten(1, -1): what lets an fc follow (C, H, W). */
+fl_layer *fl_flatten_create(const char *name);
 /* y = a + b (then max(0, .) when relu), for fl_net_add2; any shape, both inputs alike. */
 fl_layer *fl_add_create(const char *name, bool relu);
+/* The channel-wise scale of squeeze-and-excitation (Hu et al. 2018, arXiv:1709.01507), for
+ * fl_net_add2: y = a * b with a (B, C, H, W) and b (B, C, 1, 1) or (B, C), one factor per
+ * sample and channel broadcast over the pixels (paddle.multiply(x, y) with y (N, C, 1, 1));
+ * backward gives both inputs' gradients. No parameters. */
+fl_layer *fl_channel_mul_create(const char *name);
+/* Concatenation along channels, for fl_net_add2: a (B, CA, H, W) and b (B, CB, H, W) ->
+ * (B, CA + CB, H, W), a's channels first (paddle.concat(axis=1), PP-HGNet's aggregation); also
+ * (B, CA) and (B, CB). Backward hands each input its channels of dy. No parameters. */
+fl_layer *fl_concat_create(const char *name);
 /* Inverted dropout: in training y = x * m / (1 - p) with m ~ Bernoulli(1 - p) per element; in
  * inference y = x. The mask of a forward is a function of (seed, step) only (Philox stream
  * `step`), step counting the layer's training forwards from 0, so runs are reproducible and
@@ -346,6 +367,38 @@ fl_net *fl_model_resnet(fl_dtype t, int layers, int64_t classes);
  * scheme. ResNet-20 with option A and 10 classes has 269,722 trainable parameters. */
 fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t in_channels, int64_t classes,
                               char shortcut);
+
+/* PP-LCNet (Cui et al. 2021, arXiv:2109.15099) as PaddleClas builds it (PPLCNet_x<scale>):
+ * channels make_divisible(c * scale, 8), a 3x3 stride-2 stem and 13 depthwise-separable blocks
+ * (3x3 / 5x5 depthwise, SE in the last two), hardswish, pooling, a 1280-wide 1x1 convolution,
+ * dropout 0.2 and fc, for (in_channels, 224, 224) inputs (any size the five stride-2 steps fit).
+ * small_input: stride 1 in the stem and in blocks3 (PaddleClas's stride_list [1, 1, 2, 2, 2])
+ * for 28 x 28 and 32 x 32 images. Names are PaddleClas's ("blocks6.0.se.conv1.weight"). With
+ * 1000 classes PPLCNet_x1_0 has 2,952,520 trainable parameters (PaddleClas publishes 3.0M),
+ * x0_25 1,521,184 (1.5M), x2_5 9,017,560 (9.0M); docs/models.md lists every scale. scale in
+ * (0, 8] (PaddleClas's are 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5:
+ * fl_pplcnet_scale_known); NULL with a message otherwise. */
+fl_net *fl_model_pplcnet(fl_dtype t, double scale, int64_t in_channels, bool small_input,
+                         int64_t classes);
+bool    fl_pplcnet_scale_known(double scale);
+/* PP-LCNetV2 (PaddleClas's PPLCNetV2_base) in its training form: re-parameterisable
+ * multi-scale depthwise blocks (5x5 + 3x3 (+ 1x1) ConvBN branches summed), SE with a sigmoid and
+ * split pointwise convolutions in stage 3, a shortcut in stage 4, for (in_channels, 224, 224);
+ * small_input: stride 1 in the stem and stage1. Names are PaddleClas's. At 1000 classes:
+ * 6,687,208 trainable values and 40,832 batch-norm buffer values; PaddleClas's published 6.6M
+ * is the re-parameterised inference model's count (6,624,232: each rep block's branches
+ * replaced by one k x k depthwise convolution with bias), which fleet does not build yet. */
+fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, int64_t classes);
+/* PP-HGNet (PaddleClas's PPHGNet_tiny / _small / _base; size "tiny", "small", "base"): VoVNet-
+ * style HG blocks (a chain of 3x3 ConvBNAct whose outputs and input are concatenated, a 1x1
+ * aggregation, ESE attention), depthwise stride-2 downsampling, a 2048-wide last convolution,
+ * for (in_channels, 224, 224); small_input: stride 1 in the stem's first convolution (28 x 28,
+ * 32 x 32). Names are PaddleClas's ("stages.2.blocks.1.att.conv.weight"). At 1000 classes:
+ * tiny 14,735,864 trainable values and 15,040 batch-norm buffer values, 14,750,904 in all
+ * (PaddleClas publishes 14.75M, counting the buffers), small 24,381,864 in all (24.38M), base
+ * 71,624,584 (71.62M). NULL with a message for another size. */
+fl_net *fl_model_pphgnet(fl_dtype t, const char *size, int64_t in_channels, bool small_input,
+                         int64_t classes);
 
 #ifdef __cplusplus
 }

@@ -34,7 +34,15 @@ typedef enum {
  * FLAGS_selected_gpus names (its first entry, as Paddle takes it; 0 when unset) */
 typedef enum { FL_TRAIN_DEVICE_CPU = 0, FL_TRAIN_DEVICE_GPU = 1 } fl_train_device;
 
-typedef enum { FL_MODEL_MLP = 0, FL_MODEL_RESNET = 1, FL_MODEL_RESNET_CIFAR = 2 } fl_model_type;
+typedef enum {
+    FL_MODEL_MLP = 0,
+    FL_MODEL_RESNET = 1,
+    FL_MODEL_RESNET_CIFAR = 2,
+    FL_MODEL_PPLCNET = 3, /* PaddleClas's PP-LCNet (fl_model_pplcnet) */
+    FL_MODEL_PPHGNET = 4, /* PaddleClas's PP-HGNet (fl_model_pphgnet) */
+    FL_MODEL_PPLCNETV2 = 5, /* PaddleClas's PPLCNetV2_base (fl_model_pplcnetv2) */
+} fl_model_type;
+typedef enum { FL_HGNET_TINY = 0, FL_HGNET_SMALL = 1, FL_HGNET_BASE = 2 } fl_hgnet_size;
 typedef enum {
     FL_DATA_RANDOM = 0,
     FL_DATA_TEACHER = 1,
@@ -62,6 +70,8 @@ typedef struct fl_train_config {
         int64_t         classes;    /* 0: the dataset's class count */
         int64_t         depth;      /* resnet: 18..152 (0: 50); resnet_cifar: 6n+2 (0: 20) */
         int             shortcut;   /* resnet_cifar: fl_shortcut_type */
+        double          scale;      /* pplcnet: PaddleClas's width scale (default 1.0) */
+        int             size;       /* pphgnet: fl_hgnet_size (default tiny) */
     } model;
     struct {
         int      type;       /* fl_data_type */

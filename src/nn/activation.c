@@ -1,4 +1,5 @@
-/* activation.c - the elementwise activation layer (relu, tanh, sigmoid) for any shape.
+/* activation.c - the elementwise activation layer (relu, tanh, sigmoid, hardswish, hardsigmoid)
+ * for any shape.
  * No parameters; forward and backward are one kernel call each over all B * features values. */
 #include "nn_impl.h"
 
@@ -48,6 +49,8 @@ static const fl_layer_ops act_ops[] = {
     [FL_ACT_RELU] = ACT_OPS("relu"),
     [FL_ACT_TANH] = ACT_OPS("tanh"),
     [FL_ACT_SIGMOID] = ACT_OPS("sigmoid"),
+    [FL_ACT_HARDSWISH] = ACT_OPS("hardswish"),
+    [FL_ACT_HARDSIGMOID] = ACT_OPS("hardsigmoid"),
 };
 
 fl_layer *fl_activation_create(const char *name, fl_act act) {

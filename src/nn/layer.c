@@ -75,7 +75,9 @@ void nn_fill_uniform(fl_tensor *t, fl_rng *r, double bound) {
 /* Every ops->type of the layers in src/nn, for mixed precision's lists (fl_net_set_amp). */
 static const char *const layer_types[] = {"fc", "conv2d", "batch_norm", "pool2d",
                                           "global_avg_pool", "add", "dropout", "shortcut_pad",
-                                          "relu", "tanh", "sigmoid", "identity"};
+                                          "relu", "tanh", "sigmoid", "identity",
+                                          "hardswish", "hardsigmoid", "adaptive_avg_pool",
+                                          "flatten", "channel_mul", "concat"};
 
 bool fl_layer_type_known(const char *type) {
     for (size_t i = 0; i < sizeof layer_types / sizeof layer_types[0]; i++)
@@ -86,5 +88,6 @@ bool fl_layer_type_known(const char *type) {
 
 const char *fl_layer_type_names(void) {
     return "fc, conv2d, batch_norm, pool2d, global_avg_pool, add, dropout, shortcut_pad, relu, "
-           "tanh, sigmoid, identity";
+           "tanh, sigmoid, identity, hardswish, hardsigmoid, adaptive_avg_pool, flatten, "
+           "channel_mul, concat";
 }

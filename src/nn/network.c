@@ -373,7 +373,19 @@ int fl_net_out_shape(const fl_net *net, int64_t *shape) {
 
 void fl_net_summary(const fl_net *net, FILE *out) {
     char buf[96];
-    fprintf(out, "%-20s %-10s %-16s %12s\n", "layer / param", "type", "shape", "count");
+    /* columns as wide as the longest name and type (PP-LCNet's "blocks6.0.se.conv1.weight") */
+    int nw = 20, tw = 10;
+    for (int i = 0; i < net->nlayers; i++) {
+        const fl_layer *l = net->layers[i];
+        int len = (int)strlen(l->name), tl = (int)strlen(l->ops->type);
+        nw = len > nw ? len : nw;
+        tw = tl > tw ? tl : tw;
+        for (int p = 0; p < l->nparams; p++) {
+            len = (int)strlen(l->params[p].name) + 2;
+            nw = len > nw ? len : nw;
+        }
+    }
+    fprintf(out, "%-*s %-*s %-16s %12s\n", nw, "layer / param", tw, "type", "shape", "count");
     for (int i = 0; i < net->nlayers; i++) {
         const fl_layer *l = net->layers[i];
         const char *shape = "?";
@@ -384,10 +396,10 @@ void fl_net_summary(const fl_net *net, FILE *out) {
             rc = net->plan.checkpoint[i] ? " checkpoint"
                  : net->plan.kept[i]     ? " kept"
                                          : " recomputed";
-        fprintf(out, "%-20s %-10s %-16s%s\n", l->name, l->ops->type, shape, rc);
+        fprintf(out, "%-*s %-*s %-16s%s\n", nw, l->name, tw, l->ops->type, shape, rc);
         for (int p = 0; p < l->nparams; p++) {
             const fl_param *prm = &l->params[p];
-            fprintf(out, "  %-18s %-10s %-16s %12lld\n", prm->name,
+            fprintf(out, "  %-*s %-*s %-16s %12lld\n", nw - 2, prm->name, tw,
                     prm->trainable ? "param" : "buffer",
                     fl_shape_str(prm->value.ndim, prm->value.shape, buf, sizeof buf),
                     (long long)prm->value.numel);

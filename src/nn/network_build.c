@@ -111,23 +111,31 @@ done:
     return total;
 }
 
+/* The sample shape of layer input `from` (an earlier layer's output or the network input). */
+static void shape_of(const fl_net *net, int from, int *ndim, const int64_t **shape) {
+    *ndim = from < 0 ? net->in_ndim : net->out[from].ndim - 1;
+    *shape = from < 0 ? net->in_shape : net->out[from].shape + 1;
+}
+
 /* The input sample shape of layer l (*ndim, *shape): the network's input or an earlier
- * layer's output, the same for each of its inputs; count: add l to its producers' consumers. */
+ * layer's output, the same for each of its inputs unless the layer has infer_shape2 (which
+ * receives both); count: add l to its producers' consumers. */
 static int layer_input_shape(fl_net *net, const fl_layer *l, bool count, int *ndim,
                              const int64_t **shape) {
     char buf[96], other[96];
     *ndim = net->in_ndim;
     *shape = net->in_shape;
     for (int k = 0; k < l->ninputs; k++) {
-        int from = l->inputs[k];
-        int kndim = from < 0 ? net->in_ndim : net->out[from].ndim - 1;
-        const int64_t *kshape = from < 0 ? net->in_shape : net->out[from].shape + 1;
+        int from = l->inputs[k], kndim;
+        const int64_t *kshape;
+        shape_of(net, from, &kndim, &kshape);
         if (from >= 0 && count)
             net->consumers[from]++;
         if (k == 0) {
             *ndim = kndim;
             *shape = kshape;
-        } else if (kndim != *ndim || memcmp(kshape, *shape, (size_t)*ndim * sizeof **shape)) {
+        } else if (!l->ops->infer_shape2 &&
+                   (kndim != *ndim || memcmp(kshape, *shape, (size_t)*ndim * sizeof **shape))) {
             return fl_fail(FL_ESHAPE, "%s: inputs %s and %s differ in shape", l->name,
                            fl_shape_str(*ndim, *shape, buf, sizeof buf),
                            fl_shape_str(kndim, kshape, other, sizeof other));
@@ -167,7 +175,14 @@ static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
             best = FL_LAYOUT_NCHW; // it would read a spatial activation in NCHW order
         int ondim = 0;
         int64_t oshape[FL_MAX_DIMS];
-        rc = l->ops->infer_shape(l, ndim, shape, &ondim, oshape);
+        if (l->ninputs == 2 && l->ops->infer_shape2) {
+            int ndim2;
+            const int64_t *shape2;
+            shape_of(net, l->inputs[1], &ndim2, &shape2);
+            rc = l->ops->infer_shape2(l, ndim, shape, ndim2, shape2, &ondim, oshape);
+        } else {
+            rc = l->ops->infer_shape(l, ndim, shape, &ondim, oshape);
+        }
         if (rc < 0)
             return rc;
         if (pass == 0 && i == net->nlayers - 1) {

@@ -1,6 +1,7 @@
 /* pool.c - max and average pooling layers over (B, C, H, W) in the network's layout, and
  * global average pooling (B, C, H, W) -> (B, C), which is average pooling with an H x W window
- * (its (B, C, 1, 1) output is the same in either layout). The computation is the backend's
+ * (its (B, C, 1, 1) output is the same in either layout), and the same keeping the (1, 1)
+ * (adaptive_avg_pool, Paddle's AdaptiveAvgPool2D(1)). The computation is the backend's
  * pool_forward / pool_backward. */
 #include "nn_impl.h"
 
@@ -12,6 +13,7 @@ typedef struct {
     fl_pool      pool;
     int64_t      k, s, p;
     bool         global;
+    bool         keepdim; /* global: (C, 1, 1) rather than (C) */
     fl_conv_geom g; /* per image: c channels */
 } pool_impl;
 
@@ -39,7 +41,7 @@ static int pool_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, i
                        fl_shape_str(in_ndim, in_shape, buf, sizeof buf));
     pi->g = g;
     out_shape[0] = in_shape[0];
-    if (pi->global) {
+    if (pi->global && !pi->keepdim) {
         *out_ndim = 1;
     } else {
         *out_ndim = 3;
@@ -88,6 +90,15 @@ static const fl_layer_ops gap_ops = {
     .destroy = pool_destroy,
 };
 
+static const fl_layer_ops adaptive_ops = {
+    .type = "adaptive_avg_pool",
+    .infer_shape = pool_infer_shape,
+    .forward = pool_forward,
+    .backward = pool_backward,
+    .nhwc = true,
+    .destroy = pool_destroy,
+};
+
 static fl_layer *create(const char *name, const fl_layer_ops *ops, fl_pool pool, int64_t k,
                         int64_t s, int64_t p, bool global) {
     pool_impl *pi = calloc(1, sizeof *pi);
@@ -95,7 +106,8 @@ static fl_layer *create(const char *name, const fl_layer_ops *ops, fl_pool pool,
         fl_fail(FL_ENOMEM, "%s: out of memory", name);
         return NULL;
     }
-    *pi = (pool_impl){.pool = pool, .k = k, .s = s ? s : k, .p = p, .global = global};
+    *pi = (pool_impl){.pool = pool, .k = k, .s = s ? s : k, .p = p, .global = global,
+                      .keepdim = ops == &adaptive_ops};
     fl_layer *l = fl_layer_new(ops, name, pi);
     if (!l)
         free(pi);
@@ -114,4 +126,8 @@ fl_layer *fl_pool2d_create(const char *name, fl_pool pool, int64_t k, int64_t s,
 
 fl_layer *fl_global_avg_pool_create(const char *name) {
     return create(name, &gap_ops, FL_POOL_AVG, 1, 1, 0, true);
+}
+
+fl_layer *fl_adaptive_avg_pool_create(const char *name) {
+    return create(name, &adaptive_ops, FL_POOL_AVG, 1, 1, 0, true);
 }

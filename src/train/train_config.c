@@ -2,6 +2,7 @@
  * and help line in one table (the trainer's keys, the strategy section embedded from
  * fl_strategy_schema, comm.backend), plus the checks that involve several keys. */
 #include "fleet/data.h"
+#include "fleet/nn.h"
 #include "fleet/backend.h"
 #include "fleet/optim.h"
 #include "fleet/status.h"
@@ -21,20 +22,27 @@
 
 /* enum choices are listed in the order of the C enums they map to */
 static const fl_cfg_key own_keys[] = {
-    {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0, "mlp|resnet|resnet_cifar", true,
-     "model zoo entry: mlp; resnet (torchvision's, 224x224 inputs); resnet_cifar (32x32)"},
+    {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0,
+     "mlp|resnet|resnet_cifar|pplcnet|pphgnet|pplcnetv2", true,
+     "model zoo entry: mlp; resnet (torchvision's, 224x224 inputs); resnet_cifar (32x32); "
+     "pplcnet, pphgnet, pplcnetv2 (PaddleClas's PP-LCNet, PP-HGNet, PPLCNetV2_base: 224x224, "
+     "or images under 112 pixels with the small-input stem)"},
     {"model.input_size", FL_CFG_INT, OFF(model.input_size), 0, 0, BIG, NULL, false,
      "input features; 0 = the dataset's"},
     {"model.hidden", FL_CFG_INT_LIST, OFF(model.hidden), 0, 1, 1e6, NULL, false,
      "hidden layer sizes of the mlp"},
-    {"model.activation", FL_CFG_ENUM, OFF(model.activation), 0, 0, 0, "none|relu|tanh|sigmoid",
-     false, "activation after each hidden layer"},
+    {"model.activation", FL_CFG_ENUM, OFF(model.activation), 0, 0, 0,
+     "none|relu|tanh|sigmoid|hardswish|hardsigmoid", false, "activation after each hidden layer"},
     {"model.classes", FL_CFG_INT, OFF(model.classes), 0, 0, 1e7, NULL, false,
      "output classes; 0 = the dataset's"},
     {"model.depth", FL_CFG_INT, OFF(model.depth), 0, 0, 10000, NULL, false,
      "resnet: 18, 34, 50, 101 or 152 (0: 50); resnet_cifar: 6n+2, e.g. 20, 32, 56 (0: 20)"},
     {"model.shortcut", FL_CFG_ENUM, OFF(model.shortcut), 0, 0, 0, "A|B", false,
      "resnet_cifar shortcuts where the shape changes: A zero-padding, B 1x1 conv + bn"},
+    {"model.scale", FL_CFG_DOUBLE, OFF(model.scale), 0, 0.25, 2.5, NULL, false,
+     "pplcnet width scale: 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0 or 2.5 (PPLCNet_x0_25 ..)"},
+    {"model.size", FL_CFG_ENUM, OFF(model.size), 0, 0, 0, "tiny|small|base", false,
+     "pphgnet: PPHGNet_tiny, PPHGNet_small or PPHGNet_base"},
 
     {"data.type", FL_CFG_ENUM, OFF(data.type), 0, 0, 0,
      "random|teacher|shapes|cifar10|imagelist|mnist", true,
@@ -202,6 +210,7 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->model.hidden.v[0] = 128;
     cfg->model.hidden.v[1] = 128;
     cfg->model.activation = FL_ACT_TANH;
+    cfg->model.scale = 1.0;
     cfg->data.type = FL_DATA_TEACHER;
     cfg->data.features = 32;
     cfg->data.classes = 2;
@@ -259,13 +268,16 @@ static int check_cross_keys(const fl_train_config *cfg) {
         return fl_fail(FL_ECONFIG, "model.type: mlp takes feature vectors (data.type random, "
                                    "teacher or mnist); use resnet or resnet_cifar for images");
     if (cfg->model.type != FL_MODEL_MLP && !images)
-        return fl_fail(FL_ECONFIG, "model.type: a resnet takes images (data.type shapes, cifar10, "
-                                   "imagelist or mnist)");
+        return fl_fail(FL_ECONFIG, "model.type: a convolutional network takes images (data.type "
+                                   "shapes, cifar10, imagelist or mnist)");
     int64_t d = cfg->model.depth;
     if (cfg->model.type == FL_MODEL_RESNET && d && d != 18 && d != 34 && d != 50 && d != 101 &&
         d != 152)
         return fl_fail(FL_ECONFIG, "model.depth: %lld, but resnet has 18, 34, 50, 101 or 152 "
                                    "layers", (long long)d);
+    if (cfg->model.type == FL_MODEL_PPLCNET && !fl_pplcnet_scale_known(cfg->model.scale))
+        return fl_fail(FL_ECONFIG, "model.scale: %g, but PP-LCNet comes in scales 0.25, 0.35, "
+                                   "0.5, 0.75, 1.0, 1.5, 2.0 and 2.5", cfg->model.scale);
     if (cfg->model.type == FL_MODEL_RESNET_CIFAR && d && (d < 8 || (d - 2) % 6 != 0))
         return fl_fail(FL_ECONFIG, "model.depth: %lld, but resnet_cifar has 6n + 2 layers "
                                    "(8, 14, 20, 32, 44, 56, 110, ...)", (long long)d);

@@ -97,7 +97,7 @@ bool fl_train_has_val(const fl_train_config *cfg) {
     }
 }
 
-/* ds (the training set) gives the input: the mlp's features, the resnets' channels */
+/* ds (the training set) gives the input: the mlp's features, the CNNs' channels and size */
 static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds);
 
 /* The model on the backend train.device and train.backend name (its device bound). */
@@ -129,6 +129,23 @@ static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds) {
         return fl_model_resnet_cifar(FL_DTYPE_F32, depth ? (int)depth : 20,
                                      ds->ndim == 3 ? ds->shape[0] : 3, cfg->data.classes,
                                      cfg->model.shortcut == FL_SHORTCUT_B ? 'B' : 'A');
+    case FL_MODEL_PPLCNET: {
+        /* images under 112 pixels (28 x 28, 32 x 32) take the small-input stem */
+        bool small = ds->ndim == 3 && (ds->shape[1] < 112 || ds->shape[2] < 112);
+        return fl_model_pplcnet(FL_DTYPE_F32, cfg->model.scale, ds->ndim == 3 ? ds->shape[0] : 3,
+                                small, cfg->data.classes);
+    }
+    case FL_MODEL_PPHGNET: {
+        static const char *const sizes[] = {"tiny", "small", "base"};
+        bool small = ds->ndim == 3 && (ds->shape[1] < 112 || ds->shape[2] < 112);
+        return fl_model_pphgnet(FL_DTYPE_F32, sizes[cfg->model.size],
+                                ds->ndim == 3 ? ds->shape[0] : 3, small, cfg->data.classes);
+    }
+    case FL_MODEL_PPLCNETV2: {
+        bool small = ds->ndim == 3 && (ds->shape[1] < 112 || ds->shape[2] < 112);
+        return fl_model_pplcnetv2(FL_DTYPE_F32, ds->ndim == 3 ? ds->shape[0] : 3, small,
+                                  cfg->data.classes);
+    }
     }
     fl_fail(FL_ECONFIG, "model.type: %d is not a model", cfg->model.type);
     return NULL;

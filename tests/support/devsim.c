@@ -745,6 +745,34 @@ static void ds_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_t c, i
     RUN(channel_pad(t, layout, n, c, h, w, stride, oc, x, y, fwd));
 }
 
+static void ds_channel_mul_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c,
+                                   int64_t hw, const void *x, const void *s, void *y) {
+    dev("channel_mul_forward", "x", x, nb(n * c * hw, es(t)));
+    dev("channel_mul_forward", "s", s, nb(n * c, es(t)));
+    dev("channel_mul_forward", "y", y, nb(n * c * hw, es(t)));
+    RUN(channel_mul_forward(t, layout, n, c, hw, x, s, y));
+}
+
+static void ds_channel_mul_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c,
+                                    int64_t hw, const void *x, const void *s, const void *dy,
+                                    void *dx, void *dsc) {
+    dev("channel_mul_backward", "x", x, nb(n * c * hw, es(t)));
+    dev("channel_mul_backward", "s", s, nb(n * c, es(t)));
+    dev("channel_mul_backward", "dy", dy, nb(n * c * hw, es(t)));
+    if (dx)
+        dev("channel_mul_backward", "dx", dx, nb(n * c * hw, es(t)));
+    if (dsc)
+        dev("channel_mul_backward", "ds", dsc, nb(n * c, es(t)));
+    RUN(channel_mul_backward(t, layout, n, c, hw, x, s, dy, dx, dsc));
+}
+
+static void ds_channel_slice(fl_dtype t, fl_layout layout, int64_t n, int64_t hw, int64_t c,
+                             void *x, int64_t oc, int64_t off, void *y, bool fwd) {
+    dev("channel_slice", "x", x, nb(n * c * hw, es(t)));
+    dev("channel_slice", "y", y, nb(n * oc * hw, es(t)));
+    RUN(channel_slice(t, layout, n, hw, c, x, oc, off, y, fwd));
+}
+
 static double ds_xent_smooth_term(fl_dtype t, const void *logits, int64_t rows,
                                   int64_t classes) {
     dev("xent_smooth_term", "logits", logits, nb(rows * classes, es(t)));
@@ -922,6 +950,9 @@ static void init(void) {
     table.add_backward = ds_add_backward;
     table.dropout_mask = ds_dropout_mask;
     table.channel_pad = ds_channel_pad;
+    table.channel_mul_forward = ds_channel_mul_forward;
+    table.channel_mul_backward = ds_channel_mul_backward;
+    table.channel_slice = ds_channel_slice;
     table.xent_smooth_term = ds_xent_smooth_term;
     table.xent_smooth_backward = ds_xent_smooth_backward;
     table.dgc_accumulate = ds_dgc_accumulate;

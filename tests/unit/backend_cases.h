@@ -60,6 +60,13 @@ static const conv_case conv_cases[] CASES_UNUSED = {
     {"3x3 groups 2 s2 d2, 4 -> 6", 1, 4, 13, 11, 6, 3, 3, 2, 2, 1, 1, 2, 2, 2, false, 2},
     {"kernel = image", 2, 3, 4, 3, 4, 4, 3, 1, 1, 0, 0, 1, 1, 1, true, 1},
     {"depthwise 3x3", 2, 8, 7, 7, 8, 3, 3, 1, 1, 1, 1, 1, 1, 8, true, 1},
+    /* PP-LCNet's depthwise convolutions (groups = channels, no bias): 3x3 and 5x5, stride 1
+     * and 2, odd sizes; and a grouped one of 4 channels per group */
+    {"depthwise 3x3 s2, 32", 2, 32, 15, 14, 32, 3, 3, 2, 2, 1, 1, 1, 1, 32, false, 1},
+    {"depthwise 5x5, 24", 2, 24, 9, 11, 24, 5, 5, 1, 1, 2, 2, 1, 1, 24, false, 1},
+    {"depthwise 5x5 s2, 64", 3, 64, 14, 14, 64, 5, 5, 2, 2, 2, 2, 1, 1, 64, false, 0},
+    {"pplcnet dw 3x3 on 56x56, 64", 1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 64, false, 0},
+    {"groups 4 3x3, 16 -> 32", 2, 16, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 4, true, 1},
     {"resnet-20 3x3, 16 -> 16", 4, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, false, 1},
     /* the onednn weight gradient's pieces: batch slots of two sizes (10 images in 8 slots),
      * and output-channel blocks (a large kernel on a small image) */

@@ -348,7 +348,7 @@ static void test_bias_sum_rows(fl_dtype t) {
 }
 
 static void test_activations(fl_dtype t) {
-    for (int a = FL_ACT_NONE; a <= FL_ACT_SIGMOID; a++)
+    for (int a = FL_ACT_NONE; a < FL_ACT_COUNT; a++)
         for (size_t s = 0; s < NCOUNTS; s++) {
             int64_t n = counts[s];
             size_t nb = (size_t)n * esz(t);
@@ -356,6 +356,8 @@ static void test_activations(fl_dtype t) {
             void *x = hrand(t, n, -12, 12);
             if (n > 3)
                 set(t, x, 0, 0.3), set(t, x, 1, -100), set(t, x, 2, 100);
+            if (n > 7) /* the hard activations' kinks */
+                set(t, x, 3, -3), set(t, x, 4, 3), set(t, x, 5, -2.999), set(t, x, 6, 2.999);
             void *y = hbuf(nb), *dx = hbuf(nb), *dy = hrand(t, n, -1, 1);
             R->act_forward(t, (fl_act)a, x, y, n);
             R->act_backward(t, (fl_act)a, x, y, dy, dx, n);
@@ -384,8 +386,9 @@ static void test_activations(fl_dtype t) {
         }
     /* NaN propagates; +-inf saturate */
     double special[] = {NAN, INFINITY, -INFINITY};
-    double want[][3] = {{NAN, INFINITY, -INFINITY}, {NAN, INFINITY, 0}, {NAN, 1, -1}, {NAN, 1, 0}};
-    for (int a = FL_ACT_NONE; a <= FL_ACT_SIGMOID; a++) {
+    double want[][3] = {{NAN, INFINITY, -INFINITY}, {NAN, INFINITY, 0}, {NAN, 1, -1}, {NAN, 1, 0},
+                        {NAN, INFINITY, 0},          {NAN, 1, 0}};
+    for (int a = FL_ACT_NONE; a < FL_ACT_COUNT; a++) {
         void *x = hbuf(3 * esz(t));
         for (int i = 0; i < 3; i++)
             set(t, x, i, special[i]);
@@ -663,6 +666,51 @@ static void test_layer_ops(fl_dtype t) {
         }
         G->free(gx), G->free(gr), free(x), free(r);
     }
+}
+
+/* squeeze-and-excitation's channel-wise scale and concatenation's copies against ref, both
+ * layouts: the products and copies bit for bit, ds (summed in double, pixels in order on both)
+ * bit for bit too */
+static void test_channel_ops(fl_dtype t) {
+    static const int64_t shapes[][3] = {{0, 3, 4}, {1, 1, 1}, {2, 5, 7}, {3, 70, 9},
+                                        {4, 130, 49}, {16, 64, 64}}; /* n, c, hw */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int li = 0; li < 2; li++) {
+            fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+            int64_t n = shapes[s][0], c = shapes[s][1], hw = shapes[s][2], e = n * c * hw;
+            size_t nb = (size_t)e * esz(t), sb = (size_t)(n * c) * esz(t);
+            char what[96];
+            snprintf(what, sizeof what, "%s n=%lld c=%lld hw=%lld", fl_layout_name(l),
+                     (long long)n, (long long)c, (long long)hw);
+            void *x = hrand(t, e, -2, 2), *sc = hrand(t, n * c, -1, 1), *dy = hrand(t, e, -1, 1);
+            void *y = hbuf(nb), *dx = hbuf(nb), *ds = hbuf(sb);
+            void *gx = dput(x, nb), *gs = dput(sc, sb), *gdy = dput(dy, nb);
+            void *gy = G->alloc(nb), *gdx = G->alloc(nb), *gds = G->alloc(sb);
+            R->channel_mul_forward(t, l, n, c, hw, x, sc, y);
+            G->channel_mul_forward(t, l, n, c, hw, gx, gs, gy);
+            void *hy = dget(gy, nb);
+            same_bits("channel_mul_forward", what, hy, y, nb);
+            R->channel_mul_backward(t, l, n, c, hw, x, sc, dy, dx, ds);
+            G->channel_mul_backward(t, l, n, c, hw, gx, gs, gdy, gdx, gds);
+            void *hdx = dget(gdx, nb), *hds = dget(gds, sb);
+            same_bits("channel_mul_backward", what, hdx, dx, nb);
+            same_bits("channel_mul_backward ds", what, hds, ds, sb);
+            /* concatenation of x (c) and y (c) into (2c), and y's half back */
+            void *cat = hbuf(2 * nb), *gcat = G->alloc(2 * nb), *back = G->alloc(nb);
+            R->channel_slice(t, l, n, hw, c, x, 2 * c, 0, cat, true);
+            R->channel_slice(t, l, n, hw, c, y, 2 * c, c, cat, true);
+            G->channel_slice(t, l, n, hw, c, gx, 2 * c, 0, gcat, true);
+            G->channel_slice(t, l, n, hw, c, gy, 2 * c, c, gcat, true);
+            void *hcat = dget(gcat, 2 * nb);
+            same_bits("channel_slice forward", what, hcat, cat, 2 * nb);
+            G->channel_slice(t, l, n, hw, c, back, 2 * c, c, gcat, false);
+            void *hback = dget(back, nb);
+            same_bits("channel_slice backward", what, hback, y, nb);
+            G->free(gx), G->free(gs), G->free(gdy), G->free(gy), G->free(gdx), G->free(gds);
+            G->free(gcat), G->free(back);
+            free(x), free(sc), free(dy), free(y), free(dx), free(ds), free(hy), free(hdx);
+            free(hds), free(cat), free(hcat), free(hback);
+        }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1257,6 +1305,7 @@ int main(void) {
         test_reductions(t);
         test_softmax(t);
         test_layer_ops(t);
+        test_channel_ops(t);
     }
     test_amp_round();
     test_conv();

@@ -148,7 +148,7 @@ static void test_bias_and_sum_rows(fl_dtype t) {
 
 
 static void test_activations(fl_dtype t) {
-    for (int a = FL_ACT_NONE; a <= FL_ACT_SIGMOID; a++) {
+    for (int a = FL_ACT_NONE; a < FL_ACT_COUNT; a++) {
         for (size_t s = 0; s < NCOUNTS; s++) {
             int64_t n = counts[s];
             char what[96];
@@ -159,6 +159,12 @@ static void test_activations(fl_dtype t) {
                 set(t, x, 0, 0.3);
                 set(t, x, 1, -100);
                 set(t, x, 2, 100);
+            }
+            if (n > 7) { /* the hard activations' kinks, where the derivative is defined */
+                set(t, x, 3, -3);
+                set(t, x, 4, 3);
+                set(t, x, 5, -2.999);
+                set(t, x, 6, 2.999);
             }
             void *y = alloc_buf(t, n), *y_ref = alloc_buf(t, n);
             cpu->act_forward(t, (fl_act)a, x, y, n);
@@ -195,8 +201,9 @@ static void test_activations(fl_dtype t) {
     }
     /* NaN propagates through every activation; +-inf saturate */
     double special[] = {NAN, INFINITY, -INFINITY};
-    double want[][3] = {{NAN, INFINITY, -INFINITY}, {NAN, INFINITY, 0}, {NAN, 1, -1}, {NAN, 1, 0}};
-    for (int a = FL_ACT_NONE; a <= FL_ACT_SIGMOID; a++) {
+    double want[][3] = {{NAN, INFINITY, -INFINITY}, {NAN, INFINITY, 0}, {NAN, 1, -1}, {NAN, 1, 0},
+                        {NAN, INFINITY, 0},          {NAN, 1, 0}};
+    for (int a = FL_ACT_NONE; a < FL_ACT_COUNT; a++) {
         void *x = alloc_buf(t, 3), *y = alloc_buf(t, 3);
         for (int i = 0; i < 3; i++)
             set(t, x, i, special[i]);
@@ -207,6 +214,100 @@ static void test_activations(fl_dtype t) {
         fl_free_aligned(x);
         fl_free_aligned(y);
     }
+}
+
+/* hardswish and hardsigmoid at points worked by hand (PyTorch's values: hardswish' is x / 3 + 1/2
+ * on the closed [-3, 3], so -1/2 at -3) */
+static void test_hard_values(fl_dtype t) {
+    double x[] = {-4, -3, -1.5, 0, 1.5, 3, 4};
+    double hs[] = {0, 0, -0.375, 0, 1.125, 3, 4}, hsig[] = {0, 0, 0.25, 0.5, 0.75, 1, 1};
+    double dhs[] = {0, -0.5, 0, 0.5, 1, 1.5, 1}, dhsig[] = {0, 0, 1.0 / 6, 1.0 / 6, 1.0 / 6, 0, 0};
+    const fl_backend *tables[] = {cpu, ref};
+    for (int k = 0; k < 2; k++) {
+        void *xb = alloc_buf(t, 7), *yb = alloc_buf(t, 7), *ones = alloc_buf(t, 7);
+        void *db = alloc_buf(t, 7);
+        for (int i = 0; i < 7; i++) {
+            set(t, xb, i, x[i]);
+            set(t, ones, i, 1);
+        }
+        tables[k]->act_forward(t, FL_ACT_HARDSWISH, xb, yb, 7);
+        for (int i = 0; i < 7; i++)
+            CHECK_NEAR(get(t, yb, i), hs[i], 1e-7);
+        tables[k]->act_backward(t, FL_ACT_HARDSWISH, xb, yb, ones, db, 7);
+        for (int i = 0; i < 7; i++)
+            CHECK_NEAR(get(t, db, i), dhs[i], 1e-7);
+        tables[k]->act_forward(t, FL_ACT_HARDSIGMOID, xb, yb, 7);
+        for (int i = 0; i < 7; i++)
+            CHECK_NEAR(get(t, yb, i), hsig[i], 1e-7);
+        tables[k]->act_backward(t, FL_ACT_HARDSIGMOID, xb, yb, ones, db, 7);
+        for (int i = 0; i < 7; i++)
+            CHECK_NEAR(get(t, db, i), dhsig[i], 1e-7);
+        fl_free_aligned(xb);
+        fl_free_aligned(yb);
+        fl_free_aligned(ones);
+        fl_free_aligned(db);
+    }
+}
+
+/* channel_mul_forward / _backward and channel_slice against the ref table, both layouts */
+static void test_channel_ops(fl_dtype t) {
+    static const int64_t shapes[][3] = {{0, 3, 4}, {1, 1, 1}, {2, 5, 7}, {3, 70, 9},
+                                        {4, 130, 49}, {16, 64, 64}}; /* n, c, hw */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int lay = 0; lay < 2; lay++) {
+            fl_layout l = lay ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+            int64_t n = shapes[s][0], c = shapes[s][1], hw = shapes[s][2], e = n * c * hw;
+            char what[128];
+            void *x = rand_buf(t, e, -2, 2), *sc = rand_buf(t, n * c, -1, 1);
+            void *dy = rand_buf(t, e, -1, 1);
+            void *y = alloc_buf(t, e), *yr = alloc_buf(t, e);
+            cpu->channel_mul_forward(t, l, n, c, hw, x, sc, y);
+            ref->channel_mul_forward(t, l, n, c, hw, x, sc, yr);
+            snprintf(what, sizeof what, "channel_mul_forward %s n=%lld c=%lld hw=%lld",
+                     fl_layout_name(l), (long long)n, (long long)c, (long long)hw);
+            same(what, t, y, yr, e, 0, 0);
+            void *dx = alloc_buf(t, e), *dxr = alloc_buf(t, e);
+            void *ds = alloc_buf(t, n * c), *dsr = alloc_buf(t, n * c);
+            cpu->channel_mul_backward(t, l, n, c, hw, x, sc, dy, dx, ds);
+            ref->channel_mul_backward(t, l, n, c, hw, x, sc, dy, dxr, dsr);
+            snprintf(what, sizeof what, "channel_mul_backward dx %s n=%lld c=%lld hw=%lld",
+                     fl_layout_name(l), (long long)n, (long long)c, (long long)hw);
+            same(what, t, dx, dxr, e, 0, 0);
+            snprintf(what, sizeof what, "channel_mul_backward ds %s n=%lld c=%lld hw=%lld",
+                     fl_layout_name(l), (long long)n, (long long)c, (long long)hw);
+            same(what, t, ds, dsr, n * c, 0, 0); /* both sum in double, pixels in order */
+            /* in place (dx = dy) and with one of the outputs left out */
+            void *dyc = copy_buf(t, dy, e);
+            cpu->channel_mul_backward(t, l, n, c, hw, x, sc, dyc, dyc, NULL);
+            same("channel_mul_backward in place", t, dyc, dxr, e, 0, 0);
+            cpu->channel_mul_backward(t, l, n, c, hw, x, sc, dy, NULL, ds);
+            same("channel_mul_backward ds only", t, ds, dsr, n * c, 0, 0);
+
+            /* concatenation: x (c) and x2 (3) into y (c + 3) and back */
+            int64_t c2 = 3, oc = c + c2;
+            void *x2 = rand_buf(t, n * c2 * hw, -1, 1), *cat = alloc_buf(t, n * oc * hw);
+            cpu->channel_slice(t, l, n, hw, c, x, oc, 0, cat, true);
+            cpu->channel_slice(t, l, n, hw, c2, x2, oc, c, cat, true);
+            int bad = 0;
+            for (int64_t i = 0; i < n && !bad; i++)
+                for (int64_t ch = 0; ch < oc; ch++)
+                    for (int64_t p = 0; p < hw; p++) {
+                        int64_t at = l == FL_LAYOUT_NHWC ? (i * hw + p) * oc + ch
+                                                         : (i * oc + ch) * hw + p;
+                        bool first = ch < c;
+                        int64_t cc = first ? c : c2, k = first ? ch : ch - c;
+                        int64_t from = l == FL_LAYOUT_NHWC ? (i * hw + p) * cc + k
+                                                           : (i * cc + k) * hw + p;
+                        bad += get(t, cat, at) != get(t, first ? x : x2, from);
+                    }
+            CHECK(bad == 0);
+            void *back = alloc_buf(t, n * c2 * hw);
+            cpu->channel_slice(t, l, n, hw, c2, back, oc, c, cat, false);
+            same("channel_slice backward", t, back, x2, n * c2 * hw, 0, 0);
+            void *bufs[] = {x, sc, dy, y, yr, dx, dxr, ds, dsr, dyc, x2, cat, back};
+            for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++)
+                fl_free_aligned(bufs[b]);
+        }
 }
 
 static void test_axpy_scale(fl_dtype t) {
@@ -408,6 +509,8 @@ int main(void) {
         test_gemm(t);
         test_bias_and_sum_rows(t);
         test_activations(t);
+        test_hard_values(t);
+        test_channel_ops(t);
         test_axpy_scale(t);
         test_reductions(t);
         test_softmax(t);

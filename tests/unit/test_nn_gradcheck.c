@@ -1,6 +1,7 @@
 /* test_nn_gradcheck.c - every layer's backward against central finite differences in f64, with
  * both kernel tables: single layers under a random projection loss (arbitrary dy, input gradient
- * included), softmax cross-entropy, and whole MLPs (tanh, relu, sigmoid) through the mean loss. */
+ * included), softmax cross-entropy, and whole MLPs (tanh, relu, sigmoid) through the mean loss.
+ * The two-input layers and PP-LCNet's blocks: test_nn_pplcnet.c. */
 #include "fleet/backend.h"
 #include "fleet/nn.h"
 #include "fleet/rng.h"
@@ -128,6 +129,26 @@ static void test_layers(const fl_backend *k) {
                     false);
     gradcheck_layer("sigmoid", k, fl_activation_create("sigmoid", FL_ACT_SIGMOID), 1, in5, 4, -3,
                     3, false);
+    /* the hard activations on (-5, 5): both flat tails, the ramp (no sample within EPS of a
+     * kink at +-3 with this seed) */
+    gradcheck_layer("hardswish", k, fl_activation_create("hardswish", FL_ACT_HARDSWISH), 3, in234,
+                    3, -5, 5, false);
+    gradcheck_layer("hardsigmoid", k,
+                    fl_activation_create("hardsigmoid", FL_ACT_HARDSIGMOID), 3, in234, 3, -5, 5,
+                    false);
+    gradcheck_layer("adaptive_avg_pool", k, fl_adaptive_avg_pool_create("pool"), 3, in234, 2, -1,
+                    1, false);
+    gradcheck_layer("flatten", k, fl_flatten_create("flatten"), 3, in234, 2, -1, 1, false);
+    /* depthwise convolutions (the cpu table's direct loops; ref's im2col per group) */
+    int64_t in655[] = {6, 5, 5}, in479[] = {4, 7, 9};
+    fl_conv2d_opts dw3 = {.in_channels = 6, .out_channels = 6, .kh = 3, .kw = 3, .sh = 2, .sw = 2,
+                          .ph = 1, .pw = 1, .groups = 6, .bias = true};
+    gradcheck_layer("depthwise 3x3 s2 p1 bias", k, fl_conv2d_create("dw", &dw3), 3, in655, 2, -1,
+                    1, false);
+    fl_conv2d_opts dw5 = {.in_channels = 4, .out_channels = 4, .kh = 5, .kw = 5, .ph = 2,
+                          .pw = 3, .dw = 2, .sw = 2, .groups = 4};
+    gradcheck_layer("depthwise 5x5 p(2,3) s(1,2) d(1,2)", k, fl_conv2d_create("dw", &dw5), 3,
+                    in479, 2, -1, 1, false);
 }
 
 /* mean softmax cross-entropy of logits (B, C) */

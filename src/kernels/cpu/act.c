@@ -1,4 +1,4 @@
-/* act.c - activation names and fl_argmax: small helpers shared by every kernel table and by
+/* act.c - activation names (fl_act) and fl_argmax: small helpers shared by every kernel table and by
  * the layers, configs and metrics that name activations or pick a class. */
 #include "fleet/backend.h"
 #include "fleet/status.h"
@@ -10,6 +10,8 @@ static const char *const act_names[] = {
     [FL_ACT_RELU] = "relu",
     [FL_ACT_TANH] = "tanh",
     [FL_ACT_SIGMOID] = "sigmoid",
+    [FL_ACT_HARDSWISH] = "hardswish",
+    [FL_ACT_HARDSIGMOID] = "hardsigmoid",
 };
 #define NACTS ((int)(sizeof act_names / sizeof act_names[0]))
 
@@ -20,7 +22,8 @@ int fl_act_parse(const char *name, fl_act *out) {
             return FL_OK;
         }
     }
-    return fl_fail(FL_EINVAL, "unknown activation '%s' (expected relu, tanh, sigmoid or none)",
+    return fl_fail(FL_EINVAL, "unknown activation '%s' (expected relu, tanh, sigmoid, hardswish, "
+                   "hardsigmoid or none)",
                    name ? name : "(null)");
 }
 

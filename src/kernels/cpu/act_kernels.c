@@ -1,4 +1,5 @@
-/* act_kernels.c - relu, tanh and sigmoid of the CPU table, forward and backward.
+/* act_kernels.c - relu, tanh, sigmoid, hardswish and hardsigmoid of the CPU table, forward and
+ * backward (the hard ones as MobileNetV3 defines them, arXiv:1905.02244; backend.h).
  * f32 tanh and sigmoid use an inline, vectorisable exp (glibc's tanhf costs ~20 ns per element
  * and would dominate a small MLP's step); f64 keeps libm, since it exists for gradient checks. */
 #include "backend_private.h"
@@ -98,6 +99,26 @@ static void run_span(void (*span)(const float *, float *, int64_t), const float 
     }
 }
 
+/* hardsigmoid(x) = min(max(x + 3, 0), 6) / 6 and hardswish(x) = x hardsigmoid(x), written as
+ * PyTorch computes them (hardswish: 0 at or below -3, x at or above 3, so that -inf gives 0),
+ * with their derivatives (backend.h); NaN passes through: every comparison fails on it. */
+#define STAMP_HARD(T, S)                                                                     \
+    static inline T hardsigmoid_##S(T x) {                                                   \
+        T v = x + (T)3;                                                                      \
+        return (v < (T)0 ? (T)0 : v > (T)6 ? (T)6 : v) / (T)6;                               \
+    }                                                                                        \
+    static inline T hardswish_##S(T x) {                                                     \
+        return x <= (T)-3 ? (T)0 : x >= (T)3 ? x : x * (x + (T)3) / (T)6;                    \
+    }                                                                                        \
+    static inline T hardswish_grad_##S(T x) {                                                \
+        return x < (T)-3 ? (T)0 : x > (T)3 ? (T)1 : x / (T)3 + (T)0.5;                       \
+    }                                                                                        \
+    static inline T hardsigmoid_grad_##S(T x) {                                              \
+        return x > (T)-3 && x < (T)3 ? (T)1 / (T)6 : (T)0;                                   \
+    }
+STAMP_HARD(float, f32)
+STAMP_HARD(double, f64)
+
 static void act_forward_f32(fl_act act, const float *x, float *y, int64_t n) {
     switch (act) {
     case FL_ACT_NONE:
@@ -107,6 +128,8 @@ static void act_forward_f32(fl_act act, const float *x, float *y, int64_t n) {
     case FL_ACT_RELU: ELEMENTWISE(n, i, y[i] = x[i] < 0 ? 0.0f : x[i]); return;
     case FL_ACT_TANH: run_span(tanh_span, x, y, n); return;
     case FL_ACT_SIGMOID: run_span(sigmoid_span, x, y, n); return;
+    case FL_ACT_HARDSWISH: ELEMENTWISE(n, i, y[i] = hardswish_f32(x[i])); return;
+    case FL_ACT_HARDSIGMOID: ELEMENTWISE(n, i, y[i] = hardsigmoid_f32(x[i])); return;
     }
     FL_ASSERT(!"unknown activation");
 }
@@ -120,11 +143,14 @@ static void act_forward_f64(fl_act act, const double *x, double *y, int64_t n) {
     case FL_ACT_RELU: ELEMENTWISE(n, i, y[i] = x[i] < 0 ? 0.0 : x[i]); return;
     case FL_ACT_TANH: ELEMENTWISE(n, i, y[i] = tanh(x[i])); return;
     case FL_ACT_SIGMOID: ELEMENTWISE(n, i, y[i] = 1.0 / (1.0 + exp(-x[i]))); return;
+    case FL_ACT_HARDSWISH: ELEMENTWISE(n, i, y[i] = hardswish_f64(x[i])); return;
+    case FL_ACT_HARDSIGMOID: ELEMENTWISE(n, i, y[i] = hardsigmoid_f64(x[i])); return;
     }
     FL_ASSERT(!"unknown activation");
 }
 
-/* dx = dy * act'(x): relu from x, tanh and sigmoid from y. dx may alias dy. */
+/* dx = dy * act'(x): relu, hardswish and hardsigmoid from x, tanh and sigmoid from y. dx may
+ * alias dy. */
 #define STAMP_ACT_BACKWARD(T, S)                                                             \
     static void act_backward_##S(fl_act act, const T *x, const T *y, const T *dy, T *dx,     \
                                  int64_t n) {                                                \
@@ -136,6 +162,12 @@ static void act_forward_f64(fl_act act, const double *x, double *y, int64_t n) {
         case FL_ACT_RELU: ELEMENTWISE(n, i, dx[i] = x[i] > 0 ? dy[i] : (T)0); return;        \
         case FL_ACT_TANH: ELEMENTWISE(n, i, dx[i] = dy[i] * ((T)1 - y[i] * y[i])); return;   \
         case FL_ACT_SIGMOID: ELEMENTWISE(n, i, dx[i] = dy[i] * y[i] * ((T)1 - y[i])); return; \
+        case FL_ACT_HARDSWISH:                                                               \
+            ELEMENTWISE(n, i, dx[i] = dy[i] * hardswish_grad_##S(x[i]));                     \
+            return;                                                                          \
+        case FL_ACT_HARDSIGMOID:                                                             \
+            ELEMENTWISE(n, i, dx[i] = dy[i] * hardsigmoid_grad_##S(x[i]));                   \
+            return;                                                                          \
         }                                                                                    \
         FL_ASSERT(!"unknown activation");                                                    \
     }

@@ -115,6 +115,16 @@ void cpu_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const vo
 void cpu_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
                               void *dw, void *dbias, bool accumulate, void *scratch);
 
+/* conv_depthwise.c: the cpu table's depthwise convolution (groups = IC = OC), direct loops;
+ * x (N, C, H, W), w (C, 1, KH, KW), bias (C) or NULL, y (N, C, OH, OW); dW overwritten or added
+ * to (accumulate) */
+void cpu_conv_dw_forward(fl_dtype t, const fl_conv_geom *g, int64_t n, const void *x,
+                         const void *w, const void *bias, void *y);
+void cpu_conv_dw_backward_data(fl_dtype t, const fl_conv_geom *g, int64_t n, const void *dy,
+                               const void *w, void *dx);
+void cpu_conv_dw_backward_filter(fl_dtype t, const fl_conv_geom *g, int64_t n, const void *x,
+                                 const void *dy, void *dw, bool accumulate);
+
 /* layer_ops.c: the residual add, dropout's mask, option-A padding, label smoothing */
 void cpu_add_forward(fl_dtype t, const void *a, const void *b, void *y, int64_t n, bool relu);
 void cpu_add_backward(fl_dtype t, const void *y, const void *dy, void *da, void *db, int64_t n,
@@ -126,6 +136,14 @@ void cpu_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t
 double cpu_xent_smooth_term(fl_dtype t, const void *logits, int64_t rows, int64_t classes);
 void cpu_xent_smooth_backward(fl_dtype t, const int32_t *labels, void *dlogits, int64_t rows,
                               int64_t classes, double on, double all);
+
+/* channel_ops.c: squeeze-and-excitation's channel-wise scale and concatenation's copies */
+void cpu_channel_mul_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                             const void *x, const void *s, void *y);
+void cpu_channel_mul_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                              const void *x, const void *s, const void *dy, void *dx, void *ds);
+void cpu_channel_slice(fl_dtype t, fl_layout layout, int64_t n, int64_t hw, int64_t c, void *x,
+                       int64_t oc, int64_t off, void *y, bool forward);
 
 /* memory.c: host memory, copies, the NCHW <-> NHWC reorder, stream and event tokens */
 void *cpu_alloc(size_t bytes);
@@ -157,6 +175,7 @@ fl_layout cpu_nchw_only(fl_dtype t);
     .event_wait = cpu_event_wait, .event_sync = cpu_event_sync,                               \
     .add_forward = cpu_add_forward, .add_backward = cpu_add_backward,                         \
     .dropout_mask = cpu_dropout_mask, .channel_pad = cpu_channel_pad,                         \
+    .channel_slice = cpu_channel_slice,                                                       \
     .xent_smooth_term = cpu_xent_smooth_term,                                                 \
     .xent_smooth_backward = cpu_xent_smooth_backward, .dgc_accumulate = dgc_accumulate,       \
     .dgc_select_exact = dgc_select_exact, .dgc_accumulate_select = dgc_accumulate_select,     \

@@ -8,7 +8,9 @@
  * (the image is its own column matrix); for other stride-1 convolutions the input gradient is
  * itself a convolution (of dy with the flipped kernel), strided ones use col2im. The plan keeps
  * the table whose gemm it runs: the cpu table's (OpenBLAS) or the ref table's (plain
- * loops), so the reference backend's convolution is the same algorithm on the plainest kernels. */
+ * loops), so the reference backend's convolution is the same algorithm on the plainest kernels.
+ * The cpu table runs depthwise convolutions (groups = IC = OC) with direct loops instead
+ * (conv_depthwise.c); the ref table keeps im2col + GEMM per group, which the tests hold them to. */
 #include "backend_private.h"
 
 #include "fleet/status.h"
@@ -30,6 +32,7 @@ struct fl_conv_plan {
     size_t            slot;  /* scratch bytes per slot: column matrix, then a dW partial */
     size_t            wbytes;
     bool              direct; /* 1x1, stride 1, no padding, one group: no im2col */
+    bool              depthwise; /* cpu table, groups = IC = OC: conv_depthwise.c's loops */
     /* stride 1, one group, padding within the dilated kernel: dx is the convolution of dy
      * with the flipped, transposed kernel (geometry gt: c = OC over (OH, OW), padding
      * (K - 1) D - P, output (H, W)), so backward needs no col2im and no gemm that writes a
@@ -100,6 +103,8 @@ fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc
     p->transposed = !p->direct && g->sh == 1 && g->sw == 1 && d->groups == 1 && gt.ph >= 0 &&
                     gt.pw >= 0 && fl_conv_geom_out(&gt) && gt.oh == g->h && gt.ow == g->w;
     p->gt = gt;
+    p->depthwise = be == fl_backend_cpu() && d->groups > 1 && d->groups == g->c &&
+                   d->oc == g->c;
     size_t es = fl_dtype_size(d->dtype);
     p->tr = d->groups == 1 ? tile_rows(p->kg, g->ow, g->oh, es) : g->oh;
     p->trt = p->transposed ? tile_rows(d->oc * g->kh * g->kw, g->w, g->h, es) : g->h;
@@ -113,7 +118,7 @@ fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc
     if (!p->direct && !p->transposed && round64((size_t)(k * g->oh * g->ow) * es) > col)
         col = round64((size_t)(k * g->oh * g->ow) * es);
     p->wbytes = round64((size_t)(d->oc * p->kg) * es);
-    p->slot = col + p->wbytes;
+    p->slot = p->depthwise ? 0 : col + p->wbytes; /* the direct loops need no scratch */
     return p;
 }
 
@@ -207,6 +212,10 @@ void cpu_conv_forward(fl_conv_plan *p, int64_t b, const void *x, const void *wv,
     const char *w = wv; // (OC, IC / groups, KH, KW)
     const char *xd = x;
     char *yd = y;
+    if (p->depthwise) {
+        cpu_conv_dw_forward(t, g, b, x, wv, bias, y);
+        return;
+    }
     double beta = bias ? 1.0 : 0.0;
     if (bias)
         fill_bias(p, bias, yd, b, ohw);
@@ -278,6 +287,10 @@ void cpu_conv_backward_filter(fl_conv_plan *p, int64_t b, const void *x, const v
             memset(dwv, 0, (size_t)(oc * p->kg) * es);
         return;
     }
+    if (p->depthwise) {
+        cpu_conv_dw_backward_filter(t, g, b, x, dyv, dwv, accumulate);
+        return;
+    }
     int nslots = (int)(b < SLOTS ? b : SLOTS);
 #pragma omp parallel for schedule(static) if (nslots > 1 && worth_threads(p, b))
     for (int s = 0; s < nslots; s++) {
@@ -325,6 +338,10 @@ void cpu_conv_backward_data(fl_conv_plan *p, int64_t b, const void *dyv, const v
     int64_t hw = g->h * g->w, ohw = g->oh * g->ow, groups = p->d.groups;
     size_t es = fl_dtype_size(t);
     const char *w = wv, *dyd = dyv;
+    if (p->depthwise) {
+        cpu_conv_dw_backward_data(t, g, b, dyv, wv, dxv);
+        return;
+    }
     int nslots = (int)(b < SLOTS ? b : SLOTS);
     char *wt = (char *)scratch + p->slot * (size_t)(nslots > 0 ? nslots : 1); // flipped kernel
     if (p->transposed)

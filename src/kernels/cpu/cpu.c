@@ -1,5 +1,6 @@
 /* cpu.c - the fl_backend_cpu() table: OpenBLAS gemm (gemm.c) and OpenMP loops
- * (elementwise.c, act_kernels.c, reduce.c, softmax.c), gathered behind fl_backend. */
+ * (elementwise.c, act_kernels.c, reduce.c, softmax.c, channel_ops.c), gathered behind
+ * fl_backend. */
 #include "backend_private.h"
 
 static fl_conv_plan *cpu_conv_plan_create(const fl_conv_desc *d) {
@@ -33,6 +34,8 @@ static const fl_backend cpu_ops = {
     .pool_backward = cpu_pool_backward,
     .bn_forward = cpu_bn_forward,
     .bn_backward = cpu_bn_backward,
+    .channel_mul_forward = cpu_channel_mul_forward,
+    .channel_mul_backward = cpu_channel_mul_backward,
 };
 
 const fl_backend *fl_backend_cpu(void) { return &cpu_ops; }

@@ -62,18 +62,25 @@ static double act(fl_act a, double x) {
     case FL_ACT_RELU: return x < 0 ? 0 : x;
     case FL_ACT_TANH: return tanh(x);
     case FL_ACT_SIGMOID: return 1 / (1 + exp(-x));
+    /* x relu6(x + 3) / 6 and relu6(x + 3) / 6, as written (MobileNetV3, arXiv:1905.02244);
+     * the comparisons keep NaN, and hardswish is 0 at or below -3 (so -inf gives 0) */
+    case FL_ACT_HARDSWISH: return x <= -3 ? 0 : x >= 3 ? x : x * fmin(fmax(x + 3, 0), 6) / 6;
+    case FL_ACT_HARDSIGMOID: return x + 3 < 0 ? 0 : x + 3 > 6 ? 1 : (x + 3) / 6;
     }
     FL_ASSERT(!"unknown activation");
     return 0;
 }
 
-/* d act / dx, from x (relu) or y = act(x) (tanh, sigmoid) */
+/* d act / dx, from x (relu, hardswish, hardsigmoid) or y = act(x) (tanh, sigmoid); the kinks
+ * as PyTorch's (backend.h) */
 static double act_grad(fl_act a, double x, double y) {
     switch (a) {
     case FL_ACT_NONE: return 1;
     case FL_ACT_RELU: return x > 0 ? 1 : 0;
     case FL_ACT_TANH: return 1 - y * y;
     case FL_ACT_SIGMOID: return y * (1 - y);
+    case FL_ACT_HARDSWISH: return x < -3 ? 0 : x > 3 ? 1 : 2 * x / 6 + 0.5;
+    case FL_ACT_HARDSIGMOID: return x > -3 && x < 3 ? 1.0 / 6 : 0;
     }
     FL_ASSERT(!"unknown activation");
     return 0;
@@ -89,7 +96,8 @@ static void ref_act_backward(fl_dtype t, fl_act a, const void *x, const void *y,
                              void *dx, int64_t n) {
     ASSERT_FLOAT(t);
     for (int64_t i = 0; i < n; i++) {
-        double xi = a == FL_ACT_RELU ? get(t, x, i) : 0;
+        bool from_x = a == FL_ACT_RELU || a == FL_ACT_HARDSWISH || a == FL_ACT_HARDSIGMOID;
+        double xi = from_x ? get(t, x, i) : 0;
         double yi = a == FL_ACT_TANH || a == FL_ACT_SIGMOID ? get(t, y, i) : 0;
         put(t, dx, i, get(t, dy, i) * act_grad(a, xi, yi));
     }
@@ -185,6 +193,40 @@ static void ref_amp_round(fl_dtype low, int64_t n, float *x) {
                                    : fl_bf16_to_f32(fl_f32_to_bf16(x[i]));
 }
 
+/* Element (i, ch, p) of an (N, C, HW) tensor in layout l: its index. */
+static inline int64_t at(fl_layout l, int64_t c, int64_t hw, int64_t i, int64_t ch, int64_t p) {
+    return l == FL_LAYOUT_NHWC ? (i * hw + p) * c + ch : (i * c + ch) * hw + p;
+}
+
+static void ref_channel_mul_forward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
+                                    const void *x, const void *s, void *y) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < c; ch++)
+            for (int64_t p = 0; p < hw; p++) {
+                int64_t e = at(l, c, hw, i, ch, p);
+                put(t, y, e, get(t, x, e) * get(t, s, i * c + ch));
+            }
+}
+
+static void ref_channel_mul_backward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
+                                     const void *x, const void *s, const void *dy, void *dx,
+                                     void *ds) {
+    ASSERT_FLOAT(t);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < c; ch++) {
+            double acc = 0;
+            for (int64_t p = 0; p < hw; p++) {
+                int64_t e = at(l, c, hw, i, ch, p);
+                acc += get(t, dy, e) * get(t, x, e);
+                if (dx)
+                    put(t, dx, e, get(t, dy, e) * get(t, s, i * c + ch));
+            }
+            if (ds)
+                put(t, ds, i * c + ch, acc);
+        }
+}
+
 static fl_conv_plan *ref_conv_plan_create(const fl_conv_desc *d) {
     return cpu_conv_plan_create_with(fl_backend_ref(), d);
 }
@@ -217,6 +259,8 @@ static const fl_backend ref_ops = {
     .pool_backward = cpu_pool_backward,
     .bn_forward = cpu_bn_forward,
     .bn_backward = cpu_bn_backward,
+    .channel_mul_forward = ref_channel_mul_forward,
+    .channel_mul_backward = ref_channel_mul_backward,
 };
 
 const fl_backend *fl_backend_ref(void) { return &ref_ops; }

@@ -108,6 +108,15 @@ void cuda_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_
 void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                            void *y, const void *bias);
 
+/* channel_ops.cu: squeeze-and-excitation's channel-wise scale and concatenation's copies */
+void cuda_channel_mul_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                              const void *x, const void *s, void *y);
+void cuda_channel_mul_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
+                               const void *x, const void *s, const void *dy, void *dx,
+                               void *ds);
+void cuda_channel_slice(fl_dtype t, fl_layout layout, int64_t n, int64_t hw, int64_t c, void *x,
+                        int64_t oc, int64_t off, void *y, bool forward);
+
 /* reduce.cu: deterministic sums (fixed splits, fixed order, in double) */
 double cuda_sum(fl_dtype t, const void *x, int64_t n);
 double cuda_sumsq(fl_dtype t, const void *x, int64_t n);

@@ -1,5 +1,5 @@
 /* elementwise.cu - the cuda backend's one-pass kernels: fill, the NCHW <-> NHWC reorder, bias,
- * activations, axpy and scale, the SGD and Momentum updates over a flat block in one launch,
+ * activations (hardswish and hardsigmoid included), axpy and scale, the SGD and Momentum updates over a flat block in one launch,
  * the residual add, dropout's Philox mask (bit-identical to the CPU's), the option-A shortcut
  * and the convolution's per-channel bias. Grid-stride loops; arithmetic as the CPU table's
  * (same float operations, no FMA contraction: --fmad=false), so the updates give its bits. */
@@ -86,6 +86,14 @@ __device__ __forceinline__ float act_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double act_tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float act_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ double act_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+/* MobileNetV3's hard activations (arXiv:1905.02244), written as the CPU table's */
+template <class T> __device__ __forceinline__ T act_hardsigmoid(T x) {
+    T v = x + (T)3;
+    return (v < (T)0 ? (T)0 : v > (T)6 ? (T)6 : v) / (T)6;
+}
+template <class T> __device__ __forceinline__ T act_hardswish(T x) {
+    return x <= (T)-3 ? (T)0 : x >= (T)3 ? x : x * (x + (T)3) / (T)6;
+}
 
 template <class T> __global__ void act_fwd_k(fl_act a, const T *x, T *y, int64_t n) {
     GRID_STRIDE(i, n) {
@@ -94,6 +102,8 @@ template <class T> __global__ void act_fwd_k(fl_act a, const T *x, T *y, int64_t
         case FL_ACT_RELU: v = v < (T)0 ? (T)0 : v; break;
         case FL_ACT_TANH: v = act_tanh(v); break;
         case FL_ACT_SIGMOID: v = act_sigmoid(v); break;
+        case FL_ACT_HARDSWISH: v = act_hardswish(v); break;
+        case FL_ACT_HARDSIGMOID: v = act_hardsigmoid(v); break;
         default: break;
         }
         y[i] = v;
@@ -108,6 +118,12 @@ __global__ void act_bwd_k(fl_act a, const T *x, const T *y, const T *dy, T *dx, 
         case FL_ACT_RELU: d = x[i] > (T)0 ? d : (T)0; break;
         case FL_ACT_TANH: d = d * ((T)1 - y[i] * y[i]); break;
         case FL_ACT_SIGMOID: d = d * y[i] * ((T)1 - y[i]); break;
+        case FL_ACT_HARDSWISH: {
+            T xi = x[i];
+            d = d * (xi < (T)-3 ? (T)0 : xi > (T)3 ? (T)1 : xi / (T)3 + (T)0.5);
+            break;
+        }
+        case FL_ACT_HARDSIGMOID: d = x[i] > (T)-3 && x[i] < (T)3 ? d * ((T)1 / (T)6) : (T)0; break;
         default: break;
         }
         dx[i] = d;
@@ -115,7 +131,7 @@ __global__ void act_bwd_k(fl_act a, const T *x, const T *y, const T *dy, T *dx, 
 }
 
 static void check_act(const char *op, fl_act a) {
-    if ((unsigned)a > FL_ACT_SIGMOID)
+    if ((unsigned)a >= FL_ACT_COUNT)
         cuda_fatal(op, "the activation check", "unknown activation", __FILE__, __LINE__);
 }
 

@@ -1,0 +1,142 @@
+/* test_nn_pplcnetv2.c - the zoo's PP-LCNetV2 (base): its counts at 1000 classes against the
+ * architecture (trainable and buffers exactly; the re-parameterised count, each rep block's
+ * branches replaced by one k x k depthwise kernel with bias, against PaddleClas's published
+ * 6.6M), PaddleClas's names, the shapes at 224 and at the small inputs, and one training step
+ * on 32 x 32 against ref: cpu in f64 (every gradient to 1e-9 of the largest), onednn in f32 on
+ * NHWC (logits to 1e-4, gradients to 5e-2 of the largest: small late maps, as PP-HGNet). */
+#include "fleet/backend.h"
+#include "fleet/nn.h"
+#include "fleet/rng.h"
+#include "fleet/status.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static fl_rng rng;
+
+static void test_counts_and_names(void) {
+    fl_net *net = fl_model_pplcnetv2(FL_DTYPE_F32, 3, false, 1000);
+    CHECK(net != NULL);
+    if (!net)
+        return;
+    int64_t tr = 0, buf = 0, branches = 0, fused = 0;
+    for (int i = 0; i < fl_net_num_params(net); i++) {
+        const fl_param *p = fl_net_param(net, i);
+        *(p->trainable ? &tr : &buf) += p->value.numel;
+        if (p->trainable && strstr(p->name, ".dw_conv_list."))
+            branches += p->value.numel;
+        /* the first branch (kernel k) of each rep block: the fused kernel's shape, plus bias */
+        if (strstr(p->name, ".dw_conv_list.0.conv.weight"))
+            fused += p->value.numel + p->value.shape[0];
+    }
+    CHECK(tr == 6687208);
+    CHECK(buf == 40832);
+    if (tr != 6687208 || buf != 40832)
+        fprintf(stderr, "pplcnetv2: %lld + %lld\n", (long long)tr, (long long)buf);
+    int64_t deploy = tr - branches + fused;
+    CHECK(deploy == 6624232);
+    CHECK(fabs(round((double)deploy / 1e5) / 10 - 6.6) < 1e-9);
+    const char *names[] = {"stem.0.conv.weight",
+                           "stem.1.dw_conv.conv.weight",
+                           "stem.1.pw_conv.bn.bias",
+                           "stage1.0.dw_conv.bn.weight",
+                           "stage3.0.dw_conv_list.1.conv.weight",
+                           "stage3.1.dw_conv_list.2.bn.running_var",
+                           "stage3.5.se.conv2.bias",
+                           "stage3.5.pw_conv_1.conv.weight",
+                           "stage3.5.pw_conv_2.bn.weight",
+                           "stage4.1.pw_conv.conv.weight",
+                           "last_conv.weight",
+                           "fc.bias"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        CHECK(fl_net_find_param(net, names[i]) != NULL);
+        if (!fl_net_find_param(net, names[i]))
+            fprintf(stderr, "no parameter %s\n", names[i]);
+    }
+    /* stride 2: no 1x1 branch */
+    CHECK(fl_net_find_param(net, "stage3.0.dw_conv_list.2.conv.weight") == NULL);
+    fl_param *k1 = fl_net_find_param(net, "stage4.1.dw_conv_list.2.conv.weight");
+    CHECK(k1 && k1->value.shape[0] == 1024 && k1->value.shape[2] == 1);
+    int64_t s224[] = {3, 224, 224}, out[FL_MAX_DIMS];
+    CHECK_OK(fl_net_build(net, 3, s224, 1, 1));
+    CHECK(fl_net_out_shape(net, out) == 1 && out[0] == 1000);
+    fl_net_free(net);
+    int64_t sizes[][3] = {{1, 28, 28}, {3, 32, 32}};
+    for (int i = 0; i < 2; i++) {
+        net = fl_model_pplcnetv2(FL_DTYPE_F32, sizes[i][0], true, 10);
+        CHECK(net && fl_net_build(net, 3, sizes[i], 2, 1) == FL_OK);
+        CHECK(net && fl_net_out_shape(net, out) == 1 && out[0] == 10);
+        fl_net_free(net);
+    }
+}
+
+static void test_step_vs_ref(const fl_backend *k, fl_dtype t, double gtol) {
+    enum { B = 4, CLS = 10, NX = B * 3 * 32 * 32 };
+    int64_t shape[] = {3, 32, 32}, xs[] = {B, 3, 32, 32};
+    const fl_backend *be[2] = {fl_backend_ref(), k};
+    size_t es = fl_dtype_size(t);
+    double *grads[2] = {NULL, NULL}, logit[2][B * CLS], loss[2] = {0, 0};
+    int64_t np = 0;
+    void *xd = malloc(NX * es);
+    for (int i = 0; i < NX; i++) {
+        double v = 2 * fl_rng_uniform_f64(&rng) - 1;
+        if (t == FL_DTYPE_F32)
+            ((float *)xd)[i] = (float)v;
+        else
+            ((double *)xd)[i] = v;
+    }
+    int32_t labels[B] = {2, 5, 5, 9};
+    for (int j = 0; j < 2; j++) {
+        fl_net *net = fl_model_pplcnetv2(t, 3, true, CLS);
+        CHECK(net != NULL);
+        if (!net)
+            return;
+        fl_net_set_backend(net, be[j]);
+        CHECK_OK(fl_net_build(net, 3, shape, B, 7));
+        fl_tensor x, probs;
+        fl_tensor_view(&x, t, 4, xs, xd);
+        const fl_tensor *lg = NULL;
+        CHECK_OK(fl_net_forward(net, &x, true, &lg));
+        double pm[B * CLS];
+        for (int i = 0; i < B * CLS; i++)
+            logit[j][i] = t == FL_DTYPE_F32 ? ((float *)lg->data)[i] : ((double *)lg->data)[i];
+        fl_tensor_view(&probs, t, 2, lg->shape, pm);
+        CHECK_OK(fl_softmax_xent_forward(be[j], lg, labels, &probs, &loss[j]));
+        CHECK_OK(fl_softmax_xent_backward(be[j], &probs, labels, &probs));
+        CHECK_OK(fl_net_backward(net, &probs, NULL, NULL));
+        np = fl_net_numel(net);
+        grads[j] = malloc((size_t)np * sizeof(double));
+        for (int64_t i = 0; i < np; i++)
+            grads[j][i] = t == FL_DTYPE_F32 ? ((float *)fl_net_flat_grads(net))[i]
+                                            : ((double *)fl_net_flat_grads(net))[i];
+        fl_net_free(net);
+    }
+    char label[96];
+    double ltol = t == FL_DTYPE_F32 ? 1e-4 : 1e-10;
+    snprintf(label, sizeof label, "pplcnetv2 logits [%s %s vs ref]", k->name, fl_dtype_name(t));
+    CHECK_CLOSE(label, logit[1], logit[0], B * CLS, ltol, ltol);
+    CHECK_NEAR(loss[1], loss[0], ltol);
+    double mx = 0, worst = 0;
+    for (int64_t i = 0; i < np; i++) {
+        mx = fmax(mx, fabs(grads[0][i]));
+        worst = fmax(worst, fabs(grads[1][i] - grads[0][i]));
+    }
+    snprintf(label, sizeof label, "pplcnetv2 gradients [%s %s vs ref]", k->name,
+             fl_dtype_name(t));
+    CHECK_CLOSE(label, grads[1], grads[0], np, gtol * mx, 0);
+    fprintf(stderr, "%s: largest |difference| %.3g (largest gradient %.3g)\n", label, worst, mx);
+    free(xd);
+    free(grads[0]);
+    free(grads[1]);
+}
+
+int main(void) {
+    fl_rng_init(&rng, 5, 1);
+    test_counts_and_names();
+    test_step_vs_ref(fl_backend_cpu(), FL_DTYPE_F64, 1e-9);
+    if (fl_backend_onednn())
+        test_step_vs_ref(fl_backend_onednn(), FL_DTYPE_F32, 5e-2);
+    TEST_DONE();
+}
