@@ -936,7 +936,7 @@ int fl_transport_open(const fl_comm_env *env, fl_comm_counters *counters, fl_tra
                         ses);
     if (rc == 0)
         rc = fl_local_upgrade(rank, size, fds, (const char(*)[FL_ENDPOINT_MAX])eps,
-                              !env->tcp_only, fl_now() + timeout);
+                              !env->tcp_only, fl_now() + timeout, ses);
     if (rc < 0)
         goto fail;
     fl_transport *t;

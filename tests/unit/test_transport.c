@@ -720,7 +720,7 @@ static void *upgrade_main(void *arg) {
     upgrade_ctx *u = arg;
     char eps[MAXN][FL_ENDPOINT_MAX] = {"a:1", "b:2", "c:3", "d:4"};
     u->rc = fl_local_upgrade(u->rank, u->n, u->fds, (const char(*)[FL_ENDPOINT_MAX])eps,
-                             u->allow, fl_now() + 5);
+                             u->allow, fl_now() + 5, NULL);
     snprintf(u->msg, sizeof u->msg, "%s", fl_errmsg());
     return NULL;
 }
