@@ -539,7 +539,10 @@ static int send_step(fl_transport *t, send_state *s, bool *blocked, size_t *move
 
 /* The send was cut short by a failure: remember how much of its current frame is missing, so
  * that the abort notice can complete it first (encrypted: from the staging ring, so that the
- * frame still verifies and the peer reads the notice behind it). */
+ * frame still verifies and the peer reads the notice behind it). The abort notice then takes
+ * the next sequence number, which a frame sealed ahead may have used as its nonce too; that
+ * frame never left the process (bytes leave in order, and none of it was sent), so no two
+ * ciphertexts under one nonce ever cross the wire. */
 static void send_abandon(fl_transport *t, send_state *s) {
     conn *c = &t->conns[s->peer];
     c->send_seq = s->seq0 + s->frame + (s->in_frame > 0);

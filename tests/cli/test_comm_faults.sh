@@ -7,7 +7,7 @@
 #     version's hello, a frame header with a huge length, a port scan, a silent connection): the
 #     job finishes with every result correct;
 # (3) a frozen rank (SIGSTOP) of 2, over shared memory and over encrypted TCP: the job ends
-#     within FLEET_COMM_TIMEOUT (+ 1.5 s), not twice it, naming the frozen rank (issue 35).
+#     within FLEET_COMM_TIMEOUT (+ 2 s), not twice it, naming the frozen rank (issue 35).
 set -u
 run="${FLEET_BIN:?}/fleetrun"
 check_prog="${FLEET_BUILD:?}/tests/comm/comm_check"
@@ -120,22 +120,27 @@ check "no worker left behind" test "$(count_left)" -eq 0
 
 # --- 3. a frozen rank: SIGSTOP rank 1 of 2; the job ends within the timeout, not twice it
 for mode in shm tcp-encrypted; do
-  envs=(FLEET_COMM_TIMEOUT=2)
+  envs=(FLEET_COMM_TIMEOUT=3) # also the set-up's deadline: 2 s is tight on a loaded 2-CPU VM
   [ $mode = tcp-encrypted ] && envs+=(FLEET_COMM_LOCAL=0 FLEET_COMM_ENCRYPT=1)
   env "${envs[@]}" "$run" --nproc_per_node 2 --log_dir "$tmp/frozen-$mode" "$check_prog" \
     --loop 100000 -v >"$tmp/frozen-$mode.out" 2>&1 &
   job=$!
-  check "$mode: 2 ranks looping" wait_for 30 grep -qs 'iteration 3 ok' "$tmp/frozen-$mode/workerlog.0"
+  if ! wait_for 30 grep -qs 'iteration 3 ok' "$tmp/frozen-$mode/workerlog.0"; then
+    echo "FAIL: $mode: 2 ranks looping"; fail=1
+    tail -5 "$tmp/frozen-$mode.out" "$tmp/frozen-$mode"/workerlog.*
+    kill "$job" 2>/dev/null; wait "$job"
+    continue
+  fi
   frozen=$(rank_pid 1)
   t0=$(date +%s.%N)
   kill -STOP "$frozen"
   wait $job
   rc=$?
   took=$(echo "$(date +%s.%N) - $t0" | bc)
-  echo "$mode: fleetrun exited $rc, $took s after rank 1 was stopped (FLEET_COMM_TIMEOUT=2)"
+  echo "$mode: fleetrun exited $rc, $took s after rank 1 was stopped (FLEET_COMM_TIMEOUT=3)"
   check "$mode: job failed" test $rc -ne 0
-  check "$mode: ended within the timeout + 1.5 s" test "$(echo "$took < 3.5" | bc)" -eq 1
-  check "$mode: ended no sooner than the timeout" test "$(echo "$took >= 1.9" | bc)" -eq 1
+  check "$mode: ended within the timeout + 2 s (twice it is 6)" test "$(echo "$took < 5" | bc)" -eq 1
+  check "$mode: ended no sooner than the timeout" test "$(echo "$took >= 2.9" | bc)" -eq 1
   check "$mode: rank 0 names rank 1" grep -qE 'no data from rank 1 \(|rank 1 \(.*(silent|timed out)' \
     "$tmp/frozen-$mode/workerlog.0"
   check "$mode: no worker left behind" wait_for 5 test "$(count_left)" -eq 0
