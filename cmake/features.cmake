@@ -69,6 +69,11 @@ endif()
 pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)
 message(STATUS "fleet: zlib    found: zlib ${ZLIB_VERSION}")
 
+# --- libcrypto (required: the tcp transport's handshake (HMAC-SHA256, HKDF) and its frames'
+# AEAD (AES-256-GCM / ChaCha20-Poly1305); OpenSSL's, from libssl-dev)
+pkg_check_modules(CRYPTO REQUIRED IMPORTED_TARGET libcrypto)
+message(STATUS "fleet: crypto  found: libcrypto ${CRYPTO_VERSION}")
+
 # --- optional: MPI (mpi backend of the communicator)
 find_package(MPI QUIET COMPONENTS C)
 if(MPI_C_FOUND)

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-dev libjpeg62-turbo-dev
-      libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev zlib1g-dev
+      libopenmpi-dev openmpi-bin iproute2 clang libclang-rt-14-dev zlib1g-dev libssl-dev
       dataset-fashion-mnist gnuplot-nox python3-numpy libdnnl-dev)
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(python3-torch)

@@ -43,6 +43,7 @@ int fl_redop_parse(const char *name, fl_redop *out);
 #define FL_COMM_MAX_RANKS 4096
 #define FL_ENDPOINT_MAX 64 /* "host:port" incl. NUL */
 #define FL_TOKEN_MAX 65    /* job token, up to 64 chars incl. NUL */
+enum { FL_COMM_ENCRYPT_AUTO = 0, FL_COMM_ENCRYPT_OFF = 1, FL_COMM_ENCRYPT_ON = 2 };
 
 /* Who this process is in the job, as a launcher (fleetrun, torchrun, mpirun) described it. */
 typedef struct {
@@ -61,6 +62,10 @@ typedef struct {
     int    tcp_only;                    /* FLEET_COMM_LOCAL=0: keep TCP to peers on this host
                                            (default 0: they switch to a unix socket) */
     int    gpu;                         /* FLAGS_selected_gpus, -1 if unset */
+    int    encrypt;                     /* FLEET_COMM_ENCRYPT: 0 auto (between hosts only;
+                                           the default), 1 off, 2 on (FL_COMM_ENCRYPT_*) */
+    unsigned round;                     /* FLEET_RESTART_COUNT: fleetrun's restart round,
+                                           bound into the handshake (0 without) */
     /* topology (src/comm/topology.c): this rank's node (0 .. nnodes - 1) and its place among
      * the local_size ranks of that node. From LOCAL_RANK + LOCAL_WORLD_SIZE (+ GROUP_RANK;
      * torchrun, fleetrun) or OMPI_COMM_WORLD_LOCAL_RANK/_SIZE, else ranks whose endpoints
@@ -76,7 +81,8 @@ typedef struct {
  * (id out of range, endpoint count != trainer count, unparseable endpoint, current endpoint
  * not the id-th entry). Also reads FLEET_JOB_TOKEN (a multi-rank tcp job without one gets a
  * token derived from the endpoints, with a warning), FLEET_COMM_TIMEOUT, FLEET_LISTEN_FD,
- * FLEET_COMM_BACKEND, FLEET_COMM_LOCAL and FLAGS_selected_gpus. fl_comm_env_clear frees
+ * FLEET_COMM_BACKEND, FLEET_COMM_LOCAL, FLEET_COMM_ENCRYPT, FLEET_RESTART_COUNT and
+ * FLAGS_selected_gpus. fl_comm_env_clear frees
  * endpoints. */
 int  fl_comm_env_read(fl_comm_env *env);
 /* Fills the topology fields of env (rank, size and endpoints already read); FL_ECONFIG naming
@@ -90,8 +96,8 @@ typedef struct fl_request fl_request;
 
 /* Creates the communicator described by env (NULL: fl_comm_env_read()). Backend: env->backend,
  * or mpi when started by mpirun and mpi is built, else tcp. For tcp this listens, connects to
- * every peer, and authenticates each with the handshake (magic, version, job token, rank)
- * before returning; strangers are logged and dropped. Blocks until all ranks are connected or
+ * every peer, and authenticates each with the challenge-response handshake (proof of the
+ * job token without sending it; src/comm/handshake.h) before returning; strangers are logged and dropped. Blocks until all ranks are connected or
  * the timeout passes (then FL_ETIMEOUT naming the ranks still missing). */
 int  fl_comm_init(const fl_comm_env *env, fl_comm **out);
 /* Convenience: fl_comm_env_read + fl_comm_init (backend_override, if not NULL, wins). */

@@ -141,11 +141,13 @@ typedef struct fl_train_config {
     fl_strategy strategy;       /* the `strategy:` section (fl_strategy_schema) */
     struct {
         int backend;            /* fl_train_backend */
+        int encrypt;            /* comm.encrypt: 0 auto (between hosts), 1 off, 2 on
+                                   (FL_COMM_ENCRYPT_*); FLEET_COMM_ENCRYPT wins */
     } comm;
 } fl_train_config;
 
 /* The schema of every key, in documentation order: the trainer's own keys, then the
- * `strategy.` keys of fl_strategy_schema, then `comm.backend`. Built once (thread-safe); the
+ * `strategy.` keys of fl_strategy_schema, then `comm.backend` and `comm.encrypt`. Built once (thread-safe); the
  * array lives as long as the program. */
 const fl_cfg_key *fl_train_schema(int *nkeys);
 /* Fills cfg with the defaults of every key. */

@@ -259,6 +259,21 @@ static int read_knobs(fl_comm_env *env) {
                            "unix socket, the default) or 0 (TCP only)", v);
         env->tcp_only = strcmp(v, "0") == 0;
     }
+    if ((v = env_get("FLEET_COMM_ENCRYPT"))) {
+        if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0)
+            env->encrypt = FL_COMM_ENCRYPT_OFF;
+        else if (strcmp(v, "1") == 0 || strcmp(v, "on") == 0)
+            env->encrypt = FL_COMM_ENCRYPT_ON;
+        else if (strcmp(v, "auto") != 0)
+            return fl_fail(FL_ECONFIG, "FLEET_COMM_ENCRYPT=%s: expected 1 (encrypt every "
+                           "connection), 0 (none) or auto (between hosts, the default)", v);
+    }
+    if ((v = env_get("FLEET_RESTART_COUNT"))) {
+        long n;
+        if (parse_long(v, &n) < 0 || n < 0 || n > INT_MAX)
+            return fl_fail(FL_ECONFIG, "FLEET_RESTART_COUNT=%s is not a round number", v);
+        env->round = (unsigned)n;
+    }
     if ((v = env_get("FLEET_COMM_TIMEOUT"))) {
         char *end;
         double s = strtod(v, &end);

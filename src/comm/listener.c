@@ -11,6 +11,8 @@
 #include "fleet/log.h"
 #include "fleet/status.h"
 
+#include <openssl/crypto.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -21,22 +23,25 @@
 #include <unistd.h>
 
 typedef struct {
-    int     fd;
-    double  deadline;
-    size_t  got;
-    uint8_t buf[FL_WIRE_HELLO_SIZE + FL_LISTENER_EXTRA_MAX];
-    char    addr[FL_NET_ADDR_MAX];
+    int              fd;
+    double           deadline;
+    size_t           got;
+    bool             challenged; /* hello answered: now reading its proof */
+    fl_hs_transcript t;
+    uint8_t          buf[FL_WIRE_HELLO_SIZE + FL_LISTENER_EXTRA_MAX];
+    char             addr[FL_NET_ADDR_MAX];
 } pending;
 
 typedef struct {
-    int     fd, rank;
-    uint8_t extra[FL_LISTENER_EXTRA_MAX];
+    int           fd, rank;
+    uint8_t       extra[FL_LISTENER_EXTRA_MAX];
+    fl_hs_session session;
 } accepted;
 
 struct fl_listener {
     int       fd;
     int       rank, size;
-    char      token[FL_WIRE_TOKEN_LEN + 1];
+    fl_hs_config hs;
     uint16_t  flags;
     size_t    extra;
     bool     *connected; /* [size] ranks that passed the handshake */
@@ -52,8 +57,8 @@ struct fl_listener {
     int       wake[2];       /* a byte on wake[1] stops the thread */
 };
 
-int fl_listener_create(int listen_fd, int rank, int size, const char *token, uint16_t flags,
-                       size_t extra, fl_listener **out) {
+int fl_listener_create(int listen_fd, int rank, int size, const fl_hs_config *hs,
+                       uint16_t flags, size_t extra, fl_listener **out) {
     FL_ASSERT(extra <= FL_LISTENER_EXTRA_MAX && size >= 1 && rank >= 0 && rank < size);
     fl_listener *l = calloc(1, sizeof *l);
     if (!l)
@@ -62,7 +67,7 @@ int fl_listener_create(int listen_fd, int rank, int size, const char *token, uin
     l->wake[0] = l->wake[1] = -1;
     l->rank = rank;
     l->size = size;
-    snprintf(l->token, sizeof l->token, "%s", token ? token : "");
+    l->hs = *hs;
     l->flags = flags;
     l->extra = extra;
     l->connected = calloc((size_t)size, sizeof *l->connected);
@@ -100,6 +105,11 @@ void fl_listener_free(fl_listener *l) {
         close(l->pend[i].fd);
     for (int i = l->acc_head; i < l->acc_tail; i++)
         close(l->acc[i].fd);
+    for (int i = 0; i < l->acc_tail; i++)
+        fl_hs_session_wipe(&l->acc[i].session);
+    for (int i = 0; i < l->npend; i++)
+        OPENSSL_cleanse(&l->pend[i].t, sizeof l->pend[i].t);
+    fl_hs_config_wipe(&l->hs);
     if (l->fd >= 0)
         close(l->fd);
     free(l->connected);
@@ -159,13 +169,103 @@ static void refuse(fl_listener *l, pending *p, int status, const char *reason) {
     drop(p);
 }
 
-/* Reads what a pending connection sent; refuses, keeps waiting, or accepts it. */
+/* The hello is whole and valid: answer with our nonce and our proof. */
+static void challenge(fl_listener *l, pending *p, const fl_wire_hello *h) {
+    p->t = (fl_hs_transcript){.flags = h->flags, .size = h->size, .round = h->round,
+                              .rank_c = h->rank, .rank_a = (uint32_t)l->rank,
+                              .opt_c = h->options, .opt_a = fl_hs_options(&l->hs, false)};
+    memcpy(p->t.nonce_c, h->nonce, FL_WIRE_HS_NONCE);
+    fl_wire_challenge c = {.rank = (uint32_t)l->rank, .options = p->t.opt_a};
+    if (fl_crypto_random(p->t.nonce_a, FL_WIRE_HS_NONCE) < 0 ||
+        fl_hs_mac(&l->hs, FL_HS_ACCEPTOR, &p->t, c.mac) < 0) {
+        warn(l, p->addr, "dropped", fl_errmsg());
+        drop(p);
+        return;
+    }
+    memcpy(c.nonce, p->t.nonce_a, FL_WIRE_HS_NONCE);
+    uint8_t msg[FL_WIRE_CHALLENGE_SIZE];
+    fl_wire_challenge_encode(msg, &c);
+    /* a fresh socket's send buffer always takes 88 bytes */
+    if (send(p->fd, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof msg) {
+        warn(l, p->addr, "dropped", "cannot send the handshake challenge");
+        drop(p);
+        return;
+    }
+    memmove(p->buf + FL_WIRE_AUTH_SIZE, p->buf + FL_WIRE_HELLO_SIZE, l->extra); /* keep extra */
+    p->challenged = true;
+    p->got = 0;
+}
+
+/* Its hello claims rank r: refuses (and returns false) unless r may connect here now. */
+static bool rank_welcome(fl_listener *l, pending *p, uint32_t r) {
+    char reason[160];
+    if ((int)r <= l->rank) {
+        snprintf(reason, sizeof reason,
+                 "rank %u claims to connect to rank %d (ranks connect only to lower ranks)",
+                 (unsigned)r, l->rank);
+        refuse(l, p, FL_WIRE_BAD_RANK, reason);
+        return false;
+    }
+    if (l->connected[r]) {
+        snprintf(reason, sizeof reason, "rank %u is already connected", (unsigned)r);
+        refuse(l, p, FL_WIRE_DUPLICATE, reason);
+        return false;
+    }
+    return true;
+}
+
+/* The proof is whole: checks it and accepts the connection. */
+static void prove(fl_listener *l, pending *p) {
+    char reason[160];
+    uint8_t mac[FL_WIRE_HS_MAC];
+    int st = fl_wire_auth_parse(p->buf, FL_WIRE_AUTH_SIZE, p->t.rank_c, mac, reason,
+                                sizeof reason);
+    if (st != FL_WIRE_OK) {
+        refuse(l, p, st, reason);
+        return;
+    }
+    if (!fl_hs_check(&l->hs, FL_HS_CONNECTOR, &p->t, mac)) {
+        snprintf(reason, sizeof reason, "rank %u's proof of the job token is wrong (wrong "
+                 "FLEET_JOB_TOKEN, or a replayed handshake)", (unsigned)p->t.rank_c);
+        refuse(l, p, FL_WIRE_BAD_TOKEN, reason);
+        return;
+    }
+    if (!rank_welcome(l, p, p->t.rank_c)) /* another proved the same rank meanwhile */
+        return;
+    accepted *a = &l->acc[l->acc_tail]; /* at most size - 1 ever: each rank once */
+    if (fl_hs_session_make(&l->hs, FL_HS_ACCEPTOR, &p->t, &a->session) < 0) {
+        warn(l, p->addr, "dropped", fl_errmsg());
+        drop(p);
+        return;
+    }
+    uint8_t reply[FL_WIRE_REPLY_SIZE];
+    fl_wire_reply_encode(reply, FL_WIRE_OK, (uint32_t)l->rank);
+    if (send(p->fd, reply, sizeof reply, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof reply) {
+        FL_WARN("comm: rank %d dropped rank %u from %s: cannot send the handshake reply",
+                l->rank, (unsigned)p->t.rank_c, p->addr);
+        fl_hs_session_wipe(&a->session);
+        drop(p);
+        return;
+    }
+    FL_DEBUG("comm: rank %d accepted rank %u from %s%s", l->rank, (unsigned)p->t.rank_c,
+             p->addr, a->session.encrypt ? " (encrypted)" : "");
+    l->connected[p->t.rank_c] = true;
+    l->acc_tail++;
+    a->fd = p->fd;
+    a->rank = (int)p->t.rank_c;
+    memcpy(a->extra, p->buf + FL_WIRE_AUTH_SIZE, l->extra);
+    OPENSSL_cleanse(&p->t, sizeof p->t);
+    p->fd = -1;
+}
+
+/* Reads what a pending connection sent; refuses, keeps waiting, challenges, or accepts it. */
 static void pending_read(fl_listener *l, pending *p) {
-    size_t need = FL_WIRE_HELLO_SIZE + l->extra;
+    size_t need = p->challenged ? FL_WIRE_AUTH_SIZE : FL_WIRE_HELLO_SIZE + l->extra;
     ssize_t k = recv(p->fd, p->buf + p->got, need - p->got, 0);
     if (k == 0) {
-        char why[64];
-        snprintf(why, sizeof why, "closed before the handshake (%zu bytes)", p->got);
+        char why[80];
+        snprintf(why, sizeof why, "closed before the handshake's %s (%zu bytes)",
+                 p->challenged ? "proof" : "end", p->got);
         warn(l, p->addr, "dropped", why);
         drop(p);
         return;
@@ -178,44 +278,30 @@ static void pending_read(fl_listener *l, pending *p) {
         return;
     }
     p->got += (size_t)k;
+    if (p->challenged) {
+        char reason[160];
+        int st = fl_wire_auth_parse(p->buf, p->got, p->t.rank_c, NULL, reason, sizeof reason);
+        if (st == FL_WIRE_TRUNCATED)
+            return;
+        if (st != FL_WIRE_OK)
+            refuse(l, p, st, reason);
+        else
+            prove(l, p);
+        return;
+    }
     char reason[160];
     fl_wire_hello h;
     size_t hn = p->got < FL_WIRE_HELLO_SIZE ? p->got : FL_WIRE_HELLO_SIZE;
-    int st = fl_wire_hello_parse(p->buf, hn, l->flags, (uint32_t)l->size, l->token, &h, reason,
-                                 sizeof reason);
+    int st = fl_wire_hello_parse(p->buf, hn, l->flags, (uint32_t)l->size, l->hs.round, &h,
+                                 reason, sizeof reason);
     if (st == FL_WIRE_TRUNCATED || (st == FL_WIRE_OK && p->got < need))
         return;
     if (st != FL_WIRE_OK) {
         refuse(l, p, st, reason);
         return;
     }
-    if ((int)h.rank <= l->rank) {
-        snprintf(reason, sizeof reason,
-                 "rank %u claims to connect to rank %d (ranks connect only to lower ranks)",
-                 (unsigned)h.rank, l->rank);
-        refuse(l, p, FL_WIRE_BAD_RANK, reason);
-        return;
-    }
-    if (l->connected[h.rank]) {
-        snprintf(reason, sizeof reason, "rank %u is already connected", (unsigned)h.rank);
-        refuse(l, p, FL_WIRE_DUPLICATE, reason);
-        return;
-    }
-    uint8_t reply[FL_WIRE_REPLY_SIZE];
-    fl_wire_reply_encode(reply, FL_WIRE_OK, (uint32_t)l->rank);
-    if (send(p->fd, reply, sizeof reply, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof reply) {
-        FL_WARN("comm: rank %d dropped rank %u from %s: cannot send the handshake reply",
-                l->rank, (unsigned)h.rank, p->addr);
-        drop(p);
-        return;
-    }
-    FL_DEBUG("comm: rank %d accepted rank %u from %s", l->rank, (unsigned)h.rank, p->addr);
-    l->connected[h.rank] = true;
-    accepted *a = &l->acc[l->acc_tail++]; /* at most size - 1 ever: each rank once */
-    a->fd = p->fd;
-    a->rank = (int)h.rank;
-    memcpy(a->extra, p->buf + FL_WIRE_HELLO_SIZE, l->extra);
-    p->fd = -1;
+    if (rank_welcome(l, p, h.rank))
+        challenge(l, p, &h);
 }
 
 static void accept_new(fl_listener *l, double now) {
@@ -240,6 +326,7 @@ static void accept_new(fl_listener *l, double now) {
         pending *p = &l->pend[l->npend++];
         p->fd = fd;
         p->got = 0;
+        p->challenged = false;
         p->deadline = now + FL_LISTENER_HANDSHAKE_S;
         fl_net_addr_str((struct sockaddr *)&ss, len, p->addr, sizeof p->addr);
     }
@@ -274,13 +361,16 @@ void fl_listener_handle(fl_listener *l, const struct pollfd *pfd, int n) {
         accept_new(l, now);
 }
 
-int fl_listener_take(fl_listener *l, int *rank, uint8_t *extra) {
+int fl_listener_take(fl_listener *l, int *rank, uint8_t *extra, fl_hs_session *session) {
     if (l->acc_head == l->acc_tail)
         return -1;
     accepted *a = &l->acc[l->acc_head++];
     *rank = a->rank;
     if (extra)
         memcpy(extra, a->extra, l->extra);
+    if (session)
+        *session = a->session;
+    fl_hs_session_wipe(&a->session);
     return a->fd;
 }
 
@@ -301,7 +391,7 @@ static void *listener_main(void *arg) {
             break;
         fl_listener_handle(l, pfd, rc > 0 ? n : 0);
         int rank, fd;
-        while ((fd = fl_listener_take(l, &rank, NULL)) >= 0) /* cannot happen: all connected */
+        while ((fd = fl_listener_take(l, &rank, NULL, NULL)) >= 0) /* cannot happen: all connected */
             close(fd);
     }
     return NULL;

@@ -1,10 +1,12 @@
 /* local.c - the tcp transport's same-host shortcut (local.h): an AF_UNIX socket skips the TCP/IP
  * stack (2-3x loopback TCP, test_transport --bench). Its one-time name and nonce travel over the
- * authenticated TCP connection and the nonce must come back through the unix socket; abstract
- * names are per network namespace, so other hosts (and bench/netlab's namespaces) stay on TCP. */
+ * authenticated TCP connection and the nonce, MACed under the connection's key, must come back
+ * through the unix socket; abstract names are per network namespace, so other hosts (and
+ * bench/netlab's namespaces) stay on TCP. */
 #define _GNU_SOURCE /* accept4 */
 #include "local.h"
 
+#include "crypto.h"
 #include "net.h"
 #include "wire.h"
 
@@ -66,15 +68,34 @@ static int local_listen(char name[FL_WIRE_LOCAL_NAME], int backlog) {
     return fd;
 }
 
+/* What proves a nonce on the unix socket: the nonce itself, or with the connection's key
+ * (the connector's sending key, which the acceptor holds as its receiving key) an HMAC of it. */
+static int proof_of(const uint8_t nonce[FL_WIRE_NONCE], const uint8_t *key,
+                    uint8_t out[FL_WIRE_NONCE]) {
+    if (!key) {
+        memcpy(out, nonce, FL_WIRE_NONCE);
+        return 0;
+    }
+    uint8_t msg[16 + FL_WIRE_NONCE] = "fleet local v2", mac[FL_CRYPTO_MAC];
+    memcpy(msg + 16, nonce, FL_WIRE_NONCE);
+    int rc = fl_crypto_hmac(key, FL_CRYPTO_KEY, msg, sizeof msg, mac);
+    memcpy(out, mac, FL_WIRE_NONCE);
+    return rc;
+}
+
 /* Joins the offered socket and proves who we are; -1 if it is not reachable from here. */
-static int local_join(const fl_wire_offer *o, int rank, double deadline) {
+static int local_join(const fl_wire_offer *o, int rank, const uint8_t *key, double deadline) {
     struct sockaddr_un a;
     socklen_t len = unix_addr(o->name, &a);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
-    uint8_t proof[FL_WIRE_PROOF_SIZE];
-    fl_wire_proof_encode(proof, (uint32_t)rank, o->nonce);
+    uint8_t proof[FL_WIRE_PROOF_SIZE], p[FL_WIRE_NONCE];
+    if (proof_of(o->nonce, key, p) < 0) {
+        close(fd);
+        return -1;
+    }
+    fl_wire_proof_encode(proof, (uint32_t)rank, p);
     if (connect(fd, (struct sockaddr *)&a, len) < 0 ||
         fl_net_write_full(fd, proof, sizeof proof, deadline) != 0) {
         close(fd);
@@ -84,10 +105,7 @@ static int local_join(const fl_wire_offer *o, int rank, double deadline) {
 }
 
 static bool same_nonce(const uint8_t *a, const uint8_t *b) {
-    uint8_t d = 0;
-    for (int i = 0; i < FL_WIRE_NONCE; i++)
-        d |= (uint8_t)(a[i] ^ b[i]);
-    return d == 0;
+    return fl_crypto_equal(a, b, FL_WIRE_NONCE);
 }
 
 static int io_fail(int e, int p, const char *ep, const char *what) {
@@ -99,7 +117,7 @@ static int io_fail(int e, int p, const char *ep, const char *what) {
 }
 
 int fl_local_upgrade(int rank, int size, int *fds, const char (*endpoints)[FL_ENDPOINT_MAX],
-                     int allow, double deadline) {
+                     int allow, double deadline, const fl_hs_session *sessions) {
     int rc = 0, lfd = -1, waiting = 0, upgraded = 0;
     uint8_t(*nonces)[FL_WIRE_NONCE] = calloc((size_t)size, FL_WIRE_NONCE);
     bool *want = calloc((size_t)size, sizeof *want);
@@ -117,6 +135,11 @@ int fl_local_upgrade(int rank, int size, int *fds, const char (*endpoints)[FL_EN
         uint8_t buf[FL_WIRE_OFFER_SIZE];
         random_bytes(nonces[p], FL_WIRE_NONCE);
         memcpy(offer.nonce, nonces[p], FL_WIRE_NONCE);
+        /* what p must send back: kept in nonces[p] */
+        if (proof_of(offer.nonce, sessions ? sessions[p].rx : NULL, nonces[p]) < 0) {
+            rc = FL_EIO;
+            goto done;
+        }
         fl_wire_offer_encode(buf, &offer);
         int e = fl_net_write_full(fds[p], buf, sizeof buf, deadline);
         if (e) {
@@ -139,7 +162,9 @@ int fl_local_upgrade(int rank, int size, int *fds, const char (*endpoints)[FL_EN
                          reason);
             goto done;
         }
-        int u = allow && o.has_unix ? local_join(&o, rank, deadline) : -1;
+        int u = allow && o.has_unix
+                    ? local_join(&o, rank, sessions ? sessions[p].tx : NULL, deadline)
+                    : -1;
         fl_wire_decision_encode(dec, u >= 0);
         e = fl_net_write_full(fds[p], dec, sizeof dec, deadline);
         if (e) {

@@ -1,8 +1,11 @@
 /* rendezvous.c - torchrun-style endpoint exchange through rank 0 (rendezvous.h). It reuses the
  * transport's handshake (with the rendezvous flag, followed by the sender's endpoint) and its
- * listener, so the master port drops strangers exactly as the data ports do. */
+ * listener, so the master port drops strangers exactly as the data ports do; the table comes
+ * back with an HMAC under the connection's key from that handshake, so nobody on the path can
+ * change it unnoticed. */
 #include "rendezvous.h"
 
+#include "handshake.h"
 #include "listener.h"
 #include "net.h"
 #include "wire.h"
@@ -30,14 +33,18 @@ static int entry_ok(const uint8_t *e, char *out) {
 }
 
 /* Rank 0: collects every rank's endpoint on the master port and answers with the table. */
-static int master_side(const fl_comm_env *env, char (*endpoints)[FL_ENDPOINT_MAX],
-                       double timeout, double deadline) {
+static int master_side(const fl_comm_env *env, const fl_hs_config *hs,
+                       char (*endpoints)[FL_ENDPOINT_MAX], double timeout, double deadline) {
     int size = env->size, rc = 0, mfd = -1;
     fl_listener *l = NULL;
     uint8_t *table = NULL;
     int *fds = malloc((size_t)size * sizeof *fds);
-    if (!fds)
+    fl_hs_session *ses = calloc((size_t)size, sizeof *ses);
+    if (!fds || !ses) {
+        free(fds);
+        free(ses);
         return fl_fail(FL_ENOMEM, "out of memory for the rendezvous of %d ranks", size);
+    }
     for (int r = 0; r < size; r++)
         fds[r] = -1;
     rc = fl_net_listen_endpoint(env->master, "MASTER_ADDR:MASTER_PORT", &mfd);
@@ -45,7 +52,7 @@ static int master_side(const fl_comm_env *env, char (*endpoints)[FL_ENDPOINT_MAX
         fl_fail_prefix(rc, "rendezvous at MASTER_ADDR:MASTER_PORT=%s", env->master);
         goto done;
     }
-    rc = fl_listener_create(mfd, 0, size, env->token, FL_WIRE_FLAG_RENDEZVOUS, ENTRY, &l);
+    rc = fl_listener_create(mfd, 0, size, hs, FL_WIRE_FLAG_RENDEZVOUS, ENTRY, &l);
     if (rc < 0)
         goto done;
     int missing = size - 1;
@@ -77,8 +84,11 @@ static int master_side(const fl_comm_env *env, char (*endpoints)[FL_ENDPOINT_MAX
         fl_listener_handle(l, pfd, n);
         int r, fd;
         uint8_t extra[ENTRY];
-        while ((fd = fl_listener_take(l, &r, extra)) >= 0) {
+        fl_hs_session one;
+        while ((fd = fl_listener_take(l, &r, extra, &one)) >= 0) {
             fds[r] = fd;
+            ses[r] = one;
+            fl_hs_session_wipe(&one);
             missing--;
             if (!entry_ok(extra, endpoints[r])) {
                 rc = fl_fail(FL_EPEER, "rank %d sent an unusable endpoint at the rendezvous", r);
@@ -94,7 +104,13 @@ static int master_side(const fl_comm_env *env, char (*endpoints)[FL_ENDPOINT_MAX
     for (int r = 0; r < size; r++)
         memcpy(table + (size_t)r * ENTRY, endpoints[r], strnlen(endpoints[r], ENTRY - 1));
     for (int r = 1; r < size; r++) {
+        uint8_t mac[FL_CRYPTO_MAC];
+        rc = fl_crypto_hmac(ses[r].tx, FL_CRYPTO_KEY, table, (size_t)size * ENTRY, mac);
+        if (rc < 0)
+            goto done;
         int e = fl_net_write_full(fds[r], table, (size_t)size * ENTRY, deadline);
+        if (!e)
+            e = fl_net_write_full(fds[r], mac, sizeof mac, deadline);
         if (e) {
             rc = fl_fail(e == ETIMEDOUT ? FL_ETIMEOUT : FL_EPEER,
                          "rank %d (%s) left during the rendezvous: %s", r, endpoints[r],
@@ -107,6 +123,9 @@ done:
         if (fds[r] >= 0)
             close(fds[r]);
     fl_listener_free(l);
+    for (int r = 0; r < size; r++)
+        fl_hs_session_wipe(&ses[r]);
+    free(ses);
     free(fds);
     free(table);
     return rc;
@@ -143,7 +162,8 @@ static int dial_master(const struct sockaddr *master, socklen_t mlen, double dea
 }
 
 /* Ranks > 0: check in with rank 0 and read the table. */
-static int worker_side(const fl_comm_env *env, const struct sockaddr *master, socklen_t mlen,
+static int worker_side(const fl_comm_env *env, const fl_hs_config *hs,
+                       const struct sockaddr *master, socklen_t mlen,
                        const char *mine, char (*endpoints)[FL_ENDPOINT_MAX], double timeout,
                        double deadline) {
     int size = env->size, rank = env->rank, rc = 0, fd = -1, e = 0;
@@ -151,12 +171,14 @@ static int worker_side(const fl_comm_env *env, const struct sockaddr *master, so
     uint8_t *table = malloc(tbytes);
     if (!table)
         return fl_fail(FL_ENOMEM, "out of memory for the rendezvous of %d ranks", size);
-    uint8_t msg[FL_WIRE_HELLO_SIZE + ENTRY] = {0}, reply[FL_WIRE_REPLY_SIZE];
-    fl_wire_hello_encode(msg, FL_WIRE_FLAG_RENDEZVOUS, (uint32_t)rank, (uint32_t)size,
-                         env->token);
-    memcpy(msg + FL_WIRE_HELLO_SIZE, mine, strnlen(mine, ENTRY - 1));
+    uint8_t entry[ENTRY] = {0};
+    memcpy(entry, mine, strnlen(mine, ENTRY - 1));
     const char *why = "no answer";
     double backoff = 0.01;
+    char reason[160];
+    uint32_t theirs = FL_WIRE_OK;
+    fl_hs_session ses = {0};
+    int st = FL_WIRE_OK;
     /* check in: retried while rank 0 is not listening yet */
     for (;;) {
         if (fl_now() >= deadline)
@@ -164,13 +186,15 @@ static int worker_side(const fl_comm_env *env, const struct sockaddr *master, so
         fd = dial_master(master, mlen, deadline, &why);
         if (fd == -2)
             goto timeout;
-        e = fd < 0 ? 1 : fl_net_write_full(fd, msg, sizeof msg, deadline);
-        if (!e)
-            e = fl_net_read_full(fd, reply, sizeof reply, deadline);
-        if (!e)
-            break;
+        e = 0;
         if (fd >= 0) {
-            why = e < 0 ? "closed before answering" : strerror(e);
+            st = fl_hs_connect_blocking(fd, hs, FL_WIRE_FLAG_RENDEZVOUS, (uint32_t)rank,
+                                        (uint32_t)size, 0, entry, sizeof entry, deadline,
+                                        &theirs, &ses, reason, sizeof reason);
+            if (st >= 0)
+                break;
+            e = -st;
+            why = e == 1 ? "closed before answering" : strerror(e);
             close(fd);
             fd = -1;
         }
@@ -179,21 +203,27 @@ static int worker_side(const fl_comm_env *env, const struct sockaddr *master, so
         poll(NULL, 0, (int)(backoff * 1000));
         backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
     }
-    char reason[160];
-    uint32_t theirs;
-    int st = fl_wire_reply_parse(reply, sizeof reply, 0, &theirs, reason, sizeof reason);
     if (st != FL_WIRE_OK) {
-        if (theirs != FL_WIRE_OK)
+        if (st == FL_WIRE_BAD_VERSION || theirs == FL_WIRE_BAD_VERSION)
+            rc = fl_fail(FL_EPEER, "rank 0 at MASTER_ADDR:MASTER_PORT=%s speaks another fleet "
+                         "wire protocol version (%s; this rank speaks version %d): every rank "
+                         "must run the same fleet version", env->master,
+                         theirs == FL_WIRE_BAD_VERSION ? "it refused ours" : reason,
+                         FL_WIRE_VERSION);
+        else if (theirs != FL_WIRE_OK)
             rc = fl_fail(FL_EPEER, "rank 0 at MASTER_ADDR:MASTER_PORT=%s refused our rendezvous "
                          "handshake: %s (check FLEET_JOB_TOKEN and WORLD_SIZE)", env->master,
                          fl_wire_status_str((int)theirs));
         else
-            rc = fl_fail(FL_EPEER, "rank 0 at MASTER_ADDR:MASTER_PORT=%s answered our rendezvous "
-                         "handshake with a malformed reply: %s", env->master, reason);
+            rc = fl_fail(FL_EPEER, "rank 0 at MASTER_ADDR:MASTER_PORT=%s failed our rendezvous "
+                         "handshake: %s", env->master, reason);
         goto done;
     }
     /* the table comes once every rank has checked in */
+    uint8_t mac[FL_CRYPTO_MAC];
     e = fl_net_read_full(fd, table, tbytes, deadline);
+    if (!e)
+        e = fl_net_read_full(fd, mac, sizeof mac, deadline);
     if (e == ETIMEDOUT) {
         why = "rank 0 never sent the endpoint table (are all WORLD_SIZE ranks started?)";
         goto timeout;
@@ -201,6 +231,13 @@ static int worker_side(const fl_comm_env *env, const struct sockaddr *master, so
     if (e) {
         rc = fl_fail(FL_EPEER, "rank 0 at MASTER_ADDR:MASTER_PORT=%s left during the "
                      "rendezvous: %s", env->master, e < 0 ? "connection closed" : strerror(e));
+        goto done;
+    }
+    uint8_t want[FL_CRYPTO_MAC];
+    if (fl_crypto_hmac(ses.rx, FL_CRYPTO_KEY, table, tbytes, want) < 0 ||
+        !fl_crypto_equal(want, mac, sizeof mac)) {
+        rc = fl_fail(FL_EPEER, "rank 0 at MASTER_ADDR:MASTER_PORT=%s sent an endpoint table "
+                     "that fails its authentication (changed on the way?)", env->master);
         goto done;
     }
     for (int r = 0; r < size; r++) {
@@ -218,6 +255,7 @@ timeout:
 done:
     if (fd >= 0)
         close(fd);
+    fl_hs_session_wipe(&ses);
     free(table);
     return rc;
 }
@@ -239,11 +277,14 @@ int fl_rendezvous_exchange(const fl_comm_env *env, char (*endpoints)[FL_ENDPOINT
     char mine[FL_ENDPOINT_MAX];
     fl_net_local_str(lfd, mine, sizeof mine);
     snprintf(endpoints[env->rank], FL_ENDPOINT_MAX, "%s", mine);
-    if (env->rank == 0)
-        rc = master_side(env, endpoints, timeout, deadline);
-    else
-        rc = worker_side(env, (struct sockaddr *)&master, mlen, mine, endpoints, timeout,
+    fl_hs_config hs;
+    rc = fl_hs_config_init(&hs, env->token, env->round, env->encrypt);
+    if (rc == 0 && env->rank == 0)
+        rc = master_side(env, &hs, endpoints, timeout, deadline);
+    else if (rc == 0)
+        rc = worker_side(env, &hs, (struct sockaddr *)&master, mlen, mine, endpoints, timeout,
                          deadline);
+    fl_hs_config_wipe(&hs);
     if (rc < 0) {
         close(lfd);
         return rc;

@@ -2,11 +2,17 @@
  * and a full-duplex sendrecv that moves DATA frames straight between the caller's buffers and
  * the kernel (the frame header rides in the same sendmsg/recvmsg iovec list as the payload),
  * progressing both directions in one poll loop under an inactivity deadline. A failure is
- * broadcast as an ABORT frame naming the culprit, so every surviving rank reports the same one. */
+ * broadcast as an ABORT frame naming the culprit, so every surviving rank reports the same one.
+ * On an encrypted connection (handshake.h) each frame is sealed into a small per-connection
+ * staging ring just before it is sent (the caller's buffer is const and still needed) and
+ * opened in place in the caller's buffer as soon as its tag is in, before on_recv sees it:
+ * the pipeline keeps its shape, a frame at a time. */
 #define _GNU_SOURCE /* F_DUPFD_CLOEXEC */
 #include "transport.h"
 
 #include "connect.h"
+#include "crypto.h"
+#include "handshake.h"
 #include "listener.h"
 #include "local.h"
 #include "net.h"
@@ -38,6 +44,11 @@
 #define CHUNK ((size_t)256 << 10)
 #define BATCH 16 /* frames handed to one sendmsg */
 #define HDR   FL_WIRE_FRAME_SIZE
+#define TAG   FL_CRYPTO_TAG
+/* Encrypted frames sealed ahead of the socket: 4 x 256 KiB keeps the kernel's send buffer fed
+ * while costing 1 MiB per encrypted peer, allocated on its first send. */
+#define STAGE 4
+#define SLOT  (HDR + CHUNK + TAG)
 /* A sendrecv that waits this long without progress also watches its other peers for abort
  * notices (the fast path polls only the one or two sockets it moves data on). */
 #define STALL_S 0.02
@@ -55,9 +66,16 @@ typedef struct {
     bool     hdr_counted;                /* hdr is complete and in the byte counters */
     bool     in_abort;                   /* hdr is an ABORT whose message is being read */
     size_t   abort_got;
-    char     abort_msg[FL_WIRE_ABORT_MAX + 1];
+    char     abort_msg[FL_WIRE_ABORT_MAX + TAG + 1];
     bool     closed;                     /* the peer closed or reset: nothing more comes */
     bool     local;                      /* a unix socket: the peer shares this host */
+    fl_aead *tx, *rx;                    /* frame ciphers; NULL: frames in the clear */
+    uint8_t *stage;                      /* [STAGE][SLOT] sealed frames on their way out */
+    const uint8_t *left_ptr;             /* encrypted: the rest of a frame a failure cut */
+    uint8_t  cur_hdr[HDR];               /* header of the frame being received (its AAD) */
+    uint64_t cur_seq;                    /* and its sequence number */
+    uint8_t  tag[TAG];                   /* its tag as it arrives */
+    size_t   tag_got;
 } conn;
 
 struct fl_transport {
@@ -90,6 +108,9 @@ static size_t frame_len(size_t total, size_t k) {
     size_t left = total - k * CHUNK;
     return left < CHUNK ? left : CHUNK;
 }
+
+/* Bytes after a frame's payload: the tag on an encrypted connection. */
+static size_t tag_len(const conn *c, bool sending) { return (sending ? c->tx : c->rx) ? TAG : 0; }
 
 /* ---------------------------------------------------------------- failure and abort */
 
@@ -132,23 +153,31 @@ static void broadcast_abort(fl_transport *t) {
             continue;
         double now = fl_now(), until = now + ABORT_PEER_S < end ? now + ABORT_PEER_S : end;
         int e = 0;
-        while (!e && c->send_left > 0) {
+        while (!e && c->send_left > 0) { /* an encrypted frame goes whole, so it verifies */
             size_t n = c->send_left < sizeof zeros ? (size_t)c->send_left : sizeof zeros;
-            e = fl_net_write_full(c->fd, zeros, n, until);
+            e = fl_net_write_full(c->fd, c->left_ptr ? c->left_ptr : zeros, n, until);
             if (!e) {
                 c->send_left -= n;
+                if (c->left_ptr)
+                    c->left_ptr += n;
                 count_sent(t, n);
             }
         }
-        uint8_t hdr[HDR];
+        uint8_t hdr[HDR], sealed[FL_WIRE_ABORT_MAX + TAG];
+        size_t tl = tag_len(c, true);
         fl_wire_frame_encode(hdr, FL_WIRE_ABORT, c->send_seq, t->abort_len);
+        if (!e && c->tx && fl_aead_seal(c->tx, c->send_seq, hdr, HDR,
+                                        (const uint8_t *)t->abort_payload, sealed, t->abort_len,
+                                        sealed + t->abort_len) < 0)
+            e = EIO;
         if (!e)
             e = fl_net_write_full(c->fd, hdr, HDR, until);
         if (!e)
-            e = fl_net_write_full(c->fd, t->abort_payload, t->abort_len, until);
+            e = fl_net_write_full(c->fd, c->tx ? (const void *)sealed : t->abort_payload,
+                                  t->abort_len + tl, until);
         if (!e) {
             c->send_seq++;
-            count_sent(t, HDR + t->abort_len);
+            count_sent(t, HDR + t->abort_len + tl);
         } else {
             FL_DEBUG("comm: rank %d could not tell %s about the failure", t->rank, c->name);
             c->closed = true; /* its stream is cut mid-frame: send nothing more */
@@ -250,8 +279,9 @@ static int read_header(fl_transport *t, int p, uint64_t want_len, bool *alive) {
             c->in_abort = true;
             c->abort_got = 0;
         }
-        while (c->abort_got < f.len) {
-            ssize_t k = recv(c->fd, c->abort_msg + c->abort_got, f.len - c->abort_got, 0);
+        size_t whole = f.len + tag_len(c, false);
+        while (c->abort_got < whole) {
+            ssize_t k = recv(c->fd, c->abort_msg + c->abort_got, whole - c->abort_got, 0);
             if (would_block(k))
                 return HDR_BLOCKED;
             if (k <= 0)
@@ -259,6 +289,11 @@ static int read_header(fl_transport *t, int p, uint64_t want_len, bool *alive) {
             c->abort_got += (size_t)k;
             count_received(t, (size_t)k);
         }
+        if (c->rx && fl_aead_open(c->rx, c->recv_seq, c->hdr, HDR, (uint8_t *)c->abort_msg,
+                                  f.len, (const uint8_t *)c->abort_msg + f.len) < 0)
+            return fail_local(t, FL_EPEER, p, "%s sent an abort notice that fails "
+                              "authentication (changed, forged or replayed on the way)", c->name);
+        c->abort_got = f.len;
         c->in_abort = false;
         c->hdr_got = 0;
         c->hdr_counted = false;
@@ -287,7 +322,7 @@ static int salvage_abort(fl_transport *t, int p) {
             return 0;
         fl_wire_frame f;
         fl_wire_frame_parse(c->hdr, HDR, c->recv_seq, FL_WIRE_LEN_ANY, CHUNK, &f, NULL, 0);
-        for (uint64_t left = f.len; left > 0;) { /* data for an operation that is over */
+        for (uint64_t left = f.len + tag_len(c, false); left > 0;) { /* data nobody awaits */
             char sink[4096];
             ssize_t k = recv(c->fd, sink, left < sizeof sink ? (size_t)left : sizeof sink,
                              MSG_DONTWAIT);
@@ -312,11 +347,30 @@ typedef struct {
     void      *ctx;
 } recv_state;
 
+/* A received frame is whole (payload and, encrypted, tag): opens it in place, then hands it
+ * to on_recv. */
+static int frame_done(fl_transport *t, recv_state *r) {
+    conn *c = &t->conns[r->peer];
+    size_t len = frame_len(r->total, r->frame);
+    if (c->rx && fl_aead_open(c->rx, c->cur_seq, c->cur_hdr, HDR, r->buf + r->frame * CHUNK,
+                              len, c->tag) < 0)
+        return fail_local(t, FL_EPEER, r->peer, "%s sent frame %llu that fails authentication "
+                          "(changed, forged or replayed on the way; nothing of it was used)",
+                          c->name, (unsigned long long)c->cur_seq);
+    if (r->on_recv)
+        r->on_recv(r->ctx, r->frame * CHUNK, len);
+    r->in_payload = false;
+    if (++r->frame == r->nframes)
+        r->done = true;
+    return 0;
+}
+
 /* Receives as much as the socket has. Sets *blocked when it ran dry, *alive when a keepalive
  * came by. Returns 0 or a failure; *moved counts DATA bytes read. */
 static int recv_step(fl_transport *t, recv_state *r, bool *blocked, size_t *moved,
                      bool *alive) {
     conn *c = &t->conns[r->peer];
+    size_t tl = tag_len(c, false);
     while (!r->done) {
         size_t len = frame_len(r->total, r->frame);
         if (!r->in_payload) {
@@ -328,17 +382,25 @@ static int recv_step(fl_transport *t, recv_state *r, bool *blocked, size_t *move
                 return 0;
             }
             *moved += HDR;
+            memcpy(c->cur_hdr, c->hdr, HDR);
+            c->cur_seq = c->recv_seq - 1;
             r->in_payload = true;
             r->got = 0;
+            c->tag_got = 0;
         }
-        /* the payload straight into the caller's buffer, and the next header behind it */
-        struct iovec iov[2] = {{r->buf + r->frame * CHUNK + r->got, len - r->got}};
-        size_t want = len - r->got;
-        int niov = 1;
+        /* the payload straight into the caller's buffer, its tag, and the next header */
+        struct iovec iov[3];
+        size_t want = 0;
+        int niov = 0;
+        if (r->got < len)
+            iov[niov++] = (struct iovec){r->buf + r->frame * CHUNK + r->got, len - r->got};
+        if (c->tag_got < tl)
+            iov[niov++] = (struct iovec){c->tag + c->tag_got, tl - c->tag_got};
+        for (int i = 0; i < niov; i++)
+            want += iov[i].iov_len;
         if (r->frame + 1 < r->nframes) {
-            iov[1] = (struct iovec){c->hdr + c->hdr_got, HDR - c->hdr_got};
+            iov[niov++] = (struct iovec){c->hdr + c->hdr_got, HDR - c->hdr_got};
             want += HDR - c->hdr_got;
-            niov = 2;
         }
         struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
         ssize_t k = recvmsg(c->fd, &m, 0);
@@ -349,16 +411,19 @@ static int recv_step(fl_transport *t, recv_state *r, bool *blocked, size_t *move
         if (k <= 0)
             return read_error(t, r->peer, k, true);
         *moved += (size_t)k;
-        size_t into_payload = (size_t)k < len - r->got ? (size_t)k : len - r->got;
-        count_received(t, into_payload); /* header bytes count once the header is whole */
+        size_t left = (size_t)k;
+        size_t into_payload = left < len - r->got ? left : len - r->got;
         r->got += into_payload;
-        c->hdr_got += (size_t)k - into_payload;
-        if (r->got == len) {
-            if (r->on_recv)
-                r->on_recv(r->ctx, r->frame * CHUNK, len);
-            r->in_payload = false;
-            if (++r->frame == r->nframes)
-                r->done = true;
+        left -= into_payload;
+        size_t into_tag = left < tl - c->tag_got ? left : tl - c->tag_got;
+        c->tag_got += into_tag;
+        left -= into_tag;
+        count_received(t, into_payload + into_tag); /* header bytes count once it is whole */
+        c->hdr_got += left;
+        if (r->got == len && c->tag_got == tl) {
+            int rc = frame_done(t, r);
+            if (rc < 0)
+                return rc;
         }
         if ((size_t)k < want) {
             *blocked = true;
@@ -375,9 +440,33 @@ typedef struct {
     const uint8_t *buf;
     size_t         total, nframes;
     size_t         frame, in_frame; /* current frame, its bytes sent (header included) */
+    size_t         sealed;          /* encrypted: frames sealed into the staging ring */
     uint64_t       seq0;
     bool           done;
 } send_state;
+
+static uint8_t *slot(conn *c, size_t k) { return c->stage + (k % STAGE) * SLOT; }
+
+/* Bytes frame k takes on the wire. */
+static size_t frame_wire(const conn *c, const send_state *s, size_t k) {
+    return HDR + frame_len(s->total, k) + tag_len(c, true);
+}
+
+/* Seals the frames the staging ring has room for (those not sent yet, up to STAGE ahead). */
+static int seal_ahead(fl_transport *t, send_state *s) {
+    conn *c = &t->conns[s->peer];
+    if (!c->stage && !(c->stage = malloc((size_t)STAGE * SLOT)))
+        return fail_local(t, FL_ENOMEM, -1, "out of memory for %s's send buffer", c->name);
+    for (; s->sealed < s->nframes && s->sealed < s->frame + STAGE; s->sealed++) {
+        size_t k = s->sealed, len = frame_len(s->total, k);
+        uint8_t *f = slot(c, k);
+        fl_wire_frame_encode(f, FL_WIRE_DATA, s->seq0 + k, len);
+        if (fl_aead_seal(c->tx, s->seq0 + k, f, HDR, s->buf + k * CHUNK, f + HDR, len,
+                         f + HDR + len) < 0)
+            return fail_local(t, FL_EIO, -1, "sending to %s: %s", c->name, fl_errmsg());
+    }
+    return 0;
+}
 
 static int send_step(fl_transport *t, send_state *s, bool *blocked, size_t *moved) {
     conn *c = &t->conns[s->peer];
@@ -385,7 +474,17 @@ static int send_step(fl_transport *t, send_state *s, bool *blocked, size_t *move
     uint8_t hdrs[BATCH][HDR];
     int niov = 0;
     size_t want = 0;
-    for (size_t k = s->frame; k < s->nframes && k < s->frame + BATCH; k++) {
+    if (c->tx) { /* whole sealed frames from the staging ring */
+        int rc = seal_ahead(t, s);
+        if (rc < 0)
+            return rc;
+        for (size_t k = s->frame; k < s->sealed; k++) {
+            size_t skip = k == s->frame ? s->in_frame : 0, n = frame_wire(c, s, k) - skip;
+            iov[niov++] = (struct iovec){slot(c, k) + skip, n};
+            want += n;
+        }
+    }
+    for (size_t k = s->frame; !c->tx && k < s->nframes && k < s->frame + BATCH; k++) {
         size_t len = frame_len(s->total, k), skip = k == s->frame ? s->in_frame : 0;
         if (skip < HDR) {
             uint8_t *h = hdrs[k - s->frame];
@@ -420,7 +519,7 @@ static int send_step(fl_transport *t, send_state *s, bool *blocked, size_t *move
     count_sent(t, (size_t)n);
     *moved += (size_t)n;
     for (size_t left = (size_t)n; left > 0;) {
-        size_t rest = HDR + frame_len(s->total, s->frame) - s->in_frame;
+        size_t rest = frame_wire(c, s, s->frame) - s->in_frame;
         if (left < rest) {
             s->in_frame += left;
             break;
@@ -433,16 +532,22 @@ static int send_step(fl_transport *t, send_state *s, bool *blocked, size_t *move
         s->done = true;
         c->send_seq = s->seq0 + s->nframes;
     }
+    /* encrypted: room in the ring again, so not blocked unless the socket took less */
     *blocked = (size_t)n < want;
     return 0;
 }
 
 /* The send was cut short by a failure: remember how much of its current frame is missing, so
- * that the abort notice can complete it first. */
+ * that the abort notice can complete it first (encrypted: from the staging ring, so that the
+ * frame still verifies and the peer reads the notice behind it). The abort notice then takes
+ * the next sequence number, which a frame sealed ahead may have used as its nonce too; that
+ * frame never left the process (bytes leave in order, and none of it was sent), so no two
+ * ciphertexts under one nonce ever cross the wire. */
 static void send_abandon(fl_transport *t, send_state *s) {
     conn *c = &t->conns[s->peer];
     c->send_seq = s->seq0 + s->frame + (s->in_frame > 0);
-    c->send_left = s->in_frame > 0 ? HDR + frame_len(s->total, s->frame) - s->in_frame : 0;
+    c->send_left = s->in_frame > 0 ? frame_wire(c, s, s->frame) - s->in_frame : 0;
+    c->left_ptr = c->tx && s->in_frame > 0 ? slot(c, s->frame) + s->in_frame : NULL;
 }
 
 /* ---------------------------------------------------------------- sendrecv */
@@ -660,10 +765,29 @@ static void peers_free(fl_peers *p) { fl_transport_free((fl_transport *)p); }
 static const struct fl_peers_ops transport_peer_ops = {
     .sendrecv = peers_sendrecv, .peer_name = peers_name, .free = peers_free};
 
+/* Sets up peer p's frame ciphers from its handshake's session (wiped here). "auto" turns
+ * encryption off on a unix socket: the same kernel carries both ends. */
+static int attach_session(fl_transport *t, int p, fl_hs_session *ses) {
+    conn *c = &t->conns[p];
+    int rc = 0;
+    if (ses->encrypt && !(ses->automatic && c->local)) {
+        rc = fl_aead_create(ses->cipher, ses->tx, &c->tx);
+        if (rc == 0)
+            rc = fl_aead_create(ses->cipher, ses->rx, &c->rx);
+        if (rc == 0)
+            FL_DEBUG("comm: rank %d: frames with %s encrypted (%s)", t->rank, c->name,
+                     fl_aead_cipher_name(ses->cipher));
+    }
+    fl_hs_session_wipe(ses);
+    return rc;
+}
+
 /* A transport over connected fds (ownership passes, also on failure). endpoints: [size] or
- * NULL (ownership passes). */
+ * NULL (ownership passes). sessions: [size] each peer's handshake outcome, or NULL (no
+ * encryption); wiped. */
 static int create(int rank, int size, int *fds, double timeout_s, fl_comm_counters *counters,
-                  char (*endpoints)[FL_ENDPOINT_MAX], fl_transport **out) {
+                  char (*endpoints)[FL_ENDPOINT_MAX], fl_hs_session *sessions,
+                  fl_transport **out) {
     fl_transport *t = calloc(1, sizeof *t);
     if (!t)
         goto nomem;
@@ -698,6 +822,18 @@ static int create(int rank, int size, int *fds, double timeout_s, fl_comm_counte
                        sa.ss_family == AF_UNIX;
             (void)fl_net_set_nonblock(c->fd);
             fl_net_tune(c->fd);
+            if (sessions && attach_session(t, p, &sessions[p]) < 0) {
+                int rc = FL_EIO;
+                for (int q = p + 1; q < size; q++) {
+                    t->conns[q].fd = -1;
+                    if (q != rank && fds[q] >= 0)
+                        close(fds[q]);
+                }
+                t->endpoints = endpoints;
+                t->failed = true; /* no goodbyes: nothing was said yet */
+                fl_transport_free(t);
+                return rc;
+            }
         }
     }
     t->endpoints = endpoints;
@@ -732,7 +868,7 @@ int fl_transport_from_fds(int rank, int size, const int *fds, double timeout_s,
             if (p != rank && own[p] >= 0)
                 close(own[p]);
     } else {
-        rc = create(rank, size, own, timeout_s, counters, NULL, out);
+        rc = create(rank, size, own, timeout_s, counters, NULL, NULL, out);
     }
     free(own);
     return rc;
@@ -743,20 +879,24 @@ int fl_transport_open(const fl_comm_env *env, fl_comm_counters *counters, fl_tra
     int rank = env->rank, size = env->size, listen_fd = -1, rc = 0;
     double timeout = env->timeout_s > 0 ? env->timeout_s : 300;
     fl_listener *l = NULL;
+    fl_hs_config hs;
     int *fds = calloc((size_t)size, sizeof *fds);
     char (*eps)[FL_ENDPOINT_MAX] = calloc((size_t)size, sizeof *eps);
-    if (!fds || !eps) {
+    fl_hs_session *ses = calloc((size_t)size, sizeof *ses);
+    if (!fds || !eps || !ses) {
         free(fds);
         free(eps);
+        free(ses);
         return fl_fail(FL_ENOMEM, "out of memory opening a transport for %d ranks", size);
     }
+    memset(&hs, 0, sizeof hs);
     for (int p = 0; p < size; p++)
         fds[p] = -1;
     if (size == 1) {
         if (env->endpoints)
             memcpy(eps[0], env->endpoints[0], FL_ENDPOINT_MAX);
         eps[0][FL_ENDPOINT_MAX - 1] = '\0';
-        rc = create(rank, size, fds, timeout, counters, eps, out);
+        rc = create(rank, size, fds, timeout, counters, eps, NULL, out);
         free(fds);
         return rc;
     }
@@ -788,19 +928,22 @@ int fl_transport_open(const fl_comm_env *env, fl_comm_counters *counters, fl_tra
                 goto fail;
         }
     }
-    rc = fl_listener_create(listen_fd, rank, size, env->token, 0, 0, &l);
+    rc = fl_hs_config_init(&hs, env->token, env->round, env->encrypt);
+    if (rc < 0)
+        goto fail;
+    rc = fl_listener_create(listen_fd, rank, size, &hs, 0, 0, &l);
     listen_fd = -1;
     if (rc < 0)
         goto fail;
-    rc = fl_connect_all(rank, size, (const char(*)[FL_ENDPOINT_MAX])eps, env->token, l, timeout,
-                        fds);
+    rc = fl_connect_all(rank, size, (const char(*)[FL_ENDPOINT_MAX])eps, &hs, l, timeout, fds,
+                        ses);
     if (rc == 0)
         rc = fl_local_upgrade(rank, size, fds, (const char(*)[FL_ENDPOINT_MAX])eps,
-                              !env->tcp_only, fl_now() + timeout);
+                              !env->tcp_only, fl_now() + timeout, ses);
     if (rc < 0)
         goto fail;
     fl_transport *t;
-    rc = create(rank, size, fds, timeout, counters, eps, &t);
+    rc = create(rank, size, fds, timeout, counters, eps, ses, &t);
     eps = NULL;
     if (rc < 0)
         goto fail;
@@ -812,6 +955,8 @@ int fl_transport_open(const fl_comm_env *env, fl_comm_counters *counters, fl_tra
         goto fail;
     }
     free(fds);
+    free(ses);
+    fl_hs_config_wipe(&hs);
     *out = t;
     return 0;
 fail:
@@ -821,6 +966,10 @@ fail:
         if (fds[p] >= 0)
             close(fds[p]);
     fl_listener_free(l);
+    for (int p = 0; p < size; p++)
+        fl_hs_session_wipe(&ses[p]);
+    fl_hs_config_wipe(&hs);
+    free(ses);
     free(fds);
     free(eps);
     return rc;
@@ -836,9 +985,11 @@ void fl_transport_free(fl_transport *t) {
         if (c->fd < 0)
             continue;
         if (!t->failed && !c->closed) { /* goodbye: an abort notice with no message */
-            uint8_t hdr[HDR];
+            uint8_t hdr[HDR + TAG];
             fl_wire_frame_encode(hdr, FL_WIRE_ABORT, c->send_seq, 0);
-            (void)fl_net_write_full(c->fd, hdr, HDR, end);
+            if (!c->tx || fl_aead_seal(c->tx, c->send_seq, hdr, HDR, hdr, hdr + HDR, 0,
+                                       hdr + HDR) == 0)
+                (void)fl_net_write_full(c->fd, hdr, HDR + tag_len(c, true), end);
         }
         /* unread input would turn close into a reset that could discard what we sent last */
         shutdown(c->fd, SHUT_WR);
@@ -846,6 +997,11 @@ void fl_transport_free(fl_transport *t) {
         for (int i = 0; i < 64 && recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++)
             ;
         close(c->fd);
+    }
+    for (int p = 0; t->conns && p < t->size; p++) { /* wipes the keys */
+        fl_aead_free(t->conns[p].tx);
+        fl_aead_free(t->conns[p].rx);
+        free(t->conns[p].stage);
     }
     free(t->conns);
     free(t->endpoints);

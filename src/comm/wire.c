@@ -50,7 +50,7 @@ const char *fl_wire_status_str(int status) {
     case FL_WIRE_BAD_MAGIC: return "bad magic";
     case FL_WIRE_BAD_VERSION: return "protocol version mismatch";
     case FL_WIRE_BAD_FLAGS: return "unexpected handshake kind";
-    case FL_WIRE_BAD_TOKEN: return "wrong job token";
+    case FL_WIRE_BAD_TOKEN: return "wrong job token (or a replayed handshake)";
     case FL_WIRE_BAD_SIZE: return "world size mismatch";
     case FL_WIRE_BAD_RANK: return "rank not expected here";
     case FL_WIRE_DUPLICATE: return "rank already connected";
@@ -59,31 +59,39 @@ const char *fl_wire_status_str(int status) {
     case FL_WIRE_BAD_LENGTH: return "bad frame length";
     case FL_WIRE_BAD_STATUS: return "unknown status";
     case FL_WIRE_BAD_ENDPOINT: return "bad endpoint";
+    case FL_WIRE_BAD_ROUND: return "job round mismatch (a worker of another restart round?)";
     default: return "unknown status";
     }
 }
 
 /* ---- handshake ---- */
 
-void fl_wire_hello_encode(uint8_t out[FL_WIRE_HELLO_SIZE], uint16_t flags, uint32_t rank,
-                          uint32_t size, const char *token) {
-    memset(out, 0, FL_WIRE_HELLO_SIZE);
+void fl_wire_hello_encode(uint8_t out[FL_WIRE_HELLO_SIZE], const fl_wire_hello *h) {
     put32(out, FL_WIRE_MAGIC);
     put16(out + 4, FL_WIRE_VERSION);
-    put16(out + 6, flags);
-    put32(out + 8, rank);
-    put32(out + 12, size);
-    size_t n = token ? strnlen(token, FL_WIRE_TOKEN_LEN) : 0;
-    memcpy(out + 16, token, n);
+    put16(out + 6, h->flags);
+    put32(out + 8, h->rank);
+    put32(out + 12, h->size);
+    put32(out + 16, h->round);
+    put32(out + 20, h->options);
+    memcpy(out + 24, h->nonce, FL_WIRE_HS_NONCE);
 }
 
-int fl_wire_hello_parse(const uint8_t *buf, size_t n, uint16_t want_flags, uint32_t want_size,
-                        const char *want_token, fl_wire_hello *out, char *reason, size_t cap) {
+/* Magic and version, common to hello, challenge and reply. */
+static int head_ok(const uint8_t *buf, size_t n, char *reason, size_t cap) {
     if (n >= 4 && get32(buf) != FL_WIRE_MAGIC)
         return refuse(FL_WIRE_BAD_MAGIC, reason, cap, "bad magic 0x%08x", (unsigned)get32(buf));
     if (n >= 6 && get16(buf + 4) != FL_WIRE_VERSION)
         return refuse(FL_WIRE_BAD_VERSION, reason, cap, "protocol version %u, expected %u",
                       (unsigned)get16(buf + 4), (unsigned)FL_WIRE_VERSION);
+    return FL_WIRE_OK;
+}
+
+int fl_wire_hello_parse(const uint8_t *buf, size_t n, uint16_t want_flags, uint32_t want_size,
+                        uint32_t want_round, fl_wire_hello *out, char *reason, size_t cap) {
+    int st = head_ok(buf, n, reason, cap);
+    if (st != FL_WIRE_OK)
+        return st;
     if (n >= 8 && get16(buf + 6) != want_flags)
         return refuse(FL_WIRE_BAD_FLAGS, reason, cap, "handshake flags 0x%x, expected 0x%x",
                       (unsigned)get16(buf + 6), (unsigned)want_flags);
@@ -96,26 +104,94 @@ int fl_wire_hello_parse(const uint8_t *buf, size_t n, uint16_t want_flags, uint3
             return refuse(FL_WIRE_BAD_RANK, reason, cap, "rank %u out of range for %u ranks",
                           (unsigned)rank, (unsigned)size);
     }
+    if (n >= 20 && get32(buf + 16) != want_round)
+        return refuse(FL_WIRE_BAD_ROUND, reason, cap, "job round %u, expected %u",
+                      (unsigned)get32(buf + 16), (unsigned)want_round);
+    if (n >= 24) {
+        uint32_t o = get32(buf + 20);
+        if ((o & ~FL_WIRE_OPT_ALL) || (o & FL_WIRE_OPT_ENC_MASK) == 3)
+            return refuse(FL_WIRE_BAD_FLAGS, reason, cap, "unknown handshake options 0x%x",
+                          (unsigned)o);
+    }
     if (n < FL_WIRE_HELLO_SIZE)
         return refuse(FL_WIRE_TRUNCATED, reason, cap, "truncated handshake (%zu of %d bytes)", n,
                       FL_WIRE_HELLO_SIZE);
-    /* constant time over all 64 bytes: the padding must be zeros on both sides */
-    uint8_t want[FL_WIRE_TOKEN_LEN] = {0};
-    size_t wn = want_token ? strnlen(want_token, FL_WIRE_TOKEN_LEN) : 0;
-    memcpy(want, want_token, wn);
-    volatile uint8_t diff = 0;
-    for (int i = 0; i < FL_WIRE_TOKEN_LEN; i++)
-        diff |= (uint8_t)(buf[16 + i] ^ want[i]);
-    if (diff != 0)
-        return refuse(FL_WIRE_BAD_TOKEN, reason, cap, "wrong job token");
     if (out) {
         out->version = get16(buf + 4);
         out->flags = get16(buf + 6);
         out->rank = get32(buf + 8);
         out->size = get32(buf + 12);
-        memcpy(out->token, buf + 16, FL_WIRE_TOKEN_LEN);
-        out->token[FL_WIRE_TOKEN_LEN] = '\0';
+        out->round = get32(buf + 16);
+        out->options = get32(buf + 20);
+        memcpy(out->nonce, buf + 24, FL_WIRE_HS_NONCE);
     }
+    return FL_WIRE_OK;
+}
+
+void fl_wire_challenge_encode(uint8_t out[FL_WIRE_CHALLENGE_SIZE], const fl_wire_challenge *c) {
+    memset(out, 0, FL_WIRE_CHALLENGE_SIZE);
+    put32(out, FL_WIRE_MAGIC);
+    put16(out + 4, FL_WIRE_VERSION);
+    put32(out + 8, FL_WIRE_OK);
+    put32(out + 12, c->rank);
+    put32(out + 16, c->options);
+    memcpy(out + 24, c->nonce, FL_WIRE_HS_NONCE);
+    memcpy(out + 56, c->mac, FL_WIRE_HS_MAC);
+}
+
+int fl_wire_challenge_parse(const uint8_t *buf, size_t n, uint32_t want_rank,
+                            uint32_t *their_status, fl_wire_challenge *out, char *reason,
+                            size_t cap) {
+    if (their_status)
+        *their_status = FL_WIRE_OK;
+    if (n >= 12 && get32(buf + 8) != FL_WIRE_OK) /* a refusal: exactly a reply */
+        return fl_wire_reply_parse(buf, n, want_rank, their_status, reason, cap);
+    int st = head_ok(buf, n, reason, cap);
+    if (st != FL_WIRE_OK)
+        return st;
+    if (n >= 16 && get32(buf + 12) != want_rank)
+        return refuse(FL_WIRE_BAD_RANK, reason, cap, "challenge from rank %u, expected rank %u",
+                      (unsigned)get32(buf + 12), (unsigned)want_rank);
+    if (n >= 20) {
+        uint32_t o = get32(buf + 16);
+        if ((o & ~FL_WIRE_OPT_ALL) || (o & FL_WIRE_OPT_ENC_MASK) == 3)
+            return refuse(FL_WIRE_BAD_FLAGS, reason, cap, "unknown handshake options 0x%x",
+                          (unsigned)o);
+    }
+    if (n < FL_WIRE_CHALLENGE_SIZE)
+        return refuse(FL_WIRE_TRUNCATED, reason, cap, "truncated challenge (%zu of %d bytes)",
+                      n, FL_WIRE_CHALLENGE_SIZE);
+    if (get16(buf + 6) != 0 || get32(buf + 20) != 0)
+        return refuse(FL_WIRE_BAD_FLAGS, reason, cap, "reserved challenge fields are not 0");
+    if (out) {
+        out->rank = get32(buf + 12);
+        out->options = get32(buf + 16);
+        memcpy(out->nonce, buf + 24, FL_WIRE_HS_NONCE);
+        memcpy(out->mac, buf + 56, FL_WIRE_HS_MAC);
+    }
+    return FL_WIRE_OK;
+}
+
+void fl_wire_auth_encode(uint8_t out[FL_WIRE_AUTH_SIZE], uint32_t rank,
+                         const uint8_t mac[FL_WIRE_HS_MAC]) {
+    put32(out, FL_WIRE_AUTH_MAGIC);
+    put32(out + 4, rank);
+    memcpy(out + 8, mac, FL_WIRE_HS_MAC);
+}
+
+int fl_wire_auth_parse(const uint8_t *buf, size_t n, uint32_t want_rank,
+                       uint8_t mac[FL_WIRE_HS_MAC], char *reason, size_t cap) {
+    if (n >= 4 && get32(buf) != FL_WIRE_AUTH_MAGIC)
+        return refuse(FL_WIRE_BAD_MAGIC, reason, cap, "bad magic 0x%08x in the proof",
+                      (unsigned)get32(buf));
+    if (n >= 8 && get32(buf + 4) != want_rank)
+        return refuse(FL_WIRE_BAD_RANK, reason, cap, "proof from rank %u after a hello from "
+                      "rank %u", (unsigned)get32(buf + 4), (unsigned)want_rank);
+    if (n < FL_WIRE_AUTH_SIZE)
+        return refuse(FL_WIRE_TRUNCATED, reason, cap, "truncated proof (%zu of %d bytes)", n,
+                      FL_WIRE_AUTH_SIZE);
+    if (mac)
+        memcpy(mac, buf + 8, FL_WIRE_HS_MAC);
     return FL_WIRE_OK;
 }
 
@@ -131,11 +207,9 @@ int fl_wire_reply_parse(const uint8_t *buf, size_t n, uint32_t want_rank, uint32
                         char *reason, size_t cap) {
     if (their_status)
         *their_status = FL_WIRE_OK;
-    if (n >= 4 && get32(buf) != FL_WIRE_MAGIC)
-        return refuse(FL_WIRE_BAD_MAGIC, reason, cap, "bad magic 0x%08x", (unsigned)get32(buf));
-    if (n >= 6 && get16(buf + 4) != FL_WIRE_VERSION)
-        return refuse(FL_WIRE_BAD_VERSION, reason, cap, "protocol version %u, expected %u",
-                      (unsigned)get16(buf + 4), (unsigned)FL_WIRE_VERSION);
+    int hst = head_ok(buf, n, reason, cap);
+    if (hst != FL_WIRE_OK)
+        return hst;
     if (n < FL_WIRE_REPLY_SIZE)
         return refuse(FL_WIRE_TRUNCATED, reason, cap, "truncated reply (%zu of %d bytes)", n,
                       FL_WIRE_REPLY_SIZE);

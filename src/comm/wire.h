@@ -3,15 +3,29 @@
  * Pure encode/parse functions (no I/O, no allocation, no library state) so they can be fuzzed
  * alone; every parser bounds what it accepts and says why it refused in a short reason.
  *
- * All integers are little-endian. Layouts (byte offsets):
- *   hello  (connector -> acceptor, 80 B): 0 magic "FLET" | 4 version u16 | 6 flags u16 |
- *                                         8 sender rank u32 | 12 world size u32 |
- *                                         16 job token, 64 B, NUL padded
- *   reply  (acceptor -> connector, 16 B): 0 magic "FLET" | 4 version u16 | 6 reserved u16 (0) |
- *                                         8 status u32 (0 ok, else fl_wire_status) |
- *                                         12 acceptor rank u32
+ * All integers are little-endian. The handshake (version 2) is a challenge-response: the job
+ * token never goes on the wire, each side proves it knows it with an HMAC over both sides'
+ * fresh nonces (handshake.h has the MAC's input). Layouts (byte offsets):
+ *   hello     (connector -> acceptor, 56 B): 0 magic "FLET" | 4 version u16 | 6 flags u16 |
+ *                                          8 sender rank u32 | 12 world size u32 |
+ *                                          16 job round u32 | 20 options u32 | 24 nonce, 32 B
+ *   challenge (acceptor -> connector, 88 B): 0 magic "FLET" | 4 version u16 | 6 reserved u16 |
+ *                                          8 status u32 (0) | 12 acceptor rank u32 |
+ *                                          16 options u32 | 20 reserved u32 | 24 nonce, 32 B |
+ *                                          56 acceptor's MAC, 32 B
+ *   proof     (connector -> acceptor, 40 B): 0 magic "FLAU" | 4 sender rank u32 | 8 its MAC, 32 B
+ *   reply     (acceptor -> connector, 16 B): 0 magic "FLET" | 4 version u16 | 6 reserved u16 (0) |
+ *                                          8 status u32 (0 ok, else fl_wire_status) |
+ *                                          12 acceptor rank u32
+ *   A refusal is a reply in place of the challenge (status != 0) or after the proof. Bytes 0-15
+ *   of hello and reply are laid out as in version 1, so a peer of either version names the
+ *   other's version instead of calling it garbage.
+ *   options: bits 0-1 encryption wanted (0 auto, 1 off, 2 on), bit 2 the connector dialled a
+ *   loopback address, bit 3 the sender has AES instructions.
  *   frame header (every later message, 24 B): 0 magic "FLFR" | 4 type u32 | 8 seq u64 |
  *                                         16 payload length u64 (DATA=1, ABORT=2, KEEPALIVE=3)
+ *   On an encrypted connection the payload of DATA and ABORT frames is ciphertext followed by
+ *   a 16-byte AEAD tag (not counted in the length; the header is the associated data).
  * A frame's magic differs from the handshake's, so a frame sent where a handshake belongs is
  * refused at its first four bytes. */
 #ifndef FLEET_WIRE_H
@@ -25,9 +39,14 @@
 #define FL_WIRE_OFFER_MAGIC 0x4f4c4c46u /* "FLLO" */
 #define FL_WIRE_DECIDE_MAGIC 0x444c4c46u /* "FLLD" */
 #define FL_WIRE_PROOF_MAGIC 0x504c4c46u /* "FLLP" */
-#define FL_WIRE_VERSION     1
-#define FL_WIRE_TOKEN_LEN   64
-#define FL_WIRE_HELLO_SIZE  80
+#define FL_WIRE_AUTH_MAGIC  0x55414c46u /* "FLAU" */
+#define FL_WIRE_VERSION     2
+#define FL_WIRE_TOKEN_LEN   64  /* longest job token */
+#define FL_WIRE_HS_NONCE    32  /* handshake nonce */
+#define FL_WIRE_HS_MAC      32  /* HMAC-SHA256 */
+#define FL_WIRE_HELLO_SIZE  56
+#define FL_WIRE_CHALLENGE_SIZE 88
+#define FL_WIRE_AUTH_SIZE   40
 #define FL_WIRE_REPLY_SIZE  16
 #define FL_WIRE_FRAME_SIZE  24
 #define FL_WIRE_ABORT_MAX   1024 /* longest abort message */
@@ -58,29 +77,54 @@ typedef enum {
     FL_WIRE_BAD_LENGTH,
     FL_WIRE_BAD_STATUS,  /* a reply carrying a status code we do not know */
     FL_WIRE_BAD_ENDPOINT,
+    FL_WIRE_BAD_ROUND,   /* job round (fleetrun restart) differs from ours */
     FL_WIRE_STATUS_COUNT
 } fl_wire_status;
 
 /* Short fixed description of a status ("wrong job token"), for replies from the far side. */
 const char *fl_wire_status_str(int status);
 
+/* hello options (wire.h header comment) */
+#define FL_WIRE_OPT_ENC_MASK 0x3u
+#define FL_WIRE_OPT_LOOPBACK 0x4u
+#define FL_WIRE_OPT_AES      0x8u
+#define FL_WIRE_OPT_ALL      0xfu
+
 typedef struct {
     uint16_t version, flags;
-    uint32_t rank, size;
-    char     token[FL_WIRE_TOKEN_LEN + 1];
+    uint32_t rank, size, round, options;
+    uint8_t  nonce[FL_WIRE_HS_NONCE];
 } fl_wire_hello;
 
-/* token: up to 64 bytes (longer is cut; callers pass validated tokens). */
-void fl_wire_hello_encode(uint8_t out[FL_WIRE_HELLO_SIZE], uint16_t flags, uint32_t rank,
-                          uint32_t size, const char *token);
+void fl_wire_hello_encode(uint8_t out[FL_WIRE_HELLO_SIZE], const fl_wire_hello *h);
 
 /* Parses the first n bytes of a hello (n may be short: fields are checked as far as they go,
  * so garbage is refused after 4 bytes). Checks magic, version, flags == want_flags, size ==
- * want_size, rank < size, and the token against want_token in constant time. Returns
- * FL_WIRE_OK (out filled), FL_WIRE_TRUNCATED, or the refusal, with a reason in reason[cap]
- * ("protocol version 3, expected 1"). out and reason may be NULL. */
+ * want_size, rank < size, round == want_round, known options (an encryption mode of 3 is
+ * refused). Returns FL_WIRE_OK (out filled), FL_WIRE_TRUNCATED, or the refusal, with a reason
+ * in reason[cap] ("protocol version 3, expected 2"). out and reason may be NULL. */
 int fl_wire_hello_parse(const uint8_t *buf, size_t n, uint16_t want_flags, uint32_t want_size,
-                        const char *want_token, fl_wire_hello *out, char *reason, size_t cap);
+                        uint32_t want_round, fl_wire_hello *out, char *reason, size_t cap);
+
+typedef struct {
+    uint32_t rank, options;
+    uint8_t  nonce[FL_WIRE_HS_NONCE], mac[FL_WIRE_HS_MAC];
+} fl_wire_challenge;
+
+void fl_wire_challenge_encode(uint8_t out[FL_WIRE_CHALLENGE_SIZE], const fl_wire_challenge *c);
+
+/* Parses what the acceptor (want_rank) answered a hello with: a challenge, or a refusal in
+ * the reply's 16 bytes. FL_WIRE_OK (out filled; the caller checks the MAC), FL_WIRE_TRUNCATED
+ * (more bytes needed: 16, then 88 when it is no refusal), or as fl_wire_reply_parse. */
+int fl_wire_challenge_parse(const uint8_t *buf, size_t n, uint32_t want_rank,
+                            uint32_t *their_status, fl_wire_challenge *out, char *reason,
+                            size_t cap);
+
+void fl_wire_auth_encode(uint8_t out[FL_WIRE_AUTH_SIZE], uint32_t rank,
+                         const uint8_t mac[FL_WIRE_HS_MAC]);
+/* Checks magic and rank == want_rank (the rank its hello claimed); copies the MAC. */
+int fl_wire_auth_parse(const uint8_t *buf, size_t n, uint32_t want_rank,
+                       uint8_t mac[FL_WIRE_HS_MAC], char *reason, size_t cap);
 
 void fl_wire_reply_encode(uint8_t out[FL_WIRE_REPLY_SIZE], uint32_t status, uint32_t rank);
 

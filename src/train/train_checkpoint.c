@@ -246,7 +246,8 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
  * schedule's length (train.epochs, train.max_steps) is checked through train.state instead. */
 static bool harmless_key(const char *line) {
     static const char *const prefixes[] = {"checkpoint.", "train.log_dir:", "train.log_interval:",
-                                           "train.epochs:", "train.max_steps:", "comm.backend:"};
+                                           "train.epochs:", "train.max_steps:", "comm.backend:",
+                                           "comm.encrypt:"};
     for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
         if (strncmp(line, prefixes[i], strlen(prefixes[i])) == 0)
             return true;

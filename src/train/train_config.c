@@ -179,6 +179,9 @@ static const fl_cfg_key own_keys[] = {
 static const fl_cfg_key comm_keys[] = {
     {"comm.backend", FL_CFG_ENUM, OFF(comm.backend), 0, 0, 0, "auto|tcp|mpi|nccl", false,
      "communicator: auto = mpi under mpirun, else tcp; nccl for GPU workers (docs/nccl.md)"},
+    {"comm.encrypt", FL_CFG_ENUM, OFF(comm.encrypt), 0, 0, 0, "auto|off|on", false,
+     "tcp frames through an AEAD (AES-256-GCM / ChaCha20-Poly1305): auto = between hosts, "
+     "not on loopback or shared memory; FLEET_COMM_ENCRYPT=0|1 overrides (docs/comm.md)"},
 };
 
 static fl_cfg_key schema[MAX_KEYS];

@@ -210,6 +210,9 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
         snprintf(n, sizeof n, "%lld", (long long)cfg->strategy.nccl_comm_num);
         setenv("FLEET_NCCL_COMM_NUM", n, 1);
     }
+    /* comm.encrypt reaches the communicator as FLEET_COMM_ENCRYPT, which, when set, wins */
+    if (cfg->comm.encrypt != FL_COMM_ENCRYPT_AUTO && !getenv("FLEET_COMM_ENCRYPT"))
+        setenv("FLEET_COMM_ENCRYPT", cfg->comm.encrypt == FL_COMM_ENCRYPT_ON ? "1" : "0", 1);
     int rc = fl_fleet_init(cfg->comm.backend == FL_TRAIN_BACKEND_AUTO ? NULL : backend, &t->fleet);
     if (rc < 0)
         return fl_fail_prefix(rc, "joining the job (comm.backend %s)", backend);

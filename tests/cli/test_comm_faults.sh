@@ -3,9 +3,11 @@
 # (1) a rank killed with SIGKILL: every surviving rank exits with an error naming it (rank and
 #     endpoint) within the timeout plus a few seconds, fleetrun reports it, and no process is
 #     left behind;
-# (2) strangers on every worker port (garbage, a handshake with a wrong token, a frame header
-#     with a huge length, a port scan, a silent connection): the job finishes with every
-#     result correct.
+# (2) strangers on every worker port (garbage, a handshake with a wrong token, an old protocol
+#     version's hello, a frame header with a huge length, a port scan, a silent connection): the
+#     job finishes with every result correct;
+# (3) a frozen rank (SIGSTOP) of 2, over shared memory and over encrypted TCP: the job ends
+#     within FLEET_COMM_TIMEOUT (+ 2 s), not twice it, naming the frozen rank (issue 35).
 set -u
 run="${FLEET_BIN:?}/fleetrun"
 check_prog="${FLEET_BUILD:?}/tests/comm/comm_check"
@@ -86,7 +88,13 @@ for rnd in range(3):
     for h, p in eps:
         # garbage
         s = conn(h, p); s.sendall(os.urandom(4096)); s.close()
-        # a well-formed hello with a wrong token, claiming rank 1 of 3
+        # a well-formed hello (protocol 2) claiming rank 2 of 3, then a proof that is not one
+        s = conn(h, p); s.sendall(b"FLET" + struct.pack("<HHIIII", 2, 0, 2, 3, 0, 0) + os.urandom(32))
+        try:
+            s.recv(88); s.sendall(b"FLAU" + struct.pack("<I", 2) + os.urandom(32)); s.recv(16)
+        except OSError: pass
+        s.close()
+        # an old peer's hello (protocol 1, the token in clear)
         s = conn(h, p); s.sendall(b"FLET" + struct.pack("<HHII", 1, 0, 1, 3) + b"not-the-token".ljust(64, b"\0"))
         try: s.recv(64)
         except OSError: pass
@@ -109,4 +117,32 @@ check "every allreduce checked out" grep -qE '^comm_check: loop: .*, ok$' "$tmp/
 grep -E '^comm_check: loop' "$tmp/str.out" | tail -1
 check "strangers were logged" grep -qiE 'refus|reject|drop|stranger' "$tmp/strangers/workerlog.0"
 check "no worker left behind" test "$(count_left)" -eq 0
+
+# --- 3. a frozen rank: SIGSTOP rank 1 of 2; the job ends within the timeout, not twice it
+for mode in shm tcp-encrypted; do
+  envs=(FLEET_COMM_TIMEOUT=3) # also the set-up's deadline: 2 s is tight on a loaded 2-CPU VM
+  [ $mode = tcp-encrypted ] && envs+=(FLEET_COMM_LOCAL=0 FLEET_COMM_ENCRYPT=1)
+  env "${envs[@]}" "$run" --nproc_per_node 2 --log_dir "$tmp/frozen-$mode" "$check_prog" \
+    --loop 100000 -v >"$tmp/frozen-$mode.out" 2>&1 &
+  job=$!
+  if ! wait_for 30 grep -qs 'iteration 3 ok' "$tmp/frozen-$mode/workerlog.0"; then
+    echo "FAIL: $mode: 2 ranks looping"; fail=1
+    tail -5 "$tmp/frozen-$mode.out" "$tmp/frozen-$mode"/workerlog.*
+    kill "$job" 2>/dev/null; wait "$job"
+    continue
+  fi
+  frozen=$(rank_pid 1)
+  t0=$(date +%s.%N)
+  kill -STOP "$frozen"
+  wait $job
+  rc=$?
+  took=$(echo "$(date +%s.%N) - $t0" | bc)
+  echo "$mode: fleetrun exited $rc, $took s after rank 1 was stopped (FLEET_COMM_TIMEOUT=3)"
+  check "$mode: job failed" test $rc -ne 0
+  check "$mode: ended within the timeout + 2 s (twice it is 6)" test "$(echo "$took < 5" | bc)" -eq 1
+  check "$mode: ended no sooner than the timeout" test "$(echo "$took >= 2.9" | bc)" -eq 1
+  check "$mode: rank 0 names rank 1" grep -qE 'no data from rank 1 \(|rank 1 \(.*(silent|timed out)' \
+    "$tmp/frozen-$mode/workerlog.0"
+  check "$mode: no worker left behind" wait_for 5 test "$(count_left)" -eq 0
+done
 exit $fail

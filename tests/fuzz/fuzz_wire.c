@@ -1,4 +1,5 @@
-/* fuzz_wire.c - libFuzzer target for the tcp transport's wire parsers (src/comm/wire.c):
+/* fuzz_wire.c - libFuzzer target for the tcp transport's wire parsers (src/comm/wire.c:
+ * version 2's hello, challenge, proof and reply, frame headers, same-host messages, endpoints):
  * arbitrary bytes go through every parser, and whatever a parser accepts must satisfy its
  * contract (fields in range, re-encoding gives back the same bytes). Built by
  * tests/fuzz/CMakeLists.txt with clang -fsanitize=fuzzer,address,undefined. */
@@ -13,16 +14,38 @@
             __builtin_trap();   \
     } while (0)
 
-static void hello(const uint8_t *d, size_t n, uint16_t flags, uint32_t size, const char *tok) {
+static void hello(const uint8_t *d, size_t n, uint16_t flags, uint32_t size, uint32_t round) {
     fl_wire_hello h;
     char why[160];
-    if (fl_wire_hello_parse(d, n, flags, size, tok, &h, why, sizeof why) != FL_WIRE_OK)
+    if (fl_wire_hello_parse(d, n, flags, size, round, &h, why, sizeof why) != FL_WIRE_OK)
         return;
     REQUIRE(n >= FL_WIRE_HELLO_SIZE && h.rank < size && h.size == size && h.flags == flags);
-    REQUIRE(strcmp(h.token, tok) == 0);
+    REQUIRE(h.round == round && !(h.options & ~FL_WIRE_OPT_ALL) &&
+            (h.options & FL_WIRE_OPT_ENC_MASK) != 3);
     uint8_t again[FL_WIRE_HELLO_SIZE];
-    fl_wire_hello_encode(again, h.flags, h.rank, h.size, h.token);
+    fl_wire_hello_encode(again, &h);
     REQUIRE(memcmp(again, d, FL_WIRE_HELLO_SIZE) == 0);
+}
+
+/* the acceptor's challenge (or a refusal in its place) and the connector's proof */
+static void challenge(const uint8_t *d, size_t n) {
+    fl_wire_challenge c;
+    char why[160];
+    uint32_t theirs;
+    int st = fl_wire_challenge_parse(d, n, 1, &theirs, &c, why, sizeof why);
+    REQUIRE(st >= 0 && st < FL_WIRE_STATUS_COUNT);
+    if (st == FL_WIRE_OK) {
+        REQUIRE(n >= FL_WIRE_CHALLENGE_SIZE && c.rank == 1 && theirs == FL_WIRE_OK);
+        uint8_t again[FL_WIRE_CHALLENGE_SIZE];
+        fl_wire_challenge_encode(again, &c);
+        REQUIRE(memcmp(again, d, FL_WIRE_CHALLENGE_SIZE) == 0);
+    }
+    uint8_t mac[FL_WIRE_HS_MAC];
+    if (fl_wire_auth_parse(d, n, 2, mac, why, sizeof why) == FL_WIRE_OK) {
+        uint8_t again[FL_WIRE_AUTH_SIZE];
+        fl_wire_auth_encode(again, 2, mac);
+        REQUIRE(n >= FL_WIRE_AUTH_SIZE && memcmp(again, d, FL_WIRE_AUTH_SIZE) == 0);
+    }
 }
 
 static void frame(const uint8_t *d, size_t n, uint64_t seq, uint64_t want, uint64_t max) {
@@ -43,8 +66,9 @@ static void frame(const uint8_t *d, size_t n, uint64_t seq, uint64_t want, uint6
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
-    hello(d, n, 0, 4, "fuzz-token");
-    hello(d, n, FL_WIRE_FLAG_RENDEZVOUS, 4, "");
+    hello(d, n, 0, 4, 0);
+    hello(d, n, FL_WIRE_FLAG_RENDEZVOUS, 4, 1);
+    challenge(d, n);
     char why[160];
     uint32_t theirs, v;
     int st = fl_wire_reply_parse(d, n, 1, &theirs, why, sizeof why);

@@ -8,18 +8,26 @@ le16() { printf '%b' "$(printf '\\x%02x\\x%02x' $(($1 & 255)) $(($1 >> 8 & 255))
 le32() { le16 $(($1 & 0xffff)); le16 $(($1 >> 16 & 0xffff)); }
 le64() { le32 $(($1 & 0xffffffff)); le32 $(($1 >> 32 & 0xffffffff)); }
 pad() { head -c "$1" /dev/zero; }                    # n zero bytes
-token() { printf '%s' "$1"; pad $((64 - ${#1})); }   # a 64-byte NUL-padded token
-hello() { printf 'FLET'; le16 "$1"; le16 "$2"; le32 "$3"; le32 "$4"; token "$5"; }
+nonce() { printf '%s' "0123456789abcdef0123456789abcdef"; }   # 32 bytes
+# hello VERSION FLAGS RANK SIZE ROUND OPTIONS
+hello() { printf 'FLET'; le16 "$1"; le16 "$2"; le32 "$3"; le32 "$4"; le32 "$5"; le32 "$6"; nonce; }
+challenge() { printf 'FLET'; le16 2; le16 0; le32 0; le32 "$1"; le32 "$2"; le32 0; nonce; nonce; }
+auth() { printf 'FLAU'; le32 "$1"; nonce; }
 frame() { printf 'FLFR'; le32 "$1"; le64 "$2"; le64 "$3"; }
 
-hello 1 0 1 4 fuzz-token > hello_ok
-hello 1 1 3 4 "" > hello_rendezvous
-hello 3 0 1 4 fuzz-token > hello_bad_version
-hello 1 0 7 4 fuzz-token > hello_bad_rank
-hello 1 0 1 4 fuzz-tokeN > hello_bad_token
-hello 1 0 1 4 fuzz-token | head -c 40 > hello_truncated
-{ printf 'FLET'; le16 1; le16 0; le32 0; le32 1; } > reply_ok
-{ printf 'FLET'; le16 1; le16 0; le32 5; le32 1; } > reply_refused
+rm -f hello_bad_token
+hello 2 0 1 4 0 10 > hello_ok
+hello 2 1 3 4 1 2 > hello_rendezvous
+hello 1 0 1 4 0 0 > hello_bad_version
+hello 2 0 7 4 0 0 > hello_bad_rank
+hello 2 0 1 4 0 3 > hello_bad_options
+hello 2 0 1 4 0 0 | head -c 40 > hello_truncated
+challenge 1 8 > challenge_ok
+challenge 1 8 | head -c 50 > challenge_truncated
+auth 2 > auth_ok
+{ printf 'FLET'; le16 2; le16 0; le32 0; le32 1; } > reply_ok
+{ printf 'FLET'; le16 2; le16 0; le32 5; le32 1; } > reply_refused
+{ printf 'FLET'; le16 1; le16 0; le32 3; le32 1; } > reply_old_version
 { frame 1 0 7; printf 'payload'; } > frame_data
 { frame 2 0 20; printf '0:rank 1 (h:1) reset'; } > frame_abort
 frame 3 0 0 > frame_keepalive

@@ -17,7 +17,7 @@ static const char *all_vars[] = {
     "PADDLE_CURRENT_ENDPOINT", "FLAGS_selected_gpus", "RANK", "WORLD_SIZE", "MASTER_ADDR",
     "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
     "FLEET_JOB_TOKEN", "FLEET_COMM_TIMEOUT", "FLEET_LISTEN_FD", "FLEET_COMM_BACKEND",
-    "FLEET_COMM_LOCAL", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "FLEET_COMM_LOCAL", "FLEET_COMM_ENCRYPT", "FLEET_RESTART_COUNT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
 };
 
@@ -247,6 +247,23 @@ static void test_knobs(void) {
     CHECK(env.tcp_only == 0);
     fl_comm_env_clear(&env);
     REFUSED("FLEET_COMM_LOCAL=yes: expected 1", NULL, "FLEET_COMM_LOCAL", "yes");
+    clear_env(); /* encryption: automatic unless said */
+    CHECK_OK(fl_comm_env_read(&env));
+    CHECK(env.encrypt == FL_COMM_ENCRYPT_AUTO && env.round == 0);
+    fl_comm_env_clear(&env);
+    const char *enc[][2] = {{"1", "2"}, {"on", "2"}, {"0", "1"}, {"off", "1"}, {"auto", "0"}};
+    for (int i = 0; i < 5; i++) {
+        set_env((const char *[]){"FLEET_COMM_ENCRYPT", enc[i][0], NULL});
+        CHECK_OK(fl_comm_env_read(&env));
+        CHECK(env.encrypt == enc[i][1][0] - '0');
+        fl_comm_env_clear(&env);
+    }
+    REFUSED("FLEET_COMM_ENCRYPT=yes: expected 1", NULL, "FLEET_COMM_ENCRYPT", "yes");
+    set_env((const char *[]){"FLEET_RESTART_COUNT", "3", NULL});
+    CHECK_OK(fl_comm_env_read(&env));
+    CHECK(env.round == 3);
+    fl_comm_env_clear(&env);
+    REFUSED("FLEET_RESTART_COUNT=-1 is not a round", NULL, "FLEET_RESTART_COUNT", "-1");
 
     /* token: up to 64 characters */
     char tok[80];

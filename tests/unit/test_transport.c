@@ -7,6 +7,7 @@
 
 #include "comm/local.h"
 #include "comm/transport.h"
+#include "comm/handshake.h"
 #include "comm/wire.h"
 
 #include "fleet/log.h"
@@ -16,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -415,6 +417,7 @@ typedef struct {
     const char        *tokens[MAXN];
     double             timeout;
     int                tcp_only;
+    int                encrypt;  /* FL_COMM_ENCRYPT_* */
     double             start_delay[MAXN];
     atomic_int         opened;
     atomic_int         attack_done;
@@ -448,6 +451,7 @@ static void *net_rank_main(void *arg) {
     env.listen_fd = j->master ? -1 : j->lfds[nr->rank];
     env.gpu = -1;
     env.tcp_only = j->tcp_only;
+    env.encrypt = j->encrypt;
     double t0 = fl_now();
     nr->rc = fl_transport_open(&env, &nr->counters, &x.t);
     nr->setup_s = fl_now() - t0;
@@ -512,6 +516,63 @@ static int stranger(int port, const void *bytes, size_t n, int acceptor_rank) {
     return (int)theirs;
 }
 
+/* A stranger that runs the whole challenge-response with `token` (wrong or right) as rank
+ * `rank` of `size`: returns the status the listener refused it with, FL_WIRE_OK if it was
+ * let in, -1 when closed without an answer. */
+static int stranger_hs(int port, const char *token, uint32_t rank, uint32_t size,
+                       uint16_t flags, int acceptor_rank) {
+    fl_hs_config hs;
+    if (fl_hs_config_init(&hs, token, 0, 0) < 0)
+        return -4;
+    int s = dial(port);
+    if (s < 0)
+        return -2;
+    fl_wire_hello h = {.flags = flags, .rank = rank, .size = size};
+    fl_crypto_random(h.nonce, sizeof h.nonce);
+    uint8_t msg[FL_WIRE_HELLO_SIZE], ch[FL_WIRE_CHALLENGE_SIZE], auth[FL_WIRE_AUTH_SIZE];
+    fl_wire_hello_encode(msg, &h);
+    int st = -1;
+    uint32_t theirs = FL_WIRE_OK;
+    fl_wire_challenge c;
+    size_t got = 0;
+    if (send(s, msg, sizeof msg, MSG_NOSIGNAL) != (ssize_t)sizeof msg)
+        goto done;
+    for (size_t want = FL_WIRE_REPLY_SIZE; got < want;) {
+        ssize_t k = recv(s, ch + got, want - got, 0);
+        if (k <= 0)
+            goto done;
+        got += (size_t)k;
+        st = fl_wire_challenge_parse(ch, got, (uint32_t)acceptor_rank, &theirs, &c, NULL, 0);
+        if (st == FL_WIRE_TRUNCATED)
+            want = FL_WIRE_CHALLENGE_SIZE;
+    }
+    if (st != FL_WIRE_OK) {
+        st = theirs != FL_WIRE_OK ? (int)theirs : -1;
+        goto done;
+    }
+    fl_hs_transcript t = {.flags = flags, .size = size, .rank_c = rank,
+                          .rank_a = (uint32_t)acceptor_rank, .opt_c = 0, .opt_a = c.options};
+    memcpy(t.nonce_c, h.nonce, sizeof t.nonce_c);
+    memcpy(t.nonce_a, c.nonce, sizeof t.nonce_a);
+    uint8_t mac[FL_WIRE_HS_MAC];
+    fl_hs_mac(&hs, FL_HS_CONNECTOR, &t, mac); /* what a connector with `token` proves */
+    fl_wire_auth_encode(auth, rank, mac);
+    st = -1;
+    if (send(s, auth, sizeof auth, MSG_NOSIGNAL) != (ssize_t)sizeof auth)
+        goto done;
+    for (got = 0; got < FL_WIRE_REPLY_SIZE;) {
+        ssize_t k = recv(s, ch + got, FL_WIRE_REPLY_SIZE - got, 0);
+        if (k <= 0)
+            goto done;
+        got += (size_t)k;
+    }
+    fl_wire_reply_parse(ch, FL_WIRE_REPLY_SIZE, (uint32_t)acceptor_rank, &theirs, NULL, 0);
+    st = (int)theirs;
+done:
+    close(s);
+    return st;
+}
+
 typedef struct {
     net_job *job;
     int      fails;
@@ -529,6 +590,8 @@ static void *attacker_main(void *arg) {
     attacker *a = arg;
     net_job *j = a->job;
     uint8_t hello[FL_WIRE_HELLO_SIZE], frame[FL_WIRE_FRAME_SIZE], garbage[100];
+    fl_wire_hello h = {.rank = 2, .size = 3};
+    fl_wire_hello_encode(hello, &h);
     for (size_t i = 0; i < sizeof garbage; i++)
         garbage[i] = (uint8_t)(i * 37 + 11);
     /* a silent stranger, held open through set-up: must not block anyone */
@@ -540,16 +603,13 @@ static void *attacker_main(void *arg) {
         if (s >= 0)
             close(s);
         ACHECK(a, stranger(port, garbage, sizeof garbage, r) == FL_WIRE_BAD_MAGIC);
-        fl_wire_hello_encode(hello, 0, 2, 3, "not-the-token");
-        ACHECK(a, stranger(port, hello, sizeof hello, r) == FL_WIRE_BAD_TOKEN);
+        ACHECK(a, stranger_hs(port, "not-the-token", 2, 3, 0, r) == FL_WIRE_BAD_TOKEN);
         fl_wire_frame_encode(frame, FL_WIRE_DATA, 0, UINT64_MAX);
         ACHECK(a, stranger(port, frame, sizeof frame, r) == FL_WIRE_BAD_MAGIC);
-        fl_wire_hello_encode(hello, 0, 2, 8, j->tokens[0]);
-        ACHECK(a, stranger(port, hello, sizeof hello, r) == FL_WIRE_BAD_SIZE);
-        fl_wire_hello_encode(hello, 0, (uint32_t)r, 3, j->tokens[0]); /* not above r */
-        ACHECK(a, stranger(port, hello, sizeof hello, r) == FL_WIRE_BAD_RANK);
-        fl_wire_hello_encode(hello, FL_WIRE_FLAG_RENDEZVOUS, 2, 3, j->tokens[0]);
-        ACHECK(a, stranger(port, hello, sizeof hello, r) == FL_WIRE_BAD_FLAGS);
+        ACHECK(a, stranger_hs(port, j->tokens[0], 2, 8, 0, r) == FL_WIRE_BAD_SIZE);
+        ACHECK(a, stranger_hs(port, j->tokens[0], (uint32_t)r, 3, 0, r) == FL_WIRE_BAD_RANK);
+        ACHECK(a, stranger_hs(port, j->tokens[0], 2, 3, FL_WIRE_FLAG_RENDEZVOUS, r) ==
+                      FL_WIRE_BAD_FLAGS);
         s = dial(port); /* half a handshake, then gone */
         if (s >= 0) {
             (void)!send(s, hello, 40, MSG_NOSIGNAL);
@@ -569,13 +629,13 @@ static void *attacker_main(void *arg) {
             if (s >= 0)
                 close(s);
             ACHECK(a, stranger(port, garbage, sizeof garbage, r) == FL_WIRE_BAD_MAGIC);
-            fl_wire_hello_encode(hello, 0, 2, 3, "not-the-token");
-            ACHECK(a, stranger(port, hello, sizeof hello, r) == FL_WIRE_BAD_TOKEN);
+            /* every rank is connected now: refused before any cryptography is spent */
+            ACHECK(a, stranger_hs(port, "not-the-token", 2, 3, 0, r) ==
+                          (r < 2 ? FL_WIRE_DUPLICATE : FL_WIRE_BAD_RANK));
             fl_wire_frame_encode(frame, FL_WIRE_DATA, 0, UINT64_MAX);
             ACHECK(a, stranger(port, frame, sizeof frame, r) == FL_WIRE_BAD_MAGIC);
             if (r < 2) { /* the right token, a rank that is already connected */
-                fl_wire_hello_encode(hello, 0, 2, 3, j->tokens[0]);
-                ACHECK(a, stranger(port, hello, sizeof hello, r) == FL_WIRE_DUPLICATE);
+                ACHECK(a, stranger_hs(port, j->tokens[0], 2, 3, 0, r) == FL_WIRE_DUPLICATE);
             }
         }
     }
@@ -660,7 +720,7 @@ static void *upgrade_main(void *arg) {
     upgrade_ctx *u = arg;
     char eps[MAXN][FL_ENDPOINT_MAX] = {"a:1", "b:2", "c:3", "d:4"};
     u->rc = fl_local_upgrade(u->rank, u->n, u->fds, (const char(*)[FL_ENDPOINT_MAX])eps,
-                             u->allow, fl_now() + 5);
+                             u->allow, fl_now() + 5, NULL);
     snprintf(u->msg, sizeof u->msg, "%s", fl_errmsg());
     return NULL;
 }
@@ -731,7 +791,8 @@ static void test_real_sockets(int tcp_only) {
     run_net(&j, nr, false);
     fl_log_set_level(FL_LOG_INFO);
     CHECK(nr[1].rc == FL_EPEER);
-    if (!strstr(nr[1].msg, "rank 0 (127.0.0.1:") || !strstr(nr[1].msg, "refused our handshake: wrong job token"))
+    /* the token never crossed the wire: the connector sees the acceptor's proof fail first */
+    if (!strstr(nr[1].msg, "rank 0 (127.0.0.1:") || !strstr(nr[1].msg, "proof of the job token is wrong"))
         fprintf(stderr, "unexpected: %s\n", nr[1].msg), test_failures++;
     CHECK(nr[1].setup_s < 0.9);
     CHECK(nr[0].rc == FL_ETIMEOUT);
@@ -776,6 +837,248 @@ static void test_real_sockets(int tcp_only) {
 }
 
 /* torchrun style: only the master's address is known; endpoints are exchanged. */
+/* ---- encrypted frames through a relay that records and tampers (issue 35) ---- */
+
+enum { T_NONE, T_FLIP, T_DROP, T_DUP, T_REORDER, T_REPLAY, T_SEQ };
+static const char *const tamper_names[] = {"none", "flip", "drop", "duplicate", "reorder",
+                                           "replay", "seq"};
+
+typedef struct {
+    int      lfd, to_port, mode;
+    bool     enc;      /* frames carry a tag */
+    uint8_t *rec;      /* what rank 1 sent rank 0, as it crossed */
+    size_t   rec_len, rec_cap;
+} relay;
+
+static bool write_all(int fd, const uint8_t *b, size_t n) {
+    while (n) {
+        ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return false;
+        b += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+/* Forwards both ways; rank 1 -> rank 0 is cut into frames after the handshake (hello 56,
+ * proof 40, same-host decision 8) and data frame 3 is tampered with as the mode says. */
+static void *relay_main(void *arg) {
+    relay *rl = arg;
+    int a = accept(rl->lfd, NULL, NULL), b = dial(rl->to_port);
+    if (a < 0 || b < 0)
+        return NULL;
+    struct timeval tv = {0};
+    setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t pre = FL_WIRE_HELLO_SIZE + FL_WIRE_AUTH_SIZE + FL_WIRE_DECISION_SIZE, used = 0;
+    uint8_t *held = NULL, *prev = NULL;
+    size_t held_n = 0, prev_n = 0;
+    int data_frames = 0;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+        if (poll(p, 2, 20000) <= 0)
+            break;
+        if (p[1].revents) { /* rank 0 -> rank 1: as it is */
+            uint8_t buf[1 << 16];
+            ssize_t k = recv(b, buf, sizeof buf, 0);
+            if (k <= 0 || !write_all(a, buf, (size_t)k))
+                break;
+        }
+        if (!p[0].revents)
+            continue;
+        if (rl->rec_len + (1 << 16) > rl->rec_cap) {
+            rl->rec_cap = 2 * rl->rec_cap + (1 << 20);
+            rl->rec = realloc(rl->rec, rl->rec_cap);
+        }
+        ssize_t k = recv(a, rl->rec + rl->rec_len, 1 << 16, 0);
+        if (k <= 0)
+            break;
+        rl->rec_len += (size_t)k;
+        /* forward every whole message that is in */
+        bool ok = true;
+        for (;;) {
+            uint8_t *m = rl->rec + used;
+            size_t avail = rl->rec_len - used, len;
+            if (used < pre)
+                len = pre - used < avail ? pre - used : avail;
+            else {
+                if (avail < FL_WIRE_FRAME_SIZE)
+                    break;
+                uint32_t type = (uint32_t)m[4] | (uint32_t)m[5] << 8;
+                uint64_t pl = 0;
+                for (int i = 7; i >= 0; i--)
+                    pl = pl << 8 | m[16 + i];
+                len = FL_WIRE_FRAME_SIZE + (type == FL_WIRE_KEEPALIVE ? 0 : pl + (rl->enc ? FL_CRYPTO_TAG : 0));
+                if (avail < len)
+                    break;
+                if (type == FL_WIRE_DATA && ++data_frames == 3 && rl->mode != T_NONE) {
+                    uint8_t *copy = malloc(len);
+                    memcpy(copy, m, len);
+                    switch (rl->mode) {
+                    case T_FLIP: copy[FL_WIRE_FRAME_SIZE + 100] ^= 0x04; ok = write_all(b, copy, len); break;
+                    case T_SEQ: copy[8] ^= 0x01; ok = write_all(b, copy, len); break;
+                    case T_DROP: break;
+                    case T_DUP: ok = write_all(b, copy, len) && write_all(b, copy, len); break;
+                    case T_REORDER: held = copy, held_n = len, copy = NULL; break;
+                    case T_REPLAY: ok = write_all(b, copy, len) && write_all(b, prev, prev_n); break;
+                    }
+                    free(copy);
+                } else {
+                    ok = write_all(b, m, len);
+                    if (held && type == FL_WIRE_DATA) { /* the frame after it, then it */
+                        ok = ok && write_all(b, held, held_n);
+                        free(held);
+                        held = NULL;
+                    }
+                    if (type == FL_WIRE_DATA) {
+                        free(prev);
+                        prev = malloc(len);
+                        memcpy(prev, m, len);
+                        prev_n = len;
+                    }
+                }
+            }
+            if (len && used < pre)
+                ok = ok && write_all(b, m, len);
+            used += len;
+            if (!ok || len == 0)
+                break;
+        }
+        if (!ok)
+            break;
+    }
+    free(held);
+    free(prev);
+    close(a);
+    close(b);
+    return NULL;
+}
+
+typedef struct {
+    net_job *j;
+    int      rank, rc;
+    char     msg[1024];
+    double   fail_s;
+} tamper_rank;
+
+static void *tamper_rank_main(void *arg) {
+    tamper_rank *tr = arg;
+    net_job *j = tr->j;
+    rank_ctx x = {.rank = tr->rank, .n = 2};
+    fl_comm_env env;
+    memset(&env, 0, sizeof env);
+    env.rank = tr->rank;
+    env.size = 2;
+    env.endpoints = j->eps;
+    snprintf(env.token, sizeof env.token, "%s", j->tokens[0]);
+    env.timeout_s = j->timeout;
+    env.listen_fd = j->lfds[tr->rank];
+    env.gpu = -1;
+    env.tcp_only = 1;
+    env.encrypt = j->encrypt;
+    tr->rc = fl_transport_open(&env, NULL, &x.t);
+    if (tr->rc < 0) {
+        snprintf(tr->msg, sizeof tr->msg, "%s", fl_errmsg());
+        return NULL;
+    }
+    double t0 = fl_now();
+    for (int i = 0; i < 4 && tr->rc == 0; i++) {
+        tr->rc = exchange(&x, 1 - tr->rank, MIB + 3, 1 - tr->rank, MIB + 3, i);
+        if (tr->rc < 0)
+            snprintf(tr->msg, sizeof tr->msg, "%s", x.msg);
+    }
+    tr->fail_s = fl_now() - t0;
+    fl_transport_free(x.t);
+    return NULL;
+}
+
+/* Runs 2 ranks whose rank 1 -> rank 0 bytes cross a relay in `mode`; returns what rank 0 saw. */
+static void run_tampered(int mode, int encrypt, tamper_rank *tr, relay *rl) {
+    net_job j;
+    net_job_init(&j, 2, "tamper-token-0123456789", true);
+    j.timeout = 3;
+    j.encrypt = encrypt;
+    int rport;
+    *rl = (relay){.lfd = listen_any(&rport), .to_port = j.ports[0], .mode = mode,
+                .enc = encrypt == FL_COMM_ENCRYPT_ON};
+    snprintf(j.eps[0], FL_ENDPOINT_MAX, "127.0.0.1:%d", rport); /* rank 1 dials the relay */
+    pthread_t th[2], rt;
+    pthread_create(&rt, NULL, relay_main, rl);
+    for (int r = 0; r < 2; r++) {
+        tr[r] = (tamper_rank){.j = &j, .rank = r};
+        pthread_create(&th[r], NULL, tamper_rank_main, &tr[r]);
+    }
+    for (int r = 0; r < 2; r++)
+        pthread_join(th[r], NULL);
+    pthread_join(rt, NULL);
+    close(rl->lfd);
+    net_job_clear(&j);
+}
+
+static bool contains(const uint8_t *hay, size_t n, const void *needle, size_t k) {
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(hay + i, needle, k))
+            return true;
+    return false;
+}
+
+static void test_encrypted(void) {
+    /* three ranks, every connection encrypted: the exchanges check every byte */
+    net_job j;
+    net_job_init(&j, 3, "enc", true);
+    j.encrypt = FL_COMM_ENCRYPT_ON;
+    j.tcp_only = 1;
+    j.rounds = 5;
+    net_rank nr[MAXN];
+    run_net(&j, nr, false);
+    for (int r = 0; r < 3; r++) {
+        if (nr[r].rc)
+            fprintf(stderr, "rank %d: %s\n", r, nr[r].msg);
+        CHECK(nr[r].rc == 0);
+    }
+    net_job_clear(&j);
+
+    /* what crossed: neither the token nor data in the clear (and the data in the clear when
+     * encryption is off, so that the search itself is known to work) */
+    tamper_rank tr[2];
+    relay rl;
+    uint8_t plain[64];
+    fill(plain, sizeof plain, 1, 0);
+    const char *tok = "tamper-token-0123456789";
+    for (int enc = 0; enc < 2; enc++) {
+        run_tampered(T_NONE, enc ? FL_COMM_ENCRYPT_ON : FL_COMM_ENCRYPT_OFF, tr, &rl);
+        if (tr[0].rc || tr[1].rc)
+            fprintf(stderr, "relay, encrypt %d: %s / %s\n", enc, tr[0].msg, tr[1].msg);
+        CHECK(tr[0].rc == 0 && tr[1].rc == 0);
+        CHECK(rl.rec_len > 4 * MIB);
+        CHECK(!contains(rl.rec, rl.rec_len, tok, strlen(tok)));
+        CHECK(!contains(rl.rec, rl.rec_len, tok, 8));
+        CHECK(contains(rl.rec, rl.rec_len, plain, sizeof plain) == !enc);
+        free(rl.rec);
+    }
+
+    /* a changed, dropped, duplicated, reordered or replayed frame: rank 0 fails naming rank 1
+     * within the timeout, and never hands the frame on */
+    fl_log_set_level(FL_LOG_ERROR);
+    for (int mode = T_FLIP; mode <= T_SEQ; mode++) {
+        run_tampered(mode, FL_COMM_ENCRYPT_ON, tr, &rl);
+        free(rl.rec);
+        bool named = strstr(tr[0].msg, "rank 1 (") != NULL;
+        if (tr[0].rc != FL_EPEER && tr[0].rc != FL_ETIMEOUT)
+            fprintf(stderr, "tamper %s: rank 0 returned %d\n", tamper_names[mode], tr[0].rc);
+        if (!named)
+            fprintf(stderr, "tamper %s: rank 0 said: %s\n", tamper_names[mode], tr[0].msg);
+        CHECK(tr[0].rc == FL_EPEER || tr[0].rc == FL_ETIMEOUT);
+        CHECK(named);
+        CHECK(tr[0].fail_s < 3 + 1.5 + 1);
+        CHECK(tr[1].rc < 0);
+        printf("tamper %-9s: rank 0 after %.2f s: %s\n", tamper_names[mode], tr[0].fail_s,
+               tr[0].msg);
+    }
+    fl_log_set_level(FL_LOG_INFO);
+}
+
 static void test_rendezvous(void) {
     int port;
     int s = listen_any(&port);
@@ -916,6 +1219,7 @@ int main(int argc, char **argv) {
     test_real_sockets(1);
     test_real_sockets(0);
     test_rendezvous();
+    test_encrypted();
     int fds_after = open_fds();
     if (fds_after != fds_before)
         fprintf(stderr, "%d file descriptors open before the tests, %d after\n", fds_before,

@@ -13,78 +13,97 @@ static int has(const char *s, const char *needle) {
     return 0;
 }
 
+static void hello_make(uint8_t *b, uint16_t flags, uint32_t rank, uint32_t size) {
+    fl_wire_hello h = {.flags = flags, .rank = rank, .size = size, .round = 5, .options = 0xa};
+    for (int i = 0; i < FL_WIRE_HS_NONCE; i++)
+        h.nonce[i] = (uint8_t)(i * 7 + 1);
+    fl_wire_hello_encode(b, &h);
+}
+
 static void test_hello(void) {
     uint8_t b[FL_WIRE_HELLO_SIZE];
     fl_wire_hello h;
     char why[160];
-    fl_wire_hello_encode(b, 0, 3, 4, "secret");
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secret", &h, why, sizeof why) == FL_WIRE_OK);
+    hello_make(b, 0, 3, 4);
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 5, &h, why, sizeof why) == FL_WIRE_OK);
     CHECK(h.rank == 3 && h.size == 4 && h.version == FL_WIRE_VERSION && h.flags == 0);
-    CHECK(strcmp(h.token, "secret") == 0);
+    CHECK(h.round == 5 && h.options == 0xa && h.nonce[1] == 8);
     CHECK(memcmp(b, "FLET", 4) == 0); /* the magic reads as text on the wire */
 
-    /* a 64-character token uses the whole field */
-    char tok64[65];
-    memset(tok64, 'k', 64);
-    tok64[64] = '\0';
-    fl_wire_hello_encode(b, FL_WIRE_FLAG_RENDEZVOUS, 1, 2, tok64);
-    CHECK(fl_wire_hello_parse(b, sizeof b, FL_WIRE_FLAG_RENDEZVOUS, 2, tok64, &h, why,
-                              sizeof why) == FL_WIRE_OK);
-    CHECK(strcmp(h.token, tok64) == 0);
-    tok64[63] = 'j'; /* differs only in the last byte */
-    CHECK(fl_wire_hello_parse(b, sizeof b, FL_WIRE_FLAG_RENDEZVOUS, 2, tok64, &h, why,
-                              sizeof why) == FL_WIRE_BAD_TOKEN);
-    CHECK(has(why, "wrong job token"));
-
     /* each refusal and its reason */
-    fl_wire_hello_encode(b, 0, 3, 4, "secret");
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secreT", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_TOKEN);
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secret2", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_TOKEN);
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secre", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_TOKEN);
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_TOKEN);
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 8, "secret", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_SIZE);
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 6, NULL, why, sizeof why) == FL_WIRE_BAD_ROUND);
+    CHECK(has(why, "job round 5, expected 6"));
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 8, 5, NULL, why, sizeof why) == FL_WIRE_BAD_SIZE);
     CHECK(has(why, "world size 4, expected 8"));
-    CHECK(fl_wire_hello_parse(b, sizeof b, FL_WIRE_FLAG_RENDEZVOUS, 4, "secret", NULL, why,
+    CHECK(fl_wire_hello_parse(b, sizeof b, FL_WIRE_FLAG_RENDEZVOUS, 4, 5, NULL, why,
                               sizeof why) == FL_WIRE_BAD_FLAGS);
-    fl_wire_hello_encode(b, 0, 7, 4, "secret");
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secret", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_RANK);
+    hello_make(b, 0, 7, 4);
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 5, NULL, why, sizeof why) == FL_WIRE_BAD_RANK);
     CHECK(has(why, "rank 7 out of range for 4 ranks"));
-    fl_wire_hello_encode(b, 0, 1, 8, "secret");
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secret", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_SIZE);
-    CHECK(has(why, "world size 8, expected 4"));
-    fl_wire_hello_encode(b, 0, 1, 4, "secret");
+    hello_make(b, 0, 1, 4);
     b[4] = 3;
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secret", NULL, why, sizeof why) ==
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 5, NULL, why, sizeof why) ==
           FL_WIRE_BAD_VERSION);
-    CHECK(has(why, "protocol version 3, expected 1"));
-    fl_wire_hello_encode(b, 0, 1, 4, "secret");
+    CHECK(has(why, "protocol version 3, expected 2"));
+    b[4] = 1; /* a version-1 peer is named by its version after 6 bytes */
+    CHECK(fl_wire_hello_parse(b, 6, 0, 4, 5, NULL, why, sizeof why) == FL_WIRE_BAD_VERSION);
+    CHECK(has(why, "protocol version 1, expected 2"));
+    hello_make(b, 0, 1, 4);
     b[0] = 'G';
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secret", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_MAGIC);
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 5, NULL, why, sizeof why) == FL_WIRE_BAD_MAGIC);
     CHECK(has(why, "bad magic"));
-    /* garbage after the token (padding must be zeros) */
-    fl_wire_hello_encode(b, 0, 1, 4, "secret");
-    b[FL_WIRE_HELLO_SIZE - 1] = 1;
-    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, "secret", NULL, why, sizeof why) ==
-          FL_WIRE_BAD_TOKEN);
+    hello_make(b, 0, 1, 4);
+    b[20] = 3; /* encryption mode 3 does not exist */
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 5, NULL, why, sizeof why) == FL_WIRE_BAD_FLAGS);
+    b[20] = 0x10;
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 5, NULL, why, sizeof why) == FL_WIRE_BAD_FLAGS);
 
     /* truncation: never accepted; garbage refused as soon as the magic is in */
-    fl_wire_hello_encode(b, 0, 1, 4, "secret");
+    hello_make(b, 0, 1, 4);
     for (size_t n = 0; n < FL_WIRE_HELLO_SIZE; n++)
-        CHECK(fl_wire_hello_parse(b, n, 0, 4, "secret", NULL, why, sizeof why) ==
-              FL_WIRE_TRUNCATED);
+        CHECK(fl_wire_hello_parse(b, n, 0, 4, 5, NULL, why, sizeof why) == FL_WIRE_TRUNCATED);
     uint8_t frame[FL_WIRE_FRAME_SIZE];
     fl_wire_frame_encode(frame, FL_WIRE_DATA, 0, 1);
     for (size_t n = 4; n <= sizeof frame; n++)
-        CHECK(fl_wire_hello_parse(frame, n, 0, 4, "secret", NULL, why, sizeof why) ==
+        CHECK(fl_wire_hello_parse(frame, n, 0, 4, 5, NULL, why, sizeof why) ==
               FL_WIRE_BAD_MAGIC);
+}
+
+static void test_challenge(void) {
+    uint8_t b[FL_WIRE_CHALLENGE_SIZE], p[FL_WIRE_AUTH_SIZE], mac[FL_WIRE_HS_MAC];
+    fl_wire_challenge c = {.rank = 2, .options = 0x6}, out;
+    char why[160];
+    uint32_t theirs;
+    for (int i = 0; i < FL_WIRE_HS_NONCE; i++)
+        c.nonce[i] = (uint8_t)i, c.mac[i] = (uint8_t)(255 - i);
+    fl_wire_challenge_encode(b, &c);
+    CHECK(fl_wire_challenge_parse(b, sizeof b, 2, &theirs, &out, why, sizeof why) == FL_WIRE_OK);
+    CHECK(out.rank == 2 && out.options == 0x6 && !memcmp(out.nonce, c.nonce, sizeof c.nonce) &&
+          !memcmp(out.mac, c.mac, sizeof c.mac));
+    CHECK(fl_wire_challenge_parse(b, sizeof b, 1, &theirs, &out, why, sizeof why) ==
+          FL_WIRE_BAD_RANK);
+    for (size_t n = 0; n < sizeof b; n++)
+        CHECK(fl_wire_challenge_parse(b, n, 2, &theirs, NULL, why, sizeof why) ==
+              FL_WIRE_TRUNCATED);
+    /* a refusal in its place is a 16-byte reply */
+    fl_wire_reply_encode(b, FL_WIRE_BAD_TOKEN, 2);
+    CHECK(fl_wire_challenge_parse(b, FL_WIRE_REPLY_SIZE, 2, &theirs, NULL, why, sizeof why) ==
+          FL_WIRE_BAD_TOKEN);
+    CHECK(theirs == FL_WIRE_BAD_TOKEN);
+    /* an old peer's refusal names its version */
+    b[4] = 1;
+    CHECK(fl_wire_challenge_parse(b, FL_WIRE_REPLY_SIZE, 2, &theirs, NULL, why, sizeof why) ==
+          FL_WIRE_BAD_VERSION);
+    CHECK(has(why, "protocol version 1, expected 2"));
+    /* proof */
+    fl_wire_auth_encode(p, 3, c.mac);
+    CHECK(fl_wire_auth_parse(p, sizeof p, 3, mac, why, sizeof why) == FL_WIRE_OK);
+    CHECK(!memcmp(mac, c.mac, sizeof mac));
+    CHECK(fl_wire_auth_parse(p, sizeof p, 2, mac, why, sizeof why) == FL_WIRE_BAD_RANK);
+    for (size_t n = 0; n < sizeof p; n++)
+        CHECK(fl_wire_auth_parse(p, n, 3, mac, why, sizeof why) == FL_WIRE_TRUNCATED);
+    p[0] = 'X';
+    CHECK(fl_wire_auth_parse(p, sizeof p, 3, mac, why, sizeof why) == FL_WIRE_BAD_MAGIC);
 }
 
 static void test_reply(void) {
@@ -106,6 +125,9 @@ static void test_reply(void) {
     fl_wire_reply_encode(b, FL_WIRE_BAD_TOKEN, 0);
     fl_wire_reply_parse(b, sizeof b, 0, &theirs, why, sizeof why);
     CHECK(has(why, "refused: wrong job token"));
+    fl_wire_reply_encode(b, FL_WIRE_BAD_VERSION, 0);
+    fl_wire_reply_parse(b, sizeof b, 0, &theirs, why, sizeof why);
+    CHECK(has(why, "version"));
     fl_wire_reply_encode(b, 99, 0);
     CHECK(fl_wire_reply_parse(b, sizeof b, 0, &theirs, why, sizeof why) == FL_WIRE_BAD_STATUS);
     CHECK(theirs == FL_WIRE_OK);
@@ -177,7 +199,7 @@ static void test_frame(void) {
     CHECK(fl_wire_frame_parse(b, sizeof b, 0, 7, 0, &f, why, sizeof why) == FL_WIRE_BAD_MAGIC);
     /* a handshake where a frame belongs is refused by its magic */
     uint8_t hello[FL_WIRE_HELLO_SIZE];
-    fl_wire_hello_encode(hello, 0, 0, 2, "t");
+    hello_make(hello, 0, 0, 2);
     CHECK(fl_wire_frame_parse(hello, FL_WIRE_FRAME_SIZE, 0, 7, 0, &f, why, sizeof why) ==
           FL_WIRE_BAD_MAGIC);
 
@@ -248,7 +270,9 @@ static void test_garbage(void) {
         /* half the time, start with a valid magic so later checks are reached */
         if (iter % 2 && n >= 4)
             memcpy(b, iter % 4 == 1 ? "FLET" : "FLFR", 4);
-        CHECK(fl_wire_hello_parse(b, n, 0, 4, "token", NULL, why, sizeof why) != FL_WIRE_OK);
+        CHECK(fl_wire_hello_parse(b, n, 0, 4, 0, NULL, why, sizeof why) != FL_WIRE_OK);
+        fl_wire_challenge_parse(b, n, 1, &theirs, NULL, why, sizeof why);
+        fl_wire_auth_parse(b, n, 1, NULL, why, sizeof why);
         int st = fl_wire_reply_parse(b, n, 1, &theirs, why, sizeof why);
         CHECK(st != FL_WIRE_OK || (n >= 16 && b[8] == 0 && b[9] == 0 && b[10] == 0 &&
                                    b[11] == 0 && b[12] == 1 && !b[13] && !b[14] && !b[15]));
@@ -270,6 +294,7 @@ static void test_garbage(void) {
 
 int main(void) {
     test_hello();
+    test_challenge();
     test_reply();
     test_frame();
     test_endpoint();

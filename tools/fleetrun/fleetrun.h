@@ -162,8 +162,12 @@ void fr_print_env_table(const job *j);
 int fr_start_worker(job *j, int i);
 /* How many started workers' process groups still have members. */
 int fr_groups_alive(const job *j);
-/* Sends sig to every started worker's process group that still has members. */
+/* Sends sig to every started worker's process group that still has members (SIGTERM comes
+ * with SIGCONT, so that a stopped worker acts on it at once). */
 void fr_signal_groups(job *j, int sig);
+/* Whether every worker still running is stopped (SIGSTOP): none of them can exit on its own,
+ * so waiting --grace for them would only add to the time a frozen rank costs the job. */
+bool fr_workers_all_stopped(const job *j);
 
 /* bind.c: --bind_to core */
 

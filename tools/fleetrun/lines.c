@@ -11,7 +11,9 @@
  *                         STOP <round>\t<why>                      stop this round's workers
  *                         END <code>\t<why>                        the job is over: exit code
  *
- * The job token travels in the clear, as in the workers' own handshake (docs/comm.md). */
+ * The job token still travels in the clear on this line protocol, unlike the workers' own
+ * challenge-response handshake (docs/comm.md, "Threat model"): keep the coordinator's port on a
+ * trusted network. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>

@@ -30,6 +30,8 @@ static int status_code(int st) {
 }
 
 void fr_enter_phase(job *j, enum phase p, double seconds) {
+    if (p == PHASE_GRACE && fr_workers_all_stopped(j)) /* they would never exit on their own */
+        p = PHASE_TERM;
     j->phase = p;
     j->deadline = now_s() + seconds;
     if ((p == PHASE_TERM || p == PHASE_KILL) && j->failed_unsignalled < 0)

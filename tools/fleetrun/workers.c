@@ -108,6 +108,36 @@ int fr_groups_alive(const job *j) {
 
 void fr_signal_groups(job *j, int sig) {
     for (int i = 0; i < j->nstarted; i++)
-        if (group_alive(&j->w[i]))
+        if (group_alive(&j->w[i])) {
             kill(-j->w[i].pid, sig);
+            if (sig == SIGTERM) /* a stopped worker (SIGSTOP, ^Z) acts on it only once running */
+                kill(-j->w[i].pid, SIGCONT);
+        }
+}
+
+/* Whether process pid is stopped (SIGSTOP; state T or t in /proc/PID/stat). */
+static bool stopped(pid_t pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+    return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
+bool fr_workers_all_stopped(const job *j) {
+    int n = 0;
+    for (int i = 0; i < j->nstarted; i++) {
+        const worker *w = &j->w[i];
+        if (w->pid <= 0 || w->reaped)
+            continue;
+        if (!stopped(w->pid))
+            return false;
+        n++;
+    }
+    return n > 0;
 }
