@@ -122,6 +122,20 @@ struct fl_net {
  * (network_build.c). */
 void nn_net_unplan(fl_net *net);
 
+/* zoo_blocks.c: the model builders' shared steps. */
+/* Appends l to net reading layer `from` (-2: the previous layer); its index, or -1 (l NULL or
+ * refused: fl_errmsg says why). */
+int nn_put(fl_net *net, fl_layer *l, int from);
+/* "<p>.<s>" into buf; returns buf. */
+const char *nn_name(char *buf, size_t len, const char *p, const char *s);
+/* PaddleClas's make_divisible(v, 8): v rounded to the nearest multiple of 8 (at least 8), one
+ * more 8 where that lost over 10%. */
+int64_t nn_make_divisible(double v);
+/* PaddleClas's ConvBNLayer p reading `from`: p.conv (no bias, `groups`, padding (k - 1) / 2),
+ * p.bn with the ReLU fused when relu; the bn's index or -1. */
+int nn_conv_bn(fl_net *net, const char *p, int from, int64_t in, int64_t out, int64_t k,
+               int64_t s, int64_t groups, bool relu);
+
 /* Fills t (F32 or F64) with U(-bound, bound). */
 void nn_fill_uniform(fl_tensor *t, fl_rng *r, double bound);
 

@@ -40,30 +40,6 @@ static const hg_arch archs[] = {
      7, 0.2},
 };
 
-/* Appends layer reading `from` (-2: the previous layer); returns its index or -1. */
-static int put(fl_net *net, fl_layer *l, int from) {
-    if (!l)
-        return -1;
-    int rc = from == -2 ? fl_net_add(net, l) : fl_net_add_from(net, l, from);
-    return rc < 0 ? -1 : fl_net_num_layers(net) - 1;
-}
-
-static const char *nm(char *buf, size_t len, const char *p, const char *s) {
-    snprintf(buf, len, "%s.%s", p, s);
-    return buf;
-}
-
-/* ConvBNAct p reading `from`: conv (no bias; groups), bn with the ReLU fused when act */
-static int conv_bn(fl_net *net, const char *p, int from, int64_t in, int64_t out, int64_t k,
-                   int64_t s, int64_t groups, bool act) {
-    char b[256];
-    fl_conv2d_opts o = {.in_channels = in, .out_channels = out, .kh = k, .kw = k, .sh = s,
-                        .sw = s, .ph = (k - 1) / 2, .pw = (k - 1) / 2, .groups = groups};
-    if (put(net, fl_conv2d_create(nm(b, sizeof b, p, "conv"), &o), from) < 0)
-        return -1;
-    return put(net, fl_batch_norm_create(nm(b, sizeof b, p, "bn"), out, act), -2);
-}
-
 /* HG_Block p reading layer `in` (in_ch channels); returns its last layer's index or -1 */
 static int hg_block(fl_net *net, const char *p, int in, int64_t in_ch, int64_t mid, int64_t out,
                     int layer_num, bool identity) {
@@ -71,7 +47,7 @@ static int hg_block(fl_net *net, const char *p, int in, int64_t in_ch, int64_t m
     int outs[8], cur = in;
     for (int i = 0; i < layer_num; i++) {
         snprintf(q, sizeof q, "%s.layers.%d", p, i);
-        if ((cur = conv_bn(net, q, cur, i ? mid : in_ch, mid, 3, 1, 1, true)) < 0)
+        if ((cur = nn_conv_bn(net, q, cur, i ? mid : in_ch, mid, 3, 1, 1, true)) < 0)
             return -1;
         outs[i] = cur;
     }
@@ -79,25 +55,26 @@ static int hg_block(fl_net *net, const char *p, int in, int64_t in_ch, int64_t m
     int cat = in;
     for (int i = 0; i < layer_num; i++) {
         snprintf(q, sizeof q, "concat%d", i + 1);
-        fl_layer *l = fl_concat_create(nm(b, sizeof b, p, q));
+        fl_layer *l = fl_concat_create(nn_name(b, sizeof b, p, q));
         if (!l || (cat = fl_net_add2(net, l, cat, outs[i])) < 0)
             return -1;
     }
     snprintf(q, sizeof q, "%s.aggregation_conv", p);
-    int agg = conv_bn(net, q, -2, in_ch + layer_num * mid, out, 1, 1, 1, true);
+    int agg = nn_conv_bn(net, q, -2, in_ch + layer_num * mid, out, 1, 1, 1, true);
     if (agg < 0)
         return -1;
     /* ESEModule: avg_pool, conv (bias), sigmoid, multiply */
     fl_conv2d_opts e = {.in_channels = out, .out_channels = out, .kh = 1, .kw = 1, .bias = true};
-    if (put(net, fl_adaptive_avg_pool_create(nm(b, sizeof b, p, "att.avg_pool")), -2) < 0 ||
-        put(net, fl_conv2d_create(nm(b, sizeof b, p, "att.conv"), &e), -2) < 0 ||
-        put(net, fl_activation_create(nm(b, sizeof b, p, "att.sigmoid"), FL_ACT_SIGMOID), -2) < 0)
+    if (nn_put(net, fl_adaptive_avg_pool_create(nn_name(b, sizeof b, p, "att.avg_pool")), -2) < 0 ||
+        nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "att.conv"), &e), -2) < 0 ||
+        nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "att.sigmoid"), FL_ACT_SIGMOID),
+               -2) < 0)
         return -1;
-    fl_layer *mul = fl_channel_mul_create(nm(b, sizeof b, p, "att.multiply"));
+    fl_layer *mul = fl_channel_mul_create(nn_name(b, sizeof b, p, "att.multiply"));
     int last = mul ? fl_net_add2(net, mul, agg, fl_net_num_layers(net) - 1) : -1;
     if (last < 0 || !identity)
         return last;
-    fl_layer *add = fl_add_create(nm(b, sizeof b, p, "add"), false);
+    fl_layer *add = fl_add_create(nn_name(b, sizeof b, p, "add"), false);
     return add ? fl_net_add2(net, add, last, in) : -1;
 }
 
@@ -123,16 +100,16 @@ fl_net *fl_model_pphgnet(fl_dtype t, const char *size, int64_t in_channels, bool
     int64_t ch = in_channels;
     for (int i = 0; i < 3 && cur != -1; i++) {
         snprintf(p, sizeof p, "stem.%d", i);
-        cur = conv_bn(net, p, -2, ch, a->stem[i], 3, i == 0 && !small_input ? 2 : 1, 1, true);
+        cur = nn_conv_bn(net, p, -2, ch, a->stem[i], 3, i == 0 && !small_input ? 2 : 1, 1, true);
         ch = a->stem[i];
     }
     if (cur >= 0)
-        cur = put(net, fl_pool2d_create("pool", FL_POOL_MAX, 3, 2, 1), -2);
+        cur = nn_put(net, fl_pool2d_create("pool", FL_POOL_MAX, 3, 2, 1), -2);
     for (int s = 0; s < 4 && cur >= 0; s++) {
         const int64_t *st = a->stage[s];
         if (st[4]) {
             snprintf(p, sizeof p, "stages.%d.downsample", s);
-            cur = conv_bn(net, p, cur, st[0], st[0], 3, 2, st[0], false);
+            cur = nn_conv_bn(net, p, cur, st[0], st[0], 3, 2, st[0], false);
         }
         for (int64_t bi = 0; bi < st[3] && cur >= 0; bi++) {
             snprintf(p, sizeof p, "stages.%d.blocks.%lld", s, (long long)bi);
@@ -142,17 +119,17 @@ fl_net *fl_model_pphgnet(fl_dtype t, const char *size, int64_t in_channels, bool
     }
     fl_conv2d_opts last = {.in_channels = ch, .out_channels = 2048, .kh = 1, .kw = 1};
     if (cur >= 0)
-        cur = put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
+        cur = nn_put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
     if (cur >= 0)
-        cur = put(net, fl_conv2d_create("last_conv", &last), -2);
+        cur = nn_put(net, fl_conv2d_create("last_conv", &last), -2);
     if (cur >= 0)
-        cur = put(net, fl_activation_create("act", FL_ACT_RELU), -2);
+        cur = nn_put(net, fl_activation_create("act", FL_ACT_RELU), -2);
     if (cur >= 0 && a->dropout > 0)
-        cur = put(net, fl_dropout_create("dropout", a->dropout, 0x48474e6574ull), -2);
+        cur = nn_put(net, fl_dropout_create("dropout", a->dropout, 0x48474e6574ull), -2);
     if (cur >= 0)
-        cur = put(net, fl_flatten_create("flatten"), -2);
+        cur = nn_put(net, fl_flatten_create("flatten"), -2);
     if (cur >= 0)
-        cur = put(net, fl_fc_create("fc", 2048, classes, true), -2);
+        cur = nn_put(net, fl_fc_create("fc", 2048, classes, true), -2);
     (void)q;
     if (cur < 0) {
         fl_fail_prefix(FL_EINVAL, "pphgnet_%s", a->name);

@@ -31,41 +31,14 @@ static const struct {
 static const int stage_of[] = {2, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5, 6, 6};
 #define NBLOCKS ((int)(sizeof net_config / sizeof net_config[0]))
 
-/* PaddleClas's make_divisible(v, 8): v rounded to the nearest multiple of 8 (at least 8), one
- * more 8 where that lost over 10%. */
-static int64_t make_divisible(double v) {
-    int64_t d = 8, nv = (int64_t)(v + d / 2.0) / d * d;
-    if (nv < d)
-        nv = d;
-    if ((double)nv < 0.9 * v)
-        nv += d;
-    return nv;
-}
-
-/* Appends layer reading `from` (-2: the previous layer); returns its index or -1. */
-static int put(fl_net *net, fl_layer *l, int from) {
-    if (!l)
-        return -1;
-    int rc = from == -2 ? fl_net_add(net, l) : fl_net_add_from(net, l, from);
-    return rc < 0 ? -1 : fl_net_num_layers(net) - 1;
-}
-
-/* "<p>.<s>" */
-static const char *nm(char *buf, size_t len, const char *p, const char *s) {
-    snprintf(buf, len, "%s.%s", p, s);
-    return buf;
-}
-
 /* ConvBNLayer p: conv (no bias; groups), bn, hardswish; returns the last index or -1 */
 static int conv_bn_hs(fl_net *net, const char *p, int64_t in, int64_t out, int64_t k, int64_t s,
                       int64_t groups) {
     char b[96];
-    fl_conv2d_opts o = {.in_channels = in, .out_channels = out, .kh = k, .kw = k, .sh = s,
-                        .sw = s, .ph = (k - 1) / 2, .pw = (k - 1) / 2, .groups = groups};
-    if (put(net, fl_conv2d_create(nm(b, sizeof b, p, "conv"), &o), -2) < 0 ||
-        put(net, fl_batch_norm_create(nm(b, sizeof b, p, "bn"), out, false), -2) < 0)
+    if (nn_conv_bn(net, p, -2, in, out, k, s, groups, false) < 0)
         return -1;
-    return put(net, fl_activation_create(nm(b, sizeof b, p, "hardswish"), FL_ACT_HARDSWISH), -2);
+    return nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "hardswish"),
+                                            FL_ACT_HARDSWISH), -2);
 }
 
 /* SEModule p on layer `in` of c channels: avg_pool, conv1 (c / 4, bias), relu, conv2 (c,
@@ -74,14 +47,15 @@ static int se_module(fl_net *net, const char *p, int in, int64_t c) {
     char b[96];
     fl_conv2d_opts c1 = {.in_channels = c, .out_channels = c / 4, .kh = 1, .kw = 1, .bias = true};
     fl_conv2d_opts c2 = {.in_channels = c / 4, .out_channels = c, .kh = 1, .kw = 1, .bias = true};
-    if (put(net, fl_adaptive_avg_pool_create(nm(b, sizeof b, p, "avg_pool")), in) < 0 ||
-        put(net, fl_conv2d_create(nm(b, sizeof b, p, "conv1"), &c1), -2) < 0 ||
-        put(net, fl_activation_create(nm(b, sizeof b, p, "relu"), FL_ACT_RELU), -2) < 0 ||
-        put(net, fl_conv2d_create(nm(b, sizeof b, p, "conv2"), &c2), -2) < 0 ||
-        put(net, fl_activation_create(nm(b, sizeof b, p, "hardsigmoid"), FL_ACT_HARDSIGMOID),
-            -2) < 0)
+    if (nn_put(net, fl_adaptive_avg_pool_create(nn_name(b, sizeof b, p, "avg_pool")), in) < 0 ||
+        nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "conv1"), &c1), -2) < 0 ||
+        nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "relu"), FL_ACT_RELU), -2) < 0 ||
+        nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "conv2"), &c2), -2) < 0 ||
+        nn_put(net,
+               fl_activation_create(nn_name(b, sizeof b, p, "hardsigmoid"), FL_ACT_HARDSIGMOID),
+               -2) < 0)
         return -1;
-    fl_layer *mul = fl_channel_mul_create(nm(b, sizeof b, p, "multiply"));
+    fl_layer *mul = fl_channel_mul_create(nn_name(b, sizeof b, p, "multiply"));
     return mul && fl_net_add2(net, mul, in, fl_net_num_layers(net) - 1) >= 0
                ? fl_net_num_layers(net) - 1
                : -1;
@@ -108,36 +82,36 @@ fl_net *fl_model_pplcnet(fl_dtype t, double scale, int64_t in_channels, bool sma
     char p[32];
     /* small inputs: stride 1 in the stem and in blocks3, as PaddleClas's stride_list
      * [1, 1, 2, 2, 2] sets it (the CIFAR ResNets' way: 32 x 32 ends at 4 x 4, 28 x 28 at 4 x 4) */
-    int64_t ch = make_divisible(16 * scale);
+    int64_t ch = nn_make_divisible(16 * scale);
     int cur = conv_bn_hs(net, "conv1", in_channels, ch, 3, small_input ? 1 : 2, 1);
     for (int i = 0, j = 0; i < NBLOCKS && cur >= 0; i++) {
         j = i > 0 && stage_of[i] == stage_of[i - 1] ? j + 1 : 0;
-        int64_t in = make_divisible(net_config[i].in_c * scale);
-        int64_t out = make_divisible(net_config[i].out_c * scale);
+        int64_t in = nn_make_divisible(net_config[i].in_c * scale);
+        int64_t out = nn_make_divisible(net_config[i].out_c * scale);
         int64_t s = small_input && stage_of[i] == 3 ? 1 : net_config[i].s;
         FL_ASSERT(in == ch);
         char q[48];
         snprintf(p, sizeof p, "blocks%d.%d", stage_of[i], j);
-        cur = conv_bn_hs(net, nm(q, sizeof q, p, "dw_conv"), in, in, net_config[i].k, s, in);
+        cur = conv_bn_hs(net, nn_name(q, sizeof q, p, "dw_conv"), in, in, net_config[i].k, s, in);
         if (cur >= 0 && net_config[i].se)
-            cur = se_module(net, nm(q, sizeof q, p, "se"), cur, in);
+            cur = se_module(net, nn_name(q, sizeof q, p, "se"), cur, in);
         if (cur >= 0)
-            cur = conv_bn_hs(net, nm(q, sizeof q, p, "pw_conv"), in, out, 1, 1, 1);
+            cur = conv_bn_hs(net, nn_name(q, sizeof q, p, "pw_conv"), in, out, 1, 1, 1);
         ch = out;
     }
     fl_conv2d_opts last = {.in_channels = ch, .out_channels = 1280, .kh = 1, .kw = 1};
     if (cur >= 0)
-        cur = put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
+        cur = nn_put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
     if (cur >= 0)
-        cur = put(net, fl_conv2d_create("last_conv", &last), -2);
+        cur = nn_put(net, fl_conv2d_create("last_conv", &last), -2);
     if (cur >= 0)
-        cur = put(net, fl_activation_create("hardswish", FL_ACT_HARDSWISH), -2);
+        cur = nn_put(net, fl_activation_create("hardswish", FL_ACT_HARDSWISH), -2);
     if (cur >= 0)
-        cur = put(net, fl_dropout_create("dropout", 0.2, 0x504c434e6574ull), -2);
+        cur = nn_put(net, fl_dropout_create("dropout", 0.2, 0x504c434e6574ull), -2);
     if (cur >= 0)
-        cur = put(net, fl_flatten_create("flatten"), -2);
+        cur = nn_put(net, fl_flatten_create("flatten"), -2);
     if (cur >= 0)
-        cur = put(net, fl_fc_create("fc", 1280, classes, true), -2);
+        cur = nn_put(net, fl_fc_create("fc", 1280, classes, true), -2);
     if (cur < 0) {
         fl_fail_prefix(FL_EINVAL, "pplcnet x%g", scale);
         fl_net_free(net);

@@ -23,38 +23,6 @@ static const int net_config[4][6] = {
     {64, 3, 0, 0, 0, 0}, {128, 3, 0, 0, 0, 0}, {256, 5, 1, 1, 1, 0}, {512, 5, 0, 1, 0, 1}};
 static const int depths[4] = {2, 2, 6, 2};
 
-static int64_t make_divisible(double v) {
-    int64_t d = 8, nv = (int64_t)(v + d / 2.0) / d * d;
-    if (nv < d)
-        nv = d;
-    if ((double)nv < 0.9 * v)
-        nv += d;
-    return nv;
-}
-
-static int put(fl_net *net, fl_layer *l, int from) {
-    if (!l)
-        return -1;
-    int rc = from == -2 ? fl_net_add(net, l) : fl_net_add_from(net, l, from);
-    return rc < 0 ? -1 : fl_net_num_layers(net) - 1;
-}
-
-static const char *nm(char *buf, size_t len, const char *p, const char *s) {
-    snprintf(buf, len, "%s.%s", p, s);
-    return buf;
-}
-
-/* ConvBNLayer p reading `from`: conv (no bias; groups), bn with the ReLU fused when act */
-static int conv_bn(fl_net *net, const char *p, int from, int64_t in, int64_t out, int64_t k,
-                   int64_t s, int64_t groups, bool act) {
-    char b[256];
-    fl_conv2d_opts o = {.in_channels = in, .out_channels = out, .kh = k, .kw = k, .sh = s,
-                        .sw = s, .ph = (k - 1) / 2, .pw = (k - 1) / 2, .groups = groups};
-    if (put(net, fl_conv2d_create(nm(b, sizeof b, p, "conv"), &o), from) < 0)
-        return -1;
-    return put(net, fl_batch_norm_create(nm(b, sizeof b, p, "bn"), out, act), -2);
-}
-
 /* RepDepthwiseSeparable p reading layer `in`; returns its last layer's index or -1 */
 static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int64_t s, int k,
                  bool split, bool rep, bool se, bool shortcut) {
@@ -66,20 +34,21 @@ static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int
             if (ks == 1 && s != 1)
                 continue;
             snprintf(q, sizeof q, "%s.dw_conv_list.%d", p, nb);
-            if ((br[nb++] = conv_bn(net, q, in, c, c, ks, s, c, false)) < 0)
+            if ((br[nb++] = nn_conv_bn(net, q, in, c, c, ks, s, c, false)) < 0)
                 return -1;
         }
         cur = br[0];
         for (int j = 1; j < nb; j++) {
             snprintf(q, sizeof q, "add%d", j);
-            fl_layer *add = fl_add_create(nm(b, sizeof b, p, q), j == nb - 1);
+            fl_layer *add = fl_add_create(nn_name(b, sizeof b, p, q), j == nb - 1);
             if (!add || (cur = fl_net_add2(net, add, cur, br[j])) < 0)
                 return -1;
         }
         if (nb == 1)
-            cur = put(net, fl_activation_create(nm(b, sizeof b, p, "act"), FL_ACT_RELU), -2);
+            cur =
+                nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "act"), FL_ACT_RELU), -2);
     } else {
-        cur = conv_bn(net, nm(q, sizeof q, p, "dw_conv"), in, c, c, k, s, c, true);
+        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "dw_conv"), in, c, c, k, s, c, true);
     }
     if (cur >= 0 && se) { /* SEModule with a sigmoid (PaddleClas names it hardsigmoid) */
         fl_conv2d_opts c1 = {.in_channels = c, .out_channels = c / 4, .kh = 1, .kw = 1,
@@ -87,27 +56,30 @@ static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int
         fl_conv2d_opts c2 = {.in_channels = c / 4, .out_channels = c, .kh = 1, .kw = 1,
                              .bias = true};
         int x = cur;
-        if (put(net, fl_adaptive_avg_pool_create(nm(b, sizeof b, p, "se.avg_pool")), x) < 0 ||
-            put(net, fl_conv2d_create(nm(b, sizeof b, p, "se.conv1"), &c1), -2) < 0 ||
-            put(net, fl_activation_create(nm(b, sizeof b, p, "se.relu"), FL_ACT_RELU), -2) < 0 ||
-            put(net, fl_conv2d_create(nm(b, sizeof b, p, "se.conv2"), &c2), -2) < 0 ||
-            put(net, fl_activation_create(nm(b, sizeof b, p, "se.sigmoid"), FL_ACT_SIGMOID),
-                -2) < 0)
+        if (nn_put(net, fl_adaptive_avg_pool_create(nn_name(b, sizeof b, p, "se.avg_pool")), x) <
+                0 ||
+            nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "se.conv1"), &c1), -2) < 0 ||
+            nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "se.relu"), FL_ACT_RELU), -2) <
+                0 ||
+            nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "se.conv2"), &c2), -2) < 0 ||
+            nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "se.sigmoid"), FL_ACT_SIGMOID),
+                   -2) < 0)
             return -1;
-        fl_layer *mul = fl_channel_mul_create(nm(b, sizeof b, p, "se.multiply"));
+        fl_layer *mul = fl_channel_mul_create(nn_name(b, sizeof b, p, "se.multiply"));
         if (!mul || (cur = fl_net_add2(net, mul, x, fl_net_num_layers(net) - 1)) < 0)
             return -1;
     }
     if (cur >= 0 && split) {
         int64_t half = out / 2; /* int(out_channels * 0.5) */
-        cur = conv_bn(net, nm(q, sizeof q, p, "pw_conv_1"), -2, c, half, 1, 1, 1, true);
+        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv_1"), -2, c, half, 1, 1, 1, true);
         if (cur >= 0)
-            cur = conv_bn(net, nm(q, sizeof q, p, "pw_conv_2"), -2, half, out, 1, 1, 1, true);
+            cur =
+                nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv_2"), -2, half, out, 1, 1, 1, true);
     } else if (cur >= 0) {
-        cur = conv_bn(net, nm(q, sizeof q, p, "pw_conv"), -2, c, out, 1, 1, 1, true);
+        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv"), -2, c, out, 1, 1, 1, true);
     }
     if (cur >= 0 && shortcut && s == 1 && c == out) {
-        fl_layer *add = fl_add_create(nm(b, sizeof b, p, "shortcut"), false);
+        fl_layer *add = fl_add_create(nn_name(b, sizeof b, p, "shortcut"), false);
         cur = add ? fl_net_add2(net, add, cur, in) : -1;
     }
     return cur;
@@ -123,36 +95,36 @@ fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, in
     if (!net)
         return NULL;
     /* small inputs: stride 1 in the stem and in stage1, as pplcnet's small-input stem */
-    int cur = conv_bn(net, "stem.0", -2, in_channels, make_divisible(32), 3,
+    int cur = nn_conv_bn(net, "stem.0", -2, in_channels, nn_make_divisible(32), 3,
                       small_input ? 1 : 2, 1, true);
     if (cur >= 0)
-        cur = block(net, "stem.1", cur, make_divisible(32), make_divisible(64), 1, 3, false,
+        cur = block(net, "stem.1", cur, nn_make_divisible(32), nn_make_divisible(64), 1, 3, false,
                     false, false, false);
     char p[32];
     for (int st = 0; st < 4 && cur >= 0; st++) {
         const int *cfg = net_config[st];
         for (int i = 0; i < depths[st] && cur >= 0; i++) {
-            int64_t in = make_divisible(i == 0 ? cfg[0] : cfg[0] * 2);
-            int64_t out = make_divisible(cfg[0] * 2);
+            int64_t in = nn_make_divisible(i == 0 ? cfg[0] : cfg[0] * 2);
+            int64_t out = nn_make_divisible(cfg[0] * 2);
             int64_t s = i == 0 && !(small_input && st == 0) ? 2 : 1;
             snprintf(p, sizeof p, "stage%d.%d", st + 1, i);
             cur = block(net, p, cur, in, out, s, cfg[1], cfg[2], cfg[3], cfg[4], cfg[5]);
         }
     }
-    fl_conv2d_opts last = {.in_channels = make_divisible(1024), .out_channels = 1280, .kh = 1,
+    fl_conv2d_opts last = {.in_channels = nn_make_divisible(1024), .out_channels = 1280, .kh = 1,
                            .kw = 1};
     if (cur >= 0)
-        cur = put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
+        cur = nn_put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
     if (cur >= 0)
-        cur = put(net, fl_conv2d_create("last_conv", &last), -2);
+        cur = nn_put(net, fl_conv2d_create("last_conv", &last), -2);
     if (cur >= 0)
-        cur = put(net, fl_activation_create("act", FL_ACT_RELU), -2);
+        cur = nn_put(net, fl_activation_create("act", FL_ACT_RELU), -2);
     if (cur >= 0)
-        cur = put(net, fl_dropout_create("dropout", 0.2, 0x4c434e657432ull), -2);
+        cur = nn_put(net, fl_dropout_create("dropout", 0.2, 0x4c434e657432ull), -2);
     if (cur >= 0)
-        cur = put(net, fl_flatten_create("flatten"), -2);
+        cur = nn_put(net, fl_flatten_create("flatten"), -2);
     if (cur >= 0)
-        cur = put(net, fl_fc_create("fc", 1280, classes, true), -2);
+        cur = nn_put(net, fl_fc_create("fc", 1280, classes, true), -2);
     if (cur < 0) {
         fl_fail_prefix(FL_EINVAL, "pplcnetv2_base");
         fl_net_free(net);

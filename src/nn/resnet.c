@@ -9,23 +9,13 @@
 
 #include <stdio.h>
 
-/* Appends layer reading `from` (-2: the previous layer); returns its index or -1. */
-static int put(fl_net *net, fl_layer *l, int from) {
-    if (!l)
-        return -1;
-    int rc = from == -2 ? fl_net_add(net, l) : fl_net_add_from(net, l, from);
-    if (rc < 0)
-        return -1;
-    return fl_net_num_layers(net) - 1;
-}
-
 static int conv_bn(fl_net *net, const char *conv, const char *bn, int from, int64_t in,
                    int64_t out, int64_t k, int64_t s, bool relu) {
     fl_conv2d_opts o = {.in_channels = in, .out_channels = out, .kh = k, .kw = k, .sh = s,
                         .sw = s, .ph = (k - 1) / 2, .pw = (k - 1) / 2};
-    if (put(net, fl_conv2d_create(conv, &o), from) < 0)
+    if (nn_put(net, fl_conv2d_create(conv, &o), from) < 0)
         return -1;
-    return put(net, fl_batch_norm_create(bn, out, relu), -2);
+    return nn_put(net, fl_batch_norm_create(bn, out, relu), -2);
 }
 
 /* One residual block reading layer `in` (in_ch channels); bottleneck when expansion is 4.
@@ -58,7 +48,7 @@ static int block(fl_net *net, const char *p, int in, int64_t in_ch, int64_t plan
     if (s != 1 || in_ch != out_ch) {
         if (shortcut == 'A') {
             NAMES("shortcut", "unused");
-            skip = put(net, fl_shortcut_pad_create(a, out_ch, s), in);
+            skip = nn_put(net, fl_shortcut_pad_create(a, out_ch, s), in);
         } else {
             NAMES("downsample.0", "downsample.1");
             skip = conv_bn(net, a, b, in, in_ch, out_ch, 1, s, false);
@@ -111,13 +101,13 @@ fl_net *fl_model_resnet(fl_dtype t, int layers, int64_t classes) {
     int64_t ch = 64;
     int cur = conv_bn(net, "conv1", "bn1", -2, 3, 64, 7, 2, true);
     if (cur >= 0)
-        cur = put(net, fl_pool2d_create("maxpool", FL_POOL_MAX, 3, 2, 1), -2);
+        cur = nn_put(net, fl_pool2d_create("maxpool", FL_POOL_MAX, 3, 2, 1), -2);
     if (cur >= 0)
         cur = stages(net, cur, &ch, 4, arch[a].blocks, 64, arch[a].expansion, 'B');
     if (cur >= 0)
-        cur = put(net, fl_global_avg_pool_create("avgpool"), -2);
+        cur = nn_put(net, fl_global_avg_pool_create("avgpool"), -2);
     if (cur >= 0)
-        cur = put(net, fl_fc_create("fc", ch, classes, true), -2);
+        cur = nn_put(net, fl_fc_create("fc", ch, classes, true), -2);
     if (cur < 0) {
         fl_fail_prefix(FL_EINVAL, "resnet%d", layers);
         fl_net_free(net);
@@ -144,9 +134,9 @@ fl_net *fl_model_resnet_cifar(fl_dtype t, int depth, int64_t in_channels, int64_
     if (cur >= 0)
         cur = stages(net, cur, &ch, 3, blocks, 16, 1, shortcut);
     if (cur >= 0)
-        cur = put(net, fl_global_avg_pool_create("avgpool"), -2);
+        cur = nn_put(net, fl_global_avg_pool_create("avgpool"), -2);
     if (cur >= 0)
-        cur = put(net, fl_fc_create("fc", ch, classes, true), -2);
+        cur = nn_put(net, fl_fc_create("fc", ch, classes, true), -2);
     if (cur < 0) {
         fl_fail_prefix(FL_EINVAL, "resnet_cifar%d", depth);
         fl_net_free(net);
