@@ -898,6 +898,7 @@ int fl_transport_open(const fl_comm_env *env, fl_comm_counters *counters, fl_tra
         eps[0][FL_ENDPOINT_MAX - 1] = '\0';
         rc = create(rank, size, fds, timeout, counters, eps, NULL, out);
         free(fds);
+        free(ses); /* one rank: no connections, no sessions */
         return rc;
     }
     if (env->master[0]) {
