@@ -47,6 +47,7 @@ typedef struct dgc_work {
     int64_t            values, pairs_total;
     double             sparsity;
     bool               batched; /* CNN_STEP_DGC_BATCH=0: tensor by tensor, as before */
+    int                big;     /* the largest tensor: its idx and scratch serve the batch */
     dgc_tensor        *t;
     fl_dgc_batch_item *items;   /* the batched call's tensors */
     int64_t           *count;
@@ -93,6 +94,8 @@ static int dgc_work_init(dgc_work *w, fl_net *net, double sparsity) {
     int64_t off = 0;
     for (int i = 0; i < w->n; i++) {
         dgc_tensor *t = &w->t[i];
+        if (t->p->value.numel > w->t[w->big].p->value.numel)
+            w->big = i;
         t->pairs = w->pairs + off;
         t->host = w->host + off;
         w->items[i] = (fl_dgc_batch_item){.n = t->p->value.numel, .k = t->k, .base = 0,
@@ -113,11 +116,8 @@ static double dgc_work_step(dgc_work *w, const fl_backend *k, int step) {
     if (w->batched) { /* every tensor in one call, the pairs back in one copy */
         for (int i = 0; i < w->n; i++)
             w->items[i].seed = (uint64_t)step * 1000003u + (uint64_t)i;
-        int big = 0; /* idx and scratch serve each tensor in turn where the backend loops */
-        for (int i = 1; i < w->n; i++)
-            big = w->t[i].p->value.numel > w->t[big].p->value.numel ? i : big;
-        fl_backend_dgc_batch(k, w->n, w->items, &a, true, w->count, w->t[big].idx,
-                             w->t[big].scratch);
+        fl_backend_dgc_batch(k, w->n, w->items, &a, true, w->count, w->t[w->big].idx,
+                             w->t[w->big].scratch);
         fl_backend_stage_out(k, w->pairs, w->host, (size_t)w->pairs_total * sizeof *w->pairs,
                              NULL);
         return fl_now() - t0;

@@ -37,17 +37,18 @@ static int selected_gpu(int *ordinal) {
 
 /* train.deterministic into a bound device backend (before any plan is made), said once */
 static const fl_backend *set_determinism(const fl_backend *be, const fl_train_config *cfg) {
-    static int said = -1;
+    static int said = -1; /* the setting last logged */
     bool det = cfg->train.deterministic;
     if (be->set_deterministic)
         be->set_deterministic(det);
+    if (said == (int)det)
+        return be;
+    said = det;
     if (!be->set_deterministic) { /* the CPU backends: deterministic kernels only */
-        if (!det && said != 0)
+        if (!det)
             FL_INFO("train.deterministic: false has no effect on the %s backend (its kernels "
                     "are deterministic): runs repeat to the bit", be->name);
-        said = det;
-    } else if (said != (int)det) {
-        said = det;
+    } else {
         FL_INFO("train.deterministic: %s", det ? "true (runs repeat to the bit; false lets "
                 "cuDNN choose its fastest, non-deterministic backward algorithms)"
                 : "false (cuDNN's fastest backward algorithms, some non-deterministic: runs "

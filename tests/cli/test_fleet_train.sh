@@ -2,8 +2,9 @@
 # test_fleet_train.sh - fleet-train end to end as a single process (a job of one; the 2-worker
 # runs are test_fleet_train_dist.sh): the quick-start MLP learns the teacher task to >= 97%
 # training accuracy within its stated budget (20 epochs x 64 steps of 128 samples on one worker);
-# two runs with the same seed print byte-identical loss lines; bad configs fail before
-# training with the key and its line.
+# two runs with the same seed print byte-identical loss lines (train.deterministic: false too,
+# which says it changes nothing on the CPU); bad configs fail before training with the key and
+# its line.
 set -u
 bin="${FLEET_BIN:?}/fleet-train"
 src="${FLEET_SRC:?}"
@@ -34,6 +35,13 @@ check "same seed gives identical loss lines" cmp -s "$tmp/a.txt" "$tmp/b.txt"
 other=$(sed -E 's/, ips .*//' "$tmp/run3.txt" | head -1)
 check "another seed trains" test -n "$other"
 check "another seed gives other losses" test "$other" != "$(head -1 "$tmp/a.txt")"
+# train.deterministic: false changes nothing on the CPU backends, says so, and still repeats
+"$bin" -c "$src/configs/quickstart.yaml" -o train.max_steps=64 -o 'train.log_dir=""' \
+  -o train.deterministic=false >"$tmp/run4.txt" 2>"$tmp/err4.txt"
+check "train.deterministic: false says it has no effect on the CPU" \
+  grep -q 'train.deterministic: false has no effect on the' "$tmp/err4.txt"
+check "train.deterministic: false on the CPU gives the default's loss lines" \
+  cmp -s <(sed -E 's/, ips .*//' "$tmp/run4.txt" | head -1) <(head -1 "$tmp/a.txt")
 
 # 3. bad configs fail before training, naming key and line
 expect_error() { # expect_error NAME PATTERN YAML [ARGS...]

@@ -326,7 +326,11 @@ static void select_many(int nt, sel_item *items, const accum *acc, int64_t *coun
     count_k<<<tg, 256, 0, cs>>>(dit, st, cnt);
     scan_k<<<(unsigned)nt, 1024, 0, cs>>>(dit, cnt, st);
     scatter_k<<<tg, 256, 0, cs>>>(dit, cnt, st);
-    encode_many_k<<<dim3(hb, (unsigned)nt), THREADS, 0, cs>>>(dit, st);
+    bool encode = false; /* the batch encodes; a single selection leaves that to dgc_encode */
+    for (int i = 0; i < nt && !encode; i++)
+        encode = items[i].pairs != NULL;
+    if (encode)
+        encode_many_k<<<dim3(hb, (unsigned)nt), THREADS, 0, cs>>>(dit, st);
     CU_LAUNCHED(op);
     CU_CHECK(op, cudaMemcpyAsync(init, st, sb, cudaMemcpyDeviceToHost, cs));
     cuda_sync(op);
