@@ -1,0 +1,184 @@
+/* ps.h - parameter-server mode (Paddle Fleet's second architecture; DESIGN.md "Parameter-server
+ * mode"): servers own the parameters and run the optimizer, workers pull parameters and push
+ * gradients.
+ *
+ * The API mirrors Paddle's fleet.init(is_collective=False):
+ *
+ *     fl_ps *ps;
+ *     fl_ps_init(&ps);                        // roles from TRAINING_ROLE, PADDLE_* (fleetrun)
+ *     if (fl_ps_is_server(ps)) {
+ *         fl_ps_init_server(ps, &server_cfg);  // listen, load this server's checkpoint shards
+ *         fl_ps_run_server(ps);                // serve until every worker has stopped
+ *     } else {
+ *         fl_ps_init_worker(ps);               // connect to every server
+ *         ... fl_ps_dense_init / pull / push, fl_ps_sparse_pull / push ...
+ *         fl_ps_stop_worker(ps);
+ *     }
+ *     fl_ps_free(ps);
+ *
+ * Tables. A dense table is a flat block of `numel` f32 values split into blocks of
+ * FL_PS_DENSE_BLOCK values; block b lives on server b % S. A sparse table maps 64-bit ids to
+ * rows of `dim` values, an id living on server fl_ps_shard_of(id, S). Each table has its
+ * optimizer rule (fl_ps_rule), applied on the server.
+ *
+ * Modes (strategy.a_sync, a_sync_configs.k_steps, as Paddle's DistributedStrategy):
+ *   sync  (a_sync false): the server sums a step's pushes from every worker, divides by the
+ *         number of workers and applies the rule once; a pull of version v waits until v
+ *         steps were applied. The same computation as collective dense training.
+ *   async (a_sync true, k_steps 0): each push is applied when it arrives (the rule on that
+ *         worker's gradient); pulls return what is there now; the server counts, per push, the
+ *         updates it missed (staleness: applied versions since the version the worker pulled).
+ *   geo   (k_steps > 0): workers train their own copies; every k steps a worker pushes the
+ *         difference since its last push divided by the number of workers (GEO-SGD, Paddle's
+ *         GeoCommunicator), which the server adds (rule FL_PS_RULE_SUM), and pulls the sum.
+ * The worker-side orchestration of the modes (communicator thread, geo snapshots) lives in
+ * fl_ps_communicator (ps_comm.h) and in the "ps" distributed-optimizer strategy. */
+#ifndef FLEET_PS_H
+#define FLEET_PS_H
+
+#include "fleet/comm.h"
+#include "fleet/optim.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FL_PS_MAX_SERVERS 256
+#define FL_PS_MAX_TABLES  64
+#define FL_PS_DENSE_BLOCK 65536 /* values per dense block: the unit spread over the servers */
+
+typedef enum { FL_PS_SYNC = 0, FL_PS_ASYNC = 1, FL_PS_GEO = 2 } fl_ps_mode;
+const char *fl_ps_mode_name(fl_ps_mode m);
+
+/* The optimizer a table runs on its server. Dense tables: SGD, Momentum (+Nesterov), Adam,
+ * and SUM (geo: add what is pushed). Sparse tables, per row: SGD, Adagrad (Paddle's
+ * SparseAdaGradSGDRule: one g2sum per row), Adam (per-row moments and beta powers), SUM.
+ * SGD and Momentum compute exactly as fl_optim_step on the ref backend (f32, L2 decay
+ * g + wd * w first), so that sync PS and collective training agree. */
+typedef enum {
+    FL_PS_RULE_SGD = 0,
+    FL_PS_RULE_MOMENTUM = 1,
+    FL_PS_RULE_ADAM = 2,
+    FL_PS_RULE_ADAGRAD = 3,
+    FL_PS_RULE_SUM = 4,
+} fl_ps_rule_type;
+
+typedef struct {
+    fl_ps_rule_type type;
+    double momentum;        /* Momentum: mu in [0, 1) */
+    bool   nesterov;        /* Momentum */
+    double weight_decay;    /* L2 lambda >= 0 (SGD, Momentum, Adam: g + wd * w) */
+    double beta1, beta2;    /* Adam (defaults 0.9, 0.999) */
+    double epsilon;         /* Adam (1e-8), Adagrad (1e-6: Paddle's) */
+    double initial_g2sum;   /* Adagrad (Paddle's initial_g2sum, default 3) */
+} fl_ps_rule;
+
+/* Defaults for type (Paddle's). */
+void fl_ps_rule_defaults(fl_ps_rule *r, fl_ps_rule_type type);
+/* FL_ECONFIG naming the field when out of range, or when the type cannot serve the table kind
+ * (Adagrad for dense, Momentum for sparse). */
+int  fl_ps_rule_check(const fl_ps_rule *r, bool sparse);
+const char *fl_ps_rule_name(fl_ps_rule_type t);
+
+/* Initial values of a sparse row created on first pull: drawn from (seed, table, id) alone, so a
+ * row is the same whichever server or thread creates it, and whenever. */
+typedef enum { FL_PS_INIT_ZERO = 0, FL_PS_INIT_UNIFORM = 1, FL_PS_INIT_NORMAL = 2 } fl_ps_init_type;
+typedef struct {
+    fl_ps_init_type type;
+    double a, b;     /* uniform in [a, b); normal mean a, standard deviation b */
+    uint64_t seed;
+} fl_ps_init_rule;
+
+/* The server of an id among nservers (a 64-bit mix of the id, so consecutive ids spread). */
+int fl_ps_shard_of(uint64_t id, int nservers);
+
+typedef struct fl_ps fl_ps;
+
+/* Paddle's role maker from the environment:
+ *   TRAINING_ROLE=PSERVER|TRAINER, PADDLE_PSERVERS_IP_PORT_LIST ("ip:port,..."),
+ *   PADDLE_TRAINER_ENDPOINTS, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ID (workers),
+ *   POD_IP and PADDLE_PORT (a server finds its index as the entry POD_IP:PADDLE_PORT of the
+ *   server list), FLEET_JOB_TOKEN, FLEET_COMM_TIMEOUT, FLEET_LISTEN_FD, FLEET_COMM_ENCRYPT,
+ *   FLEET_RESTART_COUNT. Refuses inconsistent values naming the variable (a server endpoint
+ *   not in the list, an empty list, a trainer id out of range). */
+int  fl_ps_init(fl_ps **out);
+void fl_ps_free(fl_ps *ps);
+
+bool        fl_ps_is_server(const fl_ps *ps);
+bool        fl_ps_is_worker(const fl_ps *ps);
+int         fl_ps_server_num(const fl_ps *ps);
+int         fl_ps_server_index(const fl_ps *ps);  /* -1 on a worker */
+const char *fl_ps_server_endpoint(const fl_ps *ps, int i); /* NULL outside [0, server_num) */
+int         fl_ps_worker_num(const fl_ps *ps);
+int         fl_ps_worker_index(const fl_ps *ps);  /* -1 on a server */
+
+/* --- server --- */
+typedef struct {
+    int        threads;          /* shard threads (ps.server_threads; default 4) */
+    fl_ps_mode mode;             /* what the workers will run (checked against their hellos) */
+    char       checkpoint_dir[1024]; /* "" none: where SAVE writes and where a restart loads */
+    bool       resume;           /* load this server's newest shards from checkpoint_dir */
+} fl_ps_server_config;
+
+/* Listens on this server's endpoint (or FLEET_LISTEN_FD), loads its shards when c->resume and
+ * a saved step exists. */
+int fl_ps_init_server(fl_ps *ps, const fl_ps_server_config *c);
+/* Accepts every worker, then serves until each has stopped (0). A worker that dies or breaks
+ * the protocol is named (worker index and endpoint) and the server fails (FL_EPEER) in sync
+ * mode; in async and geo modes too (restarts are fleetrun's). */
+int fl_ps_run_server(fl_ps *ps);
+
+/* --- worker --- */
+/* Connects to every server (fl_msg_connect) and says which mode it runs. */
+int fl_ps_init_worker(fl_ps *ps, fl_ps_mode mode);
+/* Tells every server this worker is done and closes the connections. */
+int fl_ps_stop_worker(fl_ps *ps);
+
+/* Declares dense table `table` of numel values with rule r. Every worker calls it with the same
+ * shape and rule (the servers refuse a mismatch naming both workers). Worker 0 gives the
+ * initial values (values non-NULL: it sends them; others pass NULL); a server that resumed from
+ * a checkpoint keeps its own and answers with the saved step. *step_out (may be NULL) receives
+ * the table's version (updates applied) after the declaration. */
+int fl_ps_dense_init(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
+                     const float *values, int64_t *step_out);
+/* Fills values[numel] with the table. version: sync waits until that many updates were applied
+ * (at most FLEET_COMM_TIMEOUT; a worker that never pushes is named); < 0: whatever is there. */
+int fl_ps_dense_pull(fl_ps *ps, int table, int64_t version, float *values);
+/* Pushes grads[numel] (already scaled as the worker wants them) for update `step` with
+ * learning rate lr. Sync: counted toward step's merge; async: applied on arrival; geo: added. */
+int fl_ps_dense_push(fl_ps *ps, int table, int64_t step, double lr, const float *grads);
+
+/* Declares sparse table `table` of rows of dim values with rule r and initializer init. */
+int fl_ps_sparse_init(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
+                      const fl_ps_init_rule *init);
+/* Rows of ids[0..n) into rows[n * dim] (created on first pull). ids need not be unique; the
+ * worker sends each distinct id once per server. */
+int fl_ps_sparse_pull(fl_ps *ps, int table, const uint64_t *ids, int64_t n, float *rows);
+/* Gradients grads[n * dim] of rows ids[0..n) (duplicates are summed before sending). */
+int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint64_t *ids,
+                      int64_t n, const float *grads);
+
+/* Every server writes its shards of every table into checkpoint_dir (atomically) labelled with
+ * step; mode FL_PS_SAVE_ALL or FL_PS_SAVE_DELTA (sparse rows changed since the last save, on
+ * top of the last full save). Worker 0 calls it; returns when all servers have written. */
+enum { FL_PS_SAVE_ALL = 0, FL_PS_SAVE_DELTA = 1 };
+int fl_ps_save(fl_ps *ps, int64_t step, int mode);
+
+/* Traffic and staleness seen by this worker. */
+typedef struct {
+    uint64_t bytes_sent, bytes_received;
+    int64_t  pulls, pushes;
+    double   mean_staleness; /* async: mean updates missed per push, as the servers reported */
+    int64_t  max_staleness;
+} fl_ps_stats;
+void fl_ps_get_stats(const fl_ps *ps, fl_ps_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLEET_PS_H */

@@ -1,0 +1,88 @@
+/* table.h - the parameter server's tables and the optimizer rules it runs on them: dense
+ * blocks (a slice of a flat parameter block) and sparse tables (64-bit id -> row of dim f32
+ * values plus the rule's state), with save and load of a server's shards.
+ *
+ * Not thread-safe: each shard thread of a server owns its blocks and its part of every sparse
+ * table (ids are split over the threads by fl_ps_shard_of on the server's side too), so no
+ * table takes a lock. Private to src/ps. */
+#ifndef FLEET_PS_TABLE_H
+#define FLEET_PS_TABLE_H
+
+#include "fleet/ps.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- rules ---- */
+/* f32 values of state per parameter value the rule keeps (SGD 0, Momentum 1, Adam 2,
+ * Adagrad 0, SUM 0) and per row or block (Adam 2: beta1^t and beta2^t; Adagrad 1: g2sum). */
+int fl_ps_rule_state_per_value(const fl_ps_rule *r);
+int fl_ps_rule_state_per_row(const fl_ps_rule *r);
+
+/* One update of n values w[] (a dense block, or one sparse row: n = dim) with gradient g[]
+ * and learning rate lr; state[] holds n * per_value + per_row floats laid out as
+ * [per-value state (value-major: m[n], v[n]) | per-row state]. SGD and Momentum as
+ * fl_optim_step on the ref backend; Adam: m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2,
+ * w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps) (Paddle's adam kernel);
+ * Adagrad as Paddle's SparseAdaGradSGDRule (g2sum per row: w -= lr * g * sqrt(g2sum0 /
+ * (g2sum0 + g2sum)), then g2sum += mean(g^2)); SUM: w += g (lr ignored). */
+void fl_ps_rule_apply(const fl_ps_rule *r, double lr, float *w, const float *g, float *state,
+                      int64_t n);
+/* Sets the state of a fresh block or row (zeros; Adam's beta powers 1). */
+void fl_ps_rule_state_init(const fl_ps_rule *r, float *state, int64_t n);
+
+/* ---- dense ---- */
+/* One dense block on its server: values, rule state, and the sum of the pushes of the step
+ * being merged (sync). */
+typedef struct {
+    int64_t numel;
+    float  *value;   /* [numel] */
+    float  *state;   /* [numel * per_value + per_row] */
+    float  *accum;   /* [numel]: sum of this step's pushes (sync) */
+    int     pushes;  /* pushes summed into accum */
+} fl_ps_block;
+
+int  fl_ps_block_init(fl_ps_block *b, int64_t numel, const fl_ps_rule *r);
+void fl_ps_block_clear(fl_ps_block *b);
+/* accum += g; pushes++. */
+void fl_ps_block_accumulate(fl_ps_block *b, const float *g);
+/* Applies the rule with gradient accum * scale (e.g. 1 / workers), then zeroes accum. */
+void fl_ps_block_apply_accum(fl_ps_block *b, const fl_ps_rule *r, double lr, double scale);
+
+/* ---- sparse ---- */
+typedef struct fl_ps_sparse fl_ps_sparse;
+
+/* An empty table of rows of dim values (1 .. 4096) with rule r (its state lives beside each
+ * row) and initializer init; `table` enters the initializer's draw. FL_ENOMEM / FL_EINVAL. */
+int  fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_init_rule *init,
+                         fl_ps_sparse **out);
+void fl_ps_sparse_free(fl_ps_sparse *t);
+int     fl_ps_sparse_dim(const fl_ps_sparse *t);
+int64_t fl_ps_sparse_rows(const fl_ps_sparse *t);
+/* Bytes held: rows, state, index. */
+size_t  fl_ps_sparse_bytes(const fl_ps_sparse *t);
+
+/* Copies the rows of ids[0..n) into out[n * dim], creating missing rows with the initializer
+ * (the same values whatever order or thread: a draw of (seed, table, id)). FL_ENOMEM. */
+int fl_ps_sparse_pull(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out);
+/* Applies the rule to each row ids[i] with gradient g[i * dim] (a missing row is created first;
+ * a repeated id is updated once per occurrence, in order). */
+int fl_ps_sparse_push(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
+                      double lr);
+/* Sync mode: adds g into the pending sum of each id for the step being merged... */
+int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g);
+/* ...and applies every pending row's rule with gradient sum * scale, once, in id order;
+ * then forgets the pending sums. */
+int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale);
+
+/* Visits every row (id, values[dim], state) in ascending id order (for saving and merging).
+ * fn returns 0 to go on, else stops and is returned. only_dirty: the rows changed since the
+ * last fl_ps_sparse_mark_clean. */
+typedef int (*fl_ps_row_fn)(void *ctx, uint64_t id, const float *values, const float *state);
+int  fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, void *ctx);
+void fl_ps_sparse_mark_clean(fl_ps_sparse *t);
+/* Inserts or overwrites a row (loading). */
+int  fl_ps_sparse_put(fl_ps_sparse *t, uint64_t id, const float *values, const float *state);
+
+#endif /* FLEET_PS_TABLE_H */
