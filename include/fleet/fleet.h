@@ -31,6 +31,7 @@
 #include "fleet/metrics.h"
 #include "fleet/nn.h"
 #include "fleet/optim.h"
+#include "fleet/ps.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
 #include "fleet/strategy.h"
@@ -59,6 +60,13 @@ const char *fl_worker_endpoint(const fl_fleet *f, int i);
 /* The communicator underneath (borrowed), e.g. to average metrics. */
 fl_comm    *fl_fleet_comm(fl_fleet *f);
 int         fl_barrier(fl_fleet *f);
+
+/* Parameter-server mode (include/fleet/ps.h): a worker that joined servers with
+ * fl_ps_init_worker attaches its fl_ps (borrowed; it must outlive the fleet's distributed
+ * optimizers), and fl_distributed_optimizer then keeps the parameters on the servers as
+ * strategy.a_sync says. NULL detaches. */
+void   fl_fleet_set_ps(fl_fleet *f, fl_ps *ps);
+fl_ps *fl_fleet_ps(const fl_fleet *f);
 
 typedef struct fl_dist_optim fl_dist_optim;
 
@@ -95,6 +103,11 @@ void fl_dist_optim_free(fl_dist_optim *d);
  * thread that issues the communicator's collectives. */
 int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *updated);
 
+/* After the last fl_dist_minimize of a run: brings every worker's replica to the job's final
+ * state where the strategy leaves replicas apart (parameter-server async and geo modes: what
+ * is queued is sent, then every worker takes the servers' values). A collective call on every
+ * worker; a no-op for the others. */
+int fl_dist_finish(fl_dist_optim *d);
 /* The local (this worker's) loss of the update the next fl_dist_minimize completes. Optional
  * for most strategies; adaptive Local SGD needs it before every update (it averages the loss
  * over the workers at synchronisation steps). Cleared by fl_dist_minimize. FL_EINVAL if the

@@ -123,6 +123,18 @@ typedef struct fl_strategy {
         char    custom_black_list[256];   /* layer types computing in f32 whatever the lists */
     } amp_configs;
 
+    /* Parameter-server mode (docs/ps.md; Paddle's a_sync and a_sync_configs), when the job was
+     * started with servers (fleetrun --server_num; fl_fleet_set_ps): a_sync false is sync
+     * (gradients merged on the servers once per step, the same computation as dense); a_sync
+     * true with k_steps <= 0 is async (pushes applied as they arrive, no waiting); with
+     * k_steps > 0 geo (local steps, the difference pushed every k_steps: GEO-SGD). Without
+     * servers a_sync is refused. */
+    bool a_sync;
+    struct {
+        int64_t k_steps;            /* default -1 (Paddle's): async; > 0: geo */
+        int64_t max_merge_var_num;  /* async: the most queued gradients merged into one push
+                                       (Paddle's; default 20) */
+    } a_sync_configs;
     /* recompute (fl_net_set_recompute): keep the outputs of the checkpoint layers only */
     bool recompute;
     struct {

@@ -139,6 +139,9 @@ typedef struct fl_train_config {
         char    inference_model[256]; /* rank 0 writes network + weights here at the end */
     } checkpoint;
     fl_strategy strategy;       /* the `strategy:` section (fl_strategy_schema) */
+    struct {                    /* parameter-server mode (docs/ps.md): a server's own knobs */
+        int64_t server_threads; /* ps.server_threads: shard threads per server (default 4) */
+    } ps;
     struct {
         int backend;            /* fl_train_backend */
         int encrypt;            /* comm.encrypt: 0 auto (between hosts), 1 off, 2 on

@@ -97,6 +97,22 @@ static int amp_found_anywhere(fl_dist_optim *d, bool *found) {
     return FL_OK;
 }
 
+/* What parameter-server mode cannot run with: the strategies that exchange among workers. */
+static int ps_check(const fl_strategy *s) {
+    const char *bad = s->dgc                          ? "dgc"
+                      : s->localsgd                   ? "localsgd"
+                      : s->adaptive_localsgd          ? "adaptive_localsgd"
+                      : s->fp16_allreduce             ? "fp16_allreduce"
+                      : s->lars                       ? "lars"
+                      : s->use_hierarchical_allreduce ? "use_hierarchical_allreduce"
+                                                      : NULL;
+    if (bad)
+        return fl_fail(FL_ECONFIG, "strategy.%s cannot run in parameter-server mode (the "
+                                   "servers hold the parameters; geo, strategy.a_sync_configs."
+                                   "k_steps, is its answer to slow networks)", bad);
+    return FL_OK;
+}
+
 fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
                                         const fl_strategy *s) {
     FL_ASSERT(f && net && opt && s);
@@ -134,7 +150,15 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
     fl_tensor_view(&d->counters.value, FL_DTYPE_I64, 1, &two, d->counter_mem);
     if (s->amp && amp_setup(d) < 0)
         goto fail;
-    if (s->dgc)
+    if (fl_fleet_ps(f)) {
+        if (ps_check(s) < 0)
+            goto fail;
+        d->ops = &fl_ps_ops;
+    } else if (s->a_sync) {
+        fl_fail(FL_ECONFIG, "strategy.a_sync: the job has no parameter servers (start it with "
+                            "fleetrun --server_num S --worker_num W)");
+        goto fail;
+    } else if (s->dgc)
         d->ops = &fl_dgc_ops;
     else if (s->localsgd || s->adaptive_localsgd)
         d->ops = &fl_localsgd_ops;
@@ -167,6 +191,11 @@ fl_dist_optim *fl_distributed_optimizer(fl_fleet *f, fl_net *net, fl_optim *opt,
         d->amp_flag_bytes = st.bytes_sent - before;
     }
     d->bytes_base = st.bytes_sent;
+    if (fl_fleet_ps(f)) {
+        fl_ps_stats ps;
+        fl_ps_get_stats(fl_fleet_ps(f), &ps);
+        d->ps_bytes_base = ps.bytes_sent;
+    }
     return d;
 fail:
     fl_dist_optim_free(d);
@@ -244,6 +273,14 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
     return FL_OK;
 }
 
+int fl_dist_finish(fl_dist_optim *d) {
+    FL_ASSERT(d);
+    if (!d->ops->finish)
+        return FL_OK;
+    int rc = d->ops->finish(d);
+    return rc < 0 ? fl_fail_prefix(rc, "strategy %s: finishing", d->ops->name) : FL_OK;
+}
+
 int fl_dist_set_loss(fl_dist_optim *d, double loss) {
     FL_ASSERT(d);
     if (!isfinite(loss))
@@ -291,7 +328,13 @@ uint64_t fl_dist_bytes_sent(const fl_dist_optim *d) {
     FL_ASSERT(d);
     fl_comm_stats st;
     fl_comm_get_stats(d->comm, &st);
-    return st.bytes_sent - d->bytes_base;
+    uint64_t ps_bytes = 0;
+    if (fl_fleet_ps(d->fleet)) { /* parameter-server mode: what went to the servers too */
+        fl_ps_stats ps;
+        fl_ps_get_stats(fl_fleet_ps(d->fleet), &ps);
+        ps_bytes = ps.bytes_sent - d->ps_bytes_base;
+    }
+    return st.bytes_sent - d->bytes_base + ps_bytes;
 }
 
 void fl_dist_get_stats(const fl_dist_optim *d, fl_dist_stats *out) {

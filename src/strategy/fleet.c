@@ -9,6 +9,7 @@
 
 struct fl_fleet {
     fl_comm *comm; /* owned */
+    fl_ps   *ps;   /* borrowed: parameter-server mode, else NULL */
 };
 
 int fl_fleet_init(const char *backend, fl_fleet **out) {
@@ -47,3 +48,6 @@ const char *fl_worker_endpoint(const fl_fleet *f, int i) {
 fl_comm *fl_fleet_comm(fl_fleet *f) { return f->comm; }
 
 int fl_barrier(fl_fleet *f) { return fl_comm_barrier(f->comm); }
+
+void   fl_fleet_set_ps(fl_fleet *f, fl_ps *ps) { f->ps = ps; }
+fl_ps *fl_fleet_ps(const fl_fleet *f) { return f->ps; }

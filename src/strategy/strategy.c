@@ -134,6 +134,13 @@ static const fl_cfg_key keys[] = {
      SIZE(amp_configs.custom_black_list), 0, 0, NULL, false,
      "comma-separated layer types kept in f32, e.g. fc (besides the loss and batch_norm)"},
 
+    {"a_sync", FL_CFG_BOOL, OFF(a_sync), 0, 0, 0, NULL, false,
+     "parameter-server mode: false sync, true async (k_steps <= 0) or geo (k_steps > 0)"},
+    {"a_sync_configs.k_steps", FL_CFG_INT, OFF(a_sync_configs.k_steps), 0, -1, 1e6, NULL, false,
+     "geo: local steps between pushes of the difference; <= 0: async"},
+    {"a_sync_configs.max_merge_var_num", FL_CFG_INT, OFF(a_sync_configs.max_merge_var_num), 0,
+     1, 1e6, NULL, false, "async: the most queued gradients merged into one push"},
+
     {"recompute", FL_CFG_BOOL, OFF(recompute), 0, 0, 0, NULL, false,
      "keep only the checkpoint layers' outputs, recompute the rest in backward"},
     {"recompute_configs.checkpoints", FL_CFG_STRING, OFF(recompute_configs.checkpoints),
@@ -165,6 +172,8 @@ void fl_strategy_defaults(fl_strategy *s) {
     s->dgc_configs.momentum_masking = true;
     s->dgc_configs.weight_decay_correction = true;
     s->localsgd_configs.k_steps = 1;
+    s->a_sync_configs.k_steps = -1;
+    s->a_sync_configs.max_merge_var_num = 20;
     s->localsgd_configs.begin_step = 1;
     s->adaptive_localsgd_configs.init_k_steps = 1;
     s->adaptive_localsgd_configs.begin_step = 1;

@@ -47,6 +47,10 @@ struct strategy_ops {
     /* Optional: how state i combines over workers when the number of workers changes
      * (fl_state_merge); NULL: SAME for integer tensors, MEAN for floating-point ones. */
     fl_state_merge (*merge)(const fl_dist_optim *d, int i);
+    /* Optional: after the last update, brings this worker's replica to the job's final state
+     * (the parameter-server strategy: flush what is queued, take the servers' values). A
+     * collective call on every worker (fl_dist_finish). NULL: nothing to do. */
+    int (*finish)(fl_dist_optim *d);
     /* Optional: fills the strategy's own fields of fl_dist_stats (interval, sparsity), which
      * fl_dist_get_stats has set to "not this strategy" (0, NaN) before. */
     void (*stats)(const fl_dist_optim *d, fl_dist_stats *out);
@@ -69,6 +73,7 @@ struct fl_dist_optim {
                                             * divided by the loss scale under strategy.amp */
     double                     merge_scale; /* the gradient-merge part of grad_scale */
     uint64_t                   bytes_base; /* fl_comm_stats.bytes_sent once created */
+    uint64_t                   ps_bytes_base; /* fl_ps_stats.bytes_sent once created */
     double                     loss;       /* local loss of the current update, NaN if unset */
     int64_t                    synced;     /* updates that sent bytes (fl_dist_stats) */
     /* "dist.counters", i64 (2): [0] updates done (the 0-based index of the next one), [1]
@@ -101,6 +106,9 @@ extern const struct strategy_ops fl_localsgd_ops;
 /* dgc.c (with dgc_plan.c): Deep Gradient Compression, sparse (index, value) pairs, one allgather
  * per tensor. */
 extern const struct strategy_ops fl_dgc_ops;
+
+/* ps.c: parameter-server mode (sync, async, geo) over the fleet's fl_ps (docs/ps.md). */
+extern const struct strategy_ops fl_ps_ops;
 
 /* The dense strategy's averaging, for strategies that fall back to it (DGC before its warm-up
  * ends): a dense state planned over d's network as fl_dense_ops.setup does (buckets, f16

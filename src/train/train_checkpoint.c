@@ -189,6 +189,9 @@ int fl_train_ckpt_save(trainer *t, const fl_train_config *cfg, const train_pos *
                 "synchronisations, or batch-norm statistics between evaluations): every rank "
                 "saves its own file (checkpoint.per_rank: true says so up front)");
     }
+    /* 0. parameter-server mode: the servers' shards of the step first (worker 0 asks) */
+    if (rc >= 0 && t->ps && t->rank == 0)
+        rc = fl_ps_save(t->ps, pos->step, FL_PS_SAVE_ALL);
     /* 1. every file of the step, each atomically; the other layout's leftovers removed */
     if (rc >= 0)
         rc = fl_ckpt_step_dir(dir, sizeof dir, root, pos->step);

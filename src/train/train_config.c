@@ -177,6 +177,8 @@ static const fl_cfg_key own_keys[] = {
 
 /* after the strategy section */
 static const fl_cfg_key comm_keys[] = {
+    {"ps.server_threads", FL_CFG_INT, OFF(ps.server_threads), 0, 1, 256, NULL, false,
+     "parameter-server mode: threads per server, each owning a shard of every table"},
     {"comm.backend", FL_CFG_ENUM, OFF(comm.backend), 0, 0, 0, "auto|tcp|mpi|nccl", false,
      "communicator: auto = mpi under mpirun, else tcp; nccl for GPU workers (docs/nccl.md)"},
     {"comm.encrypt", FL_CFG_ENUM, OFF(comm.encrypt), 0, 0, 0, "auto|off|on", false,
@@ -209,6 +211,7 @@ const fl_cfg_key *fl_train_schema(int *nkeys) {
 void fl_train_config_defaults(fl_train_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->model.type = FL_MODEL_MLP;
+    cfg->ps.server_threads = 4;
     cfg->model.hidden.n = 2;
     cfg->model.hidden.v[0] = 128;
     cfg->model.hidden.v[1] = 128;

@@ -107,6 +107,7 @@ typedef struct {
     fl_net        *net;
     fl_optim      *opt;
     fl_dist_optim *dopt;      /* wraps opt; replaces backward + step */
+    fl_ps         *ps;        /* parameter-server mode: this worker's client, else NULL */
     fl_train_batch batch;     /* the batch on the network's backend, its loss buffer */
     fl_train_input input;     /* the training batches on it, one uploaded ahead on a device */
     void          *hbuffers;  /* host staging of the persistable buffers for their average
@@ -199,5 +200,15 @@ char *fl_train_network_keys(const char *yaml);
  * inference model, as configured. Collective. */
 int  fl_train_ckpt_final(trainer *t, const fl_train_config *cfg, const train_pos *pos,
                          int64_t last_saved);
+
+/* Parameter-server mode (train_ps.c): whether the environment gives this process a role
+ * (TRAINING_ROLE), whether it is a server; a server's whole life (serve until every worker is
+ * done; *started: it got as far as serving); a worker's joining of the servers (after the fleet, before the distributed optimizer)
+ * and its leaving (teardown). */
+bool fl_train_ps_mode(void);
+bool fl_train_ps_is_server(void);
+int  fl_train_serve(const fl_train_config *cfg, bool *started);
+int  fl_train_ps_join(trainer *t, const fl_train_config *cfg);
+void fl_train_ps_leave(trainer *t);
 
 #endif /* FLEET_TRAIN_IMPL_H */

@@ -218,6 +218,8 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
         return fl_fail_prefix(rc, "joining the job (comm.backend %s)", backend);
     t->rank = fl_worker_index(t->fleet);
     t->world = fl_worker_num(t->fleet);
+    if (fl_train_ps_mode())
+        FL_TRY(fl_train_ps_join(t, cfg));
 
     t->train_set = make_dataset(cfg, 0, NULL);
     if (!t->train_set)
@@ -325,6 +327,7 @@ void fl_train_teardown(trainer *t) {
     fl_train_input_clear(&t->input);
     fl_free_aligned(t->hbuffers);
     fl_dist_optim_free(t->dopt);
+    fl_train_ps_leave(t);
     fl_optim_free(t->opt);
     fl_net_free(t->net);
     fl_prefetch_free(t->loader);

@@ -101,6 +101,8 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
             w.start += fl_now() - eval_start; /* step times and ips leave evaluations out */
         }
     }
+    /* parameter-server async and geo: every worker takes the servers' final values */
+    FL_TRY(fl_dist_finish(t->dopt));
     res->steps = step;
     /* drop_last: every rank sees the same number of samples */
     res->samples_per_s = (double)local_samples * t->world / (fl_now() - run_start);
@@ -112,6 +114,12 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
 int fl_train_run(const fl_train_config *cfg, fl_train_result *result) {
     trainer t = {0};
     fl_train_result res = {0};
+    if (fl_train_ps_is_server()) { /* parameter-server mode: this process serves the tables */
+        int rc = fl_train_serve(cfg, &res.started);
+        if (result)
+            *result = res;
+        return rc;
+    }
     int rc = fl_train_setup(&t, cfg);
     if (rc >= 0)
         rc = run(&t, cfg, &res);
