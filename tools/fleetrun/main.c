@@ -185,10 +185,13 @@ int main(int argc, char **argv) {
             fr_name_cause(&j);
         if (!fr_should_restart(&j))
             break;
+        int ns = 0;
+        for (int i = 0; i < j.o.nproc; i++)
+            ns += j.w[i].role == ROLE_SERVER;
         if (j.o.ps)
-            fr_say("restart %d of %d: starting %d server(s) and worker(s) again "
-                   "(FLEET_RESTART_COUNT=%d)", j.restarts + 1, j.o.max_restarts, j.o.nproc,
-                   j.restarts + 1);
+            fr_say("restart %d of %d: starting %d server(s) and %d worker(s) again "
+                   "(FLEET_RESTART_COUNT=%d)", j.restarts + 1, j.o.max_restarts, ns,
+                   j.o.nproc - ns, j.restarts + 1);
         else
             fr_say("restart %d of %d: starting %d worker(s) again (FLEET_RESTART_COUNT=%d)",
                    j.restarts + 1, j.o.max_restarts, j.o.nproc, j.restarts + 1);

@@ -213,13 +213,15 @@ int fr_ps_plan(job *j) {
         fr_ifaddrs_ipv4(ifs, addrs, sizeof addrs);
     freeifaddrs(ifs);
     if (nlocal == 0) {
-        fprintf(stderr, "fleetrun: error: no entry of --servers %s or --workers %s is %s\n"
-                "hint: run this line on the machines the lists name, or pass --node_ip with "
-                "this machine's address in them\n", o->servers_arg ? o->servers_arg : "-",
-                o->workers_arg ? o->workers_arg : "-",
-                o->node_ip ? "--node_ip" : "an address of this machine");
-        if (!o->node_ip)
-            fprintf(stderr, "fleetrun: this machine's IPv4 addresses: %s\n", addrs);
+        fprintf(stderr, "fleetrun: error: no entry of --servers %s or --workers %s is on this "
+                "machine (", o->servers_arg ? o->servers_arg : "(none)",
+                o->workers_arg ? o->workers_arg : "(none)");
+        if (o->node_ip)
+            fprintf(stderr, "--node_ip %s)\n", o->node_ip);
+        else
+            fprintf(stderr, "its IPv4 addresses: %s)\n", addrs);
+        fprintf(stderr, "hint: run this line on the machines the lists name, or pass --node_ip "
+                "with this machine's address in them\n");
         return 2;
     }
     if (nlocal > MAX_NPROC)
