@@ -14,7 +14,9 @@
 /* fleetrun - the launcher: starts this node's workers of a data-parallel job with the environment
  * Paddle's launcher sets (PADDLE_TRAINER_ID, PADDLE_TRAINER_ENDPOINTS, ...), copies each worker's
  * output to LOG_DIR/workerlog.i (rank 0 also to the terminal), and stops the whole node when one
- * worker fails or on Ctrl-C. It runs any program and needs nothing from the library: one
+ * worker fails or on Ctrl-C. In parameter-server mode (ps.c) it starts this node's servers and
+ * workers alike, each with its role's environment (TRAINING_ROLE, ...), logs serverlog.i and
+ * workerlog.i. It runs any program and needs nothing from the library: one
  * process, one poll loop over the workers' pipes and a signalfd. */
 
 #include <limits.h>
