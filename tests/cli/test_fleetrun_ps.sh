@@ -95,6 +95,22 @@ check "2+3: worker 0 on the terminal" grep -qx "worker.0 says hi" out1
 check "2+3: nobody else on the terminal" bash -c "! grep -qE '^(server\.[01]|worker\.[12]) says hi' out1"
 check "2+3: 5 logs" test "$(ls log1 | tr '\n' ' ')" = "serverlog.0 serverlog.1 workerlog.0 workerlog.1 workerlog.2 "
 
+# 1b. the workers' environment is a collective job's, too: they form a communicator of their own
+# (fleet-commbench's allreduce, checked) on the sockets fleetrun bound for them
+if [ -x "$FLEET_BIN/fleet-commbench" ]; then
+  cat >cb.sh <<EOF
+#!/bin/sh
+[ "\$TRAINING_ROLE" = PSERVER ] && exit 0
+exec "$FLEET_BIN/fleet-commbench" -b 1K -e 1K -n 2 -w 1
+EOF
+  chmod +x cb.sh
+  FLEET_COMM_TIMEOUT=30 timeout 60 "$run" --server_num 1 --worker_num 2 --log_dir logcb ./cb.sh >outcb 2>&1
+  check "communicator of the workers: exit 0" test $? -eq 0
+  check "communicator of the workers: 2 ranks, checked" grep -q "^# Out of bounds values : 0 OK" outcb
+else
+  echo "skipped: the workers' communicator (fleet-commbench not built)"
+fi
+
 # 2. a server fails while the workers run: named with its endpoint and log tail, its code out,
 # the others stopped
 D=$tmp/e2 && mkdir -p "$D"
