@@ -114,8 +114,8 @@ static void reap(job *j) {
 static void on_signal(job *j, int sig) {
     if (!j->signal_seen) {
         j->signal_seen = sig;
-        fr_say("got SIG%s: stopping %d worker(s) (SIGTERM, SIGKILL after %g s)", sigabbrev_np(sig),
-            fr_groups_alive(j), j->o.grace);
+        fr_say("got SIG%s: stopping %d %s (SIGTERM, SIGKILL after %g s)", sigabbrev_np(sig),
+            fr_groups_alive(j), j->o.ps ? "server(s) and worker(s)" : "worker(s)", j->o.grace);
         fr_enter_phase(j, PHASE_TERM, j->o.grace);
     } else if (j->phase != PHASE_KILL) {
         fr_say("got SIG%s again: SIGKILL", sigabbrev_np(sig));
