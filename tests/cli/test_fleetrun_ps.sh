@@ -140,6 +140,24 @@ FAIL=server.0.0 CODE=5 timeout 60 "$run" --server_num 1 --worker_num 1 --grace 2
 check "server fails last: exit 5" test $? -eq 5
 check "server fails last: named" grep -q "fleetrun: server 0 (127.0.0.1:[0-9]*) exited with code 5" out3b
 
+# 3c. a server killed by a signal: named so, 128 + 9 out
+D=$tmp/e3c && mkdir -p "$D"
+WORKER_WAIT=1 timeout 60 "$run" --server_num 1 --worker_num 1 --grace 0.2 --log_dir log3c ./prog.sh >out3c 2>&1 &
+bg=$!
+killed=0
+for _ in $(seq 1 500); do # until the server serves (its sleep), at most 10 s
+  for p in $(pgrep -f "^sleep $marker"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx TRAINING_ROLE=PSERVER &&
+      grep -q "^FLEET_JOB_TOKEN=" "$D/env.server.0.0" 2>/dev/null && kill -9 "$p" && killed=1
+  done
+  [ $killed = 1 ] && break
+  sleep 0.02
+done
+wait $bg
+check "server killed: exit 137" test $? -eq 137
+check "server killed: named" grep -q "fleetrun: server 0 (127.0.0.1:[0-9]*) killed by signal 9 (SIGKILL)" out3c
+check "server killed: nothing left running" none_left
+
 # 4. --max_restarts 1: a server's failure restarts every server and worker, FLEET_RESTART_COUNT 1
 D=$tmp/e4 && mkdir -p "$D"
 FAIL=server.0.0 WORKER_WAIT=1 timeout 60 "$run" --server_num 2 --worker_num 2 --grace 0.2 \
