@@ -20,6 +20,9 @@ static const char usage_text[] =
     "                [--started_port P] [--node_ip IP] [--grace SECONDS] [--max_restarts N]\n"
     "                [--nnodes MIN:MAX] [--node_timeout SECONDS] [--coord_port P]\n"
     "                [--bind_to core|none] PROGRAM [ARGS...]\n"
+    "       fleetrun --server_num S | --servers IP:PORT,...  --worker_num W | --workers IP:PORT,...\n"
+    "                [--log_dir DIR] [--started_port P] [--node_ip IP] [--grace SECONDS]\n"
+    "                [--max_restarts N] [--bind_to core|none] PROGRAM [ARGS...]\n"
     "\n"
     "Starts this node's workers of a collective job. Run the same line on every node of --ips;\n"
     "the first IP's first worker is rank 0. Each worker gets PADDLE_TRAINER_ID,\n"
@@ -65,6 +68,25 @@ static const char usage_text[] =
     "                                 fleetrun's CPUs (mpirun's --bind-to; it binds to cores\n"
     "                                 by default, torchrun and Paddle's launcher do not)\n"
     "  -h, --help                     this text\n"
+    "\n"
+    "Parameter-server jobs (Paddle's PS mode): servers own the parameters, workers pull and push.\n"
+    "  --server_num S, --worker_num W  S servers and W workers on this machine, each on a port\n"
+    "                                 of its own (free ports fleetrun binds and hands over as\n"
+    "                                 FLEET_LISTEN_FD; with --started_port P: servers P.., then\n"
+    "                                 the workers)\n"
+    "  --servers, --workers IP:PORT,... every server's / worker's endpoint; run the same line on\n"
+    "                                 each machine: it starts the entries whose IP is its own\n"
+    "                                 (--node_ip, else an address of its interfaces). A list\n"
+    "                                 and a count may be mixed (--servers with --worker_num:\n"
+    "                                 the workers on this machine); both must agree if given\n"
+    "Servers get TRAINING_ROLE=PSERVER, PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_TRAINER_ENDPOINTS,\n"
+    "PADDLE_TRAINERS_NUM, POD_IP and PADDLE_PORT (their own endpoint); workers\n"
+    "TRAINING_ROLE=TRAINER and a collective worker's variables, with PADDLE_PSERVERS_IP_PORT_LIST,\n"
+    "POD_IP and PADDLE_PORT; both FLEET_JOB_TOKEN and FLEET_RESTART_COUNT. Logs:\n"
+    "LOG_DIR/serverlog.N and workerlog.N; worker 0 also on this terminal. When every worker\n"
+    "(all on this machine) has exited 0, the servers get --grace seconds to exit on their own,\n"
+    "then SIGTERM, and the job ends 0. --max_restarts restarts servers and workers together\n"
+    "(every entry on this machine). Not with --ips, --nproc_per_node, --gpus, --nnodes.\n"
     "\n"
     "Several nodes need the same FLEET_JOB_TOKEN exported on each. Workers' stdin is /dev/null.\n"
     "Programs that bind their endpoint themselves (not fleet's) need --started_port.\n"
@@ -167,7 +189,8 @@ static int parse_gpus(options *o, const char *list) {
 }
 
 enum { OPT_IPS, OPT_NPROC, OPT_GPUS, OPT_LOG_DIR, OPT_PORT, OPT_NODE_IP, OPT_GRACE,
-       OPT_RESTARTS, OPT_NNODES, OPT_NODE_TIMEOUT, OPT_COORD_PORT, OPT_BIND };
+       OPT_RESTARTS, OPT_NNODES, OPT_NODE_TIMEOUT, OPT_COORD_PORT, OPT_BIND, OPT_SERVER_NUM,
+       OPT_WORKER_NUM, OPT_SERVERS, OPT_WORKERS };
 
 static const struct {
     const char *name;
@@ -182,6 +205,8 @@ static const struct {
     {"--nnodes", OPT_NNODES},     {"--node_timeout", OPT_NODE_TIMEOUT},
     {"--coord_port", OPT_COORD_PORT},
     {"--bind_to", OPT_BIND},      {"--bind-to", OPT_BIND}, /* mpirun's */
+    {"--server_num", OPT_SERVER_NUM}, {"--worker_num", OPT_WORKER_NUM}, /* PS mode (ps.c) */
+    {"--servers", OPT_SERVERS},   {"--workers", OPT_WORKERS},
 };
 
 /* "N" or "MIN:MAX" */
@@ -240,7 +265,26 @@ int fr_parse_args(int argc, char **argv, options *o) {
             return fr_arg_error("option '%s' needs a value", a);
         int rc = 0;
         switch (id) {
-        case OPT_IPS: ips = v; break;
+        case OPT_IPS: ips = v; o->ips_given = true; break;
+        case OPT_SERVER_NUM:
+            if (parse_int(v, 1, PS_MAX_SERVERS, &o->server_num))
+                rc = fr_arg_error("--server_num: '%s' is not a number from 1 to %d", v,
+                                  PS_MAX_SERVERS);
+            break;
+        case OPT_WORKER_NUM:
+            if (parse_int(v, 1, PS_MAX_WORKERS, &o->worker_num))
+                rc = fr_arg_error("--worker_num: '%s' is not a number from 1 to %d", v,
+                                  PS_MAX_WORKERS);
+            break;
+        case OPT_SERVERS:
+        case OPT_WORKERS:
+            if (!*v)
+                rc = fr_arg_error("%s: empty list", id == OPT_SERVERS ? "--servers" : "--workers");
+            if (id == OPT_SERVERS)
+                o->servers_arg = v;
+            else
+                o->workers_arg = v;
+            break;
         case OPT_NPROC:
             if (parse_int(v, 1, MAX_NPROC, &o->nproc))
                 rc = fr_arg_error("--nproc_per_node: '%s' is not a number from 1 to %d", v,
@@ -261,6 +305,7 @@ int fr_parse_args(int argc, char **argv, options *o) {
         case OPT_PORT:
             if (parse_int(v, 1, 65535, &o->port))
                 rc = fr_arg_error("--started_port: '%s' is not a port number (1..65535)", v);
+            o->port_given = true;
             break;
         case OPT_NODE_IP:
             if (!fr_parse_ip(v).family)
@@ -304,11 +349,21 @@ int fr_parse_args(int argc, char **argv, options *o) {
         return fr_arg_error("no PROGRAM to run");
     o->argv = argv + i;
 
-    if (!ips)
-        ips = o->node_ip ? o->node_ip : "127.0.0.1";
-    int rc = parse_ips(o, ips);
+    int rc = fr_ps_check_args(o);
     if (rc)
         return rc;
+    if (!ips)
+        ips = o->node_ip ? o->node_ip : "127.0.0.1";
+    if ((rc = parse_ips(o, ips)))
+        return rc;
+    if (o->ps) { /* ps.c places the processes (fr_ps_plan); ports from the lists or counts */
+        const char *env = getenv("FLAGS_START_PORT");
+        if (!o->port && env && *env && !(o->servers_arg && o->workers_arg) &&
+            parse_int(env, 1, 65535, &o->port))
+            return fr_arg_error("FLAGS_START_PORT='%s' is not a port number (1..65535)", env);
+        o->min_nodes = o->max_nodes = 1;
+        return 0;
+    }
     if (o->ngpus && o->nproc && o->ngpus != o->nproc)
         return fr_arg_error("--nproc_per_node %d but --gpus lists %d devices", o->nproc, o->ngpus);
     if (!o->nproc)

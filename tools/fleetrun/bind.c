@@ -135,7 +135,9 @@ void fr_bind_describe(const job *j) {
         }
         char list[128];
         format_cpus(set_of(j, i), j->bind_size, list, sizeof list);
-        printf(" worker %d on CPU %s%s", i, list, i + 1 < n ? "," : "");
+        const worker *w = &j->w[i]; /* a PS job: its role and index in the role */
+        printf(" %s %d on CPU %s%s", w->role == ROLE_SERVER ? "server" : "worker",
+               j->o.ps ? w->rank : i, list, i + 1 < n ? "," : "");
     }
     const char *omp = getenv("OMP_NUM_THREADS");
     int first = CPU_COUNT_S(j->bind_size, set_of(j, 0));

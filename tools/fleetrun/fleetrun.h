@@ -4,7 +4,9 @@
  * output.c (worker output, failure reports), supervise.c (the event loop), restart.c (the
  * restart policy of --max_restarts on one node), coord.c (node 0's coordinator of the rounds
  * of a job of several nodes), member.c (every node's side of it), lines.c (the line protocol
- * between them), bind.c (--bind_to core), messages.c (fleetrun's own messages), main.c. */
+ * between them), bind.c (--bind_to core), ps.c (parameter-server mode: the servers' and
+ * workers' endpoints and which of them run here), messages.c (fleetrun's own messages),
+ * main.c. */
 #include <poll.h>
 #ifndef FLEETRUN_H
 #define FLEETRUN_H
@@ -12,7 +14,9 @@
 /* fleetrun - the launcher: starts this node's workers of a data-parallel job with the environment
  * Paddle's launcher sets (PADDLE_TRAINER_ID, PADDLE_TRAINER_ENDPOINTS, ...), copies each worker's
  * output to LOG_DIR/workerlog.i (rank 0 also to the terminal), and stops the whole node when one
- * worker fails or on Ctrl-C. It runs any program and needs nothing from the library: one
+ * worker fails or on Ctrl-C. In parameter-server mode (ps.c) it starts this node's servers and
+ * workers alike, each with its role's environment (TRAINING_ROLE, ...), logs serverlog.i and
+ * workerlog.i. It runs any program and needs nothing from the library: one
  * process, one poll loop over the workers' pipes and a signalfd. */
 
 #include <limits.h>
@@ -21,12 +25,16 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+struct ifaddrs;
+
 #define MAX_NODES     1024
 #define MAX_NPROC     1024
 #define MAX_TOKEN     64
 #define ENDPOINT_MAX  64
 #define LINEBUF_CAP   65536
 #define FR_DEFAULT_PORT 6170          /* paddle.distributed.launch's first worker port */
+#define PS_MAX_SERVERS 256            /* FL_PS_MAX_SERVERS */
+#define PS_MAX_WORKERS 4096           /* FL_COMM_MAX_RANKS: the workers form a communicator */
 
 typedef struct {
     char       *ips_buf;              /* owned copy of --ips, split in place */
@@ -46,12 +54,21 @@ typedef struct {
     int         coord_port;           /* --coord_port (coordinated jobs; 0: not given) */
     bool        coordinated;          /* several nodes with restarts or scale-in: coord.c */
     bool        bind_core;            /* --bind_to core: bind.c */
+    bool        ips_given;            /* --ips on the command line (collective only) */
+    bool        port_given;           /* --started_port on the command line */
+    /* parameter-server mode (ps.c): --server_num/--servers and --worker_num/--workers */
+    bool        ps;
+    int         server_num, worker_num;      /* 0: not given */
+    const char *servers_arg, *workers_arg;  /* the lists as given; NULL: not given */
     char      **argv;                 /* PROGRAM ARGS... (borrowed from main's argv) */
 } options;
 
+enum role { ROLE_WORKER = 0, ROLE_SERVER = 1 }; /* collective jobs have workers only */
+
 typedef struct {
     pid_t  pid;
-    int    rank;
+    int    rank;                      /* collective: the rank; PS: the index in its role */
+    enum role role;
     int    out_fd;                    /* read end of the worker's stdout+stderr pipe; -1 at EOF */
     int    log_fd;
     int    listen_fd;                 /* fleetrun's copy until the fork; -1 after */
@@ -67,6 +84,13 @@ typedef struct {
 enum phase { PHASE_RUN, PHASE_GRACE, PHASE_TERM, PHASE_KILL };
 
 typedef struct coord coord; /* coord.c's state; node 0 of a coordinated job only */
+
+/* One server or worker of a parameter-server job (ps.c). */
+typedef struct {
+    char ip[64];                      /* numeric, without brackets */
+    int  port;                        /* 0: fleetrun binds a free one (FLEET_LISTEN_FD) */
+    bool local;                       /* started by this fleetrun */
+} ps_entry;
 
 /* Bytes received on a connection, not yet a whole line. */
 typedef struct {
@@ -112,6 +136,14 @@ typedef struct {
      * bind_sets + i * bind_size; NULL: workers are not bound */
     unsigned char *bind_sets;
     size_t      bind_size;
+    /* parameter-server mode (ps.c): every server and worker of the job; the workers'
+     * endpoints are also endpoints/endpoints_str (nranks = nworkers), as in a collective job */
+    ps_entry   *ps_servers, *ps_workers;
+    int         nservers, nworkers;
+    char       *servers_str;          /* "ip:port,..." of every server */
+    char      (*server_eps)[ENDPOINT_MAX];
+    bool        ps_remote;            /* some entry runs on another machine */
+    bool        servers_stopping;     /* every worker finished: the servers are being stopped */
 } job;
 
 /* Binary form of a numeric IPv4/IPv6 address; family 0 if it is neither. */
@@ -146,6 +178,10 @@ void fr_format_endpoint(char *out, const char *ip, int port);
 
 /* Sets j->node from --node_ip or this machine's addresses; 0 or 2. */
 int fr_find_node(job *j);
+/* Whether ip is an address of one of the interfaces in ifs (getifaddrs). */
+bool fr_ifaddrs_have(const struct ifaddrs *ifs, ip_addr ip);
+/* This machine's IPv4 addresses, ", "-separated, into out (cap bytes). */
+void fr_ifaddrs_ipv4(const struct ifaddrs *ifs, char *out, size_t cap);
 /* Sets j->token from FLEET_JOB_TOKEN or a fresh random one (one node only); 0, 1 or 2. */
 int fr_make_token(job *j);
 /* Allocates j->endpoints and j->endpoints_str; binds the workers' sockets when fleetrun owns
@@ -158,7 +194,7 @@ void fr_print_env_table(const job *j);
 
 /* workers.c */
 
-/* Forks worker i in its own process group with its environment; 0, or 1 after telling why. */
+/* Forks process i (a worker, or a PS server) in its own process group with its environment; 0, or 1 after telling why. */
 int fr_start_worker(job *j, int i);
 /* How many started workers' process groups still have members. */
 int fr_groups_alive(const job *j);
@@ -183,6 +219,12 @@ void fr_bind_describe(const job *j);
 
 /* output.c */
 
+/* How reports name process i: "worker 2 (rank 2)" in a collective job; "server 1
+ * (127.0.0.1:6170)" or "worker 0 (127.0.0.1:6172)" in a parameter-server job. */
+void fr_proc_name(const job *j, int i, char *out, size_t cap);
+/* Whether process i's output goes to the terminal too: rank 0 (PS: worker 0). */
+bool fr_to_terminal(const worker *w);
+
 /* Copies what worker i has written so far to its log (rank 0 also to the terminal). */
 void fr_pump(job *j, int i);
 /* Rank 0's output to the terminal in whole lines; eof flushes the pending partial line. */
@@ -204,6 +246,30 @@ void fr_name_cause(job *j);
 /* Pumps output, reaps workers and handles signals until every worker group is gone and its
  * pipe drained (or a group survives SIGKILL, or poll fails). */
 void fr_run_loop(job *j);
+
+/* ps.c: parameter-server mode */
+
+/* After fr_parse_args: refuses PS options that do not go together or with collective-only
+ * ones; 0 or 2 (told). Nothing outside PS mode. */
+int  fr_ps_check_args(options *o);
+/* Parses --servers/--workers (naming a bad or duplicate entry), makes the counted entries, and
+ * picks this machine's entries (--node_ip, else the addresses of its interfaces); sets o->nproc
+ * to their number. 0, 2 (told: bad lists, no entry here, a combination it cannot run) or 1. */
+int  fr_ps_plan(job *j);
+/* Gives the local processes their roles and indices: servers first, then workers. */
+void fr_ps_assign(job *j);
+/* Every entry's endpoint, binding a free port for the counted entries of this node when no
+ * --started_port is given (FLEET_LISTEN_FD); j->servers_str, j->endpoints (the workers'). 0 or 1. */
+int  fr_ps_endpoints(job *j);
+/* In process i's child: the environment of Paddle's role maker for its role. */
+void fr_ps_child_env(const job *j, int i);
+/* The first local worker's (else server's) environment as rows for the table; returns how many
+ * (at most cap). bufs holds the formatted numbers. */
+int  fr_ps_env_rows(const job *j, const char *(*rows)[2], int cap, char (*bufs)[32]);
+/* The banner line(s) of a PS job on stdout. */
+void fr_ps_banner(const job *j);
+/* Whether every worker of the job is local and has exited 0 (the servers may be stopped). */
+bool fr_ps_workers_done(const job *j);
 
 /* restart.c */
 

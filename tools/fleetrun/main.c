@@ -45,6 +45,10 @@ static void job_free(job *j) {
     free(j->endpoints_str);
     free(j->o.ips_buf);
     free(j->bind_sets);
+    free(j->ps_servers);
+    free(j->ps_workers);
+    free(j->servers_str);
+    free(j->server_eps);
 }
 
 static void print_banner(job *j) {
@@ -119,7 +123,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     rc = fr_parse_args(argc, argv, &j.o);
-    if (rc || (rc = fr_bind_plan(&j)))
+    if (rc || (j.o.ps && (rc = fr_ps_plan(&j))) || (rc = fr_bind_plan(&j)))
         goto fail;
     if ((rc = fr_check_program(j.o.argv[0])) || (rc = fr_find_node(&j)) || (rc = fr_make_token(&j)))
         goto fail;
@@ -136,6 +140,8 @@ int main(int argc, char **argv) {
         w->rank = j.node * j.o.nproc + i;
         snprintf(w->gpu, sizeof w->gpu, "%d", j.o.ngpus ? j.o.gpus[i] : i);
     }
+    if (j.o.ps)
+        fr_ps_assign(&j);
     j.member_index = j.node;
     if ((!j.o.coordinated && (rc = fr_make_endpoints(&j))) || (rc = fr_open_logs(&j)))
         goto fail;
@@ -152,16 +158,20 @@ int main(int argc, char **argv) {
         goto fail;
     }
 
-    printf("fleetrun: node %d of %d (%s), %d worker(s), ranks %d..%d of %d; logs in %s/workerlog.*\n",
-           j.node, j.o.nnodes, j.o.ips[j.node], j.o.nproc, j.w[0].rank,
-           j.w[j.o.nproc - 1].rank, j.nranks, j.o.log_dir);
-    fr_bind_describe(&j);
-    printf("fleetrun: first worker's distributed environment:\n");
-    fr_print_env_table(&j);
-    if (j.node != 0)
-        printf("fleetrun: rank 0 runs on node 0 (%s); this node's output is in %s/workerlog.*\n",
-               j.o.ips[0], j.o.log_dir);
-    fflush(stdout);
+    if (j.o.ps) {
+        fr_ps_banner(&j);
+    } else {
+        printf("fleetrun: node %d of %d (%s), %d worker(s), ranks %d..%d of %d; logs in "
+               "%s/workerlog.*\n", j.node, j.o.nnodes, j.o.ips[j.node], j.o.nproc, j.w[0].rank,
+               j.w[j.o.nproc - 1].rank, j.nranks, j.o.log_dir);
+        fr_bind_describe(&j);
+        printf("fleetrun: first worker's distributed environment:\n");
+        fr_print_env_table(&j);
+        if (j.node != 0)
+            printf("fleetrun: rank 0 runs on node 0 (%s); this node's output is in "
+                   "%s/workerlog.*\n", j.o.ips[0], j.o.log_dir);
+        fflush(stdout);
+    }
 
     for (;;) { /* one round; more with --max_restarts (restart.c) */
         for (int i = 0; i < j.o.nproc; i++)
@@ -175,8 +185,16 @@ int main(int argc, char **argv) {
             fr_name_cause(&j);
         if (!fr_should_restart(&j))
             break;
-        fr_say("restart %d of %d: starting %d worker(s) again (FLEET_RESTART_COUNT=%d)",
-               j.restarts + 1, j.o.max_restarts, j.o.nproc, j.restarts + 1);
+        int ns = 0;
+        for (int i = 0; i < j.o.nproc; i++)
+            ns += j.w[i].role == ROLE_SERVER;
+        if (j.o.ps)
+            fr_say("restart %d of %d: starting %d server(s) and %d worker(s) again "
+                   "(FLEET_RESTART_COUNT=%d)", j.restarts + 1, j.o.max_restarts, ns,
+                   j.o.nproc - ns, j.restarts + 1);
+        else
+            fr_say("restart %d of %d: starting %d worker(s) again (FLEET_RESTART_COUNT=%d)",
+                   j.restarts + 1, j.o.max_restarts, j.o.nproc, j.restarts + 1);
         if (fr_prepare_restart(&j)) {
             rc = 1;
             goto fail;

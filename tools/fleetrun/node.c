@@ -17,6 +17,36 @@
 #include "fleetrun.h"
 
 
+bool fr_ifaddrs_have(const struct ifaddrs *ifs, ip_addr want) {
+    for (const struct ifaddrs *f = ifs; f; f = f->ifa_next) {
+        if (!f->ifa_addr)
+            continue;
+        ip_addr have = {.family = f->ifa_addr->sa_family};
+        if (have.family == AF_INET)
+            memcpy(have.a, &((struct sockaddr_in *)f->ifa_addr)->sin_addr, 4);
+        else if (have.family == AF_INET6)
+            memcpy(have.a, &((struct sockaddr_in6 *)f->ifa_addr)->sin6_addr, 16);
+        else
+            continue;
+        if (fr_ip_equal(want, have))
+            return true;
+    }
+    return false;
+}
+
+void fr_ifaddrs_ipv4(const struct ifaddrs *ifs, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (const struct ifaddrs *f = ifs; f; f = f->ifa_next) {
+        char s[INET6_ADDRSTRLEN];
+        if (!f->ifa_addr || f->ifa_addr->sa_family != AF_INET)
+            continue;
+        inet_ntop(AF_INET, &((struct sockaddr_in *)f->ifa_addr)->sin_addr, s, sizeof s);
+        if (used + strlen(s) + 3 < cap)
+            used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ", " : "", s);
+    }
+}
+
 /* This node's index: --node_ip's position in --ips, or the first entry that is an address of
  * a local interface. A single node is node 0 without asking. Returns 0 or 2. */
 int fr_find_node(job *j) {
@@ -38,35 +68,12 @@ int fr_find_node(job *j) {
     if (getifaddrs(&ifs) < 0)
         return fr_arg_error("cannot list this machine's addresses (%s); pass --node_ip",
                          strerror(errno));
-    char local[1024] = "";
-    size_t used = 0;
+    char local[1024];
     j->node = -1;
-    for (int n = 0; n < o->nnodes && j->node < 0; n++) {
-        ip_addr want = fr_parse_ip(o->ips[n]);
-        for (struct ifaddrs *f = ifs; f; f = f->ifa_next) {
-            if (!f->ifa_addr)
-                continue;
-            ip_addr have = {.family = f->ifa_addr->sa_family};
-            if (have.family == AF_INET)
-                memcpy(have.a, &((struct sockaddr_in *)f->ifa_addr)->sin_addr, 4);
-            else if (have.family == AF_INET6)
-                memcpy(have.a, &((struct sockaddr_in6 *)f->ifa_addr)->sin6_addr, 16);
-            else
-                continue;
-            if (fr_ip_equal(want, have)) {
-                j->node = n;
-                break;
-            }
-        }
-    }
-    for (struct ifaddrs *f = ifs; f && j->node < 0; f = f->ifa_next) {
-        char s[INET6_ADDRSTRLEN];
-        if (!f->ifa_addr || f->ifa_addr->sa_family != AF_INET)
-            continue;
-        inet_ntop(AF_INET, &((struct sockaddr_in *)f->ifa_addr)->sin_addr, s, sizeof s);
-        if (used + strlen(s) + 2 < sizeof local)
-            used += (size_t)snprintf(local + used, sizeof local - used, "%s%s", used ? ", " : "", s);
-    }
+    for (int n = 0; n < o->nnodes && j->node < 0; n++)
+        if (fr_ifaddrs_have(ifs, fr_parse_ip(o->ips[n])))
+            j->node = n;
+    fr_ifaddrs_ipv4(ifs, local, sizeof local);
     freeifaddrs(ifs);
     if (j->node < 0) {
         fprintf(stderr,
@@ -122,12 +129,16 @@ int fr_make_token(job *j) {
         return 1;
     }
     memcpy(j->base_token, j->token, sizeof j->base_token);
-    if (j->o.nnodes > 1) {
-        fprintf(stderr,
-                "fleetrun: error: a job on %d nodes needs the same FLEET_JOB_TOKEN on every node "
-                "(workers refuse connections without it)\n"
-                "hint: export FLEET_JOB_TOKEN=%s   (this value, on every node, then rerun)\n",
-                j->o.nnodes, j->token);
+    if (j->o.nnodes > 1 || j->ps_remote) {
+        if (j->ps_remote)
+            fprintf(stderr, "fleetrun: error: a job whose servers and workers run on several "
+                    "machines needs the same FLEET_JOB_TOKEN on every machine (servers and "
+                    "workers refuse connections without it)\n");
+        else
+            fprintf(stderr, "fleetrun: error: a job on %d nodes needs the same FLEET_JOB_TOKEN "
+                    "on every node (workers refuse connections without it)\n", j->o.nnodes);
+        fprintf(stderr, "hint: export FLEET_JOB_TOKEN=%s   (this value, on every node, then "
+                "rerun)\n", j->token);
         return 2;
     }
     return 0;
@@ -159,6 +170,8 @@ static int bind_sockets(job *j) {
 
 int fr_make_endpoints(job *j) {
     options *o = &j->o;
+    if (o->ps)
+        return fr_ps_endpoints(j);
     j->nranks = o->nnodes * o->nproc;
     j->endpoints = calloc((size_t)j->nranks, sizeof *j->endpoints);
     j->endpoints_str = calloc((size_t)j->nranks, ENDPOINT_MAX);
@@ -218,7 +231,9 @@ int fr_open_logs(job *j) {
     }
     for (int i = 0; i < j->o.nproc; i++) {
         worker *w = &j->w[i];
-        snprintf(w->log_path, sizeof w->log_path, "%s/workerlog.%d", j->o.log_dir, i);
+        /* PS: serverlog.N / workerlog.N by the index in the role, as Paddle's launcher */
+        snprintf(w->log_path, sizeof w->log_path, "%s/%slog.%d", j->o.log_dir,
+                 w->role == ROLE_SERVER ? "server" : "worker", j->o.ps ? w->rank : i);
         w->log_fd = open(w->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (w->log_fd < 0) {
             fr_say("error: cannot open '%s': %s", w->log_path, strerror(errno));
@@ -241,16 +256,35 @@ void fr_print_env_table(const job *j) {
         snprintf(tok, sizeof tok, "(%zu chars)", strlen(j->token));
     struct {
         const char *name, *value;
-    } rows[] = {
+    } rows[12] = {
         {"PADDLE_CURRENT_ENDPOINT", j->endpoints[w->rank]},
         {"PADDLE_TRAINERS_NUM", num},
         {"PADDLE_TRAINER_ENDPOINTS", j->endpoints_str},
         {"FLAGS_selected_gpus", w->gpu},
         {"PADDLE_TRAINER_ID", rank},
-        {"FLEET_JOB_TOKEN", tok},
-        {"FLEET_LISTEN_FD", fd},
     };
-    int nrows = j->own_sockets ? 7 : 6;
+    int nrows = 5;
+    char bufs[8][32];
+    if (j->o.ps) { /* the first local worker's rows, or the first server's */
+        const char *ps_rows[10][2];
+        nrows = fr_ps_env_rows(j, ps_rows, 10, bufs);
+        for (int r = 0; r < nrows; r++) {
+            rows[r].name = ps_rows[r][0];
+            rows[r].value = ps_rows[r][1];
+        }
+        for (int i = 0; i < j->o.nproc; i++)
+            if (j->w[i].role == ROLE_WORKER) {
+                w = &j->w[i];
+                break;
+            }
+        snprintf(fd, sizeof fd, "%d", w->child_listen_fd);
+    }
+    rows[nrows].name = "FLEET_JOB_TOKEN";
+    rows[nrows++].value = tok;
+    if (w->child_listen_fd >= 0) {
+        rows[nrows].name = "FLEET_LISTEN_FD";
+        rows[nrows++].value = fd;
+    }
     enum { VALUE_MAX = 72 }; /* longer values (many endpoints) are cut with "..." */
     int wname = 16, wval = 5;
     for (int r = 0; r < nrows; r++) {

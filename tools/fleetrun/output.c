@@ -1,6 +1,7 @@
-/* output.c - where the workers' output goes: each worker's pipe to LOG_DIR/workerlog.i, rank 0
- * also to the terminal in whole lines; and the failure reports, which end with the tail of the
- * failed worker's log. */
+/* output.c - where the workers' output goes: each worker's pipe to LOG_DIR/workerlog.i (a
+ * parameter-server job's servers: serverlog.i), rank 0 (PS: worker 0) also to the terminal in
+ * whole lines; and the failure reports, which name the process (rank, or role and endpoint) and
+ * end with the tail of its log. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -63,6 +64,21 @@ void fr_terminal_copy(job *j, const char *p, size_t n, bool eof) {
     }
 }
 
+void fr_proc_name(const job *j, int i, char *out, size_t cap) {
+    const worker *w = &j->w[i];
+    if (!j->o.ps) {
+        snprintf(out, cap, "worker %d (rank %d)", i, w->rank);
+        return;
+    }
+    bool server = w->role == ROLE_SERVER;
+    const ps_entry *e = server ? &j->ps_servers[w->rank] : &j->ps_workers[w->rank];
+    char ep[ENDPOINT_MAX];
+    fr_format_endpoint(ep, e->ip, e->port);
+    snprintf(out, cap, "%s %d (%s)", server ? "server" : "worker", w->rank, ep);
+}
+
+bool fr_to_terminal(const worker *w) { return w->role == ROLE_WORKER && w->rank == 0; }
+
 /* Copies what worker i has written so far to its log (and the terminal for rank 0). */
 void fr_pump(job *j, int i) {
     worker *w = &j->w[i];
@@ -76,7 +92,7 @@ void fr_pump(job *j, int i) {
         if (k <= 0) {
             close(w->out_fd);
             w->out_fd = -1;
-            if (w->rank == 0)
+            if (fr_to_terminal(w))
                 fr_terminal_copy(j, "", 0, true);
             return;
         }
@@ -86,7 +102,7 @@ void fr_pump(job *j, int i) {
             close(w->log_fd);
             w->log_fd = -1;
         }
-        if (w->rank == 0)
+        if (fr_to_terminal(w))
             fr_terminal_copy(j, buf, (size_t)k, false);
     }
 }
@@ -143,7 +159,9 @@ void fr_report_failure(job *j, int i) {
     fr_describe_status(w->status, how, sizeof how);
     for (int k = 0; k < 64 && w->out_fd >= 0; k++) /* its last words, before reading the log */
         fr_pump(j, i);
-    fr_say("worker %d (rank %d) %s", i, w->rank, how);
+    char name[96];
+    fr_proc_name(j, i, name, sizeof name);
+    fr_say("%s %s", name, how);
     size_t len = 0;
     char *tail = file_tail(w->log_path, TAIL_LINES, &len);
     if (!tail || len == 0) {
@@ -170,6 +188,8 @@ void fr_report_secondary(job *j, int i) {
     char *tail = file_tail(w->log_path, 1, &len);
     if (tail && len && tail[len - 1] == '\n')
         tail[--len] = '\0';
-    fr_say("worker %d (rank %d) %s%s%s", i, w->rank, how, len ? ": " : "", len ? tail : "");
+    char name[96];
+    fr_proc_name(j, i, name, sizeof name);
+    fr_say("%s %s%s%s", name, how, len ? ": " : "", len ? tail : "");
     free(tail);
 }

@@ -16,10 +16,11 @@ bool fr_should_restart(const job *j) {
         return false; /* done, or stopped by the user */
     const worker *w = j->cause >= 0 ? &j->w[j->cause] : NULL;
     if (w && WIFEXITED(w->status) && WEXITSTATUS(w->status) == 2) {
+        char name[96];
+        fr_proc_name(j, j->cause, name, sizeof name);
         if (j->o.max_restarts > 0)
-            fr_say("not restarting: worker %d (rank %d) exited with status 2, an error in the "
-                   "job itself (it failed before training began), which another round would "
-                   "repeat", j->cause, w->rank);
+            fr_say("not restarting: %s exited with status 2, an error in the job itself (it "
+                   "failed before training began), which another round would repeat", name);
         return false;
     }
     if (j->restarts >= j->o.max_restarts) {
@@ -54,6 +55,7 @@ void fr_reset_round(job *j) {
     j->failed_unsignalled = -1;
     j->cause = -1;
     j->stopped_remote = false;
+    j->servers_stopping = false;
 }
 
 int fr_prepare_restart(job *j) {

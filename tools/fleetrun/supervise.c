@@ -1,7 +1,9 @@
 /* supervise.c - the event loop that runs the job to its end: one poll over the workers' pipes
  * and a signalfd, reaping workers, the phases of winding down (grace, SIGTERM, SIGKILL) after a
  * failure, a signal or the coordinator's STOP (member.c reports it; the loop alone changes
- * phase), and naming which failure caused the others. */
+ * phase), and naming which failure caused the others. In a parameter-server job the servers
+ * are supervised as the workers are, and once every worker has exited 0 they are wound down
+ * the same way (grace, SIGTERM, SIGKILL) without that counting as a failure. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
@@ -48,12 +50,19 @@ static void on_exit_status(job *j, int i, int st) {
     w->status = st;
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
         return;
+    /* a PS job's server that fleetrun stopped after every worker finished: not a failure */
+    if (j->servers_stopping && j->phase != PHASE_GRACE)
+        return;
     w->reap_order = ++j->nfailed;
-    if (j->phase == PHASE_RUN && !j->signal_seen) {
+    /* a server failing on its own once the workers finished is the job's failure, too */
+    bool first = j->phase == PHASE_RUN ||
+                 (j->servers_stopping && j->exit_code < 0 && j->settle_until == 0);
+    if (first && !j->signal_seen) {
         /* the cause is named after SETTLE_S: when a rank is killed its peers see the reset
          * and may exit (and be reaped) before the killed one */
         j->settle_until = now_s() + SETTLE_S;
-        fr_enter_phase(j, PHASE_GRACE, j->o.grace);
+        if (j->phase == PHASE_RUN)
+            fr_enter_phase(j, PHASE_GRACE, j->o.grace);
     } else if (j->phase == PHASE_GRACE && j->settle_until == 0) {
         fr_report_secondary(j, i);
         w->reported = true;
@@ -105,8 +114,8 @@ static void reap(job *j) {
 static void on_signal(job *j, int sig) {
     if (!j->signal_seen) {
         j->signal_seen = sig;
-        fr_say("got SIG%s: stopping %d worker(s) (SIGTERM, SIGKILL after %g s)", sigabbrev_np(sig),
-            fr_groups_alive(j), j->o.grace);
+        fr_say("got SIG%s: stopping %d %s (SIGTERM, SIGKILL after %g s)", sigabbrev_np(sig),
+            fr_groups_alive(j), j->o.ps ? "server(s) and worker(s)" : "worker(s)", j->o.grace);
         fr_enter_phase(j, PHASE_TERM, j->o.grace);
     } else if (j->phase != PHASE_KILL) {
         fr_say("got SIG%s again: SIGKILL", sigabbrev_np(sig));
@@ -132,6 +141,13 @@ void fr_run_loop(job *j) {
             if (open_pipes == 0 || t >= drain_until)
                 return;
         }
+        /* a PS job whose workers all finished: the servers get the grace to exit on their own
+         * (they do once every worker has said STOP), then SIGTERM */
+        if (j->o.ps && j->phase == PHASE_RUN && !j->signal_seen && alive > 0 &&
+            fr_ps_workers_done(j)) {
+            j->servers_stopping = true;
+            fr_enter_phase(j, PHASE_GRACE, j->o.grace);
+        }
         /* every worker's leader gone but its group not: stragglers get the grace, too */
         if (j->phase == PHASE_RUN && alive > 0) {
             int leaders = 0;
@@ -145,6 +161,9 @@ void fr_run_loop(job *j) {
         }
         if (j->phase != PHASE_RUN && t >= j->deadline) {
             if (j->phase == PHASE_GRACE) {
+                if (j->servers_stopping)
+                    fr_say("every worker finished, but %d server(s) still run after --grace "
+                           "%g s: SIGTERM", alive, j->o.grace);
                 fr_enter_phase(j, PHASE_TERM, j->o.grace);
             } else if (j->phase == PHASE_TERM) {
                 fr_say("%d worker group(s) still running after SIGTERM + %g s: SIGKILL", alive,

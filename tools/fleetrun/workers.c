@@ -1,6 +1,6 @@
-/* workers.c - starting workers and signalling them. Each worker is forked into its own process
- * group with the Paddle environment, so fleetrun can signal a worker together with whatever it
- * started. */
+/* workers.c - starting workers (and a parameter-server job's servers) and signalling them.
+ * Each is forked into its own process group with the Paddle environment, so fleetrun can signal
+ * a worker together with whatever it started. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -48,6 +48,12 @@ static void run_child(job *j, int i, int out_fd) {
     set_env_int("LOCAL_RANK", i); /* torchrun's names for the node-local layout */
     set_env_int("LOCAL_WORLD_SIZE", j->o.nproc);
     set_env_int("GROUP_RANK", j->member_index);
+    if (j->o.ps) {
+        fr_ps_child_env(j, i); /* its role's variables (ps.c) */
+    } else { /* a collective worker is no parameter-server process, whatever fleetrun got */
+        unsetenv("TRAINING_ROLE");
+        unsetenv("PADDLE_PSERVERS_IP_PORT_LIST");
+    }
     if (w->child_listen_fd >= 0) {
         set_env_int("FLEET_LISTEN_FD", w->child_listen_fd);
         fcntl(w->child_listen_fd, F_SETFD, 0); /* only this worker's socket survives exec */
@@ -65,12 +71,14 @@ int fr_start_worker(job *j, int i) {
     worker *w = &j->w[i];
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0) {
-        fr_say("error: pipe for worker %d: %s", i, strerror(errno));
+        fr_say("error: pipe for process %d: %s", i, strerror(errno));
         return 1;
     }
     pid_t pid = fork();
     if (pid < 0) {
-        fr_say("error: cannot start worker %d: %s", i, strerror(errno));
+        char name[96];
+        fr_proc_name(j, i, name, sizeof name);
+        fr_say("error: cannot start %s: %s", name, strerror(errno));
         close(p[0]);
         close(p[1]);
         return 1;
