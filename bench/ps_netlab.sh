@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# ps_netlab.sh - parameter-server training on emulated links (issue 32's table): WORKERS
+# fleet-train workers and SERVERS servers, each process on its own bench/netlab host (workers
+# on hosts 0..W-1, servers on the next S), links of RATE, beside collective dense and DGC on the
+# same worker hosts, all on one config (default the Fashion-MNIST MLP, configs/fashion_mlp.yaml).
+#   dense        collective: ring / recursive-doubling allreduce among the workers
+#   dgc          collective Deep Gradient Compression (sparsity 0.999)
+#   sync         PS, a_sync false: every step pushes the gradients and pulls the parameters
+#   async        PS, a_sync true, k_steps -1
+#   geoK         PS geo with k_steps K (GEOS="4 16 100")
+# Per configuration: samples/s = global batch / median step time of worker 0's progress windows
+# after the first SKIP, median over ROUNDS rounds; MB/step = what worker 0 sent per step
+# ("comm" of its progress lines: the servers' bytes in PS mode); link use (sync only) = the
+# bytes the busiest link carries per step (a server's: workers x params x 4 / servers, each way)
+# over the step time, against RATE; acc1 = the final val_acc1.
+#
+# Usage: bench/ps_netlab.sh [BUILD_DIR]
+#   WORKERS=4 SERVERS=2 RATE=1gbit ROUNDS=3 SKIP=1 STEPS=600 (train.max_steps of every run)
+#   CONFIG=configs/fashion_mlp.yaml  CFGS="dense dgc sync async geo4 geo16 geo100"
+#   EXTRA="-o key=value ..."  RAW=FILE  LOOPBACK=1 (dry run on 127.0.0.1: timings mean nothing)
+#   GUARD_MAX_OTHER=10 GUARD_RETRIES=3 (bench/cpu_guard.sh)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+case ${1:-} in
+-h | --help)
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+  ;;
+esac
+build=$(cd "${1:-$here/../build}" && pwd)
+workers=${WORKERS:-4} servers=${SERVERS:-2}
+rate=${RATE:-1gbit}
+rounds=${ROUNDS:-3} skip=${SKIP:-1} steps=${STEPS:-600}
+config=${CONFIG:-$here/../configs/fashion_mlp.yaml}
+read -r -a cfgs <<<"${CFGS:-dense dgc sync async geo4 geo16 geo100}"
+read -r -a extra <<<"${EXTRA:-}"
+max_other=${GUARD_MAX_OTHER:-10} retries=${GUARD_RETRIES:-3}
+# shellcheck source=dense_lib.sh
+source "$here/dense_lib.sh"
+unset TRAINING_ROLE PADDLE_PSERVERS_IP_PORT_LIST POD_IP PADDLE_PORT
+bench_start
+
+hosts=$((workers + servers))
+lab_wait_free
+lab_up "$hosts" "$rate"
+batch=$(sed -n 's/^ *batch_size: *\([0-9]*\).*/\1/p' "$config" | head -1)
+interval=$(sed -n 's/^ *log_interval: *\([0-9]*\).*/\1/p' "$config" | head -1)
+gb=$((workers * batch))
+echo "# ps_netlab: $(basename "$config"), $workers workers x batch $batch, $servers servers," \
+  "links $rate, $steps steps, ROUNDS=$rounds," \
+  "$([[ $loopback == 1 ]] && echo "LOOPBACK (dry run: timings mean nothing)" || echo netlab)," \
+  "$(date -u +%Y-%m-%dT%H:%MZ)"
+
+strategy_of() { # CFG -> fleet-train overrides
+  case $1 in
+  dgc) echo "-o strategy.dgc=true -o strategy.dgc_configs.rampup_begin_step=0" ;;
+  sync) echo "-o strategy.a_sync=false" ;;
+  async) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=-1" ;;
+  geo*) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=${1#geo}" ;;
+  esac
+}
+
+# endpoints FIRST N PORT -> "ip:port,..." of hosts FIRST..FIRST+N-1 (loopback: ports PORT..)
+endpoints() {
+  local first=$1 n=$2 port=$3 i eps=""
+  for ((i = 0; i < n; i++)); do
+    if ((loopback)); then eps+=${eps:+,}127.0.0.1:$((port + first + i))
+    else eps+=${eps:+,}$("$netlab" addr $((first + i))):$port; fi
+  done
+  echo "$eps"
+}
+
+# ps_job PORT OUT ARGS...: the servers and workers, one per host; worker 0's output in OUT
+ps_job() {
+  local port=$1 out=$2 i pids=() rc=0 token sl wl
+  shift 2
+  token=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  if ((loopback)); then
+    FLEET_JOB_TOKEN=$token timeout 900 "$fleetrun" --server_num "$servers" \
+      --worker_num "$workers" --log_dir "$out.log" "$fleet_train" "$@" >"$out" 2>&1 || rc=$?
+  else
+    sl=$(endpoints "$workers" "$servers" "$port")
+    wl=$(endpoints 0 "$workers" "$port")
+    for ((i = 0; i < hosts; i++)); do
+      FLEET_JOB_TOKEN=$token timeout 900 "$netlab" exec "$i" "$fleetrun" --servers "$sl" \
+        --workers "$wl" --node_ip "$("$netlab" addr "$i")" --log_dir "$out.log/h$i" \
+        "$fleet_train" "$@" >"$([[ $i == 0 ]] && echo "$out" || echo "$out.h$i")" 2>&1 &
+      pids+=($!)
+    done
+    for i in "${pids[@]}"; do wait "$i" || rc=$?; done
+  fi
+  if ((rc != 0)); then
+    echo "ps_netlab.sh: PS job failed (exit $rc); worker 0 said:" >&2
+    tail -20 "$out" >&2
+    return 1
+  fi
+}
+
+last_acc() { sed -n 's/.*eval .*val_acc1 \([0-9.]*\).*/\1/p' "$1" | tail -1; }
+comm_mb() { # median MB sent per step by worker 0
+  awk -v iv="${interval:-32}" '/^worker_index: 0, .* ips / {
+      for (i = 1; i <= NF; i++) if ($i == "comm") print $(i + 1) / iv }' "$1" | median
+}
+
+run_cfg() { # CFG ROUND PORT -> "samples/s acc1 MB/step"
+  local cfg=$1 r=$2 port=$3 out=$work/$1.$2 ms common
+  common=(-c "$config" -o "train.max_steps=$steps" "${extra[@]}")
+  # shellcheck disable=SC2046
+  case $cfg in
+  dense | dgc) fleet_dist "$workers" "$port" "$out" "${common[@]}" $(strategy_of "$cfg") >&2 ;;
+  *) ps_job "$port" "$out" "${common[@]}" $(strategy_of "$cfg") >&2 ;;
+  esac
+  ms=$(window_ms "$skip" "$gb" "$out" | median)
+  awk -v ms="$ms" -v gb="$gb" -v acc="$(last_acc "$out")" -v mb="$(comm_mb "$out")" \
+    'BEGIN { printf "%.1f %s %s %s\n", 1000 * gb / ms, acc == "" ? "-" : acc, mb, ms }'
+}
+
+port=6600
+ncfg=${#cfgs[@]}
+for ((r = 0; r < rounds; r++)); do
+  for ((i = 0; i < ncfg; i++)); do
+    c=${cfgs[$(((r + i) % ncfg))]}
+    for ((try = 0; ; try++)); do
+      guard_wait_idle
+      guard_begin
+      run_cfg "$c" "$r" "$port" >"$work/res" &
+      wait $!
+      guard_end
+      ((GUARD_OTHER_PCT <= max_other || try >= retries)) && break
+      echo "# round $((r + 1)) $c: other processes took ${GUARD_OTHER_PCT}% of the CPU; again" >&2
+    done
+    echo "$c $r $(cat "$work/res") $GUARD_OTHER_PCT" >>"$raw"
+    echo "# round $((r + 1)) $c: samples/s acc1 MB/step ms = $(cat "$work/res")" >&2
+    port=$((port + 20))
+  done
+done
+
+params=$(awk '/parameters$/ { for (i = 1; i <= NF; i++) if ($(i + 1) == "parameters") print $i }' \
+  "$work"/sync.0 2>/dev/null | head -1)
+rate_bps=$(awk -v r="$rate" 'BEGIN { n = r + 0; u = tolower(substr(r, length(n "") + 1))
+  m = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; print n * m }')
+col() { awk -v c="$1" -v f="$2" '$1 == c && $f != "-" { print $f }' "$raw" | median; }
+echo
+echo "# samples/s: global batch / median step time, median of $rounds rounds; MB/step: worker 0"
+echo "# sent per step; link: sync's busiest link (a server's) busy fraction; acc1: final val_acc1"
+printf '%-8s %11s %9s %9s %8s %8s\n' config samples/s vs_dense MB/step link acc1
+dense=$(col dense 3)
+for c in "${cfgs[@]}"; do
+  awk -v c="$c" -v s="$(col "$c" 3)" -v d="$dense" -v a="$(col "$c" 4)" -v mb="$(col "$c" 5)" \
+    -v ms="$(col "$c" 6)" -v p="${params:-0}" -v w="$workers" -v sv="$servers" -v bps="$rate_bps" \
+    'BEGIN {
+      link = "-"
+      if (c == "sync" && p > 0 && ms > 0) link = sprintf("%.2f", (w * p * 4 / sv) * 8 / (ms / 1000) / bps)
+      printf "%-8s %11.1f %9s %9s %8s %8s\n", c, s, d > 0 ? sprintf("%.3f", s / d) : "-", mb, link, a }'
+done
+echo "# goals (issue 32): sync's link use >= 0.9; geo at 100mbit >= 5x sync's samples/s, accuracy within 0.5 points"
+if [[ -n ${RAW:-} ]]; then
+  { echo "# config round samples_per_s acc1 mb_per_step step_ms other_cpu_pct"; cat "$raw"; } >"$RAW"
+fi
