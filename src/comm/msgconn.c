@@ -297,7 +297,7 @@ static int read_error(fl_msg_conn *m, ssize_t k) {
 }
 
 /* The header is whole: checks it and prepares for its body. STEP_SKIP for a keepalive. */
-static int header_done(fl_msg_conn *m, void **buf, size_t *cap) {
+static int header_done(fl_msg_conn *m) {
     fl_wire_frame f;
     char reason[160];
     int st = fl_wire_frame_parse(m->hdr, HDR, m->recv_seq, FL_WIRE_LEN_ANY, FL_MSG_MAX_BYTES,
@@ -394,7 +394,7 @@ static int recv_step(fl_msg_conn *m, void **buf, size_t *cap, size_t *n, bool *m
                 m->hdr_got += (size_t)k;
                 *moved = true;
             }
-            int rc = header_done(m, buf, cap);
+            int rc = header_done(m);
             if (rc == STEP_SKIP)
                 continue;
             if (rc < 0)

@@ -97,7 +97,8 @@ static void *send_sizes(void *arg) {
     for (size_t k = 0; k < NSIZES && s->rc == 0; k++) {
         size_t n = SIZES[k], cut1 = n / 3, cut2 = n - n / 5;
         fill(b, n, s->salt + (int)k);
-        fl_msg_part parts[4] = {{b, cut1}, {NULL, 0}, {b + cut1, cut2 - cut1}, {b + cut2, n - cut2}};
+        fl_msg_part parts[4] = {
+            {b, cut1}, {NULL, 0}, {b + cut1, cut2 - cut1}, {b + cut2, n - cut2}};
         s->rc = fl_msg_sendv(s->m, parts, 4);
     }
     free(b);
