@@ -84,22 +84,28 @@ int fl_msg_send(fl_msg_conn *m, const void *p, size_t n);
 
 /* Receives the next message into *buf (grown with realloc as needed; *cap its capacity; the
  * caller frees) and its length into *n. Waits at most timeout_s (< 0: the connection's
- * timeout; 0: poll once). Returns 1 with a message, 0 when the peer closed cleanly between
- * messages (after fl_msg_close), FL_ETIMEOUT when nothing came (the connection stays usable),
- * FL_EPEER when the peer reset, broke the framing, or a sealed message failed authentication
- * (then the connection is unusable; the message names the peer and says which). */
+ * timeout; 0: poll once) without progress. Returns 1 with a message, 0 when the peer closed
+ * cleanly between messages (after fl_msg_close, which says goodbye), FL_ETIMEOUT when nothing
+ * came (the connection stays usable), FL_EPEER when the peer reset, closed without a goodbye
+ * (it died), broke the framing, or a sealed message failed authentication (then the
+ * connection is unusable; the message names the peer and says which).
+ * A message cut short by FL_ETIMEOUT keeps what arrived of it inside the connection, so
+ * between calls *buf is the caller's; the call that completes it may hand over the
+ * connection's buffer in place of *buf (the old one freed, as realloc may move it). */
 int fl_msg_recv(fl_msg_conn *m, void **buf, size_t *cap, size_t *n, double timeout_s);
 
 /* A descriptor that polls readable when fl_msg_recv may have something (for poll loops). */
 int         fl_msg_fd(const fl_msg_conn *m);
-/* "worker 2 (127.0.0.1:41234)" style name set with fl_msg_set_name, else "rank R (addr)". */
+/* "worker 2 (127.0.0.1:41234)" style name set with fl_msg_set_name (before other threads use
+ * the connection), else "rank R (addr)" (accepted) or "server S (endpoint)" (dialled). */
 const char *fl_msg_peer_name(const fl_msg_conn *m);
 void        fl_msg_set_name(fl_msg_conn *m, const char *name);
 bool        fl_msg_encrypted(const fl_msg_conn *m);
 /* Bytes of messages sent and received (payloads, not headers or tags). */
 uint64_t    fl_msg_bytes_sent(const fl_msg_conn *m);
 uint64_t    fl_msg_bytes_received(const fl_msg_conn *m);
-/* Half-closes politely (the peer's recv returns 0), wipes the keys and frees. NULL: no-op. */
+/* Half-closes politely (a goodbye frame, then shutdown: the peer's recv returns 0), wipes the
+ * keys and frees. Not while another thread uses the connection. NULL: no-op. */
 void        fl_msg_close(fl_msg_conn *m);
 
 #ifdef __cplusplus

@@ -49,7 +49,9 @@ const char *fl_wire_status_str(int status) {
     case FL_WIRE_TRUNCATED: return "truncated";
     case FL_WIRE_BAD_MAGIC: return "bad magic";
     case FL_WIRE_BAD_VERSION: return "protocol version mismatch";
-    case FL_WIRE_BAD_FLAGS: return "unexpected handshake kind";
+    case FL_WIRE_BAD_FLAGS:
+        return "unexpected handshake kind (a collective rank, a rendezvous or a message "
+               "connection on a port meant for another)";
     case FL_WIRE_BAD_TOKEN: return "wrong job token (or a replayed handshake)";
     case FL_WIRE_BAD_SIZE: return "world size mismatch";
     case FL_WIRE_BAD_RANK: return "rank not expected here";
@@ -87,14 +89,30 @@ static int head_ok(const uint8_t *buf, size_t n, char *reason, size_t cap) {
     return FL_WIRE_OK;
 }
 
+/* What a hello's flags say it opens. */
+static const char *kind(unsigned flags) {
+    switch (flags) {
+    case FL_WIRE_FLAG_COLLECTIVE: return "a collective-transport peer";
+    case FL_WIRE_FLAG_RENDEZVOUS: return "a rendezvous check-in";
+    case FL_WIRE_FLAG_MSG: return "a message connection";
+    default: return "unknown kind";
+    }
+}
+
 int fl_wire_hello_parse(const uint8_t *buf, size_t n, uint16_t want_flags, uint32_t want_size,
                         uint32_t want_round, fl_wire_hello *out, char *reason, size_t cap) {
     int st = head_ok(buf, n, reason, cap);
     if (st != FL_WIRE_OK)
         return st;
-    if (n >= 8 && get16(buf + 6) != want_flags)
-        return refuse(FL_WIRE_BAD_FLAGS, reason, cap, "handshake flags 0x%x, expected 0x%x",
-                      (unsigned)get16(buf + 6), (unsigned)want_flags);
+    if (n >= 8 && get16(buf + 6) != want_flags) {
+        unsigned f = get16(buf + 6);
+        if (want_flags == FL_WIRE_FLAG_MSG)
+            return refuse(FL_WIRE_BAD_FLAGS, reason, cap,
+                          "not a message connection (handshake flags 0x%x: %s)", f, kind(f));
+        return refuse(FL_WIRE_BAD_FLAGS, reason, cap,
+                      "handshake flags 0x%x (%s), expected 0x%x (%s)", f, kind(f),
+                      (unsigned)want_flags, kind(want_flags));
+    }
     if (n >= 16) {
         uint32_t rank = get32(buf + 8), size = get32(buf + 12);
         if (size != want_size)

@@ -20,6 +20,7 @@
  *   A refusal is a reply in place of the challenge (status != 0) or after the proof. Bytes 0-15
  *   of hello and reply are laid out as in version 1, so a peer of either version names the
  *   other's version instead of calling it garbage.
+ *   flags: the kind of connection (FL_WIRE_FLAG_*: 0 collective, 1 rendezvous, 2 message).
  *   options: bits 0-1 encryption wanted (0 auto, 1 off, 2 on), bit 2 the connector dialled a
  *   loopback address, bit 3 the sender has AES instructions.
  *   frame header (every later message, 24 B): 0 magic "FLFR" | 4 type u32 | 8 seq u64 |
@@ -53,8 +54,12 @@
 #define FL_WIRE_ENDPOINT_LEN 64  /* an endpoint in the rendezvous table: NUL padded */
 #define FL_WIRE_MAX_RANKS   4096
 
-/* hello flags */
+/* hello flags: what kind of connection the hello opens. A listener asks for exactly one kind
+ * (fl_wire_hello_parse's want_flags), so a connection of another kind on its port is refused
+ * with a reason naming both. */
+#define FL_WIRE_FLAG_COLLECTIVE 0x0u /* a collective-transport peer (transport.c) */
 #define FL_WIRE_FLAG_RENDEZVOUS 0x1u /* torchrun-style endpoint exchange, not a data connection */
+#define FL_WIRE_FLAG_MSG        0x2u /* a message connection (msgconn.h: parameter server) */
 
 /* Frame types. KEEPALIVE (no payload) is what a rank blocked in the transport sends its peers
  * now and then, so that a rank waiting on it can tell "alive but waiting on someone else" from
@@ -99,7 +104,9 @@ typedef struct {
 void fl_wire_hello_encode(uint8_t out[FL_WIRE_HELLO_SIZE], const fl_wire_hello *h);
 
 /* Parses the first n bytes of a hello (n may be short: fields are checked as far as they go,
- * so garbage is refused after 4 bytes). Checks magic, version, flags == want_flags, size ==
+ * so garbage is refused after 4 bytes). Checks magic, version, flags == want_flags (one of
+ * FL_WIRE_FLAG_*; a hello of another kind is FL_WIRE_BAD_FLAGS with a reason naming both
+ * kinds: "not a message connection (...)"), size ==
  * want_size, rank < size, round == want_round, known options (an encryption mode of 3 is
  * refused). Returns FL_WIRE_OK (out filled), FL_WIRE_TRUNCATED, or the refusal, with a reason
  * in reason[cap] ("protocol version 3, expected 2"). out and reason may be NULL. */

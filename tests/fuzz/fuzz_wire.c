@@ -1,8 +1,9 @@
 /* fuzz_wire.c - libFuzzer target for the tcp transport's wire parsers (src/comm/wire.c:
- * version 2's hello, challenge, proof and reply, frame headers, same-host messages, endpoints):
- * arbitrary bytes go through every parser, and whatever a parser accepts must satisfy its
- * contract (fields in range, re-encoding gives back the same bytes). Built by
- * tests/fuzz/CMakeLists.txt with clang -fsanitize=fuzzer,address,undefined. */
+ * version 2's hello (collective, rendezvous and message connections), challenge, proof and
+ * reply, frame headers, same-host messages, endpoints): arbitrary bytes go through every
+ * parser, and whatever a parser accepts must satisfy its contract (fields in range,
+ * re-encoding gives back the same bytes). Built by tests/fuzz/CMakeLists.txt with clang
+ * -fsanitize=fuzzer,address,undefined. */
 #include "comm/wire.h"
 
 #include <stdint.h>
@@ -68,6 +69,7 @@ static void frame(const uint8_t *d, size_t n, uint64_t seq, uint64_t want, uint6
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
     hello(d, n, 0, 4, 0);
     hello(d, n, FL_WIRE_FLAG_RENDEZVOUS, 4, 1);
+    hello(d, n, FL_WIRE_FLAG_MSG, 4, 0); /* a message connection (msgconn.h) */
     challenge(d, n);
     char why[160];
     uint32_t theirs, v;

@@ -18,6 +18,7 @@ frame() { printf 'FLFR'; le32 "$1"; le64 "$2"; le64 "$3"; }
 rm -f hello_bad_token
 hello 2 0 1 4 0 10 > hello_ok
 hello 2 1 3 4 1 2 > hello_rendezvous
+hello 2 2 3 4 0 8 > hello_msg
 hello 1 0 1 4 0 0 > hello_bad_version
 hello 2 0 7 4 0 0 > hello_bad_rank
 hello 2 0 1 4 0 3 > hello_bad_options

@@ -37,6 +37,23 @@ static void test_hello(void) {
     CHECK(has(why, "world size 4, expected 8"));
     CHECK(fl_wire_hello_parse(b, sizeof b, FL_WIRE_FLAG_RENDEZVOUS, 4, 5, NULL, why,
                               sizeof why) == FL_WIRE_BAD_FLAGS);
+    CHECK(has(why, "handshake flags 0x0 (a collective-transport peer), expected 0x1"));
+    /* message connections (msgconn.h) and collective ranks refuse each other by the flag */
+    CHECK(fl_wire_hello_parse(b, sizeof b, FL_WIRE_FLAG_MSG, 4, 5, NULL, why, sizeof why) ==
+          FL_WIRE_BAD_FLAGS);
+    CHECK(has(why, "not a message connection (handshake flags 0x0: a collective-transport"));
+    CHECK(fl_wire_hello_parse(b, 8, FL_WIRE_FLAG_MSG, 4, 5, NULL, why, sizeof why) ==
+          FL_WIRE_BAD_FLAGS); /* known as soon as the flags are in */
+    hello_make(b, FL_WIRE_FLAG_MSG, 3, 4);
+    CHECK(fl_wire_hello_parse(b, sizeof b, FL_WIRE_FLAG_MSG, 4, 5, &h, why, sizeof why) ==
+          FL_WIRE_OK);
+    CHECK(h.flags == FL_WIRE_FLAG_MSG && h.rank == 3);
+    CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 5, NULL, why, sizeof why) == FL_WIRE_BAD_FLAGS);
+    CHECK(has(why, "handshake flags 0x2 (a message connection), expected 0x0"));
+    hello_make(b, 0x6, 3, 4);
+    CHECK(fl_wire_hello_parse(b, sizeof b, FL_WIRE_FLAG_MSG, 4, 5, NULL, why, sizeof why) ==
+          FL_WIRE_BAD_FLAGS);
+    CHECK(has(why, "unknown kind"));
     hello_make(b, 0, 7, 4);
     CHECK(fl_wire_hello_parse(b, sizeof b, 0, 4, 5, NULL, why, sizeof why) == FL_WIRE_BAD_RANK);
     CHECK(has(why, "rank 7 out of range for 4 ranks"));
