@@ -500,7 +500,7 @@ int ps_load(ps_server *s) {
             have_step = true;
         } else if (strncmp(line, "file ", 5) == 0 && len > 5 && len - 5 < sizeof c.files[0] &&
                    !strchr(line + 5, '/') && c.n < PS_CHAIN_MAX) {
-            snprintf(c.files[c.n++], sizeof c.files[0], "%s", line + 5);
+            memcpy(c.files[c.n++], line + 5, len - 5 + 1);
         } else {
             rc = fl_fail(FL_EFORMAT, "%s:%d: cannot read '%s'", path, ln, line);
         }

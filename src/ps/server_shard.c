@@ -88,7 +88,7 @@ static int run_sparse(ps_shard *sh, ps_task *t) {
     int64_t dim = tb->dim;
     int rc = 0;
     if (t->op == TASK_SPARSE_PULL) {
-        rc = fl_ps_sparse_pull(part, t->ids, t->n, t->tmp);
+        rc = fl_ps_sparse_pull_rows(part, t->ids, t->n, t->tmp);
         for (int64_t k = 0; rc == 0 && k < t->n; k++)
             memcpy(t->dst + t->pos[k] * dim, t->tmp + k * dim, (size_t)dim * sizeof(float));
         return rc;
@@ -96,7 +96,7 @@ static int run_sparse(ps_shard *sh, ps_task *t) {
     for (int64_t k = 0; k < t->n; k++)
         memcpy(t->tmp + k * dim, t->grads + t->pos[k] * dim, (size_t)dim * sizeof(float));
     if (t->op == TASK_SPARSE_PUSH)
-        return fl_ps_sparse_push(part, t->ids, t->n, t->tmp, t->lr);
+        return fl_ps_sparse_push_rows(part, t->ids, t->n, t->tmp, t->lr);
     if (t->n > 0)
         rc = fl_ps_sparse_accumulate(part, t->ids, t->n, t->tmp);
     if (rc == 0 && t->apply)
