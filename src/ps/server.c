@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #define RECV_SLICE_S 0.5 /* how often a receiving thread looks up from its socket */
+#define FAIL_GRACE_S 2.0 /* how long a failed server still answers requests with why */
 
 typedef struct {
     ps_server   *s;
@@ -673,6 +674,24 @@ static int handle(ps_recv *r, const void *buf, size_t n, bool *hello) {
     return refuse(r, q.type, FL_EPEER, "%s: unhandled request", r->name);
 }
 
+/* After the server failed: answers what the worker still sends (a request already on its
+ * way) with the failure, for a short while or until the worker closes, so that it hears why
+ * instead of seeing the connection vanish. */
+static void drain_failed(ps_recv *r) {
+    double end = now_s() + FAIL_GRACE_S;
+    for (double left; (left = end - now_s()) > 0;) {
+        size_t n = 0;
+        int rc = fl_msg_recv(r->m, &r->buf, &r->cap, &n, left);
+        if (rc != 1)
+            return;
+        int type = n >= 6 ? (int)(((const uint8_t *)r->buf)[4] |
+                                  ((const uint8_t *)r->buf)[5] << 8) : 0;
+        pthread_mutex_lock(&r->s->mu);
+        failed_reply(r, type);
+        pthread_mutex_unlock(&r->s->mu);
+    }
+}
+
 static void *recv_main(void *arg) {
     ps_recv *r = arg;
     ps_server *s = r->s;
@@ -682,8 +701,10 @@ static void *recv_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         bool failed = s->failed;
         pthread_mutex_unlock(&s->mu);
-        if (failed)
+        if (failed) {
+            drain_failed(r);
             return NULL;
+        }
         size_t n = 0;
         int rc = fl_msg_recv(r->m, &r->buf, &r->cap, &n, RECV_SLICE_S);
         if (rc == FL_ETIMEOUT) {
