@@ -138,6 +138,11 @@ int fl_ps_init_worker(fl_ps *ps, fl_ps_mode mode);
 /* Tells every server this worker is done and closes the connections. */
 int fl_ps_stop_worker(fl_ps *ps);
 
+/* The step this worker resumed from (its own checkpoint), sent with each fl_ps_dense_init:
+ * a server that loaded another step (or none) refuses it naming both. -1 (the default): a
+ * fresh start, accepted whatever the server loaded (the reply's step says what that was). */
+void fl_ps_set_resume_step(fl_ps *ps, int64_t step);
+
 /* Declares dense table `table` of numel values with rule r. Every worker calls it with the same
  * shape and rule (the servers refuse a mismatch naming both workers). Worker 0 gives the
  * initial values (values non-NULL: it sends them; others pass NULL); a server that resumed from

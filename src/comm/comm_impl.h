@@ -47,6 +47,12 @@ struct fl_comm_ops {
     void (*destroy)(fl_comm *c);
 };
 
+/* Reads the FLEET_* knobs (FLEET_JOB_TOKEN, FLEET_COMM_TIMEOUT, FLEET_LISTEN_FD,
+ * FLEET_COMM_ENCRYPT, FLEET_RESTART_COUNT, ...) into env, which the caller has given its
+ * defaults; FL_ECONFIG naming the variable. Part of fl_comm_env_read; the parameter server's
+ * role maker (src/ps/ps_role.c) reads them alone, its ranks coming from other variables. */
+int fl_comm_env_knobs(fl_comm_env *env);
+
 /* Backend constructors (registry.c picks one). Each fills c->ops and c->backend, or fails
  * with a message. */
 int fl_comm_tcp_open(fl_comm *c, const fl_comm_env *env);

@@ -243,8 +243,9 @@ static void derive_token(fl_comm_env *env) {
             "sets one; set FLEET_JOB_TOKEN for jobs started another way)", from);
 }
 
-/* FLEET_* and FLAGS_selected_gpus: the same whichever launcher started us. */
-static int read_knobs(fl_comm_env *env) {
+/* FLEET_* and FLAGS_selected_gpus: the same whichever launcher started us (also read by the
+ * parameter server's role maker, src/ps/ps_role.c). */
+int fl_comm_env_knobs(fl_comm_env *env) {
     const char *v;
     if ((v = env_get("FLEET_COMM_BACKEND"))) {
         if (strcmp(v, "tcp") != 0 && strcmp(v, "mpi") != 0 && strcmp(v, "auto") != 0)
@@ -323,7 +324,7 @@ int fl_comm_env_read(fl_comm_env *env) {
     env->timeout_s = DEFAULT_TIMEOUT_S;
     env->listen_fd = -1;
     env->gpu = -1;
-    int rc = read_knobs(env);
+    int rc = fl_comm_env_knobs(env);
     if (rc < 0)
         goto fail;
     if (env_get("PADDLE_TRAINER_ID") || env_get("PADDLE_TRAINERS_NUM") ||

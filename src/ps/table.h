@@ -65,10 +65,10 @@ size_t  fl_ps_sparse_bytes(const fl_ps_sparse *t);
 
 /* Copies the rows of ids[0..n) into out[n * dim], creating missing rows with the initializer
  * (the same values whatever order or thread: a draw of (seed, table, id)). FL_ENOMEM. */
-int fl_ps_sparse_pull(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out);
+int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out);
 /* Applies the rule to each row ids[i] with gradient g[i * dim] (a missing row is created first;
  * a repeated id is updated once per occurrence, in order). */
-int fl_ps_sparse_push(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
+int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
                       double lr);
 /* Sync mode: adds g into the pending sum of each id for the step being merged... */
 int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g);

@@ -1,0 +1,159 @@
+/* server.h - the inside of a parameter server: its tables split over shard threads, the
+ * tasks that carry work to them, and what the receiving threads (one per worker connection,
+ * server.c) share. Private to src/ps.
+ *
+ * Ownership: a dense table's local block j (global block s + j*S) belongs to shard thread
+ * j % T; a sparse id to thread fl_ps_thread_of(id, T), which holds its own fl_ps_sparse. Only
+ * that thread touches them once serving starts (table creation happens before any task refers
+ * to them; a SAVE pauses every shard thread while it reads). Bookkeeping (versions, sync
+ * merges, who pulled what) lives under ps_server.mu, and every task is queued under it too, so
+ * the order of tasks in each shard's queue is the order in which the server decided them. */
+#ifndef FLEET_PS_SERVER_H
+#define FLEET_PS_SERVER_H
+
+#include "ps_impl.h"
+#include "table.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum {
+    TASK_DENSE_SET,    /* values of worker 0's declaration into the blocks */
+    TASK_DENSE_GET,    /* blocks into a pull's reply */
+    TASK_DENSE_ACC,    /* sync: accumulate a push; apply (scale) when it completes a step */
+    TASK_DENSE_APPLY,  /* async/geo: the rule with this push's gradient */
+    TASK_SPARSE_PULL,
+    TASK_SPARSE_ACC,   /* sync; apply pending when it completes a step */
+    TASK_SPARSE_PUSH,  /* async/geo */
+    TASK_PAUSE,        /* SAVE: hold still until released */
+};
+
+/* Completion of one request's tasks. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             left;
+    int             rc;          /* first failure of a task */
+    char            err[256];
+} ps_done;
+
+typedef struct ps_task {
+    struct ps_task *next;
+    int      op, table;
+    float   *dst;                /* DENSE_GET: this server's values; SPARSE_PULL: reply rows */
+    const float *src;            /* DENSE_SET / ACC / APPLY: this server's values */
+    const uint64_t *ids;         /* sparse: this thread's ids */
+    const int64_t  *pos;         /* sparse: where each id sits in the request */
+    const float    *grads;       /* SPARSE_ACC / PUSH: the request's gradients [n * dim] */
+    float   *tmp;                /* sparse: scratch of n * dim */
+    int64_t  n;
+    double   lr, scale;
+    bool     apply;              /* ACC: this push completes the step */
+    ps_done *done;
+} ps_task;
+
+typedef struct {
+    pthread_t       thread;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    ps_task        *head, *tail;
+    bool            quit;
+    bool            paused, release; /* TASK_PAUSE */
+    struct ps_server *srv;
+    int             id;
+} ps_shard;
+
+/* What sync merging, async staleness and deferred pulls need of a table (under mu). */
+typedef struct {
+    int64_t  version;            /* updates applied (sync: steps merged; async: pushes) */
+    int64_t  merge_step;         /* sync: the step being merged when merged > 0 */
+    int      merged;             /* pushes of merge_step received */
+    bool    *pushed;             /* [W] */
+    int64_t *pushes_by;          /* [W] pushes each worker made (sync sparse pulls wait) */
+    int64_t *last_pull;          /* [W] version each worker last pulled (async staleness) */
+} ps_sync;
+
+typedef struct {
+    bool         declared, ready, loaded;
+    int          declared_by;    /* worker, or -1 when loaded from a checkpoint */
+    int64_t      numel, nlocal;  /* values in the table, on this server */
+    int          nblocks;        /* local blocks */
+    fl_ps_rule   rule;
+    fl_ps_block *blocks;         /* [nblocks] */
+    ps_sync      sy;
+} ps_dense;
+
+typedef struct {
+    bool            declared, loaded;
+    int             declared_by;
+    int             dim;
+    fl_ps_rule      rule;
+    fl_ps_init_rule init;
+    fl_ps_sparse  **parts;       /* [T] */
+    ps_sync         sy;
+} ps_sparse_table;
+
+/* A checkpoint chain: a full save and the deltas on top of it, oldest first. */
+#define PS_CHAIN_MAX 256
+typedef struct {
+    int  n;
+    char files[PS_CHAIN_MAX][96];
+    int64_t step;
+} ps_chain;
+
+typedef struct ps_server {
+    fl_ps              *ps;
+    fl_ps_server_config cfg;
+    int                 S, W, T, s;
+    fl_msg_listener    *listener;
+    fl_msg_conn       **conns;    /* [W] */
+    char              (*names)[160]; /* [W] "worker 2 (127.0.0.1:41234)" */
+    ps_shard           *shards;   /* [T] */
+    int                 nshards_started;
+    ps_dense            dense[FL_PS_MAX_TABLES];
+    ps_sparse_table     sparse[FL_PS_MAX_TABLES];
+    pthread_mutex_t     mu;
+    pthread_cond_t      cv;       /* versions, readiness, failure, stops */
+    bool                failed;
+    int                 fail_code;
+    char                fail_msg[1024];
+    int                 stopped;
+    int64_t             loaded_step; /* -1: nothing loaded */
+    ps_chain            chain;
+    int64_t             stale_sum, stale_n, stale_max;
+} ps_server;
+
+/* ---- server_shard.c ---- */
+int  ps_shards_start(ps_server *s);
+void ps_shards_stop(ps_server *s);
+void ps_done_init(ps_done *d);
+void ps_done_destroy(ps_done *d);
+/* Queues t on shard `shard` (t->done->left counted by the caller). */
+void ps_task_enqueue(ps_server *s, int shard, ps_task *t);
+/* Waits until every task of d has run; d->rc. */
+int  ps_done_wait(ps_done *d);
+/* Pauses every shard thread (SAVE) and releases them. */
+void ps_shards_pause(ps_server *s, ps_done *d, ps_task *tasks);
+void ps_shards_release(ps_server *s);
+
+/* ---- server_tables.c ---- */
+int  ps_sync_init(ps_sync *y, int W, int64_t version);
+void ps_sync_free(ps_sync *y);
+int  ps_dense_create(ps_server *s, ps_dense *d, int64_t numel, const fl_ps_rule *r);
+void ps_dense_free(ps_dense *d);
+int  ps_sparse_table_create(ps_server *s, int table, ps_sparse_table *t, int dim,
+                            const fl_ps_rule *r, const fl_ps_init_rule *init);
+void ps_sparse_table_free(ps_server *s, ps_sparse_table *t);
+/* "sgd", "momentum(0.9, nesterov)" ... for messages */
+void ps_rule_str(const fl_ps_rule *r, char *buf, size_t cap);
+bool ps_rule_equal(const fl_ps_rule *a, const fl_ps_rule *b);
+
+/* ---- server_save.c ---- */
+/* Writes this server's shards (shards paused by the caller) as step; FL_EIO naming the file. */
+int ps_save(ps_server *s, int64_t step, int mode);
+/* Loads the newest chain from cfg.checkpoint_dir (before serving): 0 (nothing there: fresh
+ * start, loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
+int ps_load(ps_server *s);
+
+#endif /* FLEET_PS_SERVER_H */

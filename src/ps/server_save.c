@@ -1,0 +1,523 @@
+/* server_save.c - a parameter server's checkpoint: its shards of every table (dense blocks'
+ * values and rule state, sparse rows with their state) as one safetensors file per save,
+ * written atomically into the checkpoint directory, and a pointer file naming the chain a
+ * restart loads: the last full save and the delta saves on top of it (Paddle's save modes
+ * for sparse tables: all rows, or only the rows changed since the previous save).
+ *
+ *   ps.server<s>.<step>.safetensors         a full save
+ *   ps.server<s>.<step>.delta.safetensors   a delta: every dense block, changed sparse rows
+ *   ps.server<s>.latest                     "fleet-ps-checkpoint 1", "server s of S",
+ *                                           "step N", then "file <name>" per file, oldest first
+ *
+ * Tensors: dense.<t>.<b>.value F32 [n] and dense.<t>.<b>.state F32 [k] per block b (the
+ * global block index); sparse.<t>.ids I64 [rows], sparse.<t>.values F32 [rows, dim],
+ * sparse.<t>.state F32 [rows, k]. Metadata: fleet.ps.server, fleet.ps.servers, fleet.ps.step,
+ * fleet.ps.kind (all|delta), dense.<t>.numel / .rule / .version, sparse.<t>.dim / .rule /
+ * .init / .version / .rows (rule: "type nesterov momentum wd beta1 beta2 eps g2sum"; init:
+ * "type a b seed"; doubles with 17 digits, so they read back exactly). */
+#include "server.h"
+
+#include "fleet/log.h"
+#include "fleet/safetensors.h"
+#include "fleet/status.h"
+#include "io/atomic.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME_LEN 64
+#define META_LEN 192
+
+/* ---- writing ---- */
+
+typedef struct {
+    fl_st_entry *e;
+    int64_t     *shapes;     /* 2 per entry */
+    char        (*names)[NAME_LEN];
+    int          n, cap;
+    fl_st_meta  *m;
+    char        (*mk)[NAME_LEN], (*mv)[META_LEN];
+    int          nm, mcap;
+    void       **owned;      /* buffers to free after writing */
+    int          nowned, ocap;
+} save_list;
+
+static int add_entry(save_list *l, const char *name, fl_dtype t, int ndim, int64_t d0,
+                     int64_t d1, const void *data) {
+    if (l->n == l->cap) {
+        int c = l->cap ? 2 * l->cap : 64;
+        fl_st_entry *e = realloc(l->e, (size_t)c * sizeof *e);
+        if (e)
+            l->e = e;
+        int64_t *sh = realloc(l->shapes, (size_t)c * 2 * sizeof *sh);
+        if (sh)
+            l->shapes = sh;
+        char (*nm)[NAME_LEN] = realloc(l->names, (size_t)c * sizeof *nm);
+        if (nm)
+            l->names = nm;
+        if (!e || !sh || !nm)
+            return fl_fail(FL_ENOMEM, "out of memory listing a checkpoint's tensors");
+        l->cap = c;
+        for (int i = 0; i < l->n; i++) { /* re-point after the moves */
+            l->e[i].name = l->names[i];
+            l->e[i].shape = l->shapes + 2 * i;
+        }
+    }
+    int i = l->n++;
+    snprintf(l->names[i], NAME_LEN, "%s", name);
+    l->shapes[2 * i] = d0;
+    l->shapes[2 * i + 1] = d1;
+    l->e[i] = (fl_st_entry){.name = l->names[i], .dtype = t, .ndim = ndim,
+                            .shape = l->shapes + 2 * i, .data = data};
+    return 0;
+}
+
+static int add_meta(save_list *l, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int add_meta(save_list *l, const char *key, const char *fmt, ...) {
+    if (l->nm == l->mcap) {
+        int c = l->mcap ? 2 * l->mcap : 32;
+        fl_st_meta *m = realloc(l->m, (size_t)c * sizeof *m);
+        if (m)
+            l->m = m;
+        char (*k)[NAME_LEN] = realloc(l->mk, (size_t)c * sizeof *k);
+        if (k)
+            l->mk = k;
+        char (*v)[META_LEN] = realloc(l->mv, (size_t)c * sizeof *v);
+        if (v)
+            l->mv = v;
+        if (!m || !k || !v)
+            return fl_fail(FL_ENOMEM, "out of memory listing a checkpoint's metadata");
+        l->mcap = c;
+        for (int i = 0; i < l->nm; i++)
+            l->m[i] = (fl_st_meta){l->mk[i], l->mv[i]};
+    }
+    int i = l->nm++;
+    snprintf(l->mk[i], NAME_LEN, "%s", key);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(l->mv[i], META_LEN, fmt, ap);
+    va_end(ap);
+    l->m[i] = (fl_st_meta){l->mk[i], l->mv[i]};
+    return 0;
+}
+
+static void *own(save_list *l, size_t bytes) {
+    if (l->nowned == l->ocap) {
+        int c = l->ocap ? 2 * l->ocap : 16;
+        void **o = realloc(l->owned, (size_t)c * sizeof *o);
+        if (!o)
+            return NULL;
+        l->owned = o;
+        l->ocap = c;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (p)
+        l->owned[l->nowned++] = p;
+    return p;
+}
+
+static void save_list_free(save_list *l) {
+    for (int i = 0; i < l->nowned; i++)
+        free(l->owned[i]);
+    free(l->owned);
+    free(l->e);
+    free(l->shapes);
+    free(l->names);
+    free(l->m);
+    free(l->mk);
+    free(l->mv);
+}
+
+static void rule_fmt(const fl_ps_rule *r, char *buf, size_t cap) {
+    snprintf(buf, cap, "%d %d %.17g %.17g %.17g %.17g %.17g %.17g", (int)r->type,
+             r->nesterov ? 1 : 0, r->momentum, r->weight_decay, r->beta1, r->beta2, r->epsilon,
+             r->initial_g2sum);
+}
+
+/* Rows gathered from the shard parts of one sparse table. */
+typedef struct {
+    int64_t *ids;
+    float   *values, *state;
+    int64_t  n, cap;
+    int      dim, sr;
+} rows_buf;
+
+static int take_row(void *ctx, uint64_t id, const float *values, const float *state) {
+    rows_buf *b = ctx;
+    if (b->n >= b->cap)
+        return FL_EINVAL; /* more rows than counted: cannot happen while shards are paused */
+    b->ids[b->n] = (int64_t)id;
+    memcpy(b->values + b->n * b->dim, values, (size_t)b->dim * sizeof(float));
+    if (b->sr)
+        memcpy(b->state + b->n * b->sr, state, (size_t)b->sr * sizeof(float));
+    b->n++;
+    return 0;
+}
+
+static int list_tables(ps_server *s, save_list *l, bool delta) {
+    char key[NAME_LEN], val[META_LEN];
+    for (int t = 0; t < FL_PS_MAX_TABLES; t++) {
+        ps_dense *d = &s->dense[t];
+        if (!d->declared)
+            continue;
+        rule_fmt(&d->rule, val, sizeof val);
+        snprintf(key, sizeof key, "dense.%d.rule", t);
+        FL_TRY(add_meta(l, key, "%s", val));
+        snprintf(key, sizeof key, "dense.%d.numel", t);
+        FL_TRY(add_meta(l, key, "%" PRId64, d->numel));
+        snprintf(key, sizeof key, "dense.%d.version", t);
+        FL_TRY(add_meta(l, key, "%" PRId64, d->sy.version));
+        int64_t k1 = fl_ps_rule_state_per_value(&d->rule), k2 = fl_ps_rule_state_per_row(&d->rule);
+        for (int j = 0; j < d->nblocks; j++) {
+            fl_ps_block *b = &d->blocks[j];
+            int64_t gb = s->s + (int64_t)j * s->S, k = b->numel * k1 + k2;
+            snprintf(key, sizeof key, "dense.%d.%" PRId64 ".value", t, gb);
+            FL_TRY(add_entry(l, key, FL_DTYPE_F32, 1, b->numel, 0, b->value));
+            if (k > 0) {
+                snprintf(key, sizeof key, "dense.%d.%" PRId64 ".state", t, gb);
+                FL_TRY(add_entry(l, key, FL_DTYPE_F32, 1, k, 0, b->state));
+            }
+        }
+    }
+    for (int t = 0; t < FL_PS_MAX_TABLES; t++) {
+        ps_sparse_table *sp = &s->sparse[t];
+        if (!sp->declared)
+            continue;
+        rows_buf rb = {.dim = sp->dim,
+                       .sr = sp->dim * fl_ps_rule_state_per_value(&sp->rule) +
+                             fl_ps_rule_state_per_row(&sp->rule)};
+        for (int i = 0; i < s->T; i++)
+            rb.cap += fl_ps_sparse_rows(sp->parts[i]);
+        rb.ids = own(l, (size_t)rb.cap * 8);
+        rb.values = own(l, (size_t)rb.cap * (size_t)rb.dim * 4);
+        rb.state = own(l, (size_t)rb.cap * (size_t)rb.sr * 4);
+        if (!rb.ids || !rb.values || !rb.state)
+            return fl_fail(FL_ENOMEM, "out of memory gathering %" PRId64 " rows of sparse table "
+                           "%d", rb.cap, t);
+        for (int i = 0; i < s->T; i++) {
+            int rc = fl_ps_sparse_visit(sp->parts[i], delta, take_row, &rb);
+            if (rc < 0)
+                return fl_fail(rc, "gathering the rows of sparse table %d", t);
+        }
+        rule_fmt(&sp->rule, val, sizeof val);
+        snprintf(key, sizeof key, "sparse.%d.rule", t);
+        FL_TRY(add_meta(l, key, "%s", val));
+        snprintf(key, sizeof key, "sparse.%d.dim", t);
+        FL_TRY(add_meta(l, key, "%d", sp->dim));
+        snprintf(key, sizeof key, "sparse.%d.init", t);
+        FL_TRY(add_meta(l, key, "%d %.17g %.17g %" PRIu64, (int)sp->init.type, sp->init.a,
+                        sp->init.b, sp->init.seed));
+        snprintf(key, sizeof key, "sparse.%d.version", t);
+        FL_TRY(add_meta(l, key, "%" PRId64, sp->sy.version));
+        snprintf(key, sizeof key, "sparse.%d.rows", t);
+        FL_TRY(add_meta(l, key, "%" PRId64, rb.n));
+        if (rb.n == 0)
+            continue;
+        snprintf(key, sizeof key, "sparse.%d.ids", t);
+        FL_TRY(add_entry(l, key, FL_DTYPE_I64, 1, rb.n, 0, rb.ids));
+        snprintf(key, sizeof key, "sparse.%d.values", t);
+        FL_TRY(add_entry(l, key, FL_DTYPE_F32, 2, rb.n, rb.dim, rb.values));
+        if (rb.sr) {
+            snprintf(key, sizeof key, "sparse.%d.state", t);
+            FL_TRY(add_entry(l, key, FL_DTYPE_F32, 2, rb.n, rb.sr, rb.state));
+        }
+    }
+    return 0;
+}
+
+static int write_pointer(ps_server *s, const ps_chain *c) {
+    char path[1200], *text = malloc((size_t)PS_CHAIN_MAX * 110 + 256);
+    if (!text)
+        return fl_fail(FL_ENOMEM, "out of memory");
+    size_t len = (size_t)sprintf(text, "fleet-ps-checkpoint 1\nserver %d of %d\nstep %" PRId64
+                                 "\n", s->s, s->S, c->step);
+    for (int i = 0; i < c->n; i++)
+        len += (size_t)sprintf(text + len, "file %s\n", c->files[i]);
+    snprintf(path, sizeof path, "%s/ps.server%d.latest", s->cfg.checkpoint_dir, s->s);
+    int rc = fl_atomic_write_file(path, text, len);
+    free(text);
+    return rc;
+}
+
+int ps_save(ps_server *s, int64_t step, int mode) {
+    bool delta = mode == FL_PS_SAVE_DELTA;
+    if (delta && (s->chain.n == 0 || s->chain.n >= PS_CHAIN_MAX)) {
+        FL_INFO("ps server %d: a full save at step %" PRId64 " in place of a delta (%s)", s->s,
+                step, s->chain.n ? "the chain of deltas is full" : "no full save to build on");
+        delta = false;
+    }
+    ps_chain next = delta ? s->chain : (ps_chain){0};
+    char file[96], path[1200];
+    snprintf(file, sizeof file, "ps.server%d.%" PRId64 "%s.safetensors", s->s, step,
+             delta ? ".delta" : "");
+    snprintf(path, sizeof path, "%s/%s", s->cfg.checkpoint_dir, file);
+    save_list l = {0};
+    int rc = add_meta(&l, "fleet.ps.server", "%d", s->s);
+    if (rc == 0)
+        rc = add_meta(&l, "fleet.ps.servers", "%d", s->S);
+    if (rc == 0)
+        rc = add_meta(&l, "fleet.ps.step", "%" PRId64, step);
+    if (rc == 0)
+        rc = add_meta(&l, "fleet.ps.kind", "%s", delta ? "delta" : "all");
+    if (rc == 0)
+        rc = list_tables(s, &l, delta);
+    if (rc == 0)
+        rc = fl_safetensors_write(path, l.e, l.n, l.m, l.nm);
+    save_list_free(&l);
+    if (rc < 0)
+        return rc;
+    if (!(delta && next.n > 0 && strcmp(next.files[next.n - 1], file) == 0))
+        snprintf(next.files[next.n++], sizeof next.files[0], "%s", file);
+    next.step = step;
+    FL_TRY(write_pointer(s, &next));
+    s->chain = next;
+    for (int t = 0; t < FL_PS_MAX_TABLES; t++)
+        for (int i = 0; s->sparse[t].declared && i < s->T; i++)
+            fl_ps_sparse_mark_clean(s->sparse[t].parts[i]);
+    FL_INFO("ps server %d: saved step %" PRId64 " (%s) to %s", s->s, step,
+            delta ? "delta" : "all", path);
+    return 0;
+}
+
+/* ---- loading ---- */
+
+static int meta_i64(const fl_safetensors *st, const char *key, int64_t *out) {
+    const char *v = fl_safetensors_meta(st, key);
+    char *end;
+    if (!v)
+        return -1;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end)
+        return fl_fail(FL_EFORMAT, "%s: metadata %s=%s is not an integer",
+                       fl_safetensors_path(st), key, v);
+    *out = x;
+    return 0;
+}
+
+static int parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r) {
+    const char *v = fl_safetensors_meta(st, key);
+    int type, nest, used = 0;
+    memset(r, 0, sizeof *r);
+    if (!v || sscanf(v, "%d %d %lg %lg %lg %lg %lg %lg%n", &type, &nest, &r->momentum,
+                     &r->weight_decay, &r->beta1, &r->beta2, &r->epsilon, &r->initial_g2sum,
+                     &used) != 8 || v[used] || type < 0 || type > FL_PS_RULE_SUM)
+        return fl_fail(FL_EFORMAT, "%s: metadata %s is missing or not a rule",
+                       fl_safetensors_path(st), key);
+    r->type = (fl_ps_rule_type)type;
+    r->nesterov = nest != 0;
+    return 0;
+}
+
+static int load_dense(ps_server *s, const fl_safetensors *st, int t) {
+    char key[NAME_LEN];
+    const char *path = fl_safetensors_path(st);
+    int64_t numel, version;
+    snprintf(key, sizeof key, "dense.%d.numel", t);
+    if (meta_i64(st, key, &numel) < 0)
+        return 0; /* not in this file */
+    snprintf(key, sizeof key, "dense.%d.version", t);
+    fl_ps_rule r;
+    if (meta_i64(st, key, &version) < 0 || version < 0 || numel < 1 || numel > ((int64_t)1 << 40))
+        return fl_fail(FL_EFORMAT, "%s: dense table %d has no valid numel/version", path, t);
+    snprintf(key, sizeof key, "dense.%d.rule", t);
+    FL_TRY(parse_rule(st, key, &r));
+    ps_dense *d = &s->dense[t];
+    if (!d->declared) {
+        FL_TRY(ps_dense_create(s, d, numel, &r));
+    } else if (d->numel != numel || !ps_rule_equal(&d->rule, &r)) {
+        return fl_fail(FL_EFORMAT, "%s: dense table %d has %" PRId64 " values, the save it "
+                       "builds on %" PRId64 " (or another rule)", path, t, numel, d->numel);
+    }
+    int64_t k1 = fl_ps_rule_state_per_value(&r), k2 = fl_ps_rule_state_per_row(&r);
+    for (int j = 0; j < d->nblocks; j++) {
+        fl_ps_block *b = &d->blocks[j];
+        int64_t gb = s->s + (int64_t)j * s->S, k = b->numel * k1 + k2;
+        snprintf(key, sizeof key, "dense.%d.%" PRId64 ".value", t, gb);
+        const fl_st_tensor *v = fl_safetensors_find(st, key);
+        if (!v || v->dtype != FL_DTYPE_F32 || v->numel != b->numel)
+            return fl_fail(FL_EFORMAT, "%s: tensor %s is missing or not F32 [%" PRId64 "]",
+                           path, key, b->numel);
+        memcpy(b->value, v->data, (size_t)b->numel * 4);
+        if (k > 0) {
+            snprintf(key, sizeof key, "dense.%d.%" PRId64 ".state", t, gb);
+            v = fl_safetensors_find(st, key);
+            if (!v || v->dtype != FL_DTYPE_F32 || v->numel != k)
+                return fl_fail(FL_EFORMAT, "%s: tensor %s is missing or not F32 [%" PRId64 "]",
+                               path, key, k);
+            memcpy(b->state, v->data, (size_t)k * 4);
+        }
+    }
+    d->sy.version = version;
+    for (int w = 0; w < s->W; w++)
+        d->sy.last_pull[w] = version;
+    d->loaded = d->ready = true;
+    d->declared_by = -1;
+    return 0;
+}
+
+static int load_sparse(ps_server *s, const fl_safetensors *st, int t) {
+    char key[NAME_LEN];
+    const char *path = fl_safetensors_path(st);
+    int64_t dim, version, rows;
+    snprintf(key, sizeof key, "sparse.%d.dim", t);
+    if (meta_i64(st, key, &dim) < 0)
+        return 0;
+    snprintf(key, sizeof key, "sparse.%d.version", t);
+    int rc1 = meta_i64(st, key, &version);
+    snprintf(key, sizeof key, "sparse.%d.rows", t);
+    if (rc1 < 0 || meta_i64(st, key, &rows) < 0 || dim < 1 || dim > 4096 || version < 0 ||
+        rows < 0)
+        return fl_fail(FL_EFORMAT, "%s: sparse table %d has no valid dim/version/rows", path, t);
+    fl_ps_rule r;
+    snprintf(key, sizeof key, "sparse.%d.rule", t);
+    FL_TRY(parse_rule(st, key, &r));
+    fl_ps_init_rule init = {0};
+    int it, used = 0;
+    snprintf(key, sizeof key, "sparse.%d.init", t);
+    const char *iv = fl_safetensors_meta(st, key);
+    if (!iv || sscanf(iv, "%d %lg %lg %" SCNu64 "%n", &it, &init.a, &init.b, &init.seed,
+                      &used) != 4 || iv[used] || it < 0 || it > FL_PS_INIT_NORMAL)
+        return fl_fail(FL_EFORMAT, "%s: metadata %s is missing or not an initializer", path,
+                       key);
+    init.type = (fl_ps_init_type)it;
+    ps_sparse_table *sp = &s->sparse[t];
+    if (!sp->declared) {
+        FL_TRY(ps_sparse_table_create(s, t, sp, (int)dim, &r, &init));
+    } else if (sp->dim != dim || !ps_rule_equal(&sp->rule, &r)) {
+        return fl_fail(FL_EFORMAT, "%s: sparse table %d has rows of %" PRId64 ", the save it "
+                       "builds on %d (or another rule)", path, t, dim, sp->dim);
+    }
+    int64_t sr = dim * fl_ps_rule_state_per_value(&r) + fl_ps_rule_state_per_row(&r);
+    const fl_st_tensor *ti = NULL, *tv = NULL, *ts = NULL;
+    if (rows > 0) {
+        snprintf(key, sizeof key, "sparse.%d.ids", t);
+        ti = fl_safetensors_find(st, key);
+        snprintf(key, sizeof key, "sparse.%d.values", t);
+        tv = fl_safetensors_find(st, key);
+        snprintf(key, sizeof key, "sparse.%d.state", t);
+        ts = sr ? fl_safetensors_find(st, key) : NULL;
+        if (!ti || ti->dtype != FL_DTYPE_I64 || ti->numel != rows || !tv ||
+            tv->dtype != FL_DTYPE_F32 || tv->numel != rows * dim ||
+            (sr && (!ts || ts->dtype != FL_DTYPE_F32 || ts->numel != rows * sr)))
+            return fl_fail(FL_EFORMAT, "%s: the rows of sparse table %d are missing or do not "
+                           "match %" PRId64 " rows of dim %" PRId64, path, t, rows, dim);
+    }
+    float *vals = malloc((size_t)(dim + sr) * sizeof(float));
+    if (!vals)
+        return fl_fail(FL_ENOMEM, "out of memory");
+    int rc = 0;
+    for (int64_t i = 0; rc == 0 && i < rows; i++) {
+        uint64_t id;
+        memcpy(&id, (const char *)ti->data + i * 8, 8);
+        if (s->S > 1 && fl_ps_shard_of(id, s->S) != s->s) {
+            rc = fl_fail(FL_EFORMAT, "%s: id %" PRIu64 " of sparse table %d belongs to server "
+                         "%d, not %d", path, id, t, fl_ps_shard_of(id, s->S), s->s);
+            break;
+        }
+        memcpy(vals, (const char *)tv->data + i * dim * 4, (size_t)dim * 4);
+        if (sr)
+            memcpy(vals + dim, (const char *)ts->data + i * sr * 4, (size_t)sr * 4);
+        int th = s->T > 1 ? fl_ps_thread_of(id, s->T) : 0;
+        rc = fl_ps_sparse_put(sp->parts[th], id, vals, sr ? vals + dim : NULL);
+    }
+    free(vals);
+    FL_TRY(rc);
+    sp->sy.version = version;
+    for (int w = 0; w < s->W; w++)
+        sp->sy.last_pull[w] = version;
+    sp->loaded = true;
+    sp->declared_by = -1;
+    return 0;
+}
+
+static int load_file(ps_server *s, const char *file, bool base) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", s->cfg.checkpoint_dir, file);
+    fl_safetensors *st;
+    FL_TRY(fl_safetensors_open(path, &st));
+    int64_t server = -1, servers = -1;
+    const char *kind = fl_safetensors_meta(st, "fleet.ps.kind");
+    int rc = 0;
+    if (meta_i64(st, "fleet.ps.server", &server) < 0 ||
+        meta_i64(st, "fleet.ps.servers", &servers) < 0 || !kind)
+        rc = fl_fail(FL_EFORMAT, "%s: not a parameter-server checkpoint (no fleet.ps.* "
+                     "metadata)", path);
+    else if (server != s->s || servers != s->S)
+        rc = fl_fail(FL_EFORMAT, "%s is server %" PRId64 " of %" PRId64 "'s shards; this is "
+                     "server %d of %d", path, server, servers, s->s, s->S);
+    else if (base && strcmp(kind, "all") != 0)
+        rc = fl_fail(FL_EFORMAT, "%s: the chain starts with a %s save, not a full one", path,
+                     kind);
+    for (int t = 0; rc == 0 && t < FL_PS_MAX_TABLES; t++) {
+        rc = load_dense(s, st, t);
+        if (rc == 0)
+            rc = load_sparse(s, st, t);
+    }
+    fl_safetensors_close(st);
+    return rc;
+}
+
+int ps_load(ps_server *s) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/ps.server%d.latest", s->cfg.checkpoint_dir, s->s);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT) {
+            FL_INFO("ps server %d: no checkpoint in %s; starting fresh", s->s,
+                    s->cfg.checkpoint_dir);
+            return 0;
+        }
+        return fl_fail(FL_EIO, "%s: %s", path, strerror(errno));
+    }
+    ps_chain c = {0};
+    char line[256];
+    int ln = 0, rc = 0, server = -1, servers = -1;
+    bool magic = false, have_step = false;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        ln++;
+        size_t len = strlen(line);
+        if (len && line[len - 1] == '\n')
+            line[--len] = '\0';
+        long long x;
+        int used = 0;
+        if (ln == 1) {
+            magic = strcmp(line, "fleet-ps-checkpoint 1") == 0;
+            if (!magic)
+                rc = fl_fail(FL_EFORMAT, "%s:1: not a parameter-server checkpoint pointer", path);
+        } else if (sscanf(line, "server %d of %d%n", &server, &servers, &used) == 2 &&
+                   !line[used]) {
+            if (server != s->s || servers != s->S)
+                rc = fl_fail(FL_EFORMAT, "%s:%d: the checkpoint is server %d of %d's; this is "
+                             "server %d of %d", path, ln, server, servers, s->s, s->S);
+        } else if (sscanf(line, "step %lld%n", &x, &used) == 1 && !line[used] && x >= 0) {
+            c.step = x;
+            have_step = true;
+        } else if (strncmp(line, "file ", 5) == 0 && len > 5 && len - 5 < sizeof c.files[0] &&
+                   !strchr(line + 5, '/') && c.n < PS_CHAIN_MAX) {
+            memcpy(c.files[c.n++], line + 5, len - 5 + 1);
+        } else {
+            rc = fl_fail(FL_EFORMAT, "%s:%d: cannot read '%s'", path, ln, line);
+        }
+    }
+    fclose(f);
+    if (rc == 0 && (!magic || !have_step || c.n == 0 || server < 0))
+        rc = fl_fail(FL_EFORMAT, "%s: incomplete pointer (needs server, step and files)", path);
+    for (int i = 0; rc == 0 && i < c.n; i++)
+        rc = load_file(s, c.files[i], i == 0);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "parameter server %d cannot resume", s->s);
+    for (int t = 0; t < FL_PS_MAX_TABLES; t++)
+        for (int i = 0; s->sparse[t].declared && i < s->T; i++)
+            fl_ps_sparse_mark_clean(s->sparse[t].parts[i]);
+    s->chain = c;
+    s->loaded_step = c.step;
+    FL_INFO("ps server %d: resumed step %" PRId64 " from %s (%d file%s)", s->s, c.step, path,
+            c.n, c.n == 1 ? "" : "s");
+    return 0;
+}

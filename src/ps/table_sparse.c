@@ -1,0 +1,555 @@
+/* table_sparse.c - a sparse table: 64-bit id -> row of dim f32 values and the rule's state,
+ * built for 10^8 rows in little memory (dim 8 with Adagrad: about 60 bytes a row, all counted).
+ *
+ * Rows live in chunks of 2^k rows allocated as the table grows and never moved, so a row's
+ * pointer stays valid and nothing is allocated per row. A chunk holds its rows' ids, a dirty bit
+ * per row (delta saves) and the rows, each [values (dim) | state]. The index is an open-
+ * addressing hash table with linear probing (Knuth, TAOCP vol. 3, 6.4, algorithm L) of 8-byte
+ * entries: 32 bits of the id's hash as a tag and the row's slot + 1 (0: empty); a probe reads the
+ * row's id only when the tag matches. Its home position is the hash's top bits; past 3/4 full it
+ * doubles and is rebuilt from the chunks' ids, read in order. No row is ever deleted, so there
+ * are no tombstones. The pending sums of a sync step sit in a second, small map of the same kind,
+ * emptied by each apply. Sorting by id (visit, apply) is an LSD radix sort of (id, slot) pairs. */
+#include "table.h"
+
+#include "fleet/status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DIM        4096
+#define CHUNK_BYTES    (2u << 20) /* a chunk's target size */
+#define MIN_CHUNK_SHIFT 6         /* 64 rows: whole words of dirty bits */
+#define MAX_CHUNK_SHIFT 16
+#define INDEX_MIN_BITS 10
+#define MAX_ROWS       ((int64_t)UINT32_MAX - 1) /* slot + 1 fits an entry's 32 bits */
+#define GOLDEN         0x9e3779b97f4a7c15ull
+
+typedef struct {
+    uint32_t tag;   /* low 32 bits of the id's hash */
+    uint32_t slot1; /* row slot + 1 (index) or pending entry + 1 (pending map); 0: empty */
+} entry;
+
+typedef struct {
+    uint64_t *ids;   /* [R] */
+    uint64_t *dirty; /* [R / 64] */
+    float    *rows;  /* [R * stride] */
+} chunk;
+
+typedef struct { /* an open-addressing map of 2^bits entries */
+    entry   *e;
+    int      bits;
+    int64_t  used;
+} map;
+
+struct fl_ps_sparse {
+    int             table, dim, stride; /* stride: floats a row, values then state */
+    fl_ps_rule      rule;
+    fl_ps_init_rule init;
+    int             chunk_shift;        /* rows a chunk: 1 << chunk_shift */
+    chunk          *chunks;
+    int64_t         nchunks, chunks_cap;
+    int64_t         rows;
+    map             index;              /* id -> row slot */
+    /* pending sums (sync): id -> entry of pids / psum */
+    map             pending;
+    uint64_t       *pids;               /* [pcap] */
+    float          *psum;               /* [pcap * dim] */
+    int64_t         pcap;
+    float          *scratch;            /* [dim]: a scaled gradient */
+};
+
+/* ---- hashing ---- */
+/* The splitmix64 output function (Steele, Lea & Flood, OOPSLA 2014): the initializer's draws. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* MurmurHash3's fmix64 (Appleby): the index's hash, another mixer than fl_ps_shard_of's, so the
+ * ids one server or thread owns still spread over its index. */
+static inline uint64_t index_hash(uint64_t id) {
+    uint64_t z = id ^ 0x2545f4914f6cdd1dull;
+    z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
+    z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
+    return z ^ (z >> 33);
+}
+
+/* ---- rows ---- */
+static inline int64_t chunk_rows(const fl_ps_sparse *t) { return (int64_t)1 << t->chunk_shift; }
+
+static inline chunk *chunk_of(const fl_ps_sparse *t, int64_t slot) {
+    return &t->chunks[slot >> t->chunk_shift];
+}
+static inline int64_t in_chunk(const fl_ps_sparse *t, int64_t slot) {
+    return slot & (chunk_rows(t) - 1);
+}
+static inline uint64_t id_at(const fl_ps_sparse *t, int64_t slot) {
+    return chunk_of(t, slot)->ids[in_chunk(t, slot)];
+}
+static inline float *row_at(const fl_ps_sparse *t, int64_t slot) {
+    return chunk_of(t, slot)->rows + in_chunk(t, slot) * t->stride;
+}
+static inline void set_dirty(fl_ps_sparse *t, int64_t slot) {
+    int64_t k = in_chunk(t, slot);
+    chunk_of(t, slot)->dirty[k >> 6] |= 1ull << (k & 63);
+}
+static inline bool is_dirty(const fl_ps_sparse *t, int64_t slot) {
+    int64_t k = in_chunk(t, slot);
+    return chunk_of(t, slot)->dirty[k >> 6] >> (k & 63) & 1;
+}
+
+static size_t chunk_bytes(const fl_ps_sparse *t) {
+    size_t r = (size_t)chunk_rows(t);
+    return r * sizeof(uint64_t) + r / 64 * sizeof(uint64_t) + r * (size_t)t->stride * sizeof(float);
+}
+
+/* The initial values of row id: value j is a function of (seed, table, id, j) alone. */
+static void init_row(const fl_ps_sparse *t, uint64_t id, float *v) {
+    const fl_ps_init_rule *in = &t->init;
+    if (in->type == FL_PS_INIT_ZERO) {
+        memset(v, 0, (size_t)t->dim * sizeof *v);
+        return;
+    }
+    uint64_t key = mix64(mix64(mix64(in->seed + GOLDEN) ^ (uint64_t)(uint32_t)t->table) ^ id);
+    /* draw j: the splitmix64 sequence seeded with key, at position j */
+#define DRAW(j) mix64(key + ((uint64_t)(j) + 1) * GOLDEN)
+#define UNIT(h) ((double)((h) >> 11) * 0x1p-53) /* [0, 1) */
+    if (in->type == FL_PS_INIT_UNIFORM) {
+        float hi = (float)in->b;
+        for (int j = 0; j < t->dim; j++) {
+            float x = (float)(in->a + (in->b - in->a) * UNIT(DRAW(j)));
+            v[j] = x < hi || in->a == in->b ? x : nextafterf(hi, -INFINITY);
+        }
+        return;
+    }
+    /* normal: Box-Muller (Box & Muller 1958) on draws (2p, 2p + 1) for values 2p and 2p + 1 */
+    for (int j = 0; j < t->dim; j += 2) {
+        double u1 = 1.0 - UNIT(DRAW(j)); /* (0, 1] */
+        double u2 = UNIT(DRAW(j + 1));
+        double r = sqrt(-2.0 * log(u1)), a = 2.0 * M_PI * u2;
+        v[j] = (float)(in->a + in->b * r * cos(a));
+        if (j + 1 < t->dim)
+            v[j + 1] = (float)(in->a + in->b * r * sin(a));
+    }
+#undef DRAW
+#undef UNIT
+}
+
+/* ---- maps ---- */
+static int map_init(map *m, int bits) {
+    m->e = calloc((size_t)1 << bits, sizeof *m->e);
+    m->bits = bits;
+    m->used = 0;
+    return m->e ? FL_OK : FL_ENOMEM;
+}
+
+static inline uint64_t map_mask(const map *m) { return ((uint64_t)1 << m->bits) - 1; }
+static inline uint64_t map_home(const map *m, uint64_t h) { return h >> (64 - m->bits); }
+static inline bool map_full(const map *m) {
+    return m->used + 1 > (int64_t)(((uint64_t)3 << m->bits) / 4);
+}
+
+/* Places (h, value + 1) at the first free entry from its home; the key is known to be absent. */
+static void map_place(map *m, uint64_t h, uint32_t slot1) {
+    uint64_t mask = map_mask(m), p = map_home(m, h);
+    while (m->e[p].slot1)
+        p = (p + 1) & mask;
+    m->e[p].tag = (uint32_t)h;
+    m->e[p].slot1 = slot1;
+    m->used++;
+}
+
+/* The row slot of id, or -1; *pos gets the entry where it is or where it would go. */
+static inline int64_t index_find(const fl_ps_sparse *t, uint64_t id, uint64_t h, uint64_t *pos) {
+    const map *m = &t->index;
+    uint64_t mask = map_mask(m), p = map_home(m, h);
+    uint32_t tag = (uint32_t)h;
+    for (;; p = (p + 1) & mask) {
+        entry e = m->e[p];
+        if (!e.slot1)
+            break;
+        if (e.tag == tag && id_at(t, (int64_t)e.slot1 - 1) == id) {
+            *pos = p;
+            return (int64_t)e.slot1 - 1;
+        }
+    }
+    *pos = p;
+    return -1;
+}
+
+/* Doubles the index and places every row again, reading the ids chunk by chunk. */
+static int index_grow(fl_ps_sparse *t) {
+    map bigger;
+    if (map_init(&bigger, t->index.bits + 1) < 0)
+        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory growing its index to %llu "
+                       "entries (%lld rows)", t->table, 1ull << (t->index.bits + 1),
+                       (long long)t->rows);
+    for (int64_t s = 0; s < t->rows; s++)
+        map_place(&bigger, index_hash(id_at(t, s)), (uint32_t)(s + 1));
+    free(t->index.e);
+    t->index = bigger;
+    return FL_OK;
+}
+
+static int add_chunk(fl_ps_sparse *t) {
+    if (t->nchunks == t->chunks_cap) {
+        int64_t cap = t->chunks_cap ? 2 * t->chunks_cap : 16;
+        chunk *c = realloc(t->chunks, (size_t)cap * sizeof *c);
+        if (!c)
+            goto nomem;
+        t->chunks = c;
+        t->chunks_cap = cap;
+    }
+    size_t r = (size_t)chunk_rows(t);
+    chunk *c = &t->chunks[t->nchunks];
+    c->ids = malloc(r * sizeof *c->ids);
+    c->dirty = calloc(r / 64, sizeof *c->dirty);
+    c->rows = malloc(r * (size_t)t->stride * sizeof *c->rows);
+    if (!c->ids || !c->dirty || !c->rows) {
+        free(c->ids);
+        free(c->dirty);
+        free(c->rows);
+        goto nomem;
+    }
+    t->nchunks++;
+    return FL_OK;
+nomem:
+    return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory for rows beyond %lld",
+                   t->table, (long long)t->rows);
+}
+
+/* The slot of row id, created (initializer, fresh state, dirty) when missing; -1 and the error
+ * set when memory runs out. */
+static int64_t find_or_create(fl_ps_sparse *t, uint64_t id) {
+    uint64_t h = index_hash(id), pos;
+    int64_t s = index_find(t, id, h, &pos);
+    if (s >= 0)
+        return s;
+    if (t->rows >= MAX_ROWS) {
+        fl_fail(FL_ENOMEM, "ps sparse table %d: more than %lld rows on one shard", t->table,
+                (long long)MAX_ROWS);
+        return -1;
+    }
+    if (map_full(&t->index)) {
+        if (index_grow(t) < 0)
+            return -1;
+        index_find(t, id, h, &pos);
+    }
+    if (t->rows == t->nchunks * chunk_rows(t) && add_chunk(t) < 0)
+        return -1;
+    s = t->rows++;
+    chunk_of(t, s)->ids[in_chunk(t, s)] = id;
+    float *row = row_at(t, s);
+    init_row(t, id, row);
+    fl_ps_rule_state_init(&t->rule, row + t->dim, t->dim);
+    set_dirty(t, s);
+    t->index.e[pos].tag = (uint32_t)h;
+    t->index.e[pos].slot1 = (uint32_t)(s + 1);
+    t->index.used++;
+    return s;
+}
+
+/* ---- sorting (id, value) pairs by id ---- */
+typedef struct {
+    uint64_t id, v;
+} pair;
+
+/* LSD radix sort on the id's 8 bytes, skipping the bytes every id shares (small ids sort in
+ * few passes). a and tmp hold n pairs; returns the one that ends sorted. */
+static pair *sort_pairs(pair *a, pair *tmp, int64_t n) {
+    enum { B = 8 };
+    size_t count[B][256]; /* 16 KiB */
+    memset(count, 0, sizeof count);
+    for (int64_t i = 0; i < n; i++)
+        for (int b = 0; b < B; b++)
+            count[b][(a[i].id >> (8 * b)) & 255]++;
+    pair *src = a, *dst = tmp;
+    for (int b = 0; b < B; b++) {
+        size_t *c = count[b];
+        bool trivial = false;
+        for (int d = 0; d < 256; d++)
+            if (c[d] == (size_t)n) {
+                trivial = true;
+                break;
+            }
+        if (trivial)
+            continue;
+        size_t off = 0;
+        for (int d = 0; d < 256; d++) {
+            size_t k = c[d];
+            c[d] = off;
+            off += k;
+        }
+        for (int64_t i = 0; i < n; i++)
+            dst[c[(src[i].id >> (8 * b)) & 255]++] = src[i];
+        pair *x = src;
+        src = dst;
+        dst = x;
+    }
+    return src;
+}
+
+/* ---- the API ---- */
+int fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_init_rule *init,
+                        fl_ps_sparse **out) {
+    FL_ASSERT(r && init && out);
+    *out = NULL;
+    if (dim < 1 || dim > MAX_DIM)
+        return fl_fail(FL_EINVAL, "ps sparse table %d: dim %d outside [1, %d]", table, dim,
+                       MAX_DIM);
+    int rc = fl_ps_rule_check(r, true);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "ps sparse table %d", table);
+    switch (init->type) {
+    case FL_PS_INIT_ZERO:
+        break;
+    case FL_PS_INIT_UNIFORM:
+        if (!isfinite(init->a) || !isfinite(init->b) || !(init->a <= init->b))
+            return fl_fail(FL_EINVAL,
+                           "ps sparse table %d: uniform initializer [a %g, b %g) needs finite "
+                           "a <= b", table, init->a, init->b);
+        break;
+    case FL_PS_INIT_NORMAL:
+        if (!isfinite(init->a) || !isfinite(init->b) || !(init->b >= 0))
+            return fl_fail(FL_EINVAL,
+                           "ps sparse table %d: normal initializer mean a %g, std b %g needs "
+                           "finite values and b >= 0", table, init->a, init->b);
+        break;
+    default:
+        return fl_fail(FL_EINVAL, "ps sparse table %d: initializer type %d is none of zero, "
+                       "uniform, normal", table, (int)init->type);
+    }
+    fl_ps_sparse *t = calloc(1, sizeof *t);
+    if (!t)
+        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory", table);
+    t->table = table;
+    t->dim = dim;
+    t->rule = *r;
+    t->init = *init;
+    t->stride = dim + dim * fl_ps_rule_state_per_value(r) + fl_ps_rule_state_per_row(r);
+    size_t row_bytes = (size_t)t->stride * sizeof(float) + sizeof(uint64_t);
+    t->chunk_shift = MIN_CHUNK_SHIFT;
+    while (t->chunk_shift < MAX_CHUNK_SHIFT &&
+           ((size_t)2 << t->chunk_shift) * row_bytes <= CHUNK_BYTES)
+        t->chunk_shift++;
+    t->scratch = malloc((size_t)dim * sizeof *t->scratch);
+    if (!t->scratch || map_init(&t->index, INDEX_MIN_BITS) < 0) {
+        fl_ps_sparse_free(t);
+        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory", table);
+    }
+    *out = t;
+    return FL_OK;
+}
+
+void fl_ps_sparse_free(fl_ps_sparse *t) {
+    if (!t)
+        return;
+    for (int64_t i = 0; i < t->nchunks; i++) {
+        free(t->chunks[i].ids);
+        free(t->chunks[i].dirty);
+        free(t->chunks[i].rows);
+    }
+    free(t->chunks);
+    free(t->index.e);
+    free(t->pending.e);
+    free(t->pids);
+    free(t->psum);
+    free(t->scratch);
+    free(t);
+}
+
+int fl_ps_sparse_dim(const fl_ps_sparse *t) { return t->dim; }
+int64_t fl_ps_sparse_rows(const fl_ps_sparse *t) { return t->rows; }
+
+size_t fl_ps_sparse_bytes(const fl_ps_sparse *t) {
+    size_t b = sizeof *t + (size_t)t->chunks_cap * sizeof(chunk) +
+               (size_t)t->nchunks * chunk_bytes(t) + (sizeof(entry) << t->index.bits) +
+               (size_t)t->dim * sizeof(float);
+    if (t->pending.e)
+        b += sizeof(entry) << t->pending.bits;
+    b += (size_t)t->pcap * (sizeof(uint64_t) + (size_t)t->dim * sizeof(float));
+    return b;
+}
+
+int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out) {
+    FL_ASSERT(t && (ids || n == 0) && (out || n == 0));
+    size_t bytes = (size_t)t->dim * sizeof(float);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = find_or_create(t, ids[i]);
+        if (s < 0)
+            return FL_ENOMEM;
+        memcpy(out + i * t->dim, row_at(t, s), bytes);
+    }
+    return FL_OK;
+}
+
+int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
+                      double lr) {
+    FL_ASSERT(t && (ids || n == 0) && (g || n == 0));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = find_or_create(t, ids[i]);
+        if (s < 0)
+            return FL_ENOMEM;
+        float *row = row_at(t, s);
+        fl_ps_rule_apply(&t->rule, lr, row, g + i * t->dim, row + t->dim, t->dim);
+        set_dirty(t, s);
+    }
+    return FL_OK;
+}
+
+/* ---- pending sums (sync) ---- */
+static int pending_grow(fl_ps_sparse *t) {
+    map bigger;
+    if (map_init(&bigger, t->pending.e ? t->pending.bits + 1 : INDEX_MIN_BITS) < 0)
+        return FL_ENOMEM;
+    for (int64_t k = 0; k < t->pending.used; k++)
+        map_place(&bigger, index_hash(t->pids[k]), (uint32_t)(k + 1));
+    free(t->pending.e);
+    t->pending = bigger;
+    /* pids / psum hold up to 3/4 of the map's entries */
+    int64_t cap = (int64_t)(((uint64_t)3 << bigger.bits) / 4);
+    uint64_t *ids = realloc(t->pids, (size_t)cap * sizeof *ids);
+    if (!ids)
+        return FL_ENOMEM;
+    t->pids = ids;
+    float *sum = realloc(t->psum, (size_t)cap * (size_t)t->dim * sizeof *sum);
+    if (!sum)
+        return FL_ENOMEM;
+    t->psum = sum;
+    t->pcap = cap;
+    return FL_OK;
+}
+
+int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g) {
+    FL_ASSERT(t && (ids || n == 0) && (g || n == 0));
+    int dim = t->dim;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t id = ids[i], h = index_hash(id);
+        map *m = &t->pending;
+        int64_t k = -1;
+        uint64_t p = 0;
+        if (m->e) {
+            uint64_t mask = map_mask(m);
+            uint32_t tag = (uint32_t)h;
+            for (p = map_home(m, h); m->e[p].slot1; p = (p + 1) & mask)
+                if (m->e[p].tag == tag && t->pids[m->e[p].slot1 - 1] == id) {
+                    k = (int64_t)m->e[p].slot1 - 1;
+                    break;
+                }
+        }
+        if (k < 0) {
+            if (!m->e || m->used >= t->pcap) {
+                if (pending_grow(t) < 0)
+                    return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory for the "
+                                   "pending sums of %lld rows", t->table,
+                                   (long long)t->pending.used + 1);
+            }
+            k = m->used;
+            t->pids[k] = id;
+            memset(t->psum + k * dim, 0, (size_t)dim * sizeof(float));
+            map_place(m, h, (uint32_t)(k + 1));
+        }
+        float *restrict s = t->psum + k * dim;
+        const float *gi = g + i * dim;
+        for (int j = 0; j < dim; j++)
+            s[j] += gi[j];
+    }
+    return FL_OK;
+}
+
+int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
+    FL_ASSERT(t);
+    int64_t n = t->pending.used;
+    if (n == 0)
+        return FL_OK;
+    pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
+    if (!a || !tmp) {
+        free(a);
+        free(tmp);
+        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory sorting %lld pending rows",
+                       t->table, (long long)n);
+    }
+    for (int64_t k = 0; k < n; k++)
+        a[k] = (pair){t->pids[k], (uint64_t)k};
+    pair *sorted = sort_pairs(a, tmp, n);
+    pair *slots = sorted == a ? tmp : a;
+    /* create every missing row first, so that running out of memory applies nothing */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = find_or_create(t, sorted[i].id);
+        if (s < 0) {
+            free(a);
+            free(tmp);
+            return FL_ENOMEM;
+        }
+        slots[i].v = (uint64_t)s;
+    }
+    int dim = t->dim;
+    for (int64_t i = 0; i < n; i++) {
+        const float *sum = t->psum + (int64_t)sorted[i].v * dim;
+        for (int j = 0; j < dim; j++)
+            t->scratch[j] = (float)((double)sum[j] * scale);
+        int64_t s = (int64_t)slots[i].v;
+        float *row = row_at(t, s);
+        fl_ps_rule_apply(&t->rule, lr, row, t->scratch, row + dim, dim);
+        set_dirty(t, s);
+    }
+    free(a);
+    free(tmp);
+    memset(t->pending.e, 0, sizeof(entry) << t->pending.bits);
+    t->pending.used = 0;
+    return FL_OK;
+}
+
+/* ---- visiting, saving, loading ---- */
+int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, void *ctx) {
+    FL_ASSERT(t && fn);
+    int64_t n = 0;
+    for (int64_t s = 0; s < t->rows; s++)
+        n += !only_dirty || is_dirty(t, s);
+    if (n == 0)
+        return FL_OK;
+    pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
+    if (!a || !tmp) {
+        free(a);
+        free(tmp);
+        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory sorting %lld rows by id",
+                       t->table, (long long)n);
+    }
+    int64_t k = 0;
+    for (int64_t s = 0; s < t->rows; s++)
+        if (!only_dirty || is_dirty(t, s))
+            a[k++] = (pair){id_at(t, s), (uint64_t)s};
+    pair *sorted = sort_pairs(a, tmp, n);
+    int rc = 0;
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        const float *row = row_at(t, (int64_t)sorted[i].v);
+        rc = fn(ctx, sorted[i].id, row, row + t->dim);
+    }
+    free(a);
+    free(tmp);
+    return rc;
+}
+
+void fl_ps_sparse_mark_clean(fl_ps_sparse *t) {
+    FL_ASSERT(t);
+    for (int64_t i = 0; i < t->nchunks; i++)
+        memset(t->chunks[i].dirty, 0, (size_t)chunk_rows(t) / 64 * sizeof(uint64_t));
+}
+
+int fl_ps_sparse_put(fl_ps_sparse *t, uint64_t id, const float *values, const float *state) {
+    FL_ASSERT(t && values);
+    int64_t s = find_or_create(t, id);
+    if (s < 0)
+        return FL_ENOMEM;
+    float *row = row_at(t, s);
+    memcpy(row, values, (size_t)t->dim * sizeof *row);
+    if (state)
+        memcpy(row + t->dim, state, (size_t)(t->stride - t->dim) * sizeof *row);
+    else
+        fl_ps_rule_state_init(&t->rule, row + t->dim, t->dim);
+    set_dirty(t, s);
+    return FL_OK;
+}
