@@ -5,8 +5,9 @@
  *   sync:  push this update's gradients, then pull version step + 1, which the servers make
  *          once every worker has pushed (the same computation as dense allreduce + step).
  *   async: the gradients go into a send buffer; a communicator thread pushes what queued up
- *          (summed: Paddle's merged send queue, at most a_sync_configs.max_merge_var_num
- *          gradients per push) and pulls the newest parameters, which the next update takes.
+ *          (their mean: Paddle's merged send queue averages for the optimizers the servers
+ *          run, at most a_sync_configs.max_merge_var_num gradients per push) and pulls the
+ *          newest parameters, which the next update takes.
  *          Training never waits for the network unless the queue is full.
  *   geo:   the local optimizer steps the worker's own copy; every k_steps updates the worker
  *          pushes (params - snapshot) / workers, which the servers add (rule SUM), and pulls
@@ -43,7 +44,7 @@ typedef struct {
     pthread_cond_t    wake;    /* to the thread: gradients queued, or stop */
     pthread_cond_t    room;    /* to the trainer: the queue has room, or the thread is idle */
     pthread_mutex_t   io;      /* one request at a time on the client */
-    float            *pending; /* sum of the queued gradients */
+    float            *pending; /* sum of the queued gradients (pushed as their mean) */
     float            *sending; /* what the thread is pushing */
     float            *pulled;  /* where the thread pulls into */
     float            *fresh;   /* the newest pulled values, not yet taken */
@@ -131,6 +132,11 @@ static void *communicator(void *arg) {
         s->pending = t;
         int64_t step = s->pending_step;
         double lr = s->pending_lr;
+        if (s->npending > 1) { /* the mean of what queued up */
+            float inv = 1.0f / (float)s->npending;
+            for (int64_t i = 0; i < s->numel; i++)
+                s->sending[i] *= inv;
+        }
         s->npending = 0;
         s->busy = true;
         pthread_cond_broadcast(&s->room);
@@ -368,9 +374,20 @@ static int finish(fl_dist_optim *d) {
         pthread_mutex_unlock(&s->io);
     FL_TRY(rc);
     fl_backend_stage_in(s->be, params, into, bytes, NULL);
-    if (s->mode == FL_PS_GEO) {
+    if (s->mode == FL_PS_GEO)
         memcpy(s->snapshot, fl_backend_stage_out(s->be, params, s->host, bytes, NULL), bytes);
-    }
+    fl_ps_stats st;
+    fl_ps_get_stats(s->ps, &st);
+    if (s->mode == FL_PS_ASYNC)
+        FL_INFO("strategy ps: async: %lld updates in %lld pushes (queued gradients merged), "
+                "staleness mean %.2f, max %lld updates of other workers; sent %.1f MB, "
+                "received %.1f MB", (long long)DIST_STEP(d), (long long)s->pushes,
+                st.mean_staleness, (long long)st.max_staleness, st.bytes_sent / 1e6,
+                st.bytes_received / 1e6);
+    else
+        FL_INFO("strategy ps: geo: %lld updates, exchanges every %lld; sent %.1f MB, received "
+                "%.1f MB", (long long)DIST_STEP(d), (long long)s->k, st.bytes_sent / 1e6,
+                st.bytes_received / 1e6);
     return FL_OK;
 }
 
