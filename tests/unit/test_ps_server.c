@@ -658,7 +658,51 @@ static void test_shape_mismatch(void) {
         fprintf(stderr, "worker 1: %s\n", j.wrk_msg[1]);
 }
 
+/* ---------------------------------------------------------------- role maker */
+
+static void test_roles(void) {
+    fl_ps *ps = NULL;
+    unsetenv("TRAINING_ROLE");
+    CHECK_RC(fl_ps_init(&ps), FL_ECONFIG);
+    CHECK_MSG("TRAINING_ROLE is not set");
+    setenv("TRAINING_ROLE", "SERVER", 1);
+    CHECK_RC(fl_ps_init(&ps), FL_ECONFIG);
+    CHECK_MSG("TRAINING_ROLE=SERVER");
+    setenv("TRAINING_ROLE", "PSERVER", 1);
+    setenv("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:6170,127.0.0.1:6171", 1);
+    setenv("PADDLE_TRAINERS_NUM", "2", 1);
+    setenv("POD_IP", "127.0.0.1", 1);
+    setenv("PADDLE_PORT", "6172", 1);
+    setenv("FLEET_JOB_TOKEN", TOKEN, 1);
+    CHECK_RC(fl_ps_init(&ps), FL_ECONFIG);
+    CHECK_MSG("PADDLE_PORT=6172");
+    setenv("PADDLE_PORT", "6171", 1);
+    CHECK_OK(fl_ps_init(&ps));
+    CHECK(ps && fl_ps_is_server(ps) && fl_ps_server_index(ps) == 1 && fl_ps_server_num(ps) == 2 &&
+          fl_ps_worker_num(ps) == 2 && strcmp(fl_ps_server_endpoint(ps, 0), "127.0.0.1:6170") == 0);
+    fl_ps_free(ps);
+    ps = NULL;
+    setenv("TRAINING_ROLE", "TRAINER", 1);
+    setenv("PADDLE_TRAINER_ID", "2", 1);
+    CHECK_RC(fl_ps_init(&ps), FL_ECONFIG);
+    CHECK_MSG("PADDLE_TRAINER_ID=2");
+    setenv("PADDLE_TRAINER_ID", "1", 1);
+    setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:7000", 1);
+    CHECK_RC(fl_ps_init(&ps), FL_ECONFIG);
+    CHECK_MSG("PADDLE_TRAINER_ENDPOINTS has 1 entries");
+    unsetenv("PADDLE_TRAINER_ENDPOINTS");
+    setenv("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:6170,,127.0.0.1:6171", 1);
+    CHECK_RC(fl_ps_init(&ps), FL_ECONFIG);
+    CHECK_MSG("PADDLE_PSERVERS_IP_PORT_LIST has an empty entry");
+    setenv("PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:6170", 1);
+    CHECK_OK(fl_ps_init(&ps));
+    CHECK(ps && fl_ps_is_worker(ps) && fl_ps_worker_index(ps) == 1 && fl_ps_server_index(ps) == -1);
+    CHECK(strcmp(fl_ps_mode_name(FL_PS_GEO), "geo") == 0);
+    fl_ps_free(ps);
+}
+
 int main(void) {
+    test_roles();
     test_sync_dense();
     test_async_geo();
     test_sparse();
