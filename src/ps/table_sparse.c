@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_DIM        4096
 #define CHUNK_BYTES    (2u << 20) /* a chunk's target size */
@@ -138,9 +139,28 @@ static void init_row(const fl_ps_sparse *t, uint64_t id, float *v) {
 #undef UNIT
 }
 
+/* ---- memory ---- */
+/* Random ids touch a new page of the index at nearly every lookup: an index of 4 MiB or more
+ * (a power of two, so whole huge pages) is aligned to 2 MiB and asks for transparent huge
+ * pages, so that a lookup costs a cache miss but seldom a TLB miss too (~20% more rows/s at
+ * 10^7 rows on the development machine). */
+#define HUGE_BYTES ((size_t)2 << 20)
+static void *big_alloc(size_t bytes, bool zero) {
+    if (bytes < 2 * HUGE_BYTES)
+        return zero ? calloc(1, bytes) : malloc(bytes);
+    void *p = NULL;
+    size_t n = (bytes + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+    if (posix_memalign(&p, HUGE_BYTES, n) != 0)
+        return NULL;
+    (void)madvise(p, n, MADV_HUGEPAGE); /* advice only: without it, small pages */
+    if (zero)
+        memset(p, 0, bytes);
+    return p;
+}
+
 /* ---- maps ---- */
 static int map_init(map *m, int bits) {
-    m->e = calloc((size_t)1 << bits, sizeof *m->e);
+    m->e = big_alloc(sizeof *m->e << bits, true);
     m->bits = bits;
     m->used = 0;
     return m->e ? FL_OK : FL_ENOMEM;
@@ -250,6 +270,35 @@ static int64_t find_or_create(fl_ps_sparse *t, uint64_t id) {
     t->index.e[pos].slot1 = (uint32_t)(s + 1);
     t->index.used++;
     return s;
+}
+
+/* Batches hide the memory latency of random ids with a two-stage software pipeline: AHEAD
+ * ids ahead the index entry's line is fetched; AHEAD / 2 ahead, when that entry's tag matches,
+ * the row's id and the row itself. The lookup then finds them in cache. */
+#define AHEAD 16
+
+static inline void prefetch_entry(const fl_ps_sparse *t, uint64_t id) {
+    __builtin_prefetch(&t->index.e[map_home(&t->index, index_hash(id))]);
+}
+
+static inline void prefetch_row(const fl_ps_sparse *t, uint64_t id) {
+    uint64_t h = index_hash(id);
+    entry e = t->index.e[map_home(&t->index, h)];
+    if (e.slot1 && e.tag == (uint32_t)h) {
+        int64_t s = (int64_t)e.slot1 - 1;
+        const float *row = row_at(t, s);
+        __builtin_prefetch(&chunk_of(t, s)->ids[in_chunk(t, s)]);
+        __builtin_prefetch(row, 1);
+        __builtin_prefetch(row + t->stride - 1, 1);
+    }
+}
+
+static inline void prefetch_ahead(const fl_ps_sparse *t, const uint64_t *ids, int64_t i,
+                                  int64_t n) {
+    if (i + AHEAD < n)
+        prefetch_entry(t, ids[i + AHEAD]);
+    if (i + AHEAD / 2 < n)
+        prefetch_row(t, ids[i + AHEAD / 2]);
 }
 
 /* ---- sorting (id, value) pairs by id ---- */
@@ -378,6 +427,7 @@ int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, floa
     FL_ASSERT(t && (ids || n == 0) && (out || n == 0));
     size_t bytes = (size_t)t->dim * sizeof(float);
     for (int64_t i = 0; i < n; i++) {
+        prefetch_ahead(t, ids, i, n);
         int64_t s = find_or_create(t, ids[i]);
         if (s < 0)
             return FL_ENOMEM;
@@ -387,9 +437,10 @@ int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, floa
 }
 
 int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
-                      double lr) {
+                           double lr) {
     FL_ASSERT(t && (ids || n == 0) && (g || n == 0));
     for (int64_t i = 0; i < n; i++) {
+        prefetch_ahead(t, ids, i, n);
         int64_t s = find_or_create(t, ids[i]);
         if (s < 0)
             return FL_ENOMEM;
