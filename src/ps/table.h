@@ -22,11 +22,13 @@ int fl_ps_rule_state_per_row(const fl_ps_rule *r);
 
 /* One update of n values w[] (a dense block, or one sparse row: n = dim) with gradient g[]
  * and learning rate lr; state[] holds n * per_value + per_row floats laid out as
- * [per-value state (value-major: m[n], v[n]) | per-row state]. SGD and Momentum as
- * fl_optim_step on the ref backend; Adam: m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2,
- * w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps) (Paddle's adam kernel);
- * Adagrad as Paddle's SparseAdaGradSGDRule (g2sum per row: w -= lr * g * sqrt(g2sum0 /
- * (g2sum0 + g2sum)), then g2sum += mean(g^2)); SUM: w += g (lr ignored). */
+ * [per-value state (value-major: m[n], v[n]) | per-row state] (NULL when it holds none).
+ * SGD and Momentum as fl_optim_step on the ref backend, bit for bit; Adam:
+ * m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m /
+ * (sqrt(v) + eps * sqrt(1 - b2^t)) (Paddle's adam kernel, phi's AdamFunctor; rule.c says where
+ * Paddle's PS rule differs); Adagrad as Paddle's SparseAdaGradSGDRule (g2sum per row:
+ * w -= lr * g * sqrt(g2sum0 / (g2sum0 + g2sum)), then g2sum += mean(g^2)); SUM: w += g (lr
+ * ignored). L2 decay (SGD, Momentum, Adam) adds wd * w to g first. */
 void fl_ps_rule_apply(const fl_ps_rule *r, double lr, float *w, const float *g, float *state,
                       int64_t n);
 /* Sets the state of a fresh block or row (zeros; Adam's beta powers 1). */
@@ -54,7 +56,9 @@ void fl_ps_block_apply_accum(fl_ps_block *b, const fl_ps_rule *r, double lr, dou
 typedef struct fl_ps_sparse fl_ps_sparse;
 
 /* An empty table of rows of dim values (1 .. 4096) with rule r (its state lives beside each
- * row) and initializer init; `table` enters the initializer's draw. FL_ENOMEM / FL_EINVAL. */
+ * row) and initializer init; `table` enters the initializer's draw. FL_ENOMEM; FL_EINVAL (dim,
+ * initializer); FL_ECONFIG (a rule fl_ps_rule_check refuses for a sparse table). Rows are
+ * never moved or freed before fl_ps_sparse_free. */
 int  fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_init_rule *init,
                          fl_ps_sparse **out);
 void fl_ps_sparse_free(fl_ps_sparse *t);
@@ -64,25 +68,30 @@ int64_t fl_ps_sparse_rows(const fl_ps_sparse *t);
 size_t  fl_ps_sparse_bytes(const fl_ps_sparse *t);
 
 /* Copies the rows of ids[0..n) into out[n * dim], creating missing rows with the initializer
- * (the same values whatever order or thread: a draw of (seed, table, id)). FL_ENOMEM. */
+ * (the same values whatever order or thread: a draw of (seed, table, id)) and the rule's fresh
+ * state. FL_ENOMEM (the rows before the failing one were served). Named _rows because ps.h's
+ * worker call owns fl_ps_sparse_pull. */
 int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out);
 /* Applies the rule to each row ids[i] with gradient g[i * dim] (a missing row is created first;
- * a repeated id is updated once per occurrence, in order). */
+ * a repeated id is updated once per occurrence, in order). FL_ENOMEM. */
 int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
-                      double lr);
+                           double lr);
 /* Sync mode: adds g into the pending sum of each id for the step being merged... */
 int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g);
-/* ...and applies every pending row's rule with gradient sum * scale, once, in id order;
- * then forgets the pending sums. */
+/* ...and applies every pending row's rule with gradient (float)(sum * scale), once, in id
+ * order; then forgets the pending sums. Missing rows are created before any rule runs, so
+ * FL_ENOMEM leaves every row's values and the pending sums as they were. */
 int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale);
 
 /* Visits every row (id, values[dim], state) in ascending id order (for saving and merging).
- * fn returns 0 to go on, else stops and is returned. only_dirty: the rows changed since the
- * last fl_ps_sparse_mark_clean. */
+ * fn returns 0 to go on, else stops and is returned. only_dirty: the rows created or changed
+ * (push, apply_pending, put) since the last fl_ps_sparse_mark_clean. Sorts the visited rows
+ * by id first: 32 bytes of scratch a visited row (FL_ENOMEM when they cannot be had). */
 typedef int (*fl_ps_row_fn)(void *ctx, uint64_t id, const float *values, const float *state);
 int  fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, void *ctx);
 void fl_ps_sparse_mark_clean(fl_ps_sparse *t);
-/* Inserts or overwrites a row (loading). */
+/* Inserts or overwrites a row (loading): values[dim] and state (NULL: a fresh state). Marks
+ * the row dirty like any change: a loader calls fl_ps_sparse_mark_clean after loading. */
 int  fl_ps_sparse_put(fl_ps_sparse *t, uint64_t id, const float *values, const float *state);
 
 #endif /* FLEET_PS_TABLE_H */
