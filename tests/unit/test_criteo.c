@@ -342,7 +342,7 @@ static void test_list_errors(void) {
 static void write_numbered(void) {
     int sizes[3] = {5, 0, 8}, n = 0;
     for (int f = 0; f < 3; f++) {
-        char name[16], text[4096];
+        char name[32], text[4096];
         int o = 0;
         snprintf(name, sizeof name, "n%d.txt", f);
         for (int i = 0; i < sizes[f]; i++, n++) {

@@ -118,6 +118,13 @@ static void test_determinism_and_sharding(void) {
     }
     CHECK_OK(fl_ctr_synth_batch(a, 2, 0, 1, 21, &x));
     CHECK(batches_equal(&x, &y));
+    /* a copy into a smaller batch grows it */
+    fl_ctr_batch cp;
+    CHECK_OK(fl_ctr_batch_init(&cp, 13, 26, 1, 1));
+    CHECK_OK(fl_ctr_batch_copy(&cp, &x));
+    CHECK(batches_equal(&cp, &x) && cp.cap_samples >= 21);
+    fl_ctr_batch_free(&cp);
+    fl_ctr_batch_free(&cp); /* twice is a no-op */
     /* another split, another seed: other samples */
     fl_ctr_synth_config c1 = c;
     c1.split = 1;
