@@ -410,6 +410,39 @@ static void test_sharding(void) {
             }
 }
 
+/* Random edits of a good line: the parser accepts or refuses with FL_EFORMAT, never anything
+ * else, and what it accepts keeps the layout (offsets non-decreasing, ids in their slot). */
+static void test_mutations(void) {
+    static const char alphabet[] = "\t,0a9fz-\r \n";
+    fl_criteo_format f = fl_criteo_format_default();
+    fl_ctr_batch b;
+    CHECK_OK(fl_ctr_batch_init(&b, 13, 26, 1, 1));
+    char g[512], line[512];
+    good_line(g, sizeof g);
+    size_t n = strlen(g);
+    uint64_t x = 88172645463325252ull;
+    int other = 0, accepted = 0;
+    for (int t = 0; t < 20000; t++) {
+        memcpy(line, g, n);
+        for (int e = 0; e < 1 + t % 3; e++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
+            line[x % n] = alphabet[(x >> 32) % (sizeof alphabet)]; /* the NUL included */
+        }
+        int rc = fl_criteo_parse_line(&f, line, n, &b);
+        other += rc != FL_OK && rc != FL_EFORMAT;
+        accepted += rc == FL_OK;
+    }
+    int bad = 0;
+    for (int64_t k = 0; k < b.batch * 26; k++) {
+        bad += b.offsets[k + 1] < b.offsets[k];
+        for (int64_t j = b.offsets[k]; j < b.offsets[k + 1]; j++)
+            bad += fl_ctr_id_slot(b.ids[j]) != (int)(k % 26);
+    }
+    CHECK(other == 0 && bad == 0 && accepted == b.batch && accepted > 100);
+    fprintf(stderr, "mutations: %d of 20000 accepted\n", accepted);
+    fl_ctr_batch_free(&b);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/fleet_test_criteo_XXXXXX");
     if (!mkdtemp(dir)) {
@@ -421,6 +454,7 @@ int main(void) {
     test_fields();
     test_list_errors();
     test_sharding();
+    test_mutations();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
