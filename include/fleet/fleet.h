@@ -24,6 +24,7 @@
 
 #include "fleet/comm.h"
 #include "fleet/config.h"
+#include "fleet/ctr.h"
 #include "fleet/data.h"
 #include "fleet/image.h"
 #include "fleet/backend.h"
