@@ -11,13 +11,16 @@
 # Per configuration: samples/s = global batch / median step time of worker 0's progress windows
 # after the first SKIP, median over ROUNDS rounds; MB/step = what worker 0 sent per step
 # ("comm" of its progress lines: the servers' bytes in PS mode); link use (sync only) = the
-# bytes the busiest link carries per step (a server's: workers x params x 4 / servers, each way)
-# over the step time, against RATE; acc1 = the final val_acc1.
+# bytes the busiest link carries per step, in and out (a server's: workers x params x 4 /
+# servers each way: every worker's gradients in, the parameters out) over the step time, against
+# RATE (1.0: one direction of that link busy all the time; pushes and pulls do not overlap
+# within a step); acc1 = the final val_acc1.
 #
 # Usage: bench/ps_netlab.sh [BUILD_DIR]
 #   WORKERS=4 SERVERS=2 RATE=1gbit ROUNDS=3 SKIP=1 STEPS=600 (train.max_steps of every run)
 #   CONFIG=configs/fashion_mlp.yaml  CFGS="dense dgc sync async geo4 geo16 geo100"
-#   EXTRA="-o key=value ..."  RAW=FILE  LOOPBACK=1 (dry run on 127.0.0.1: timings mean nothing)
+#   EXTRA="-o key=value ..."  ASYNC_EXTRA="-o optimizer.momentum=0.5" (async only: asynchrony
+#   adds momentum of its own, docs/ps.md, and the config's 0.9 on top diverges)  RAW=FILE  LOOPBACK=1 (dry run on 127.0.0.1: timings mean nothing)
 #   GUARD_MAX_OTHER=10 GUARD_RETRIES=3 (bench/cpu_guard.sh)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,6 +37,7 @@ rounds=${ROUNDS:-3} skip=${SKIP:-1} steps=${STEPS:-600}
 config=${CONFIG:-$here/../configs/fashion_mlp.yaml}
 read -r -a cfgs <<<"${CFGS:-dense dgc sync async geo4 geo16 geo100}"
 read -r -a extra <<<"${EXTRA:-}"
+async_extra=${ASYNC_EXTRA--o optimizer.momentum=0.5}
 max_other=${GUARD_MAX_OTHER:-10} retries=${GUARD_RETRIES:-3}
 # shellcheck source=dense_lib.sh
 source "$here/dense_lib.sh"
@@ -55,7 +59,7 @@ strategy_of() { # CFG -> fleet-train overrides
   case $1 in
   dgc) echo "-o strategy.dgc=true -o strategy.dgc_configs.rampup_begin_step=0" ;;
   sync) echo "-o strategy.a_sync=false" ;;
-  async) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=-1" ;;
+  async) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=-1 $async_extra" ;;
   geo*) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=${1#geo}" ;;
   esac
 }
@@ -150,8 +154,9 @@ for c in "${cfgs[@]}"; do
     -v ms="$(col "$c" 6)" -v p="${params:-0}" -v w="$workers" -v sv="$servers" -v bps="$rate_bps" \
     'BEGIN {
       link = "-"
-      if (c == "sync" && p > 0 && ms > 0) link = sprintf("%.2f", (w * p * 4 / sv) * 8 / (ms / 1000) / bps)
-      printf "%-8s %11.1f %9s %9s %8s %8s\n", c, s, d > 0 ? sprintf("%.3f", s / d) : "-", mb, link, a }'
+      if (c == "sync" && p > 0 && ms > 0) link = sprintf("%.2f", 2 * (w * p * 4 / sv) * 8 / (ms / 1000) / bps)
+      vs = (d > 0) ? sprintf("%.3f", s / d) : "-"
+      printf "%-8s %11.1f %9s %9s %8s %8s\n", c, s, vs, mb, link, a }'
 done
 echo "# goals (issue 32): sync's link use >= 0.9; geo at 100mbit >= 5x sync's samples/s, accuracy within 0.5 points"
 if [[ -n ${RAW:-} ]]; then

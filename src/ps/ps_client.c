@@ -228,7 +228,9 @@ int fl_ps_dense_init(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
     for (int s = 0; s < ps->nservers; s++) {
         fl_ps_rep rep;
         FL_TRY(recv_rep(ps, s, q.type, &rep));
-        if (s > 0 && (rep.version != version || rep.step != step))
+        /* sync: every server applies every update, so their versions agree; async and geo
+         * count each server's own pushes, which a save can catch between two servers */
+        if (s > 0 && (rep.step != step || (c->mode == FL_PS_SYNC && rep.version != version)))
             return fl_fail(FL_EPEER, "%s is at version %" PRId64 " (saved step %" PRId64 ") of "
                            "dense table %d, %s at %" PRId64 " (step %" PRId64 ")", c->names[s],
                            rep.version, rep.step, table, c->names[0], version, step);

@@ -242,6 +242,11 @@ static int setup(fl_dist_optim *d) {
                        mode_key(s), (long long)s->numel, PS_DENSE_TABLE);
         goto fail;
     }
+    /* nobody pushes before every worker has its starting values */
+    if (d->world > 1 && (rc = fl_barrier(d->fleet)) < 0) {
+        fl_fail_prefix(rc, "%s: waiting for every worker to join the tables", mode_key(s));
+        goto fail;
+    }
     s->resync = true;
     if (s->mode == FL_PS_ASYNC) {
         if (pthread_create(&s->thread, NULL, communicator, s) != 0) {
