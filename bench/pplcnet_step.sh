@@ -5,26 +5,28 @@
 # bench/pplcnet_step_torch.py writes the same networks out, NCHW and channels-last), same
 # model, input, batch, thread count and optimizer, f32, 1000 classes, measured in the same run,
 # the programs alternating: PP-LCNet x1.0 and x0.25, PP-LCNetV2-base (training form) and
-# PP-HGNet-tiny at batch 32, 224 x 224 and (every model; PP-HGNet-tiny only there, a 224 step
-# of it takes over 10 s on 2 cores) 96 x 96 with the ImageNet stem.
+# PP-HGNet-tiny at batch 32: PP-LCNet at 224 x 224, and every model at 96 x 96 with the
+# ImageNet stem (at 224 a step of PP-LCNetV2 takes 3-5 s and one of PP-HGNet-tiny over 10 s on
+# 2 cores, too long for a run of 10 minutes; ROWS="pplcnetv2@224" adds it).
 # Each process runs WARMUP untimed steps, then REPEATS timed single steps and reports their
-# median (wall ms); a cell is the median over ROUNDS such processes. ratio = the faster PyTorch
+# median (wall ms); a cell is the median over ROUNDS such processes (the programs alternate
+# within each round, so that a burst of load on a shared machine hits both sides). ratio = the faster PyTorch
 # layout's ms / fleet's ms (> 1: fleet faster). The params columns are each side's trainable
 # parameter count: equal when the networks match.
 # Usage: bench/pplcnet_step.sh [BUILD_DIR]
-#   ROUNDS=1 WARMUP=2 REPEATS=5 THREADS=2 BACKENDS="onednn" ROWS="pplcnet_x1_0@224 ..."
+#   ROUNDS=2 WARMUP=2 REPEATS=5 THREADS=2 BACKENDS="onednn" ROWS="pplcnet_x1_0@224 ..."
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
 fleet="$build/bench/cnn_step"
 torch_py="$here/pplcnet_step_torch.py"
-rounds=${ROUNDS:-1}
+rounds=${ROUNDS:-2}
 warmup=${WARMUP:-2}
 repeats=${REPEATS:-5}
 threads=${THREADS:-2}
 batch=${BATCH:-32}
 read -r -a backends <<<"${BACKENDS:-onednn}"
-read -r -a rows <<<"${ROWS:-pplcnet_x1_0@224 pplcnet_x0_25@224 pplcnetv2@224 pplcnet_x1_0@96 pplcnet_x0_25@96 pplcnetv2@96 pphgnet_tiny@96}"
+read -r -a rows <<<"${ROWS:-pplcnet_x1_0@224 pplcnet_x0_25@224 pplcnet_x1_0@96 pplcnet_x0_25@96 pplcnetv2@96 pphgnet_tiny@96}"
 [[ -x "$fleet" ]] || { echo "pplcnet_step.sh: $fleet not built (make build)" >&2; exit 1; }
 /usr/bin/python3 -c 'import torch' 2>/dev/null || {
   echo "pplcnet_step.sh: PyTorch not importable by /usr/bin/python3 (scripts/install-deps.sh --bench)" >&2; exit 1; }

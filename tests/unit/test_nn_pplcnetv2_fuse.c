@@ -1,6 +1,6 @@
 /* test_nn_pplcnetv2_fuse.c - PP-LCNetV2's re-parameterised inference form
  * (fl_model_pplcnetv2_fused, fl_pplcnetv2_fuse): its parameter count at 1000 classes (6,624,232,
- * PaddleClas's published 6.6M) and names; with random non-trivial batch-norm statistics and
+ * PaddleClas's published 6.6M; 16,256 buffer values) and names; with random non-trivial batch-norm statistics and
  * affine parameters in the training form, the fused network's inference logits equal the
  * training form's inference logits on random inputs, at 1 x 28 x 28 (small-input stem) and
  * 3 x 224 x 224: to 1e-4 of the largest logit in f32 (cpu, onednn on NHWC) and to 1e-10 in f64
@@ -83,6 +83,12 @@ static void test_count_and_names(void) {
     fprintf(stderr, "pplcnetv2 fused: %lld trainable parameters\n",
             (long long)fl_net_numel(net));
     CHECK(fl_net_numel(net) == 6624232);
+    int64_t buffers = 0;
+    for (int i = 0; i < fl_net_num_params(net); i++)
+        if (!fl_net_param(net, i)->trainable)
+            buffers += fl_net_param(net, i)->value.numel;
+    fprintf(stderr, "pplcnetv2 fused: %lld batch-norm buffer values\n", (long long)buffers);
+    CHECK(buffers == 40832 - 24576); /* less the branches' running statistics */
     CHECK(fabs(round((double)fl_net_numel(net) / 1e5) / 10 - 6.6) < 1e-9);
     fl_param *w = fl_net_find_param(net, "stage3.1.dw_conv.weight");
     fl_param *b = fl_net_find_param(net, "stage3.1.dw_conv.bias");
