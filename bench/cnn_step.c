@@ -11,7 +11,8 @@
  * (fl_net_set_recompute). Prints the median over REPEATS of the mean step time of ITERS steps,
  * in ms (and on stderr the median CPU time per step, all threads together, the network's
  * trainable parameters, its activation memory and the process's peak resident memory). The
- * first CNN_STEP_WARMUP (default 1) repeats are warm-up, untimed.
+ * first CNN_STEP_WARMUP (default 1) repeats are warm-up, untimed; with CNN_STEP_MIN_S set,
+ * repeats go on past REPEATS (up to 64) until that many seconds are timed.
  * BACKEND cuda trains on GPU 0 (FLAGS_selected_gpus picks another; FLEET_CUDA_TF32=1 allows
  * TF32): the batch lives on the device, each repeat ends with a stream sync, and stderr adds
  * the device's peak memory. CNN_STEP_DGC=S (a sparsity, e.g. 0.999) adds DGC's local work to
@@ -261,7 +262,9 @@ int main(int argc, char **argv) {
     double times[64], cpu[64], dgc_ms[64];
     double loss = 0;
     int warmup = getenv("CNN_STEP_WARMUP") ? atoi(getenv("CNN_STEP_WARMUP")) : 1;
-    for (int rep = -warmup; rep < repeats; rep++) { /* negative reps warm up */
+    double min_s = getenv("CNN_STEP_MIN_S") ? atof(getenv("CNN_STEP_MIN_S")) : 0, timed = 0;
+    for (int rep = -warmup; rep < repeats || (timed < min_s && rep < 64); rep++) {
+        /* negative reps warm up; then REPEATS, or more (up to 64) until CNN_STEP_MIN_S */
         double t0 = fl_now(), c0 = bench_cpu_s(), in_dgc = 0;
         for (int it = 0; it < iters; it++) {
             const fl_tensor *logits;
@@ -281,6 +284,9 @@ int main(int argc, char **argv) {
         }
         k->stream_sync(NULL);
         if (rep >= 0) {
+            timed += fl_now() - t0;
+            if (rep >= repeats)
+                repeats = rep + 1;
             times[rep] = (fl_now() - t0) * 1e3 / iters;
             cpu[rep] = (bench_cpu_s() - c0) * 1e3 / iters;
             dgc_ms[rep] = in_dgc * 1e3 / iters;
@@ -303,10 +309,10 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     size_t kept, arena, grads;
     fl_net_activation_parts(net, &kept, &arena, &grads);
-    fprintf(stderr, "cnn_step: %s (%s, %s, recompute %s) params %lld, final loss %.4f, cpu %.1f "
-            "ms per step, act %.1f MB (outputs %.1f arena %.1f grads %.1f), maxrss %.1f MB\n", argv[1],
+    fprintf(stderr, "cnn_step: %s (%s, %s, recompute %s) params %lld, steps %d, final loss %.4f, "
+            "cpu %.1f ms per step, act %.1f MB (outputs %.1f arena %.1f grads %.1f), maxrss %.1f MB\n", argv[1],
             be->name, fl_layout_name(fl_net_layout(net)), checkpoints ? checkpoints : "none",
-            (long long)fl_net_numel(net), loss, cpu[repeats / 2], (double)fl_net_activation_bytes(net) / 1e6,
+            (long long)fl_net_numel(net), repeats * iters, loss, cpu[repeats / 2], (double)fl_net_activation_bytes(net) / 1e6,
             (double)kept / 1e6, (double)arena / 1e6, (double)grads / 1e6,
             (double)ru.ru_maxrss / 1024.0);
     free(labels);

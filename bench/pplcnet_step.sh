@@ -8,13 +8,14 @@
 # PP-HGNet-tiny at batch 32: PP-LCNet at 224 x 224, and every model at 96 x 96 with the
 # ImageNet stem (at 224 a step of PP-LCNetV2 takes 3-5 s and one of PP-HGNet-tiny over 10 s on
 # 2 cores, too long for a run of 10 minutes; ROWS="pplcnetv2@224" adds it).
-# Each process runs WARMUP untimed steps, then REPEATS timed single steps and reports their
-# median (wall ms); a cell is the median over ROUNDS such processes (the programs alternate
+# Each process runs WARMUP untimed steps, then REPEATS timed single steps, or more (up to 64)
+# until MIN_SECONDS are timed (a short step is sampled more), and reports their median (wall
+# ms); a cell is the median over ROUNDS such processes (the programs alternate
 # within each round, so that a burst of load on a shared machine hits both sides). ratio = the faster PyTorch
 # layout's ms / fleet's ms (> 1: fleet faster). The params columns are each side's trainable
 # parameter count: equal when the networks match.
 # Usage: bench/pplcnet_step.sh [BUILD_DIR]
-#   ROUNDS=2 WARMUP=2 REPEATS=5 THREADS=2 BACKENDS="onednn" ROWS="pplcnet_x1_0@224 ..."
+#   ROUNDS=2 WARMUP=2 REPEATS=5 MIN_SECONDS=4 THREADS=2 BACKENDS="onednn" ROWS="pplcnet_x1_0@224 ..."
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
@@ -23,6 +24,7 @@ torch_py="$here/pplcnet_step_torch.py"
 rounds=${ROUNDS:-2}
 warmup=${WARMUP:-2}
 repeats=${REPEATS:-5}
+min_s=${MIN_SECONDS:-4}
 threads=${THREADS:-2}
 batch=${BATCH:-32}
 read -r -a backends <<<"${BACKENDS:-onednn}"
@@ -37,9 +39,9 @@ err=$(mktemp)
 trap 'rm -f "$err"' EXIT
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 
-printf '# %s, %s cores, load %s; batch %s, %s threads, %s warm-up + median of %s steps, %s round(s)\n' \
+printf '# %s, %s cores, load %s; batch %s, %s threads, %s warm-up + median of >= %s steps (>= %s s), %s round(s)\n' \
   "$(date -u +%FT%TZ)" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$batch" "$threads" \
-  "$warmup" "$repeats" "$rounds"
+  "$warmup" "$repeats" "$min_s" "$rounds"
 printf '%-14s %5s %-7s %10s %11s %11s %7s %13s %13s\n' model input backend "fleet ms" \
   "torch nchw" "torch nhwc" ratio "fleet params" "torch params"
 for row in "${rows[@]}"; do
@@ -48,15 +50,15 @@ for row in "${rows[@]}"; do
   tn=() th=() tp=""
   for ((r = 0; r < rounds; r++)); do
     for be in "${backends[@]}"; do
-      f[$be]+="$(CNN_STEP_SIZE=$size CNN_STEP_WARMUP=$warmup "$fleet" "$name" "$batch" 1 \
+      f[$be]+="$(CNN_STEP_SIZE=$size CNN_STEP_WARMUP=$warmup CNN_STEP_MIN_S=$min_s "$fleet" "$name" "$batch" 1 \
         "$repeats" "$be" 2>"$err") "
       fp[$be]=$(field params "$err")
     done
     tn+=("$(/usr/bin/python3 "$torch_py" "$name" "$size" "$batch" "$warmup" "$repeats" \
-      "$threads" nchw 2>"$err")")
+      "$threads" nchw "$min_s" 2>"$err")")
     tp=$(field params "$err")
     th+=("$(/usr/bin/python3 "$torch_py" "$name" "$size" "$batch" "$warmup" "$repeats" \
-      "$threads" nhwc 2>"$err")")
+      "$threads" nhwc "$min_s" 2>"$err")")
   done
   tnm=$(printf '%s\n' "${tn[@]}" | median)
   thm=$(printf '%s\n' "${th[@]}" | median)

@@ -5,10 +5,12 @@ float32, 1000 classes, the ImageNet stem at every input size, written out here w
 shapes of fleet's zoo (src/nn/pplcnet.c, pplcnetv2.c, pphgnet.c, after PaddleClas's
 ppcls/arch/backbone/legendary_models/pp_lcnet.py, pp_lcnet_v2.py, pp_hgnet.py): the trainable
 parameter count printed on stderr equals fleet's (cnn_step prints its own).
-Usage: /usr/bin/python3 pplcnet_step_torch.py MODEL SIZE BATCH WARMUP REPEATS THREADS [nchw|nhwc]
+Usage: /usr/bin/python3 pplcnet_step_torch.py MODEL SIZE BATCH WARMUP REPEATS THREADS
+       [nchw|nhwc [MIN_SECONDS]]
 MODEL pplcnet_x1_0, pplcnet_x0_25, pplcnetv2, pphgnet_tiny, ...; nhwc runs channels-last.
-Prints the median over REPEATS single steps of the wall time in ms, after WARMUP untimed steps
-(and on stderr the parameters and the median CPU time per step, all threads together)."""
+Prints the median over REPEATS single steps (more, up to 64, until MIN_SECONDS are timed) of
+the wall time in ms, after WARMUP untimed steps (and on stderr the parameters, the steps timed
+and the median CPU time per step, all threads together)."""
 import resource
 import statistics
 import sys
@@ -177,6 +179,7 @@ def build(name, classes):
 def main():
     name, size, batch, warmup, repeats, threads = sys.argv[1:7]
     layout = sys.argv[7] if len(sys.argv) > 7 else "nchw"
+    min_s = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
     size, batch, warmup, repeats = int(size), int(batch), int(warmup), int(repeats)
     torch.set_num_threads(int(threads))
     torch.manual_seed(3)
@@ -192,7 +195,8 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
     y = torch.randint(0, classes, (batch,))
     times, cpu = [], []
-    for rep in range(-warmup, repeats):
+    rep = -warmup
+    while rep < repeats or (sum(times) < min_s * 1e3 and rep < 64):
         t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
@@ -201,11 +205,12 @@ def main():
         if rep >= 0:
             times.append((time.perf_counter() - t0) * 1e3)
             cpu.append((time.process_time() - c0) * 1e3)
+        rep += 1
     print("%.4f" % statistics.median(times))
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print("pplcnet_step_torch: %s %s params %d, final loss %.4f, cpu %.1f ms per step, "
-          "maxrss %.1f MB" % (name, layout, params, loss.item(), statistics.median(cpu), maxrss),
-          file=sys.stderr)
+    print("pplcnet_step_torch: %s %s params %d, steps %d, final loss %.4f, cpu %.1f ms per step, "
+          "maxrss %.1f MB" % (name, layout, params, len(times), loss.item(),
+                              statistics.median(cpu), maxrss), file=sys.stderr)
 
 
 if __name__ == "__main__":
