@@ -3,11 +3,16 @@
  * bench/cnn_step.sh prints, and of bench/recompute.sh. Usage:
  *   cnn_step MODEL BATCH ITERS REPEATS [BACKEND [CHECKPOINTS]]
  * MODEL one of resnet20 (CIFAR, option A, 3x32x32, 10 classes), resnet18/34/50/101/152
- * (3x224x224, 1000 classes) or mlpD (D hidden ReLU layers of 1024, 1024 inputs, 10 classes),
+ * (3x224x224, 1000 classes), mlpD (D hidden ReLU layers of 1024, 1024 inputs, 10 classes), or
+ * PaddleClas's pplcnet_x<scale> (x0_25 .. x2_5), pplcnetv2 (base, training form) and
+ * pphgnet_<size> (tiny, small, base) at 1000 classes on 3 x S x S, S = CNN_STEP_SIZE (default
+ * 224; the ImageNet stem at every size, for bench/pplcnet_step.sh),
  * BACKEND auto (default), onednn, cpu or ref, CHECKPOINTS none (default), auto or layer names
  * (fl_net_set_recompute). Prints the median over REPEATS of the mean step time of ITERS steps,
  * in ms (and on stderr the median CPU time per step, all threads together, the network's
- * activation memory and the process's peak resident memory).
+ * trainable parameters, its activation memory and the process's peak resident memory). The
+ * first CNN_STEP_WARMUP (default 1) repeats are warm-up, untimed; with CNN_STEP_MIN_S set,
+ * repeats go on past REPEATS (up to 64) until that many seconds are timed.
  * BACKEND cuda trains on GPU 0 (FLAGS_selected_gpus picks another; FLEET_CUDA_TF32=1 allows
  * TF32): the batch lives on the device, each repeat ends with a stream sync, and stderr adds
  * the device's peak memory. CNN_STEP_DGC=S (a sparsity, e.g. 0.999) adds DGC's local work to
@@ -158,6 +163,25 @@ int main(int argc, char **argv) {
         size = 32, classes = 10;
         net = fl_model_resnet_cifar(FL_DTYPE_F32, depth, 3, classes, 'A');
     }
+    const char *m = argv[1], *side = getenv("CNN_STEP_SIZE");
+    if (!strncmp(m, "pplcnet_x", 9) || !strcmp(m, "pplcnetv2") || !strncmp(m, "pphgnet_", 8)) {
+        size = side ? atoll(side) : 224;
+        if (size < 32 || size > 4096) {
+            fprintf(stderr, "cnn_step: CNN_STEP_SIZE %s is not in [32, 4096]\n", side);
+            return 2;
+        }
+    }
+    if (!strncmp(m, "pplcnet_x", 9)) { /* x0_25 -> 0.25 */
+        char sc[16];
+        snprintf(sc, sizeof sc, "%s", m + 9);
+        for (char *c = sc; *c; c++)
+            *c = *c == '_' ? '.' : *c;
+        net = fl_model_pplcnet(FL_DTYPE_F32, atof(sc), 3, false, classes);
+    } else if (!strcmp(m, "pplcnetv2")) {
+        net = fl_model_pplcnetv2(FL_DTYPE_F32, 3, false, classes);
+    } else if (!strncmp(m, "pphgnet_", 8)) {
+        net = fl_model_pphgnet(FL_DTYPE_F32, m + 8, 3, false, classes);
+    }
     int in_ndim = 3;
     if (strncmp(argv[1], "mlp", 3) == 0 && atoi(argv[1] + 3) > 0) {
         int64_t hidden[256];
@@ -237,7 +261,10 @@ int main(int argc, char **argv) {
     }
     double times[64], cpu[64], dgc_ms[64];
     double loss = 0;
-    for (int rep = -1; rep < repeats; rep++) { /* rep -1 warms up */
+    int warmup = getenv("CNN_STEP_WARMUP") ? atoi(getenv("CNN_STEP_WARMUP")) : 1;
+    double min_s = getenv("CNN_STEP_MIN_S") ? atof(getenv("CNN_STEP_MIN_S")) : 0, timed = 0;
+    for (int rep = -warmup; rep < repeats || (timed < min_s && rep < 64); rep++) {
+        /* negative reps warm up; then REPEATS, or more (up to 64) until CNN_STEP_MIN_S */
         double t0 = fl_now(), c0 = bench_cpu_s(), in_dgc = 0;
         for (int it = 0; it < iters; it++) {
             const fl_tensor *logits;
@@ -257,6 +284,9 @@ int main(int argc, char **argv) {
         }
         k->stream_sync(NULL);
         if (rep >= 0) {
+            timed += fl_now() - t0;
+            if (rep >= repeats)
+                repeats = rep + 1;
             times[rep] = (fl_now() - t0) * 1e3 / iters;
             cpu[rep] = (bench_cpu_s() - c0) * 1e3 / iters;
             dgc_ms[rep] = in_dgc * 1e3 / iters;
@@ -279,10 +309,10 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     size_t kept, arena, grads;
     fl_net_activation_parts(net, &kept, &arena, &grads);
-    fprintf(stderr, "cnn_step: %s (%s, %s, recompute %s) final loss %.4f, cpu %.1f ms per step, "
-            "act %.1f MB (outputs %.1f arena %.1f grads %.1f), maxrss %.1f MB\n", argv[1],
+    fprintf(stderr, "cnn_step: %s (%s, %s, recompute %s) params %lld, steps %d, final loss %.4f, "
+            "cpu %.1f ms per step, act %.1f MB (outputs %.1f arena %.1f grads %.1f), maxrss %.1f MB\n", argv[1],
             be->name, fl_layout_name(fl_net_layout(net)), checkpoints ? checkpoints : "none",
-            loss, cpu[repeats / 2], (double)fl_net_activation_bytes(net) / 1e6,
+            (long long)fl_net_numel(net), repeats * iters, loss, cpu[repeats / 2], (double)fl_net_activation_bytes(net) / 1e6,
             (double)kept / 1e6, (double)arena / 1e6, (double)grads / 1e6,
             (double)ru.ru_maxrss / 1024.0);
     free(labels);

@@ -14,7 +14,7 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: fleet-eval -m MODEL [-c CONFIG] [-o key=value ...] [--split val|train]\n"
-            "                  [--out LOGITS.npy] [--inputs INPUTS.npy]\n"
+            "                  [--out LOGITS.npy] [--inputs INPUTS.npy] [--form auto|fused|train]\n"
             "\n"
             "  -m, --model PATH     inference model (checkpoint.inference_model) or checkpoint\n"
             "  -c, --config FILE    YAML whose data section names the samples (e.g. an image\n"
@@ -23,6 +23,9 @@ static void usage(FILE *out) {
             "  --split val|train    which split of the data (default val)\n"
             "  --out FILE.npy       output vectors (N, classes) as float32\n"
             "  --inputs FILE.npy    also the input samples, flattened (N, features)\n"
+            "  --form auto|fused|train  which form of the network runs: pplcnetv2's\n"
+            "                       re-parameterised (fused) inference form, or the training\n"
+            "                       form (default auto: fused where the model has one)\n"
             "  -h, --help           this text\n"
             "\n"
             "Prints samples, loss, top-1 and top-5 accuracy when the samples have labels.\n");
@@ -55,6 +58,18 @@ int main(int argc, char **argv) {
             a.out_npy = argv[++i];
         } else if (!strcmp(s, "--inputs") && more) {
             a.inputs_npy = argv[++i];
+        } else if (!strcmp(s, "--form") && more) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "auto"))
+                a.form = FL_INFER_FORM_AUTO;
+            else if (!strcmp(v, "fused"))
+                a.form = FL_INFER_FORM_FUSED;
+            else if (!strcmp(v, "train"))
+                a.form = FL_INFER_FORM_TRAIN;
+            else {
+                fprintf(stderr, "fleet-eval: error: --form '%s': auto, fused or train\n", v);
+                return 2;
+            }
         } else if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
             usage(stdout);
             return 0;
@@ -76,6 +91,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "fleet-eval: error: %s\n", fl_errmsg());
         return 1;
     }
+    if (r.fused)
+        printf("fleet-eval: network: re-parameterised (fused) inference form, %lld parameters "
+               "(training form %lld)\n", (long long)r.params, (long long)r.train_params);
+    else
+        printf("fleet-eval: network: training form, %lld parameters\n", (long long)r.params);
     printf("fleet-eval: %lld samples, %lld classes", (long long)r.samples,
            (long long)r.classes);
     if (r.labelled) {

@@ -10,7 +10,12 @@
  * none, the training configuration stored in the model), then the model's network keys, then
  * the -o overrides. The validation split is read with the evaluation transforms, in order,
  * unsharded, in batches of train.batch_size (the trainer's evaluation batches, so the logits
- * are bit-identical to those its evaluation computes). */
+ * are bit-identical to those its evaluation computes).
+ *
+ * A model with a re-parameterised inference form (pplcnetv2: nn.h's fl_model_pplcnetv2_fused)
+ * runs in that form unless told otherwise: the training form is built and loaded, then the
+ * fused network takes its parameters (fl_pplcnetv2_fuse) and runs in its place; its logits
+ * equal the training form's to rounding (f32: about 1e-6 of their size). */
 #ifndef FLEET_INFER_H
 #define FLEET_INFER_H
 
@@ -20,6 +25,13 @@
 extern "C" {
 #endif
 
+/* Which form of the network runs. */
+typedef enum {
+    FL_INFER_FORM_AUTO = 0, /* the fused form where the model has one, else the training form */
+    FL_INFER_FORM_TRAIN,    /* the training form, as fleet-train evaluates it */
+    FL_INFER_FORM_FUSED,    /* the fused form; FL_ECONFIG for a model without one */
+} fl_infer_form;
+
 typedef struct {
     const char        *model;       /* inference model file, or checkpoint (file or directory) */
     const char        *config;      /* YAML with the data section; NULL: the model's own */
@@ -28,6 +40,7 @@ typedef struct {
     int                split;       /* 0: training set, 1: validation set */
     const char        *out_npy;     /* logits (N, C) '<f4' are written here; NULL: not written */
     const char        *inputs_npy;  /* the input samples (N, sample numel) too; NULL: not */
+    fl_infer_form      form;
 } fl_infer_args;
 
 typedef struct {
@@ -35,6 +48,9 @@ typedef struct {
     int     labelled;   /* every sample has a label in [0, classes) */
     double  loss;       /* mean softmax cross-entropy (labelled only) */
     double  top1, top5; /* accuracies (labelled only; top5 needs classes >= 5, else NaN) */
+    int     fused;        /* 1: the network ran in its re-parameterised (fused) form */
+    int64_t params;       /* trainable values of the network that ran */
+    int64_t train_params; /* those of the training form (params when it ran) */
 } fl_infer_result;
 
 /* Runs the evaluation described above on this process (no communication). 0, or a negative

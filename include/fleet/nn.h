@@ -386,9 +386,29 @@ bool    fl_pplcnet_scale_known(double scale);
  * split pointwise convolutions in stage 3, a shortcut in stage 4, for (in_channels, 224, 224);
  * small_input: stride 1 in the stem and stage1. Names are PaddleClas's. At 1000 classes:
  * 6,687,208 trainable values and 40,832 batch-norm buffer values; PaddleClas's published 6.6M
- * is the re-parameterised inference model's count (6,624,232: each rep block's branches
- * replaced by one k x k depthwise convolution with bias), which fleet does not build yet. */
+ * is the re-parameterised inference model's count (6,624,232: fl_model_pplcnetv2_fused). */
 fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, int64_t classes);
+/* The same network in its re-parameterised inference form (PaddleClas's
+ * RepDepthwiseSeparable.rep(), after RepVGG, Ding et al. 2021, arXiv:2101.03697): each rep
+ * block's ConvBN branches and their sum replaced by one k x k depthwise convolution with bias,
+ * "<block>.dw_conv" (Paddle's name), and its ReLU "<block>.act"; every other layer and name as
+ * the training form's. 6,624,232 trainable values at 1000 classes. Its parameters are set from
+ * a trained network by fl_pplcnetv2_fuse; it is meant for inference (forward with training
+ * false). NULL with a message as fl_model_pplcnetv2. */
+fl_net *fl_model_pplcnetv2_fused(fl_dtype t, int64_t in_channels, bool small_input,
+                                 int64_t classes);
+/* Sets every parameter of fused (fl_model_pplcnetv2_fused, built) from trained
+ * (fl_model_pplcnetv2 with the same arguments, built for the same input): the tensors both
+ * have are copied; each rep block's dw_conv is the sum over its branches of the branch's
+ * kernel times gamma / sqrt(running_var + eps), zero-padded to k x k, with bias the sum of
+ * beta - running_mean gamma / sqrt(running_var + eps) (each batch norm folded into its
+ * convolution with its running statistics, as inference computes it). fused then computes,
+ * in inference, what trained computes in inference, up to rounding. Works on any backend (the
+ * values pass through the host) and in f32 or f64; neither network's other state changes.
+ * 0, or FL_EINVAL naming the tensor when the two are not such a pair (a parameter of one
+ * with no counterpart in the other, a shape that differs, a rep block without branches),
+ * FL_ESTATE when either is not built, FL_ENOMEM. */
+int fl_pplcnetv2_fuse(fl_net *fused, fl_net *trained);
 /* PP-HGNet (PaddleClas's PPHGNet_tiny / _small / _base; size "tiny", "small", "base"): VoVNet-
  * style HG blocks (a chain of 3x3 ConvBNAct whose outputs and input are concatenated, a 1x1
  * aggregation, ESE attention), depthwise stride-2 downsampling, a 2048-wide last convolution,

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #define BN_MOMENTUM 0.1
-#define BN_EPS 1e-5
+#define BN_EPS NN_BN_EPS
 
 typedef struct {
     int64_t   c, hw;

@@ -122,6 +122,10 @@ struct fl_net {
  * (network_build.c). */
 void nn_net_unplan(fl_net *net);
 
+/* Batch norm's epsilon (PyTorch's and Paddle's default): batch_norm.c, and pplcnetv2_fuse.c
+ * which folds batch norms into convolutions. */
+#define NN_BN_EPS 1e-5
+
 /* zoo_blocks.c: the model builders' shared steps. */
 /* Appends l to net reading layer `from` (-2: the previous layer); its index, or -1 (l NULL or
  * refused: fl_errmsg says why). */

@@ -11,7 +11,9 @@
  * branch sums are "<block>.add<i>" (the last with the block's ReLU fused), the shortcut
  * "<block>.shortcut". Paddle also creates each rep block's fused kernel ("dw_conv", k x k with
  * bias), unused in training and set by rep() for inference: fleet leaves it out of the training
- * network (the re-parameterised inference form is not built yet). Otherwise as pplcnet.c. */
+ * network and builds it in the re-parameterised inference form instead
+ * (fl_model_pplcnetv2_fused: "<block>.dw_conv" and "<block>.act" in place of the branches and
+ * their sums; pplcnetv2_fuse.c sets its kernels). Otherwise as pplcnet.c. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -23,12 +25,22 @@ static const int net_config[4][6] = {
     {64, 3, 0, 0, 0, 0}, {128, 3, 0, 0, 0, 0}, {256, 5, 1, 1, 1, 0}, {512, 5, 0, 1, 0, 1}};
 static const int depths[4] = {2, 2, 6, 2};
 
-/* RepDepthwiseSeparable p reading layer `in`; returns its last layer's index or -1 */
+/* RepDepthwiseSeparable p reading layer `in`; fused: a rep block's one k x k depthwise
+ * convolution with bias and its ReLU in place of the branches; returns its last layer's index
+ * or -1 */
 static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int64_t s, int k,
-                 bool split, bool rep, bool se, bool shortcut) {
+                 bool split, bool rep, bool se, bool shortcut, bool fused) {
     char q[128], b[256];
     int cur;
-    if (rep) { /* branches of kernel k, k - 2, .., 1 (not 1 when strided), summed, ReLU */
+    if (rep && fused) {
+        fl_conv2d_opts o = {.in_channels = c, .out_channels = c, .kh = k, .kw = k, .sh = s,
+                            .sw = s, .ph = (k - 1) / 2, .pw = (k - 1) / 2, .groups = c,
+                            .bias = true};
+        cur = nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "dw_conv"), &o), in);
+        if (cur >= 0)
+            cur =
+                nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "act"), FL_ACT_RELU), -2);
+    } else if (rep) { /* branches of kernel k, k - 2, .., 1 (not 1 when strided), summed, ReLU */
         int br[4] = {-1, -1, -1, -1}, nb = 0;
         for (int ks = k; ks > 0 && nb < 4; ks -= 2) {
             if (ks == 1 && s != 1)
@@ -85,7 +97,8 @@ static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int
     return cur;
 }
 
-fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, int64_t classes) {
+static fl_net *build(fl_dtype t, int64_t in_channels, bool small_input, int64_t classes,
+                     bool fused) {
     if (in_channels < 1 || classes < 1) {
         fl_fail(FL_EINVAL, "pplcnetv2: in_channels %lld or classes %lld < 1",
                 (long long)in_channels, (long long)classes);
@@ -99,7 +112,7 @@ fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, in
                       small_input ? 1 : 2, 1, true);
     if (cur >= 0)
         cur = block(net, "stem.1", cur, nn_make_divisible(32), nn_make_divisible(64), 1, 3, false,
-                    false, false, false);
+                    false, false, false, false);
     char p[32];
     for (int st = 0; st < 4 && cur >= 0; st++) {
         const int *cfg = net_config[st];
@@ -108,7 +121,8 @@ fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, in
             int64_t out = nn_make_divisible(cfg[0] * 2);
             int64_t s = i == 0 && !(small_input && st == 0) ? 2 : 1;
             snprintf(p, sizeof p, "stage%d.%d", st + 1, i);
-            cur = block(net, p, cur, in, out, s, cfg[1], cfg[2], cfg[3], cfg[4], cfg[5]);
+            cur = block(net, p, cur, in, out, s, cfg[1], cfg[2], cfg[3], cfg[4], cfg[5],
+                        fused);
         }
     }
     fl_conv2d_opts last = {.in_channels = nn_make_divisible(1024), .out_channels = 1280, .kh = 1,
@@ -126,9 +140,18 @@ fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, in
     if (cur >= 0)
         cur = nn_put(net, fl_fc_create("fc", 1280, classes, true), -2);
     if (cur < 0) {
-        fl_fail_prefix(FL_EINVAL, "pplcnetv2_base");
+        fl_fail_prefix(FL_EINVAL, fused ? "pplcnetv2_base (fused)" : "pplcnetv2_base");
         fl_net_free(net);
         return NULL;
     }
     return net;
+}
+
+fl_net *fl_model_pplcnetv2(fl_dtype t, int64_t in_channels, bool small_input, int64_t classes) {
+    return build(t, in_channels, small_input, classes, false);
+}
+
+fl_net *fl_model_pplcnetv2_fused(fl_dtype t, int64_t in_channels, bool small_input,
+                                 int64_t classes) {
+    return build(t, in_channels, small_input, classes, true);
 }

@@ -165,6 +165,12 @@ typedef struct {
  * constructors fleet-train and fleet-eval build from (train_setup.c). NULL with fl_errmsg. */
 fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split);
 fl_net     *fl_train_make_model(const fl_train_config *cfg, const fl_dataset *ds);
+/* Whether cfg's model has a re-parameterised inference form (pplcnetv2: nn.h's
+ * fl_model_pplcnetv2_fused), and that form, built as fl_train_make_model builds the training
+ * form (FL_ECONFIG for a model without one). Its parameters come from the trained network
+ * (fl_pplcnetv2_fuse). */
+bool        fl_train_has_fused(const fl_train_config *cfg);
+fl_net     *fl_train_make_fused_model(const fl_train_config *cfg, const fl_dataset *ds);
 /* Whether cfg has a validation set (val_size > 0, a val_list, CIFAR-10's test batch). */
 bool        fl_train_has_val(const fl_train_config *cfg);
 

@@ -1,7 +1,8 @@
 /* train_infer.c - offline evaluation behind fleet-eval (infer.h): rebuilds the network from the
  * description stored in a model file with fleet-train's own constructors, loads the weights
- * strictly (every network tensor, right dtype and shape), and runs the dataset in order in
- * evaluation mode, collecting the logits for a .npy file and the loss and top-k accuracy. */
+ * strictly (every network tensor, right dtype and shape), re-parameterises it where the model
+ * has a fused inference form (PP-LCNetV2), and runs the dataset in order in evaluation mode,
+ * collecting the logits for a .npy file and the loss and top-k accuracy. */
 #include "train/train_impl.h"
 
 #include "fleet/checkpoint.h"
@@ -201,6 +202,28 @@ out:
     return rc;
 }
 
+/* Puts the fused form of *net (built, loaded) in its place where form asks for it; fills
+ * res's form and parameter counts. */
+static int fuse(const fl_train_config *cfg, const fl_dataset *ds, fl_infer_form form,
+                fl_net **net, fl_infer_result *res) {
+    res->train_params = res->params = fl_net_numel(*net);
+    if (form == FL_INFER_FORM_TRAIN || (form == FL_INFER_FORM_AUTO && !fl_train_has_fused(cfg)))
+        return FL_OK;
+    fl_net *f = fl_train_make_fused_model(cfg, ds);
+    int rc = f ? fl_net_build(f, ds->ndim, ds->shape, cfg->train.batch_size, 0) : FL_ECONFIG;
+    if (rc >= 0)
+        rc = fl_pplcnetv2_fuse(f, *net);
+    if (rc < 0) {
+        fl_net_free(f);
+        return fl_fail_prefix(rc, "the re-parameterised (fused) form");
+    }
+    fl_net_free(*net);
+    *net = f;
+    res->fused = 1;
+    res->params = fl_net_numel(f);
+    return FL_OK;
+}
+
 int fl_infer_run(const fl_infer_args *a, fl_infer_result *res) {
     FL_ASSERT(a && a->model && res);
     memset(res, 0, sizeof *res);
@@ -225,6 +248,8 @@ int fl_infer_run(const fl_infer_args *a, fl_infer_result *res) {
         rc = fl_net_build(net, ds->ndim, ds->shape, cfg.train.batch_size, 0);
     if (rc >= 0)
         rc = load_weights(st, net);
+    if (rc >= 0)
+        rc = fuse(&cfg, ds, a->form, &net, res);
     if (rc >= 0) {
         int64_t oshape[FL_MAX_DIMS];
         int ond = fl_net_out_shape(net, oshape);

@@ -97,21 +97,22 @@ bool fl_train_has_val(const fl_train_config *cfg) {
     }
 }
 
-/* ds (the training set) gives the input: the mlp's features, the CNNs' channels and size */
-static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds);
+/* ds (the training set) gives the input: the mlp's features, the CNNs' channels and size;
+ * fused: the re-parameterised inference form (the caller checked fl_train_has_fused) */
+static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds, bool fused);
 
 /* The model on the backend train.device and train.backend name (its device bound). */
-static fl_net *make_model(const fl_train_config *cfg, const fl_dataset *ds) {
+static fl_net *make_model(const fl_train_config *cfg, const fl_dataset *ds, bool fused) {
     const fl_backend *be = fl_train_compute_backend(cfg);
     if (!be)
         return NULL;
-    fl_net *net = make_net(cfg, ds);
+    fl_net *net = make_net(cfg, ds, fused);
     if (net)
         fl_net_set_backend(net, be);
     return net;
 }
 
-static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds) {
+static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds, bool fused) {
     int64_t depth = cfg->model.depth;
     int64_t features = ds->sample_numel;
     switch ((fl_model_type)cfg->model.type) {
@@ -143,8 +144,8 @@ static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds) {
     }
     case FL_MODEL_PPLCNETV2: {
         bool small = ds->ndim == 3 && (ds->shape[1] < 112 || ds->shape[2] < 112);
-        return fl_model_pplcnetv2(FL_DTYPE_F32, ds->ndim == 3 ? ds->shape[0] : 3, small,
-                                  cfg->data.classes);
+        return (fused ? fl_model_pplcnetv2_fused : fl_model_pplcnetv2)(
+            FL_DTYPE_F32, ds->ndim == 3 ? ds->shape[0] : 3, small, cfg->data.classes);
     }
     }
     fl_fail(FL_ECONFIG, "model.type: %d is not a model", cfg->model.type);
@@ -239,7 +240,7 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     if (!t->loader)
         return fl_fail_prefix(FL_ECONFIG, "train.batch_size (x %d workers)", t->world);
 
-    t->net = make_model(cfg, t->train_set);
+    t->net = make_model(cfg, t->train_set, false);
     if (!t->net)
         return fl_fail_prefix(FL_ECONFIG, "model");
     if (cfg->strategy.recompute &&
@@ -300,7 +301,7 @@ int fl_train_print_model(const fl_train_config *cfg, FILE *out) {
     if (!ds)
         return fl_fail_prefix(FL_EINVAL, "data");
     int rc = FL_OK;
-    fl_net *net = make_model(cfg, ds);
+    fl_net *net = make_model(cfg, ds, false);
     if (!net)
         rc = fl_fail_prefix(FL_ECONFIG, "model");
     else if (cfg->strategy.recompute &&
@@ -318,7 +319,19 @@ fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split) {
 }
 
 fl_net *fl_train_make_model(const fl_train_config *cfg, const fl_dataset *ds) {
-    return make_model(cfg, ds);
+    return make_model(cfg, ds, false);
+}
+
+bool fl_train_has_fused(const fl_train_config *cfg) {
+    return cfg->model.type == FL_MODEL_PPLCNETV2;
+}
+
+fl_net *fl_train_make_fused_model(const fl_train_config *cfg, const fl_dataset *ds) {
+    if (!fl_train_has_fused(cfg)) {
+        fl_fail(FL_ECONFIG, "model.type: only pplcnetv2 has a re-parameterised (fused) form");
+        return NULL;
+    }
+    return make_model(cfg, ds, true);
 }
 
 void fl_train_teardown(trainer *t) {
