@@ -48,7 +48,6 @@ hosts=$((workers + servers))
 lab_wait_free
 lab_up "$hosts" "$rate"
 batch=$(sed -n 's/^ *batch_size: *\([0-9]*\).*/\1/p' "$config" | head -1)
-interval=$(sed -n 's/^ *log_interval: *\([0-9]*\).*/\1/p' "$config" | head -1)
 gb=$((workers * batch))
 echo "# ps_netlab: $(basename "$config"), $workers workers x batch $batch, $servers servers," \
   "links $rate, $steps steps, ROUNDS=$rounds," \
@@ -101,9 +100,10 @@ ps_job() {
 }
 
 last_acc() { sed -n 's/.*eval .*val_acc1 \([0-9.]*\).*/\1/p' "$1" | tail -1; }
-comm_mb() { # median MB sent per step by worker 0
-  awk -v iv="${interval:-32}" '/^worker_index: 0, .* ips / {
-      for (i = 1; i <= NF; i++) if ($i == "comm") print $(i + 1) / iv }' "$1" | median
+comm_mb() { # median MB sent per step by worker 0 (each window: its comm over its steps)
+  awk '/^worker_index: 0, .* ips / {
+      for (i = 1; i <= NF; i++) { if ($i == "step") st = $(i + 1) + 0; if ($i == "comm") mb = $(i + 1) }
+      if (st > prev) print mb / (st - prev); prev = st }' "$1" | median
 }
 
 run_cfg() { # CFG ROUND PORT -> "samples/s acc1 MB/step"
