@@ -7,6 +7,7 @@
 #include "fleet/sparse.h"
 
 #include "fleet/status.h"
+#include "nn_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,28 +112,30 @@ static int build_net(const fl_ctr_model_config *c, int64_t width, fl_net **out) 
         return fl_fail(FL_ENOMEM, "ctr model: out of memory");
     char name[32];
     int64_t in = width;
-    int rc = FL_OK;
+    int rc = FL_OK, deep = -1;
     for (int i = 0; i <= c->nhidden && rc >= 0; i++) {
         int64_t width_out = i < c->nhidden ? c->hidden[i] : 1;
         snprintf(name, sizeof name, "linear_%d", i);
-        rc = fl_net_add(net, fl_fc_create(name, in, width_out, true));
+        rc = deep = nn_put(net, fl_fc_create(name, in, width_out, true), -2);
         if (rc >= 0 && i < c->nhidden) {
             snprintf(name, sizeof name, "act_%d", i);
-            rc = fl_net_add(net, fl_activation_create(name, FL_ACT_RELU));
+            rc = nn_put(net, fl_activation_create(name, FL_ACT_RELU), -2);
         }
         in = width_out;
     }
     if (rc >= 0 && c->ndense > 0) {
-        int deep = fl_net_num_layers(net) - 1;
-        int sl = fl_net_add_from(net, fl_slice_create("dense_slice", width - c->ndense,
-                                                      c->ndense), FL_NET_INPUT);
         bool wd = c->type == FL_CTR_WIDE_DEEP;
-        rc = sl < 0 ? sl
-                    : fl_net_add(net, fl_fc_create(wd ? "wide_part" : "dense_w_one", c->ndense,
-                                                   1, wd));
+        rc = nn_put(net, fl_slice_create("dense_slice", width - c->ndense, c->ndense),
+                    FL_NET_INPUT);
         if (rc >= 0)
-            rc = fl_net_add2(net, fl_add_create("logit", false), deep,
-                             fl_net_num_layers(net) - 1);
+            rc = nn_put(net, fl_fc_create(wd ? "wide_part" : "dense_w_one", c->ndense, 1, wd),
+                        -2);
+        fl_layer *sum = rc >= 0 ? fl_add_create("logit", false) : NULL;
+        rc = sum ? fl_net_add2(net, sum, deep, rc) : -1;
+    }
+    if (rc < 0) {
+        fl_net_free(net);
+        return fl_fail_prefix(FL_EINVAL, "building the dense part");
     }
     int64_t shape[1] = {width};
     if (rc >= 0)
