@@ -430,9 +430,11 @@ static void train_synth(fl_ctr_model_type type, int steps, train_result *res) {
         CHECK_OK(fl_ctr_model_backward(m, &dlt));
         for (int t = 0; t < 2; t++) {
             fl_sparse_rows *r = fl_ctr_model_rows(m, t);
-            CHECK_OK(fl_ps_sparse_push_rows(tables[t], r->ids, r->n, r->grads, 0.5));
+            /* Paddle's sparse Adagrad scales lr by sqrt(3 / (3 + g2sum)) ~ 1 while the mean
+             * loss's row gradients are small (1 / B an occurrence): hence a large lr */
+            CHECK_OK(fl_ps_sparse_push_rows(tables[t], r->ids, r->n, r->grads, 2.0));
         }
-        CHECK_OK(fl_optim_step(opt, 0.05, NULL));
+        CHECK_OK(fl_optim_step(opt, 0.1, NULL));
     }
     evaluate(m, tables, val, 16, &res->auc, &res->loss);
     fl_optim_free(opt);
@@ -452,6 +454,9 @@ static void test_training(void) {
         fprintf(stderr, "%s: validation AUC %.4f -> %.4f after 300 steps of 256 (teacher's best "
                 "%.4f), log loss %.4f -> %.4f\n", fl_ctr_model_type_name(type), r.auc0, r.auc,
                 r.best, r.loss0, r.loss);
+        /* measured: 0.727 for both (best 0.823, chance 0.5); the line is far below that, so
+         * another CPU's kernels cannot cross it, and far above what an untrained or broken
+         * model reaches (0.52) */
         CHECK(r.best > 0.75);
         CHECK(r.auc > 0.65);
         CHECK(r.auc < r.best + 0.01);
