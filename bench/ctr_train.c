@@ -8,8 +8,10 @@
  *   The data are PASSES x STEPS distinct batches of BATCH samples of ctr_synth's train split
  *   (seed 1, VOCAB values a slot), generated in memory before any timing, and 8192 validation
  *   samples. Pass 0 warms up; passes 1.. are timed, each over its own STEPS batches. Prints one
- *   line: the median examples/s of the timed passes, each pass's, the validation AUC and log
- *   loss after every pass, and the teacher's best AUC on those validation samples.
+ *   line: the median examples/s (wall) of the timed passes, each pass's, the validation AUC
+ *   after every pass, the median examples per CPU second (the process's CPU time, all threads:
+ *   what a loaded machine distorts least), the final log loss, and the teacher's best AUC on
+ *   those validation samples.
  *   DUMP_DIR: also writes the data there for the PyTorch side (then exits without training):
  *   train_{labels.i32,dense.f32,offsets.i64,index.i64} and val_* likewise, ids replaced by dense
  *   row numbers 0.. (numbered in order of first appearance, train then validation), and
@@ -221,9 +223,9 @@ int main(int argc, char **argv) {
     if (!opt)
         die("optimizer");
     float *dl = malloc((size_t)batch * sizeof *dl);
-    double rate[64], sorted[64], auc[64], logloss[64];
+    double rate[64], cpu_rate[64], sorted[64], auc[64], logloss[64];
     for (int pass = 0; pass < passes; pass++) {
-        double t0 = bench_wall_s();
+        double t0 = bench_wall_s(), c0 = bench_cpu_s();
         for (int s = 0; s < steps; s++) {
             const fl_ctr_batch *b = data[pass * steps + s];
             const fl_tensor *lg;
@@ -245,6 +247,7 @@ int main(int argc, char **argv) {
                 die("optimizer step");
         }
         rate[pass] = (double)(steps * batch) / (bench_wall_s() - t0);
+        cpu_rate[pass] = (double)(steps * batch) / (bench_cpu_s() - c0);
         evaluate(m, tables, val, nval, &auc[pass], &logloss[pass]);
     }
     memcpy(sorted, rate + 1, (size_t)(passes - 1) * sizeof *rate);
@@ -254,6 +257,8 @@ int main(int argc, char **argv) {
     printf(" auc");
     for (int p = 0; p < passes; p++)
         printf(" %.4f", auc[p]);
+    memcpy(sorted, cpu_rate + 1, (size_t)(passes - 1) * sizeof *rate);
+    printf(" cpu %.1f", bench_median(sorted, passes - 1));
     printf(" logloss %.4f best %.4f rows %lld\n", logloss[passes - 1], best,
            (long long)fl_ps_sparse_rows(tables[0]));
     free(dl);

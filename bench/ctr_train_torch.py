@@ -16,7 +16,7 @@ PyTorch pays no id hashing, which fleet's tables do.
 
 Usage: /usr/bin/python3 ctr_train_torch.py DUMP_DIR BATCH STEPS PASSES THREADS [--opt adagrad]
 Prints the same line as ctr_train: median examples/s of passes 1.., each pass's, the AUC after
-each pass (bucketed as Paddle's auc operator, as fleet's) and the final log loss. The median of
+each pass, the median examples per CPU second (time.process_time: all threads) (bucketed as Paddle's auc operator, as fleet's) and the final log loss. The median of
 an even count is the upper middle one, as bench_median takes it."""
 import os
 import sys
@@ -131,9 +131,9 @@ def main():
     dopt = torch.optim.SGD(dense_params, lr=DENSE_LR, momentum=0.9)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     batches = [batch_of(train, nslots, k * batch, batch) for k in range(steps * passes)]
-    rates, aucs, logloss = [], [], float("nan")
+    rates, cpu_rates, aucs, logloss = [], [], [], float("nan")
     for p in range(passes):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for k in range(p * steps, (p + 1) * steps):
             y, x, off, idx = batches[k]
             sopt.zero_grad()
@@ -143,15 +143,17 @@ def main():
             sopt.step()
             dopt.step()
         rates.append(steps * batch / (time.perf_counter() - t0))
+        cpu_rates.append(steps * batch / (time.process_time() - c0))
         with torch.no_grad():
             y, x, off, idx = batch_of(val, nslots, 0, vsamples)
             z = model(x, off, idx)
             pr = torch.sigmoid(z).numpy()
             logloss = loss_fn(z, y).item()
             aucs.append(auc_of(pr, y.numpy().astype(np.int32)))
-    print("%.1f passes %s auc %s logloss %.4f" % (
+    print("%.1f passes %s auc %s cpu %.1f logloss %.4f" % (
         sorted(rates[1:])[(len(rates) - 1) // 2],
-        " ".join("%.1f" % r for r in rates), " ".join("%.4f" % a for a in aucs), logloss))
+        " ".join("%.1f" % r for r in rates), " ".join("%.4f" % a for a in aucs),
+        sorted(cpu_rates[1:])[(len(cpu_rates) - 1) // 2], logloss))
 
 
 if __name__ == "__main__":
