@@ -187,7 +187,8 @@ const fl_sparse_lookup *fl_ctr_model_lookup(const fl_ctr_model *m);
  * before prepare. */
 int  fl_ctr_model_forward(fl_ctr_model *m, bool training, const fl_tensor **logits);
 /* dlogits (B) in the model's dtype (the loss's gradient w.r.t. the logits, e.g.
- * fl_sigmoid_xent_backward's). FL_ESTATE without a forward; FL_ESHAPE on a wrong shape. */
+ * fl_sigmoid_xent_backward's). FL_ESTATE without a forward; FL_ESHAPE on a wrong shape. An
+ * empty batch (B = 0) gives zero dense gradients (fl_net_zero_grad) and no rows. */
 int  fl_ctr_model_backward(fl_ctr_model *m, const fl_tensor *dlogits);
 
 #ifdef __cplusplus

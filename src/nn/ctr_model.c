@@ -295,9 +295,14 @@ int fl_ctr_model_forward(fl_ctr_model *m, bool training, const fl_tensor **logit
         dense_in_f64(b, m->x.data, m->width);
     FL_TRY(fl_sparse_embedding_forward(&m->lk, &m->rows[FL_CTR_TABLE_WIDE], m->cfg.pool, t,
                                        m->wide, 0));
+    m->logits.shape[0] = m->logits.numel = B;
+    if (B == 0) { /* an empty batch (a line-sharded reader's last): nothing to run */
+        m->have_forward = true;
+        *logits = &m->logits;
+        return FL_OK;
+    }
     const fl_tensor *net_out;
     FL_TRY(fl_net_forward(m->net, &m->x, training, &net_out));
-    m->logits.shape[0] = m->logits.numel = B;
     if (f32)
         logits_f32(m, net_out->data, m->wide, m->x.data, m->logits.data);
     else
@@ -321,6 +326,10 @@ int fl_ctr_model_backward(fl_ctr_model *m, const fl_tensor *dlogits) {
                        fl_dtype_name(dlogits->dtype),
                        fl_shape_str(dlogits->ndim, dlogits->shape, buf, sizeof buf),
                        fl_dtype_name(t), (long long)B);
+    if (B == 0) { /* no samples: zero gradients, no rows */
+        fl_net_zero_grad(m->net);
+        return FL_OK;
+    }
     /* the network's output gradient is dlogits itself (logit = net + the rest) */
     m->dnet.shape[0] = m->dnet.numel = B;
     memcpy(m->dnet.data, dlogits->data, (size_t)B * m->esize);

@@ -338,6 +338,19 @@ static void test_model_errors(void) {
     CHECK_RC(fl_ctr_model_prepare(m, &b), FL_ESHAPE);
     CHECK_MSG("3 slots and 2 dense");
     fl_ctr_batch_free(&b);
+    /* an empty batch of the model's shape: empty logits, zero gradients, no rows */
+    CHECK_OK(fl_ctr_batch_init(&b, 13, 26, 1, 1));
+    CHECK_OK(fl_ctr_model_prepare(m, &b));
+    CHECK(fl_ctr_model_rows(m, 0)->n == 0);
+    CHECK_OK(fl_ctr_model_forward(m, true, &lg));
+    CHECK(lg->numel == 0);
+    float none[1];
+    fl_tensor dl;
+    fl_tensor_view(&dl, FL_DTYPE_F32, 1, (int64_t[]){0}, none);
+    memset(fl_net_flat_grads(net), 0x3f, (size_t)fl_net_numel(net) * sizeof(float));
+    CHECK_OK(fl_ctr_model_backward(m, &dl));
+    CHECK(((float *)fl_net_flat_grads(net))[0] == 0.0f);
+    fl_ctr_batch_free(&b);
     fl_ctr_model_type t;
     CHECK_OK(fl_ctr_model_type_parse("deepfm", &t));
     CHECK(t == FL_CTR_DEEPFM);
