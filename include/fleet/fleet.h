@@ -34,6 +34,7 @@
 #include "fleet/optim.h"
 #include "fleet/ps.h"
 #include "fleet/rng.h"
+#include "fleet/sparse.h"
 #include "fleet/status.h"
 #include "fleet/strategy.h"
 #include "fleet/tensor.h"

@@ -197,6 +197,11 @@ fl_layer *fl_channel_mul_create(const char *name);
  * (B, CA + CB, H, W), a's channels first (paddle.concat(axis=1), PP-HGNet's aggregation); also
  * (B, CA) and (B, CB). Backward hands each input its channels of dy. No parameters. */
 fl_layer *fl_concat_create(const char *name);
+/* Columns [start, start + count) of a (B, F) input -> (B, count), paddle.slice(x, axes=[1],
+ * starts=[start], ends=[start + count]) (a wide&deep model's dense features out of its input);
+ * backward gives zeros to the other columns. start >= 0, count >= 1; the input is checked at
+ * build (FL_ESHAPE naming the layer). No parameters. */
+fl_layer *fl_slice_create(const char *name, int64_t start, int64_t count);
 /* Inverted dropout: in training y = x * m / (1 - p) with m ~ Bernoulli(1 - p) per element; in
  * inference y = x. The mask of a forward is a function of (seed, step) only (Philox stream
  * `step`), step counting the layer's training forwards from 0, so runs are reproducible and
@@ -291,6 +296,16 @@ bool fl_net_amp_white(const fl_net *net, int i);
  * all of them, comma-separated, for messages. */
 bool        fl_layer_type_known(const char *type);
 const char *fl_layer_type_names(void);
+/* Input gradient: called before fl_net_build, on makes backward also compute the gradient of
+ * the loss w.r.t. the network input (summed over the layers that read the input), for what
+ * produced the input outside the network (a sparse embedding, fleet/sparse.h). Off by default
+ * (nothing is computed or allocated for it). FL_ESTATE after build; build fails with
+ * FL_EUNSUPPORTED when the network computes in NHWC on a spatial input. */
+int fl_net_set_input_grad(fl_net *net, bool on);
+/* After a backward with the input gradient on: (B, in_shape...) of the last backward, in the
+ * backend's memory, owned by the network (overwritten by the next backward, not added to under
+ * fl_net_set_accumulate). NULL when off or before build. */
+const fl_tensor *fl_net_input_grad(const fl_net *net);
 /* When on, backward adds to existing gradients instead of overwriting (gradient merge). */
 void fl_net_set_accumulate(fl_net *net, bool on);
 void fl_net_zero_grad(fl_net *net);
@@ -340,6 +355,17 @@ int fl_softmax_xent_smooth_forward(const fl_backend *k, const fl_tensor *logits,
                                    double *loss);
 int fl_softmax_xent_smooth_backward(const fl_backend *k, const fl_tensor *probs,
                                     const int32_t *labels, double epsilon, fl_tensor *dlogits);
+/* Mean sigmoid cross-entropy with logits, for binary labels (CTR; Paddle's
+ * sigmoid_cross_entropy_with_logits, PyTorch's BCEWithLogitsLoss): logits (B) or (B, 1), f32 or
+ * f64, host memory; labels (B) 0 or 1 (fl_ctr_batch's). *loss = mean over rows of
+ * max(z, 0) - z y + log(1 + exp(-|z|)), in double (no overflow for any finite z); probs (same
+ * shape and dtype; may be NULL) receives sigmoid(z). FL_EINVAL naming the first row whose label
+ * is not 0 or 1, FL_ESHAPE on shapes or dtypes that do not fit. */
+int fl_sigmoid_xent_forward(const fl_tensor *logits, const int32_t *labels, fl_tensor *probs,
+                            double *loss);
+/* dlogits = (sigmoid(z) - y) / B, the gradient of the mean loss; dlogits may be logits. */
+int fl_sigmoid_xent_backward(const fl_tensor *logits, const int32_t *labels,
+                             fl_tensor *dlogits);
 /* Number of rows whose label is among the k largest logits (ties counted against). A host
  * function: logits and labels in host memory (on a device, copy the logits back first). */
 int64_t fl_topk_correct(const fl_tensor *logits, const int32_t *labels, int k);

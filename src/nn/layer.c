@@ -77,7 +77,7 @@ static const char *const layer_types[] = {"fc", "conv2d", "batch_norm", "pool2d"
                                           "global_avg_pool", "add", "dropout", "shortcut_pad",
                                           "relu", "tanh", "sigmoid", "identity",
                                           "hardswish", "hardsigmoid", "adaptive_avg_pool",
-                                          "flatten", "channel_mul", "concat"};
+                                          "flatten", "channel_mul", "concat", "slice"};
 
 bool fl_layer_type_known(const char *type) {
     for (size_t i = 0; i < sizeof layer_types / sizeof layer_types[0]; i++)
@@ -89,5 +89,5 @@ bool fl_layer_type_known(const char *type) {
 const char *fl_layer_type_names(void) {
     return "fc, conv2d, batch_norm, pool2d, global_avg_pool, add, dropout, shortcut_pad, relu, "
            "tanh, sigmoid, identity, hardswish, hardsigmoid, adaptive_avg_pool, flatten, "
-           "channel_mul, concat";
+           "channel_mul, concat, slice";
 }

@@ -1,4 +1,5 @@
-/* loss.c - mean softmax cross-entropy (forward and backward, optionally with label smoothing)
+/* loss.c - mean softmax cross-entropy (forward and backward, optionally with label smoothing),
+ * mean sigmoid cross-entropy with logits (binary labels, CTR)
  * and top-k accuracy counts.
  * These check what the kernels assume (2-D shapes, matching dtypes, labels in range) and turn
  * violations into errors naming the row, then call the fused kernels. Labels are backend
@@ -145,4 +146,81 @@ int64_t fl_topk_correct(const fl_tensor *logits, const int32_t *labels, int k) {
         return topk_f32(logits->data, labels, rows, cols, k);
     FL_ASSERT(logits->dtype == FL_DTYPE_F64);
     return topk_f64(logits->data, labels, rows, cols, k);
+}
+
+/* Sigmoid cross-entropy with logits: -y log s(z) - (1 - y) log(1 - s(z)) rewritten as
+ * max(z, 0) - z y + log1p(exp(-|z|)), which neither overflows nor loses the small probabilities
+ * (Paddle's sigmoid_cross_entropy_with_logits kernel has the same form). */
+
+static int check_binary(const char *what, const fl_tensor *t, const fl_tensor *like) {
+    char buf[96];
+    bool shape = t->ndim == 1 || (t->ndim == 2 && t->shape[1] == 1);
+    if (!shape || (t->dtype != FL_DTYPE_F32 && t->dtype != FL_DTYPE_F64))
+        return fl_fail(FL_ESHAPE, "sigmoid_xent: %s %s %s must be f32 or f64 (B) or (B, 1)",
+                       what, fl_dtype_name(t->dtype), fl_shape_str(t->ndim, t->shape, buf,
+                                                                   sizeof buf));
+    if (like && (t->dtype != like->dtype || t->shape[0] != like->shape[0]))
+        return fl_fail(FL_ESHAPE, "sigmoid_xent: %s %s of %lld rows does not match the logits' "
+                       "%s of %lld", what, fl_dtype_name(t->dtype), (long long)t->shape[0],
+                       fl_dtype_name(like->dtype), (long long)like->shape[0]);
+    FL_ASSERT(fl_tensor_on_host(t)); /* a host function: copy a device's logits back first */
+    return FL_OK;
+}
+
+static int check_binary_labels(const int32_t *labels, int64_t b) {
+    FL_ASSERT(labels || b == 0);
+    for (int64_t r = 0; r < b; r++)
+        if (labels[r] != 0 && labels[r] != 1)
+            return fl_fail(FL_EINVAL, "sigmoid_xent: label %d of row %lld is not 0 or 1",
+                           (int)labels[r], (long long)r);
+    return FL_OK;
+}
+
+static double logit_at(const fl_tensor *t, int64_t i) {
+    return t->dtype == FL_DTYPE_F32 ? (double)((const float *)t->data)[i]
+                                    : ((const double *)t->data)[i];
+}
+
+static void store_at(fl_tensor *t, int64_t i, double v) {
+    if (t->dtype == FL_DTYPE_F32)
+        ((float *)t->data)[i] = (float)v;
+    else
+        ((double *)t->data)[i] = v;
+}
+
+static double sigmoid(double z) {
+    double e = exp(-fabs(z)); /* in (0, 1]: never overflows */
+    return z >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+}
+
+int fl_sigmoid_xent_forward(const fl_tensor *logits, const int32_t *labels, fl_tensor *probs,
+                            double *loss) {
+    FL_ASSERT(logits && loss);
+    FL_TRY(check_binary("logits", logits, NULL));
+    if (probs)
+        FL_TRY(check_binary("probs", probs, logits));
+    int64_t b = logits->shape[0];
+    FL_TRY(check_binary_labels(labels, b));
+    double total = 0;
+    for (int64_t i = 0; i < b; i++) {
+        double z = logit_at(logits, i);
+        total += fmax(z, 0.0) - z * (double)labels[i] + log1p(exp(-fabs(z)));
+        if (probs)
+            store_at(probs, i, sigmoid(z));
+    }
+    *loss = b > 0 ? total / (double)b : 0.0;
+    return FL_OK;
+}
+
+int fl_sigmoid_xent_backward(const fl_tensor *logits, const int32_t *labels,
+                             fl_tensor *dlogits) {
+    FL_ASSERT(logits && dlogits);
+    FL_TRY(check_binary("logits", logits, NULL));
+    FL_TRY(check_binary("dlogits", dlogits, logits));
+    int64_t b = logits->shape[0];
+    FL_TRY(check_binary_labels(labels, b));
+    double inv = b > 0 ? 1.0 / (double)b : 0.0;
+    for (int64_t i = 0; i < b; i++)
+        store_at(dlogits, i, (sigmoid(logit_at(logits, i)) - (double)labels[i]) * inv);
+    return FL_OK;
 }

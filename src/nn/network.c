@@ -245,6 +245,9 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
                        fl_dtype_name(last->dtype),
                        fl_shape_str(last->ndim, last->shape, want, sizeof want));
     memset(net->dout_set, 0, (size_t)net->nlayers * sizeof *net->dout_set);
+    net->dx_set = false;
+    if (net->input_grad)
+        set_batch(&net->dx, net->x.shape[0]);
     fl_tensor scaled = *dout; /* mixed precision: dout times the loss scale, in our buffer */
     if (net->amp) {
         scaled.data = net->amp->dout;
@@ -279,14 +282,16 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
             in[k] = from < 0 ? &net->x : &net->out[from];
             if (amp)
                 in[k] = nn_amp_input(net->amp, net->k, k, in[k], &rin[k]);
-            din[k] = NULL; // the network input's gradient is not needed
-            if (from < 0)
+            din[k] = NULL; // the network input's gradient: only when asked for
+            if (from < 0 && !net->input_grad)
                 continue;
-            if (!net->dout_set[from]) { // the first consumer (in reverse) writes the gradient
-                din[k] = &net->dout[from];
-                net->dout_set[from] = true;
+            fl_tensor *target = from < 0 ? &net->dx : &net->dout[from];
+            bool *set = from < 0 ? &net->dx_set : &net->dout_set[from];
+            if (!*set) { // the first consumer (in reverse) writes the gradient
+                din[k] = target;
+                *set = true;
             } else { // later ones write a scratch that is added to it below
-                sum[k] = net->dout[from];
+                sum[k] = *target;
                 sum[k].data = net->sum_mem[k];
                 din[k] = &sum[k];
             }
@@ -305,10 +310,11 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
                     nn_amp_round(net->amp, net->k, din[k]);
         }
         FL_TRY(rc);
-        for (int k = 0; k < l->ninputs; k++)
-            if (din[k] && din[k]->data != net->dout[l->inputs[k]].data)
-                net->k->axpy(net->dtype, din[k]->numel, 1.0, din[k]->data,
-                             net->dout[l->inputs[k]].data);
+        for (int k = 0; k < l->ninputs; k++) {
+            void *target = l->inputs[k] < 0 ? net->dx.data : net->dout[l->inputs[k]].data;
+            if (din[k] && din[k]->data != target)
+                net->k->axpy(net->dtype, din[k]->numel, 1.0, din[k]->data, target);
+        }
         if (hook)
             for (int p = l->nparams - 1; p >= 0; p--)
                 if (l->params[p].trainable)
@@ -318,6 +324,19 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
 }
 
 void fl_net_set_accumulate(fl_net *net, bool on) { net->accumulate = on; }
+
+int fl_net_set_input_grad(fl_net *net, bool on) {
+    FL_ASSERT(net);
+    if (net->built)
+        return fl_fail(FL_ESTATE, "net: fl_net_set_input_grad after fl_net_build");
+    net->input_grad = on;
+    return FL_OK;
+}
+
+const fl_tensor *fl_net_input_grad(const fl_net *net) {
+    FL_ASSERT(net);
+    return net->built && net->input_grad ? &net->dx : NULL;
+}
 
 size_t fl_net_activation_bytes(const fl_net *net) {
     return net->built ? net->kept_bytes + net->arena_bytes + net->grad_bytes : 0;

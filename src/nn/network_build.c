@@ -26,6 +26,9 @@ void nn_net_unplan(fl_net *net) {
     net->k->free(net->sum_mem[1]);
     net->k->free(net->x_nhwc);
     net->x_nhwc = NULL;
+    net->k->free(net->dx.data);
+    memset(&net->dx, 0, sizeof net->dx);
+    net->in_consumers = 0;
     nn_recompute_plan_free(&net->plan);
     net->kept_bytes = net->arena_bytes = net->grad_bytes = 0;
     free(net->out);
@@ -131,6 +134,8 @@ static int layer_input_shape(fl_net *net, const fl_layer *l, bool count, int *nd
         shape_of(net, from, &kndim, &kshape);
         if (from >= 0 && count)
             net->consumers[from]++;
+        else if (count)
+            net->in_consumers++;
         if (k == 0) {
             *ndim = kndim;
             *shape = kshape;
@@ -158,6 +163,7 @@ static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
     net->dout_set = calloc((size_t)net->nlayers, sizeof *net->dout_set);
     if (!net->out || !net->dout || !net->consumers || !net->dout_set)
         return fl_fail(FL_ENOMEM, "net: out of memory");
+    net->in_consumers = 0;
     *scratch = *sum_bytes = 0;
     /* pass 0 infers the shapes in NCHW and settles the layout; pass 1 infers them again in
      * that layout (layers plan their kernels for it) and sizes the memory */
@@ -215,6 +221,16 @@ static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
         if (net->consumers[i] > 1 && fl_tensor_nbytes(&net->out[i]) > *sum_bytes)
             *sum_bytes = fl_tensor_nbytes(&net->out[i]);
     }
+    if (net->input_grad) {
+        if (net->layout == FL_LAYOUT_NHWC && net->in_ndim == 3)
+            return fl_fail(FL_EUNSUPPORTED, "net: the input gradient of a network computing in "
+                           "NHWC is not supported (fl_net_set_input_grad)");
+        int64_t full[FL_MAX_DIMS] = {max_batch};
+        memcpy(full + 1, net->in_shape, (size_t)net->in_ndim * sizeof *full);
+        fl_tensor_view(&net->dx, net->dtype, net->in_ndim + 1, full, NULL);
+        if (net->in_consumers > 1 && fl_tensor_nbytes(&net->dx) > *sum_bytes)
+            *sum_bytes = fl_tensor_nbytes(&net->dx);
+    }
     return FL_OK;
 }
 
@@ -234,6 +250,8 @@ static int alloc_activations(fl_net *net, size_t act_bytes, size_t scratch, size
     if (scratch > 0 && !(net->scratch = net->k->alloc(scratch)))
         return fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of layer scratch", scratch);
     net->scratch_size = scratch;
+    if (net->input_grad && !(net->dx.data = net->k->alloc(fl_tensor_nbytes(&net->dx))))
+        return fl_fail(FL_ENOMEM, "net: cannot allocate the input gradient");
     for (int k = 0; k < 2 && sum_bytes > 0; k++)
         if (!(net->sum_mem[k] = net->k->alloc(sum_bytes)))
             return fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of gradient sums",
@@ -392,6 +410,7 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         net->params[i].value.device = net->params[i].grad.device = dev;
     for (int i = 0; i < net->nlayers; i++)
         net->out[i].device = net->dout[i].device = dev;
+    net->dx.device = dev;
     net->built = true;
     return FL_OK;
 }

@@ -116,6 +116,11 @@ struct fl_net {
                                                              * kept, arena, output gradients */
     bool               fwd_training;   /* of the last forward, which backward replays */
     nn_amp            *amp;            /* mixed precision (fl_net_set_amp); NULL: off */
+    /* the input's gradient (fl_net_set_input_grad): dx (max_batch, in_shape) when on, written
+     * by the input's first consumer in backward (dx_set), the others' added to it */
+    bool       input_grad, dx_set;
+    int        in_consumers; /* layer inputs that read the network input */
+    fl_tensor  dx;
 };
 
 /* Frees what fl_net_build allocated and returns the network to its unbuilt state

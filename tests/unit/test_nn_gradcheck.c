@@ -139,6 +139,8 @@ static void test_layers(const fl_backend *k) {
     gradcheck_layer("adaptive_avg_pool", k, fl_adaptive_avg_pool_create("pool"), 3, in234, 2, -1,
                     1, false);
     gradcheck_layer("flatten", k, fl_flatten_create("flatten"), 3, in234, 2, -1, 1, false);
+    gradcheck_layer("slice [1, 4) of 5", k, fl_slice_create("slice", 1, 3), 1, in5, 3, -1, 1,
+                    false);
     /* depthwise convolutions (the cpu table's direct loops; ref's im2col per group) */
     int64_t in655[] = {6, 5, 5}, in479[] = {4, 7, 9};
     fl_conv2d_opts dw3 = {.in_channels = 6, .out_channels = 6, .kh = 3, .kw = 3, .sh = 2, .sw = 2,
@@ -149,6 +151,47 @@ static void test_layers(const fl_backend *k) {
                           .pw = 3, .dw = 2, .sw = 2, .groups = 4};
     gradcheck_layer("depthwise 5x5 p(2,3) s(1,2) d(1,2)", k, fl_conv2d_create("dw", &dw5), 3,
                     in479, 2, -1, 1, false);
+}
+
+/* fl_net_set_input_grad: the input read by two layers (an fc, and a slice feeding an fc), their
+ * outputs added; the network's input gradient (the sum of both paths) against differences. */
+static void test_input_grad(const fl_backend *k) {
+    fl_net *net = fl_net_create(FL_DTYPE_F64, k);
+    CHECK_OK(fl_net_add(net, fl_fc_create("deep", 5, 4, true)));
+    CHECK_OK(fl_net_add(net, fl_activation_create("act", FL_ACT_TANH)));
+    int a = fl_net_num_layers(net) - 1;
+    CHECK(fl_net_add_from(net, fl_slice_create("cols", 2, 3), FL_NET_INPUT) == 2);
+    CHECK_OK(fl_net_add(net, fl_fc_create("wide", 3, 4, false)));
+    CHECK(fl_net_add2(net, fl_add_create("sum", false), a, 3) == 4);
+    CHECK_OK(fl_net_set_input_grad(net, true));
+    int64_t in5[] = {5};
+    CHECK_OK(fl_net_build(net, 1, in5, 4, 7));
+    CHECK_RC(fl_net_set_input_grad(net, false), FL_ESTATE);
+    double xd[3 * 5], r[3 * 4], dxnum[3 * 5];
+    fill_input(xd, 15, -1, 1, false);
+    for (int i = 0; i < 12; i++)
+        r[i] = uniform(-1, 1);
+    fl_tensor x, dy;
+    fl_tensor_view(&x, FL_DTYPE_F64, 2, (int64_t[]){3, 5}, xd);
+    fl_tensor_view(&dy, FL_DTYPE_F64, 2, (int64_t[]){3, 4}, r);
+    const fl_tensor *y;
+    CHECK_OK(fl_net_forward(net, &x, true, &y));
+    CHECK_OK(fl_net_backward(net, &dy, NULL, NULL));
+    const fl_tensor *dx = fl_net_input_grad(net);
+    CHECK(dx && dx->ndim == 2 && dx->shape[0] == 3 && dx->shape[1] == 5);
+    for (int i = 0; i < 15; i++)
+        dxnum[i] = numeric(net, &x, r, xd, i);
+    char label[96];
+    snprintf(label, sizeof label, "input gradient, two readers [%s]", k->name);
+    if (dx)
+        CHECK_CLOSE(label, dx->data, dxnum, 15, ATOL, RTOL);
+    fl_net_free(net);
+    /* off (the default): none */
+    net = fl_net_create(FL_DTYPE_F64, k);
+    CHECK_OK(fl_net_add(net, fl_fc_create("fc", 5, 4, true)));
+    CHECK_OK(fl_net_build(net, 1, in5, 4, 7));
+    CHECK(fl_net_input_grad(net) == NULL);
+    fl_net_free(net);
 }
 
 /* mean softmax cross-entropy of logits (B, C) */
@@ -286,6 +329,7 @@ int main(void) {
     for (int t = 0; t < 2; t++) {
         test_layers(tables[t]);
         test_softmax_xent(tables[t]);
+        test_input_grad(tables[t]);
         test_mlp(tables[t], FL_ACT_TANH);
         test_mlp(tables[t], FL_ACT_RELU);
         test_mlp(tables[t], FL_ACT_SIGMOID);
