@@ -12,6 +12,7 @@
 #define FLEET_PS_SERVER_H
 
 #include "ps_impl.h"
+#include "ps_wire.h"
 #include "table.h"
 
 #include <pthread.h>
@@ -155,5 +156,42 @@ int ps_save(ps_server *s, int64_t step, int mode);
 /* Loads the newest chain from cfg.checkpoint_dir (before serving): 0 (nothing there: fresh
  * start, loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
 int ps_load(ps_server *s);
+
+/* One worker connection's receiving thread and its scratch (server.c, server_requests.c). */
+typedef struct {
+    ps_server   *s;
+    int          w;
+    fl_msg_conn *m;
+    const char  *name;
+    pthread_t    thread;
+    bool         started;
+    void        *buf;
+    size_t       cap;
+    ps_task     *tasks;     /* [T] */
+    ps_done      done;
+    float       *out;       /* reply values */
+    size_t       out_cap;   /* floats */
+    /* a sparse request split over the shard threads */
+    uint64_t    *ids;       /* [n] grouped by thread */
+    int64_t     *pos;       /* [n] where each sits in the request */
+    int32_t     *th;        /* [n] thread of each id */
+    float       *tmp;       /* [n * dim] */
+    int64_t      part_cap, tmp_cap;
+    int64_t     *cnt, *off; /* [T] */
+} ps_recv;
+
+/* server.c: the monotonic clock in seconds; a wait on s->cv (s->mu held) until deadline (false
+ * once it passed); failing the server with msg (the first failure sticks; wakes every wait). */
+double ps_now_s(void);
+bool   ps_wait_until(ps_server *s, double deadline);
+void   ps_server_fail(ps_server *s, int code, const char *msg);
+
+/* server_requests.c: one request (1 after STOP, 0 to go on, < 0: the server has failed with
+ * it); a reply; the refusal of a request that found the server failed (s->mu held); whether
+ * a sync merge waits for worker w (s->mu held; what it waits for into what). */
+int  ps_handle(ps_recv *r, const void *buf, size_t n, bool *hello);
+int  ps_send_reply(ps_recv *r, const fl_ps_rep *rep);
+int  ps_failed_reply(ps_recv *r, int type);
+bool ps_waiting_on(ps_server *s, int w, char *what, size_t cap);
 
 #endif /* FLEET_PS_SERVER_H */

@@ -31,6 +31,9 @@ ps_job() { # ps_job NAME ARGS...: 2 servers + 2 workers; rank 0's output in $tmp
   local name=$1; shift
   timeout 120 "$run" --server_num 2 --worker_num 2 --log_dir "$tmp/log_$name" \
     "$bin" -c "$cfg" "$@" >"$tmp/$name.out" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || { echo "--- $name exited $rc:"; grep -v '^ *[|+]' "$tmp/$name.out" | tail -6; }
+  return $rc
 }
 losses() { # the step losses of worker 0's progress lines, one per line
   grep '^worker_index: 0, epoch .*, step .*, loss' "$1" | sed -E 's/.*, loss ([0-9.]+),.*/\1/'
