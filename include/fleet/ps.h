@@ -121,11 +121,19 @@ typedef struct {
     int        threads;          /* shard threads (ps.server_threads; default 4) */
     fl_ps_mode mode;             /* what the workers will run (checked against their hellos) */
     char       checkpoint_dir[1024]; /* "" none: where SAVE writes and where a restart loads */
-    bool       resume;           /* load this server's newest shards from checkpoint_dir */
+    bool       resume;           /* load this server's shards (below) before serving */
+    int64_t    resume_step;      /* with resume: the step to load (the one the workers resume
+                                  * from); -1: the newest that ps.server<s>.latest names */
+    char       resume_dir[1024]; /* with resume: where the shards are; "": checkpoint_dir */
+    int64_t    keep;             /* after each save, keep the shards of the newest `keep` steps
+                                  * the workers' checkpoints keep (checkpoint.keep; 0: all) */
 } fl_ps_server_config;
 
-/* Listens on this server's endpoint (or FLEET_LISTEN_FD), loads its shards when c->resume and
- * a saved step exists. */
+/* Listens on this server's endpoint (or FLEET_LISTEN_FD). With c->resume, loads its shards
+ * first: resume_step -1 loads the chain ps.server<s>.latest names, none being a fresh start;
+ * resume_step N loads step N (that chain when the pointer is at N, else the full save
+ * ps.server<s>.N.safetensors) and fails with FL_EIO naming the file when it is not there.
+ * A damaged file, or one of another server or server count, fails naming it. */
 int fl_ps_init_server(fl_ps *ps, const fl_ps_server_config *c);
 /* Accepts every worker, then serves until each has stopped (0). A worker that dies or breaks
  * the protocol is named (worker index and endpoint) and the server fails (FL_EPEER) in sync

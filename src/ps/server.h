@@ -150,10 +150,15 @@ void ps_rule_str(const fl_ps_rule *r, char *buf, size_t cap);
 bool ps_rule_equal(const fl_ps_rule *a, const fl_ps_rule *b);
 
 /* ---- server_save.c ---- */
-/* Writes this server's shards (shards paused by the caller) as step; FL_EIO naming the file. */
+/* Writes this server's shards (shards paused by the caller) as step, then prunes old steps'
+ * files (cfg.keep); FL_EIO naming the file. */
 int ps_save(ps_server *s, int64_t step, int mode);
-/* Loads the newest chain from cfg.checkpoint_dir (before serving): 0 (nothing there: fresh
- * start, loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
+/* Removes the shards of steps the workers' checkpoints no longer keep (cfg.keep; 0: none),
+ * keeping `step`'s and the current chain's (server_save.c has the rule). */
+void ps_prune(ps_server *s, int64_t step);
+/* Loads cfg.resume_step's shards (-1: the chain the pointer names) from cfg.resume_dir (""
+ * checkpoint_dir) before serving: 0 (nothing there and no step asked for: fresh start,
+ * loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
 int ps_load(ps_server *s);
 
 #endif /* FLEET_PS_SERVER_H */
