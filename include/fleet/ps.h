@@ -181,6 +181,41 @@ int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint6
 enum { FL_PS_SAVE_ALL = 0, FL_PS_SAVE_DELTA = 1 };
 int fl_ps_save(fl_ps *ps, int64_t step, int mode);
 
+/* --- a job's saved tables read back whole (fleet-ckpt merge-ps; docs/checkpoint.md) --- */
+typedef struct {
+    bool         present;
+    int64_t      numel;
+    fl_ps_rule   rule;
+    int64_t      version_min, version_max; /* updates applied, over the servers (async: may differ) */
+    float       *values;     /* (numel), table order: block b from server b % S */
+} fl_ps_dense_snapshot;
+typedef struct {
+    bool            present;
+    int             dim;
+    fl_ps_rule      rule;
+    fl_ps_init_rule init;
+    int64_t         rows;
+    int64_t        *ids;     /* (rows) ascending */
+    float          *values;  /* (rows, dim): a delta's row replaces its base's */
+} fl_ps_sparse_snapshot;
+typedef struct {
+    int64_t               step;
+    int                   servers;
+    fl_ps_dense_snapshot  dense[FL_PS_MAX_TABLES];
+    fl_ps_sparse_snapshot sparse[FL_PS_MAX_TABLES];
+} fl_ps_snapshot;
+
+/* Reads every server's shards of `step` from dir (a server's chain when its ps.server<s>.latest
+ * is at that step, else its full save ps.server<s>.<step>.safetensors) into *out, each table
+ * whole. step -1: the step the pointers name (every server's must agree). The server count is
+ * server 0's. Fails, freeing what it read, with a message naming the file: FL_EIO a server's
+ * shards of the step missing; FL_EFORMAT a damaged file, a step or server count other than
+ * the others', a table declared on some servers only or with another numel, dim or rule, a
+ * dense block missing or of the wrong size, a sparse id on a server not its own. */
+int  fl_ps_snapshot_load(const char *dir, int64_t step, fl_ps_snapshot *out);
+/* Frees what the snapshot holds; a zeroed snapshot is a no-op. */
+void fl_ps_snapshot_clear(fl_ps_snapshot *s);
+
 /* Traffic and staleness seen by this worker. */
 typedef struct {
     uint64_t bytes_sent, bytes_received;

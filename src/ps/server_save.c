@@ -389,7 +389,7 @@ int ps_save(ps_server *s, int64_t step, int mode) {
 
 /* ---- loading ---- */
 
-static int meta_i64(const fl_safetensors *st, const char *key, int64_t *out) {
+int ps_meta_i64(const fl_safetensors *st, const char *key, int64_t *out) {
     const char *v = fl_safetensors_meta(st, key);
     char *end;
     if (!v)
@@ -403,7 +403,7 @@ static int meta_i64(const fl_safetensors *st, const char *key, int64_t *out) {
     return 0;
 }
 
-static int parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r) {
+int ps_parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r) {
     const char *v = fl_safetensors_meta(st, key);
     int type, nest, used = 0;
     memset(r, 0, sizeof *r);
@@ -417,19 +417,31 @@ static int parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r) 
     return 0;
 }
 
+int ps_parse_init(const fl_safetensors *st, const char *key, fl_ps_init_rule *init) {
+    const char *v = fl_safetensors_meta(st, key);
+    int it, used = 0;
+    memset(init, 0, sizeof *init);
+    if (!v || sscanf(v, "%d %lg %lg %" SCNu64 "%n", &it, &init->a, &init->b, &init->seed,
+                     &used) != 4 || v[used] || it < 0 || it > FL_PS_INIT_NORMAL)
+        return fl_fail(FL_EFORMAT, "%s: metadata %s is missing or not an initializer",
+                       fl_safetensors_path(st), key);
+    init->type = (fl_ps_init_type)it;
+    return 0;
+}
+
 static int load_dense(ps_server *s, const fl_safetensors *st, int t) {
     char key[NAME_LEN];
     const char *path = fl_safetensors_path(st);
     int64_t numel, version;
     snprintf(key, sizeof key, "dense.%d.numel", t);
-    if (meta_i64(st, key, &numel) < 0)
+    if (ps_meta_i64(st, key, &numel) < 0)
         return 0; /* not in this file */
     snprintf(key, sizeof key, "dense.%d.version", t);
     fl_ps_rule r;
-    if (meta_i64(st, key, &version) < 0 || version < 0 || numel < 1 || numel > ((int64_t)1 << 40))
+    if (ps_meta_i64(st, key, &version) < 0 || version < 0 || numel < 1 || numel > ((int64_t)1 << 40))
         return fl_fail(FL_EFORMAT, "%s: dense table %d has no valid numel/version", path, t);
     snprintf(key, sizeof key, "dense.%d.rule", t);
-    FL_TRY(parse_rule(st, key, &r));
+    FL_TRY(ps_parse_rule(st, key, &r));
     ps_dense *d = &s->dense[t];
     if (!d->declared) {
         FL_TRY(ps_dense_create(s, d, numel, &r));
@@ -469,26 +481,20 @@ static int load_sparse(ps_server *s, const fl_safetensors *st, int t) {
     const char *path = fl_safetensors_path(st);
     int64_t dim, version, rows;
     snprintf(key, sizeof key, "sparse.%d.dim", t);
-    if (meta_i64(st, key, &dim) < 0)
+    if (ps_meta_i64(st, key, &dim) < 0)
         return 0;
     snprintf(key, sizeof key, "sparse.%d.version", t);
-    int rc1 = meta_i64(st, key, &version);
+    int rc1 = ps_meta_i64(st, key, &version);
     snprintf(key, sizeof key, "sparse.%d.rows", t);
-    if (rc1 < 0 || meta_i64(st, key, &rows) < 0 || dim < 1 || dim > 4096 || version < 0 ||
+    if (rc1 < 0 || ps_meta_i64(st, key, &rows) < 0 || dim < 1 || dim > 4096 || version < 0 ||
         rows < 0)
         return fl_fail(FL_EFORMAT, "%s: sparse table %d has no valid dim/version/rows", path, t);
     fl_ps_rule r;
     snprintf(key, sizeof key, "sparse.%d.rule", t);
-    FL_TRY(parse_rule(st, key, &r));
-    fl_ps_init_rule init = {0};
-    int it, used = 0;
+    FL_TRY(ps_parse_rule(st, key, &r));
+    fl_ps_init_rule init;
     snprintf(key, sizeof key, "sparse.%d.init", t);
-    const char *iv = fl_safetensors_meta(st, key);
-    if (!iv || sscanf(iv, "%d %lg %lg %" SCNu64 "%n", &it, &init.a, &init.b, &init.seed,
-                      &used) != 4 || iv[used] || it < 0 || it > FL_PS_INIT_NORMAL)
-        return fl_fail(FL_EFORMAT, "%s: metadata %s is missing or not an initializer", path,
-                       key);
-    init.type = (fl_ps_init_type)it;
+    FL_TRY(ps_parse_init(st, key, &init));
     ps_sparse_table *sp = &s->sparse[t];
     if (!sp->declared) {
         FL_TRY(ps_sparse_table_create(s, t, sp, (int)dim, &r, &init));
@@ -548,14 +554,14 @@ static int load_file(ps_server *s, const char *dir, const char *file, bool base,
     int64_t server = -1, servers = -1, saved = -1;
     const char *kind = fl_safetensors_meta(st, "fleet.ps.kind");
     int rc = 0;
-    if (meta_i64(st, "fleet.ps.server", &server) < 0 ||
-        meta_i64(st, "fleet.ps.servers", &servers) < 0 || !kind)
+    if (ps_meta_i64(st, "fleet.ps.server", &server) < 0 ||
+        ps_meta_i64(st, "fleet.ps.servers", &servers) < 0 || !kind)
         rc = fl_fail(FL_EFORMAT, "%s: not a parameter-server checkpoint (no fleet.ps.* "
                      "metadata)", path);
     else if (server != s->s || servers != s->S)
         rc = fl_fail(FL_EFORMAT, "%s is server %" PRId64 " of %" PRId64 "'s shards; this is "
                      "server %d of %d", path, server, servers, s->s, s->S);
-    else if (step >= 0 && (meta_i64(st, "fleet.ps.step", &saved) < 0 || saved != step))
+    else if (step >= 0 && (ps_meta_i64(st, "fleet.ps.step", &saved) < 0 || saved != step))
         rc = fl_fail(FL_EFORMAT, "%s: holds step %" PRId64 ", the chain ends at step %" PRId64,
                      path, saved, step);
     else if (base && strcmp(kind, "all") != 0)
@@ -570,10 +576,9 @@ static int load_file(ps_server *s, const char *dir, const char *file, bool base,
     return rc;
 }
 
-/* Reads dir's ps.server<s>.latest into *c; *have false (and 0) when there is none. */
-static int read_pointer(ps_server *s, const char *dir, ps_chain *c, bool *have) {
+int ps_read_pointer(const char *dir, int me, int *nservers, ps_chain *c, bool *have) {
     char path[1200];
-    snprintf(path, sizeof path, "%s/ps.server%d.latest", dir, s->s);
+    snprintf(path, sizeof path, "%s/ps.server%d.latest", dir, me);
     *have = false;
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -598,9 +603,13 @@ static int read_pointer(ps_server *s, const char *dir, ps_chain *c, bool *have) 
                 rc = fl_fail(FL_EFORMAT, "%s:1: not a parameter-server checkpoint pointer", path);
         } else if (sscanf(line, "server %d of %d%n", &server, &servers, &used) == 2 &&
                    !line[used]) {
-            if (server != s->s || servers != s->S)
+            if (server != me || (*nservers > 0 && servers != *nservers))
                 rc = fl_fail(FL_EFORMAT, "%s:%d: the checkpoint is server %d of %d's; this is "
-                             "server %d of %d", path, ln, server, servers, s->s, s->S);
+                             "server %d of %d", path, ln, server, servers, me, *nservers);
+            else if (servers < 1 || servers > FL_PS_MAX_SERVERS || server >= servers)
+                rc = fl_fail(FL_EFORMAT, "%s:%d: server %d of %d?", path, ln, server, servers);
+            else
+                *nservers = servers;
         } else if (sscanf(line, "step %lld%n", &x, &used) == 1 && !line[used] && x >= 0) {
             c->step = x;
             have_step = true;
@@ -623,7 +632,8 @@ int ps_load(ps_server *s) {
     bool here = strcmp(dir, s->cfg.checkpoint_dir) == 0, have;
     int64_t want = s->cfg.resume_step;
     ps_chain c;
-    int rc = read_pointer(s, dir, &c, &have);
+    int S = s->S;
+    int rc = ps_read_pointer(dir, s->s, &S, &c, &have);
     if (rc == 0 && want >= 0 && (!have || c.step != want)) {
         /* the workers resume from another step than the pointer's (a save the workers never
          * completed, or a resume by hand): that step's full save alone */

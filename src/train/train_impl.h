@@ -199,6 +199,9 @@ int64_t fl_train_rescale_batch(const trainer *t, int64_t b0, int w0);
 /* Sets the schedule's length to total optimizer updates (the schedule is rebuilt). */
 void fl_train_set_length(trainer *t, const fl_train_config *cfg, int64_t total);
 
+/* "key: value" lines of text as "key=value" overrides, appended to list[*n..cap) (pointers
+ * into text, which is modified in place); FL_EINVAL when they do not fit. */
+int fl_train_yaml_overrides(char *text, const char **list, int *n, int cap);
 /* The "key: value" lines of a configuration's YAML (fl_config_print) that the network is built
  * from (model.*, and data.features, data.classes, which fl_train_make_model reads): an
  * inference model's network description. malloc'd; NULL when out of memory. */
