@@ -140,7 +140,9 @@ int fl_ps_init_server(fl_ps *ps, const fl_ps_server_config *c);
  * mode; in async and geo modes too (restarts are fleetrun's). */
 int fl_ps_run_server(fl_ps *ps);
 
-/* --- worker --- */
+/* --- worker ---
+ * The calls below may come from several threads on one handle (async: a communicator thread
+ * and the training thread): each runs whole, one at a time. */
 /* Connects to every server (fl_msg_connect) and says which mode it runs. */
 int fl_ps_init_worker(fl_ps *ps, fl_ps_mode mode);
 /* Tells every server this worker is done and closes the connections. */
