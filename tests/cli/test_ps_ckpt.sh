@@ -30,6 +30,9 @@ ps_job() { # ps_job NAME ARGS...: 2 servers + 2 workers; rank 0's output in $tmp
   local name=$1; shift
   timeout 120 "$bin/fleetrun" --server_num 2 --worker_num 2 --log_dir "$tmp/log_$name" \
     "$bin/fleet-train" -c "$cfg" "$@" >"$tmp/$name.out" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || { echo "$name failed:"; grep -h "error" "$tmp/$name.out" "$tmp/log_$name"/* | head -5; }
+  return $rc
 }
 merge() { # merge OUTNAME ARGS...: fleet-ckpt merge-ps ARGS --out $tmp/OUTNAME; output in .mout
   local name=$1; shift
