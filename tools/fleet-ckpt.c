@@ -1,12 +1,18 @@
 /* fleet-ckpt - looks into fleet's safetensors files: `ls` opens one (which verifies every
  * checksum and byte range) and lists its tensors and metadata; `diff` says whether two files
- * hold the same tensors with the same bytes (how the resume tests compare runs).
- * Thin: parses arguments and calls the library (include/fleet/checkpoint.h). */
+ * hold the same tensors with the same bytes (how the resume tests compare runs); `merge-ps`
+ * makes one model file of a parameter-server job's checkpoint (the servers' shards on the
+ * workers' checkpoint) for fleet-eval. Thin: parses arguments and calls the library
+ * (include/fleet/checkpoint.h, fl_train_ps_merge in include/fleet/train.h). */
 #include "fleet/checkpoint.h"
 #include "fleet/safetensors.h"
 #include "fleet/status.h"
+#include "fleet/train.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -14,11 +20,16 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: fleet-ckpt ls PATH\n"
             "       fleet-ckpt diff PATH_A PATH_B [--skip PREFIX]\n"
+            "       fleet-ckpt merge-ps CKPT_DIR [--step N] --out FILE\n"
             "\n"
             "PATH is a .safetensors file, a checkpoint step directory, or a checkpoint.dir\n"
             "(its `latest`; rank 0's file). ls verifies the file and lists it; diff exits 0\n"
             "when both hold the same tensors, bit for bit (names starting with PREFIX aside),\n"
-            "1 when they differ, 2 on errors.\n");
+            "1 when they differ, 2 on errors.\n"
+            "merge-ps writes the model of a parameter-server job's checkpoint.dir at step N\n"
+            "(default: its `latest`) into FILE, one file fleet-eval -m reads: the network of\n"
+            "the workers' checkpoint with the trainable values of the servers' shards, and\n"
+            "the sparse tables as ps.sparse.<t>.ids / .values.\n");
 }
 
 static int open_path(const char *p, fl_safetensors **st) {
@@ -96,9 +107,59 @@ static int cmd_diff(const char *pa, const char *pb, const char *skip) {
     return ndiff ? 1 : 0;
 }
 
+static int cmd_merge_ps(int argc, char **argv) {
+    const char *dir = NULL, *out = NULL;
+    int64_t step = -1;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--step") && i + 1 < argc) {
+            char *end;
+            errno = 0;
+            long long v = strtoll(argv[++i], &end, 10);
+            if (errno || end == argv[i] || *end || v < 0) {
+                fprintf(stderr, "fleet-ckpt: error: --step '%s': a step number >= 0\n", argv[i]);
+                return 2;
+            }
+            step = v;
+        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            out = argv[++i];
+        } else if (!dir && argv[i][0] != '-') {
+            dir = argv[i];
+        } else {
+            fprintf(stderr, "fleet-ckpt: error: merge-ps: unexpected argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!dir || !out) {
+        fprintf(stderr, "fleet-ckpt: error: merge-ps needs CKPT_DIR and --out FILE\n");
+        usage(stderr);
+        return 2;
+    }
+    fl_train_ps_merge_report r;
+    if (fl_train_ps_merge(dir, step, out, &r) < 0)
+        return -1;
+    char applied[64];
+    if (r.version_min == r.version_max)
+        snprintf(applied, sizeof applied, "%" PRId64, r.version_min);
+    else /* async: servers a push apart */
+        snprintf(applied, sizeof applied, "%" PRId64 "..%" PRId64, r.version_min, r.version_max);
+    printf("fleet-ckpt: step %" PRId64 " of %d server(s): %" PRId64 " trainable values (dense "
+           "table 0, %s updates applied) on the network of %s\n", r.step, r.servers,
+           r.trainable, applied, r.template_path);
+    if (r.dense_tables || r.sparse_tables)
+        printf("fleet-ckpt: %d more dense table(s), %d sparse table(s) with %" PRId64 " rows\n",
+               r.dense_tables, r.sparse_tables, r.sparse_rows);
+    printf("fleet-ckpt: wrote %s\n", out);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int rc;
-    if (argc == 3 && !strcmp(argv[1], "ls")) {
+    if (argc >= 2 && !strcmp(argv[1], "merge-ps")) {
+        rc = cmd_merge_ps(argc, argv);
+        if (rc == 2)
+            return 2;
+    } else if (argc == 3 && !strcmp(argv[1], "ls")) {
         rc = cmd_ls(argv[2]);
     } else if ((argc == 4 || (argc == 6 && !strcmp(argv[4], "--skip"))) &&
                !strcmp(argv[1], "diff")) {

@@ -62,6 +62,11 @@ int fl_ckpt_set_latest(const char *root, int64_t step);
  * rank_0.safetensors) or a root holding `latest`. Writes the step directory into dir.
  * FL_EIO naming the path when it is neither. */
 int fl_ckpt_resolve(const char *path, char *dir, size_t cap);
+/* The step ROOT/latest names into *step: FL_OK, with *step -1 when ROOT has no `latest` (nothing
+ * saved there yet); FL_EFORMAT or FL_EIO naming the file when it is there but unreadable. */
+int fl_ckpt_latest_step(const char *root, int64_t *step);
+/* The step a step directory's path names (its last component "step_NNNNNNNN"), or -1. */
+int64_t fl_ckpt_dir_step(const char *dir);
 /* The file this rank loads from step directory dir: "model.safetensors", else
  * "rank_<rank>.safetensors" (then *nfiles receives the number of rank files, for the world
  * size check). FL_EIO naming the directory when neither exists. */

@@ -121,18 +121,28 @@ typedef struct {
     int        threads;          /* shard threads (ps.server_threads; default 4) */
     fl_ps_mode mode;             /* what the workers will run (checked against their hellos) */
     char       checkpoint_dir[1024]; /* "" none: where SAVE writes and where a restart loads */
-    bool       resume;           /* load this server's newest shards from checkpoint_dir */
+    bool       resume;           /* load this server's shards (below) before serving */
+    int64_t    resume_step;      /* with resume: the step to load (the one the workers resume
+                                  * from); -1: the newest that ps.server<s>.latest names */
+    char       resume_dir[1024]; /* with resume: where the shards are; "": checkpoint_dir */
+    int64_t    keep;             /* after each save, keep the shards of the newest `keep` steps
+                                  * the workers' checkpoints keep (checkpoint.keep; 0: all) */
 } fl_ps_server_config;
 
-/* Listens on this server's endpoint (or FLEET_LISTEN_FD), loads its shards when c->resume and
- * a saved step exists. */
+/* Listens on this server's endpoint (or FLEET_LISTEN_FD). With c->resume, loads its shards
+ * first: resume_step -1 loads the chain ps.server<s>.latest names, none being a fresh start;
+ * resume_step N loads step N (that chain when the pointer is at N, else the full save
+ * ps.server<s>.N.safetensors) and fails with FL_EIO naming the file when it is not there.
+ * A damaged file, or one of another server or server count, fails naming it. */
 int fl_ps_init_server(fl_ps *ps, const fl_ps_server_config *c);
 /* Accepts every worker, then serves until each has stopped (0). A worker that dies or breaks
  * the protocol is named (worker index and endpoint) and the server fails (FL_EPEER) in sync
  * mode; in async and geo modes too (restarts are fleetrun's). */
 int fl_ps_run_server(fl_ps *ps);
 
-/* --- worker --- */
+/* --- worker ---
+ * The calls below may come from several threads on one handle (async: a communicator thread
+ * and the training thread): each runs whole, one at a time. */
 /* Connects to every server (fl_msg_connect) and says which mode it runs. */
 int fl_ps_init_worker(fl_ps *ps, fl_ps_mode mode);
 /* Tells every server this worker is done and closes the connections. */
@@ -172,6 +182,41 @@ int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint6
  * top of the last full save). Worker 0 calls it; returns when all servers have written. */
 enum { FL_PS_SAVE_ALL = 0, FL_PS_SAVE_DELTA = 1 };
 int fl_ps_save(fl_ps *ps, int64_t step, int mode);
+
+/* --- a job's saved tables read back whole (fleet-ckpt merge-ps; docs/checkpoint.md) --- */
+typedef struct {
+    bool         present;
+    int64_t      numel;
+    fl_ps_rule   rule;
+    int64_t      version_min, version_max; /* updates applied, over the servers (async: may differ) */
+    float       *values;     /* (numel), table order: block b from server b % S */
+} fl_ps_dense_snapshot;
+typedef struct {
+    bool            present;
+    int             dim;
+    fl_ps_rule      rule;
+    fl_ps_init_rule init;
+    int64_t         rows;
+    int64_t        *ids;     /* (rows) ascending */
+    float          *values;  /* (rows, dim): a delta's row replaces its base's */
+} fl_ps_sparse_snapshot;
+typedef struct {
+    int64_t               step;
+    int                   servers;
+    fl_ps_dense_snapshot  dense[FL_PS_MAX_TABLES];
+    fl_ps_sparse_snapshot sparse[FL_PS_MAX_TABLES];
+} fl_ps_snapshot;
+
+/* Reads every server's shards of `step` from dir (a server's chain when its ps.server<s>.latest
+ * is at that step, else its full save ps.server<s>.<step>.safetensors) into *out, each table
+ * whole. step -1: the step the pointers name (every server's must agree). The server count is
+ * server 0's. Fails, freeing what it read, with a message naming the file: FL_EIO a server's
+ * shards of the step missing; FL_EFORMAT a damaged file, a step or server count other than
+ * the others', a table declared on some servers only or with another numel, dim or rule, a
+ * dense block missing or of the wrong size, a sparse id on a server not its own. */
+int  fl_ps_snapshot_load(const char *dir, int64_t step, fl_ps_snapshot *out);
+/* Frees what the snapshot holds; a zeroed snapshot is a no-op. */
+void fl_ps_snapshot_clear(fl_ps_snapshot *s);
 
 /* Traffic and staleness seen by this worker. */
 typedef struct {

@@ -203,6 +203,33 @@ void fl_train_set_gpu_backend(const fl_backend *be);
  * outputs are checkpoints, kept or recomputed; the activation memory), without training. */
 int fl_train_print_model(const fl_train_config *cfg, FILE *out);
 
+/* fleet-ckpt merge-ps (docs/checkpoint.md, "Parameter-server jobs"): the model a
+ * parameter-server job held at one step, in one safetensors file that fleet-eval and
+ * checkpoint.pretrained read. The workers' checkpoint of the step in ckpt_dir (rank 0's file)
+ * is the template: it gives the network (rebuilt from its fleet.config on the ref backend) and
+ * the values the servers do not hold (batch-norm statistics); the trainable values come from
+ * the servers' dense table 0 (fl_ps_snapshot_load: the network's flat trainable block), which
+ * is the truth in async and geo modes. Other dense tables go in as "ps.dense.<t>.values"
+ * (numel) and sparse tables as "ps.sparse.<t>.ids" (I64, rows ascending) and
+ * "ps.sparse.<t>.values" (rows, dim), with their initializer in metadata
+ * "ps.sparse.<t>.init". The file is an inference model (fleet.format inference_model,
+ * fleet.network, the template's fleet.config, fleet.step, fleet.ps.*), written atomically.
+ * step -1: the step ckpt_dir's `latest` names (without one, the servers' pointers'). Fails,
+ * writing nothing, with a message naming the file: no workers' checkpoint of the step,
+ * a server's shards missing or damaged (fl_ps_snapshot_load), no dense table 0, or one whose
+ * size is not the network's trainable count. rep (may be NULL) says what was merged. */
+typedef struct {
+    int64_t step;
+    int     servers;
+    int64_t trainable;       /* values taken from dense table 0 */
+    int64_t version_min, version_max; /* updates the servers had applied to it */
+    int     dense_tables, sparse_tables; /* besides table 0 */
+    int64_t sparse_rows;
+    char    template_path[1100];
+} fl_train_ps_merge_report;
+int fl_train_ps_merge(const char *ckpt_dir, int64_t step, const char *out,
+                      fl_train_ps_merge_report *rep);
+
 #ifdef __cplusplus
 }
 #endif

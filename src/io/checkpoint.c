@@ -200,6 +200,35 @@ static int64_t read_latest(const char *root) {
     return s;
 }
 
+int fl_ckpt_latest_step(const char *root, int64_t *step) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/latest", root);
+    *step = -1;
+    if (access(path, F_OK) != 0 && errno == ENOENT)
+        return FL_OK;
+    FILE *f = fopen(path, "r"); /* read_latest's failure to open, with its own code */
+    if (!f)
+        return fl_fail(FL_EIO, "%s: cannot open: %s", path, strerror(errno));
+    fclose(f);
+    *step = read_latest(root);
+    return *step < 0 ? FL_EFORMAT : FL_OK;
+}
+
+int64_t fl_ckpt_dir_step(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') /* "ckpt/step_00000040/" */
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    char name[64];
+    if (n - b >= sizeof name)
+        return -1;
+    memcpy(name, dir + b, n - b);
+    name[n - b] = '\0';
+    return step_of(name);
+}
+
 int fl_ckpt_resolve(const char *path, char *dir, size_t cap) {
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/model.safetensors", path);

@@ -2,7 +2,10 @@
  * table operations split over them (dense tables by blocks, sparse tables by id, each id sent
  * once per call). Every operation sends its requests to all the servers it involves first and
  * collects the replies after, so the servers work in parallel; a server that fails, closes or
- * stays silent past FLEET_COMM_TIMEOUT is named ("server 1 (127.0.0.1:6170)"). */
+ * stays silent past FLEET_COMM_TIMEOUT is named ("server 1 (127.0.0.1:6170)"). Calls on one
+ * handle may come from several threads (async: the communicator's pushes and pulls, the
+ * training thread's SAVE): each runs whole under the client's lock, its request and reply
+ * never interleaved with another's. */
 #include "ps_impl.h"
 #include "ps_wire.h"
 
@@ -10,6 +13,7 @@
 #include "fleet/status.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +42,7 @@ typedef struct ps_client {
     int64_t      *cnt, *off;  /* [S] */
     fl_ps_stats   st;
     double        stale_sum;
+    pthread_mutex_t call;     /* held for each whole operation (recursive) */
 } ps_client;
 
 /* ---- connections ---- */
@@ -100,6 +105,11 @@ int fl_ps_init_worker(fl_ps *ps, fl_ps_mode mode) {
     ps_client *c = calloc(1, sizeof *c);
     if (!c)
         return fl_fail(FL_ENOMEM, "out of memory");
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&c->call, &ma);
+    pthread_mutexattr_destroy(&ma);
     ps->cli = c;
     c->mode = mode;
     c->S = S;
@@ -125,7 +135,7 @@ int fl_ps_init_worker(fl_ps *ps, fl_ps_mode mode) {
     return 0;
 }
 
-int fl_ps_stop_worker(fl_ps *ps) {
+static int stop_worker_locked(fl_ps *ps) {
     FL_TRY(need_worker(ps));
     ps_client *c = ps->cli;
     fl_ps_req q = {.type = FL_PS_MSG_STOP};
@@ -162,6 +172,7 @@ void fl_ps_client_free(ps_client *c) {
     free(c->urows);
     free(c->cnt);
     free(c->off);
+    pthread_mutex_destroy(&c->call);
     free(c);
 }
 
@@ -211,8 +222,8 @@ static int send_dense(fl_ps *ps, int s, fl_ps_req *q, int64_t numel, const float
     return fl_msg_sendv(c->conns[s], c->parts, k);
 }
 
-int fl_ps_dense_init(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
-                     const float *values, int64_t *step_out) {
+static int dense_init_locked(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
+                             const float *values, int64_t *step_out) {
     FL_TRY(need_worker(ps));
     FL_TRY(check_table(table));
     FL_ASSERT(r);
@@ -251,7 +262,7 @@ static int dense_table(fl_ps *ps, int table) {
     return 0;
 }
 
-int fl_ps_dense_pull(fl_ps *ps, int table, int64_t version, float *values) {
+static int dense_pull_locked(fl_ps *ps, int table, int64_t version, float *values) {
     FL_TRY(dense_table(ps, table));
     ps_client *c = ps->cli;
     int S = ps->nservers;
@@ -286,7 +297,7 @@ static void count_push(ps_client *c, int64_t stale) {
         c->st.max_staleness = stale;
 }
 
-int fl_ps_dense_push(fl_ps *ps, int table, int64_t step, double lr, const float *grads) {
+static int dense_push_locked(fl_ps *ps, int table, int64_t step, double lr, const float *grads) {
     FL_TRY(dense_table(ps, table));
     FL_ASSERT(grads && step >= 0);
     ps_client *c = ps->cli;
@@ -306,8 +317,8 @@ int fl_ps_dense_push(fl_ps *ps, int table, int64_t step, double lr, const float 
 
 /* ---- sparse ---- */
 
-int fl_ps_sparse_init(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
-                      const fl_ps_init_rule *init) {
+static int sparse_init_locked(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
+                              const fl_ps_init_rule *init) {
     FL_TRY(need_worker(ps));
     FL_TRY(check_table(table));
     FL_ASSERT(r && init);
@@ -421,7 +432,8 @@ static int sparse_table(fl_ps *ps, int table, int64_t n) {
     return 0;
 }
 
-int fl_ps_sparse_pull(fl_ps *ps, int table, const uint64_t *ids, int64_t n, float *rows) {
+static int sparse_pull_locked(fl_ps *ps, int table, const uint64_t *ids, int64_t n,
+                              float *rows) {
     FL_TRY(sparse_table(ps, table, n));
     ps_client *c = ps->cli;
     int S = ps->nservers, dim = c->sparse_dim[table];
@@ -452,8 +464,8 @@ int fl_ps_sparse_pull(fl_ps *ps, int table, const uint64_t *ids, int64_t n, floa
     return 0;
 }
 
-int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint64_t *ids,
-                      int64_t n, const float *grads) {
+static int sparse_push_locked(fl_ps *ps, int table, int64_t step, double lr,
+                              const uint64_t *ids, int64_t n, const float *grads) {
     FL_TRY(sparse_table(ps, table, n));
     FL_ASSERT(step >= 0);
     ps_client *c = ps->cli;
@@ -493,7 +505,7 @@ int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint6
 
 /* ---- save, stats ---- */
 
-int fl_ps_save(fl_ps *ps, int64_t step, int mode) {
+static int save_locked(fl_ps *ps, int64_t step, int mode) {
     FL_TRY(need_worker(ps));
     if (step < 0 || (mode != FL_PS_SAVE_ALL && mode != FL_PS_SAVE_DELTA))
         return fl_fail(FL_EINVAL, "fl_ps_save of step %" PRId64 " mode %d", step, mode);
@@ -523,4 +535,73 @@ void fl_ps_get_stats(const fl_ps *ps, fl_ps_stats *out) {
         }
     }
     out->mean_staleness = c->st.pushes ? c->stale_sum / (double)c->st.pushes : 0;
+}
+
+/* ---- the public operations, each whole under the client's lock ---- */
+
+int fl_ps_stop_worker(fl_ps *ps) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = stop_worker_locked(ps);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_dense_init(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
+                     const float *values, int64_t *step_out) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = dense_init_locked(ps, table, numel, r, values, step_out);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_dense_pull(fl_ps *ps, int table, int64_t version, float *values) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = dense_pull_locked(ps, table, version, values);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_dense_push(fl_ps *ps, int table, int64_t step, double lr, const float *grads) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = dense_push_locked(ps, table, step, lr, grads);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_sparse_init(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
+                      const fl_ps_init_rule *init) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = sparse_init_locked(ps, table, dim, r, init);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_sparse_pull(fl_ps *ps, int table, const uint64_t *ids, int64_t n, float *rows) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = sparse_pull_locked(ps, table, ids, n, rows);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint64_t *ids,
+                      int64_t n, const float *grads) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = sparse_push_locked(ps, table, step, lr, ids, n, grads);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_save(fl_ps *ps, int64_t step, int mode) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = save_locked(ps, step, mode);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
 }

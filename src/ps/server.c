@@ -283,6 +283,8 @@ int fl_ps_run_server(fl_ps *ps) {
                 s->s, s->stale_n, (double)s->stale_sum / (double)s->stale_n, s->stale_max);
     if (s->failed)
         return fl_fail(FL_EPEER, "%s", s->fail_msg);
+    if (rc == 0 && s->chain.n > 0) /* the workers' final `latest` has moved by now */
+        ps_prune(s, s->chain.step);
     return rc;
 }
 

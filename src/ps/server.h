@@ -15,6 +15,8 @@
 #include "ps_wire.h"
 #include "table.h"
 
+#include "fleet/safetensors.h"
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -151,10 +153,24 @@ void ps_rule_str(const fl_ps_rule *r, char *buf, size_t cap);
 bool ps_rule_equal(const fl_ps_rule *a, const fl_ps_rule *b);
 
 /* ---- server_save.c ---- */
-/* Writes this server's shards (shards paused by the caller) as step; FL_EIO naming the file. */
+/* Writes this server's shards (shards paused by the caller) as step, then prunes old steps'
+ * files (cfg.keep); FL_EIO naming the file. */
 int ps_save(ps_server *s, int64_t step, int mode);
-/* Loads the newest chain from cfg.checkpoint_dir (before serving): 0 (nothing there: fresh
- * start, loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
+/* Removes the shards of steps the workers' checkpoints no longer keep (cfg.keep; 0: none),
+ * keeping `step`'s and the current chain's (server_save.c has the rule). */
+void ps_prune(ps_server *s, int64_t step);
+/* Reads dir's ps.server<me>.latest into *c: 0 with *have false when there is none; the
+ * pointer must say "server me of *nservers" (*nservers <= 0: any count, which it receives);
+ * FL_EFORMAT / FL_EIO naming the file and line. */
+int ps_read_pointer(const char *dir, int me, int *nservers, ps_chain *c, bool *have);
+/* The checkpoint files' metadata (also read by snapshot.c): an integer (-1 when absent,
+ * FL_EFORMAT naming the file when not an integer), a rule, an initializer (FL_EFORMAT). */
+int ps_meta_i64(const fl_safetensors *st, const char *key, int64_t *out);
+int ps_parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r);
+int ps_parse_init(const fl_safetensors *st, const char *key, fl_ps_init_rule *init);
+/* Loads cfg.resume_step's shards (-1: the chain the pointer names) from cfg.resume_dir (""
+ * checkpoint_dir) before serving: 0 (nothing there and no step asked for: fresh start,
+ * loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
 int ps_load(ps_server *s);
 
 /* One worker connection's receiving thread and its scratch (server.c, server_requests.c). */

@@ -17,17 +17,21 @@
  * "type a b seed"; doubles with 17 digits, so they read back exactly). */
 #include "server.h"
 
+#include "fleet/checkpoint.h"
 #include "fleet/log.h"
 #include "fleet/safetensors.h"
 #include "fleet/status.h"
 #include "io/atomic.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NAME_LEN 64
 #define META_LEN 192
@@ -244,6 +248,103 @@ static int write_pointer(ps_server *s, const ps_chain *c) {
     return rc;
 }
 
+/* ---- pruning ---- */
+
+/* The step and kind of "ps.server<s>.<step>[.delta].safetensors[.tmp-<pid>]" of server s;
+ * -1 when name is not one. *tmp: an unfinished write's leftover. */
+static int64_t file_step(const char *name, int s, bool *tmp) {
+    char prefix[32];
+    int n = snprintf(prefix, sizeof prefix, "ps.server%d.", s);
+    if (strncmp(name, prefix, (size_t)n) != 0)
+        return -1;
+    const char *p = name + n;
+    int64_t v = 0;
+    if (*p < '0' || *p > '9')
+        return -1;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > INT64_MAX / 10 - 10)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    if (strncmp(p, ".delta", 6) == 0)
+        p += 6;
+    if (strncmp(p, ".safetensors", 12) != 0)
+        return -1;
+    p += 12;
+    *tmp = strncmp(p, ".tmp-", 5) == 0;
+    return *p == '\0' || *tmp ? v : -1;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* After the save of `step`: keeps the shards of the steps the workers' checkpoints keep (the
+ * newest cfg.keep at or below the step their `latest` names, which moves only after this save
+ * completed on every worker), this step's, and the current chain's files; removes the other
+ * steps' files, those above `step` (a run killed before its save completed, then resumed from
+ * an earlier one) and unfinished writes. Without the workers' `latest`, the newest keep steps
+ * at or below `step`. Failures to remove are logged, not fatal: the save itself is complete.
+ * Called again when serving ends, after the workers' last `latest` moved. */
+void ps_prune(ps_server *s, int64_t step) {
+    if (s->cfg.keep <= 0)
+        return;
+    const char *root = s->cfg.checkpoint_dir;
+    int64_t latest;
+    if (fl_ckpt_latest_step(root, &latest) < 0 || latest > step) {
+        FL_WARN("ps server %d: not pruning old shards: %s", s->s,
+                latest > step ? "the workers' latest is beyond this save" : fl_errmsg());
+        return;
+    }
+    int64_t bound = latest >= 0 ? latest : step;
+    DIR *d = opendir(root);
+    if (!d)
+        return;
+    int64_t *steps = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    bool tmp;
+    while ((e = readdir(d)) != NULL) { /* the distinct steps at or below bound */
+        int64_t v = file_step(e->d_name, s->s, &tmp);
+        if (v < 0 || tmp || v > bound)
+            continue;
+        bool seen = false;
+        for (size_t i = 0; i < n && !seen; i++)
+            seen = steps[i] == v;
+        if (seen)
+            continue;
+        if (n == cap) {
+            size_t c = cap ? 2 * cap : 16;
+            int64_t *g = realloc(steps, c * sizeof *g);
+            if (!g)
+                break;
+            steps = g;
+            cap = c;
+        }
+        steps[n++] = v;
+    }
+    qsort(steps, n, sizeof *steps, cmp_desc);
+    int64_t oldest_kept = n > (size_t)s->cfg.keep ? steps[s->cfg.keep - 1] : -1;
+    rewinddir(d);
+    while ((e = readdir(d)) != NULL) {
+        int64_t v = file_step(e->d_name, s->s, &tmp);
+        if (v < 0 || (!tmp && (v == step || (v <= bound && v >= oldest_kept))))
+            continue;
+        bool chained = false;
+        for (int i = 0; i < s->chain.n && !chained; i++)
+            chained = strcmp(s->chain.files[i], e->d_name) == 0;
+        if (chained)
+            continue;
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        if (unlink(path) < 0 && errno != ENOENT)
+            FL_WARN("ps server %d: cannot remove %s: %s", s->s, path, strerror(errno));
+    }
+    closedir(d);
+    free(steps);
+}
+
 int ps_save(ps_server *s, int64_t step, int mode) {
     bool delta = mode == FL_PS_SAVE_DELTA;
     if (delta && (s->chain.n == 0 || s->chain.n >= PS_CHAIN_MAX)) {
@@ -256,6 +357,7 @@ int ps_save(ps_server *s, int64_t step, int mode) {
     snprintf(file, sizeof file, "ps.server%d.%" PRId64 "%s.safetensors", s->s, step,
              delta ? ".delta" : "");
     snprintf(path, sizeof path, "%s/%s", s->cfg.checkpoint_dir, file);
+    FL_TRY(fl_ckpt_mkdirs(s->cfg.checkpoint_dir)); /* the workers make it only after this */
     save_list l = {0};
     int rc = add_meta(&l, "fleet.ps.server", "%d", s->s);
     if (rc == 0)
@@ -276,6 +378,7 @@ int ps_save(ps_server *s, int64_t step, int mode) {
     next.step = step;
     FL_TRY(write_pointer(s, &next));
     s->chain = next;
+    ps_prune(s, step);
     for (int t = 0; t < FL_PS_MAX_TABLES; t++)
         for (int i = 0; s->sparse[t].declared && i < s->T; i++)
             fl_ps_sparse_mark_clean(s->sparse[t].parts[i]);
@@ -286,7 +389,7 @@ int ps_save(ps_server *s, int64_t step, int mode) {
 
 /* ---- loading ---- */
 
-static int meta_i64(const fl_safetensors *st, const char *key, int64_t *out) {
+int ps_meta_i64(const fl_safetensors *st, const char *key, int64_t *out) {
     const char *v = fl_safetensors_meta(st, key);
     char *end;
     if (!v)
@@ -300,7 +403,7 @@ static int meta_i64(const fl_safetensors *st, const char *key, int64_t *out) {
     return 0;
 }
 
-static int parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r) {
+int ps_parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r) {
     const char *v = fl_safetensors_meta(st, key);
     int type, nest, used = 0;
     memset(r, 0, sizeof *r);
@@ -314,19 +417,31 @@ static int parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r) 
     return 0;
 }
 
+int ps_parse_init(const fl_safetensors *st, const char *key, fl_ps_init_rule *init) {
+    const char *v = fl_safetensors_meta(st, key);
+    int it, used = 0;
+    memset(init, 0, sizeof *init);
+    if (!v || sscanf(v, "%d %lg %lg %" SCNu64 "%n", &it, &init->a, &init->b, &init->seed,
+                     &used) != 4 || v[used] || it < 0 || it > FL_PS_INIT_NORMAL)
+        return fl_fail(FL_EFORMAT, "%s: metadata %s is missing or not an initializer",
+                       fl_safetensors_path(st), key);
+    init->type = (fl_ps_init_type)it;
+    return 0;
+}
+
 static int load_dense(ps_server *s, const fl_safetensors *st, int t) {
     char key[NAME_LEN];
     const char *path = fl_safetensors_path(st);
     int64_t numel, version;
     snprintf(key, sizeof key, "dense.%d.numel", t);
-    if (meta_i64(st, key, &numel) < 0)
+    if (ps_meta_i64(st, key, &numel) < 0)
         return 0; /* not in this file */
     snprintf(key, sizeof key, "dense.%d.version", t);
     fl_ps_rule r;
-    if (meta_i64(st, key, &version) < 0 || version < 0 || numel < 1 || numel > ((int64_t)1 << 40))
+    if (ps_meta_i64(st, key, &version) < 0 || version < 0 || numel < 1 || numel > ((int64_t)1 << 40))
         return fl_fail(FL_EFORMAT, "%s: dense table %d has no valid numel/version", path, t);
     snprintf(key, sizeof key, "dense.%d.rule", t);
-    FL_TRY(parse_rule(st, key, &r));
+    FL_TRY(ps_parse_rule(st, key, &r));
     ps_dense *d = &s->dense[t];
     if (!d->declared) {
         FL_TRY(ps_dense_create(s, d, numel, &r));
@@ -366,26 +481,20 @@ static int load_sparse(ps_server *s, const fl_safetensors *st, int t) {
     const char *path = fl_safetensors_path(st);
     int64_t dim, version, rows;
     snprintf(key, sizeof key, "sparse.%d.dim", t);
-    if (meta_i64(st, key, &dim) < 0)
+    if (ps_meta_i64(st, key, &dim) < 0)
         return 0;
     snprintf(key, sizeof key, "sparse.%d.version", t);
-    int rc1 = meta_i64(st, key, &version);
+    int rc1 = ps_meta_i64(st, key, &version);
     snprintf(key, sizeof key, "sparse.%d.rows", t);
-    if (rc1 < 0 || meta_i64(st, key, &rows) < 0 || dim < 1 || dim > 4096 || version < 0 ||
+    if (rc1 < 0 || ps_meta_i64(st, key, &rows) < 0 || dim < 1 || dim > 4096 || version < 0 ||
         rows < 0)
         return fl_fail(FL_EFORMAT, "%s: sparse table %d has no valid dim/version/rows", path, t);
     fl_ps_rule r;
     snprintf(key, sizeof key, "sparse.%d.rule", t);
-    FL_TRY(parse_rule(st, key, &r));
-    fl_ps_init_rule init = {0};
-    int it, used = 0;
+    FL_TRY(ps_parse_rule(st, key, &r));
+    fl_ps_init_rule init;
     snprintf(key, sizeof key, "sparse.%d.init", t);
-    const char *iv = fl_safetensors_meta(st, key);
-    if (!iv || sscanf(iv, "%d %lg %lg %" SCNu64 "%n", &it, &init.a, &init.b, &init.seed,
-                      &used) != 4 || iv[used] || it < 0 || it > FL_PS_INIT_NORMAL)
-        return fl_fail(FL_EFORMAT, "%s: metadata %s is missing or not an initializer", path,
-                       key);
-    init.type = (fl_ps_init_type)it;
+    FL_TRY(ps_parse_init(st, key, &init));
     ps_sparse_table *sp = &s->sparse[t];
     if (!sp->declared) {
         FL_TRY(ps_sparse_table_create(s, t, sp, (int)dim, &r, &init));
@@ -436,21 +545,25 @@ static int load_sparse(ps_server *s, const fl_safetensors *st, int t) {
     return 0;
 }
 
-static int load_file(ps_server *s, const char *file, bool base) {
+/* Loads one file of a chain from dir; the chain's last file must say step `step` (-1: any). */
+static int load_file(ps_server *s, const char *dir, const char *file, bool base, int64_t step) {
     char path[1200];
-    snprintf(path, sizeof path, "%s/%s", s->cfg.checkpoint_dir, file);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
     fl_safetensors *st;
     FL_TRY(fl_safetensors_open(path, &st));
-    int64_t server = -1, servers = -1;
+    int64_t server = -1, servers = -1, saved = -1;
     const char *kind = fl_safetensors_meta(st, "fleet.ps.kind");
     int rc = 0;
-    if (meta_i64(st, "fleet.ps.server", &server) < 0 ||
-        meta_i64(st, "fleet.ps.servers", &servers) < 0 || !kind)
+    if (ps_meta_i64(st, "fleet.ps.server", &server) < 0 ||
+        ps_meta_i64(st, "fleet.ps.servers", &servers) < 0 || !kind)
         rc = fl_fail(FL_EFORMAT, "%s: not a parameter-server checkpoint (no fleet.ps.* "
                      "metadata)", path);
     else if (server != s->s || servers != s->S)
         rc = fl_fail(FL_EFORMAT, "%s is server %" PRId64 " of %" PRId64 "'s shards; this is "
                      "server %d of %d", path, server, servers, s->s, s->S);
+    else if (step >= 0 && (ps_meta_i64(st, "fleet.ps.step", &saved) < 0 || saved != step))
+        rc = fl_fail(FL_EFORMAT, "%s: holds step %" PRId64 ", the chain ends at step %" PRId64,
+                     path, saved, step);
     else if (base && strcmp(kind, "all") != 0)
         rc = fl_fail(FL_EFORMAT, "%s: the chain starts with a %s save, not a full one", path,
                      kind);
@@ -463,19 +576,17 @@ static int load_file(ps_server *s, const char *file, bool base) {
     return rc;
 }
 
-int ps_load(ps_server *s) {
+int ps_read_pointer(const char *dir, int me, int *nservers, ps_chain *c, bool *have) {
     char path[1200];
-    snprintf(path, sizeof path, "%s/ps.server%d.latest", s->cfg.checkpoint_dir, s->s);
+    snprintf(path, sizeof path, "%s/ps.server%d.latest", dir, me);
+    *have = false;
     FILE *f = fopen(path, "r");
     if (!f) {
-        if (errno == ENOENT) {
-            FL_INFO("ps server %d: no checkpoint in %s; starting fresh", s->s,
-                    s->cfg.checkpoint_dir);
+        if (errno == ENOENT)
             return 0;
-        }
         return fl_fail(FL_EIO, "%s: %s", path, strerror(errno));
     }
-    ps_chain c = {0};
+    memset(c, 0, sizeof *c);
     char line[256];
     int ln = 0, rc = 0, server = -1, servers = -1;
     bool magic = false, have_step = false;
@@ -492,32 +603,71 @@ int ps_load(ps_server *s) {
                 rc = fl_fail(FL_EFORMAT, "%s:1: not a parameter-server checkpoint pointer", path);
         } else if (sscanf(line, "server %d of %d%n", &server, &servers, &used) == 2 &&
                    !line[used]) {
-            if (server != s->s || servers != s->S)
+            if (server != me || (*nservers > 0 && servers != *nservers))
                 rc = fl_fail(FL_EFORMAT, "%s:%d: the checkpoint is server %d of %d's; this is "
-                             "server %d of %d", path, ln, server, servers, s->s, s->S);
+                             "server %d of %d", path, ln, server, servers, me, *nservers);
+            else if (servers < 1 || servers > FL_PS_MAX_SERVERS || server >= servers)
+                rc = fl_fail(FL_EFORMAT, "%s:%d: server %d of %d?", path, ln, server, servers);
+            else
+                *nservers = servers;
         } else if (sscanf(line, "step %lld%n", &x, &used) == 1 && !line[used] && x >= 0) {
-            c.step = x;
+            c->step = x;
             have_step = true;
-        } else if (strncmp(line, "file ", 5) == 0 && len > 5 && len - 5 < sizeof c.files[0] &&
-                   !strchr(line + 5, '/') && c.n < PS_CHAIN_MAX) {
-            memcpy(c.files[c.n++], line + 5, len - 5 + 1);
+        } else if (strncmp(line, "file ", 5) == 0 && len > 5 && len - 5 < sizeof c->files[0] &&
+                   !strchr(line + 5, '/') && c->n < PS_CHAIN_MAX) {
+            memcpy(c->files[c->n++], line + 5, len - 5 + 1);
         } else {
             rc = fl_fail(FL_EFORMAT, "%s:%d: cannot read '%s'", path, ln, line);
         }
     }
     fclose(f);
-    if (rc == 0 && (!magic || !have_step || c.n == 0 || server < 0))
+    if (rc == 0 && (!magic || !have_step || c->n == 0 || server < 0))
         rc = fl_fail(FL_EFORMAT, "%s: incomplete pointer (needs server, step and files)", path);
+    *have = rc == 0;
+    return rc;
+}
+
+int ps_load(ps_server *s) {
+    const char *dir = s->cfg.resume_dir[0] ? s->cfg.resume_dir : s->cfg.checkpoint_dir;
+    bool here = strcmp(dir, s->cfg.checkpoint_dir) == 0, have;
+    int64_t want = s->cfg.resume_step;
+    ps_chain c;
+    int S = s->S;
+    int rc = ps_read_pointer(dir, s->s, &S, &c, &have);
+    if (rc == 0 && want >= 0 && (!have || c.step != want)) {
+        /* the workers resume from another step than the pointer's (a save the workers never
+         * completed, or a resume by hand): that step's full save alone */
+        char file[96], path[1200], why[96];
+        snprintf(file, sizeof file, "ps.server%d.%" PRId64 ".safetensors", s->s, want);
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        if (have)
+            snprintf(why, sizeof why, "ps.server%d.latest is at step %" PRId64, s->s, c.step);
+        else
+            snprintf(why, sizeof why, "nor is ps.server%d.latest", s->s);
+        if (access(path, F_OK) != 0)
+            return fl_fail(FL_EIO, "parameter server %d cannot resume step %" PRId64 ", the "
+                           "workers' step: %s is not there (%s)", s->s, want, path, why);
+        if (have)
+            FL_INFO("ps server %d: the workers resume from step %" PRId64 ", %s: loading %s",
+                    s->s, want, why, path);
+        c = (ps_chain){.n = 1, .step = want};
+        snprintf(c.files[0], sizeof c.files[0], "%s", file);
+        have = true;
+    }
+    if (rc == 0 && !have) {
+        FL_INFO("ps server %d: no checkpoint in %s; starting fresh", s->s, dir);
+        return 0;
+    }
     for (int i = 0; rc == 0 && i < c.n; i++)
-        rc = load_file(s, c.files[i], i == 0);
+        rc = load_file(s, dir, c.files[i], i == 0, i == c.n - 1 ? c.step : -1);
     if (rc < 0)
         return fl_fail_prefix(rc, "parameter server %d cannot resume", s->s);
     for (int t = 0; t < FL_PS_MAX_TABLES; t++)
         for (int i = 0; s->sparse[t].declared && i < s->T; i++)
             fl_ps_sparse_mark_clean(s->sparse[t].parts[i]);
-    s->chain = c;
+    s->chain = here ? c : (ps_chain){0}; /* deltas build on files of checkpoint_dir only */
     s->loaded_step = c.step;
-    FL_INFO("ps server %d: resumed step %" PRId64 " from %s (%d file%s)", s->s, c.step, path,
+    FL_INFO("ps server %d: resumed step %" PRId64 " from %s (%d file%s)", s->s, c.step, dir,
             c.n, c.n == 1 ? "" : "s");
     return 0;
 }

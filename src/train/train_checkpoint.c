@@ -531,6 +531,49 @@ static bool resume_auto(const fl_train_config *cfg) {
     return strcmp(cfg->checkpoint.resume, "auto") == 0;
 }
 
+int fl_train_ckpt_resume_point(const fl_train_config *cfg, int64_t *step, char *root,
+                               size_t cap) {
+    *step = -1;
+    root[0] = '\0';
+    char dir[1024];
+    if (resume_auto(cfg)) {
+        FL_TRY(fl_ckpt_latest_step(cfg->checkpoint.dir, step));
+        if (*step >= 0)
+            snprintf(root, cap, "%s", cfg->checkpoint.dir);
+        return FL_OK;
+    }
+    if (!cfg->checkpoint.resume[0])
+        return FL_OK;
+    FL_TRY(fl_ckpt_resolve(cfg->checkpoint.resume, dir, sizeof dir));
+    *step = fl_ckpt_dir_step(dir);
+    if (*step < 0) { /* a step directory under another name: its file says */
+        char path[1100];
+        int nfiles;
+        fl_safetensors *st;
+        FL_TRY(fl_ckpt_rank_file(dir, 0, path, sizeof path, &nfiles));
+        FL_TRY(fl_safetensors_open(path, &st));
+        const char *v = fl_safetensors_meta(st, "fleet.step");
+        char *end = NULL;
+        long long x = v ? strtoll(v, &end, 10) : -1;
+        fl_safetensors_close(st);
+        if (!v || *end || x < 0)
+            return fl_fail(FL_EFORMAT, "%s: no fleet.step metadata: not a fleet checkpoint",
+                           path);
+        *step = x;
+    }
+    /* the directory above the step directory */
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    while (n > 0 && dir[n - 1] != '/')
+        n--;
+    if (n == 0)
+        snprintf(root, cap, ".");
+    else
+        snprintf(root, cap, "%.*s", (int)(n > 1 ? n - 1 : n), dir);
+    return FL_OK;
+}
+
 int fl_train_ckpt_restore(trainer *t, const fl_train_config *cfg, train_pos *pos) {
     *pos = (train_pos){0};
     if (resume_auto(cfg)) {

@@ -178,6 +178,13 @@ bool        fl_train_has_val(const fl_train_config *cfg);
  * checkpoint stood) or takes checkpoint.pretrained's weights by name (then *pos is zero).
  * Collective. */
 int  fl_train_ckpt_restore(trainer *t, const fl_train_config *cfg, train_pos *pos);
+/* Where the run will resume from, without loading anything: *step the step of the checkpoint
+ * checkpoint.resume names (auto: checkpoint.dir's `latest`), -1 for a fresh start (no resume,
+ * or auto with nothing saved yet), and root[cap] the directory holding that step directory.
+ * What the parameter servers load and the workers declare to them (train_ps.c). FL_EIO or
+ * FL_EFORMAT naming the path when checkpoint.resume names no checkpoint. */
+int  fl_train_ckpt_resume_point(const fl_train_config *cfg, int64_t *step, char *root,
+                                size_t cap);
 /* Whether a periodic checkpoint is due after update `step`. */
 bool fl_train_ckpt_due(const fl_train_config *cfg, int64_t step);
 /* Saves a checkpoint of the state at pos into checkpoint.dir (see checkpoint.h), then points
@@ -198,6 +205,9 @@ int64_t fl_train_rescale_batch(const trainer *t, int64_t b0, int w0);
 /* Sets the schedule's length to total optimizer updates (the schedule is rebuilt). */
 void fl_train_set_length(trainer *t, const fl_train_config *cfg, int64_t total);
 
+/* "key: value" lines of text as "key=value" overrides, appended to list[*n..cap) (pointers
+ * into text, which is modified in place); FL_EINVAL when they do not fit. */
+int fl_train_yaml_overrides(char *text, const char **list, int *n, int cap);
 /* The "key: value" lines of a configuration's YAML (fl_config_print) that the network is built
  * from (model.*, and data.features, data.classes, which fl_train_make_model reads): an
  * inference model's network description. malloc'd; NULL when out of memory. */

@@ -15,9 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* "key: value" lines as "key=value" overrides, appended to list (pointers into text, which is
- * modified in place) */
-static int lines_to_overrides(char *text, const char **list, int *n, int cap) {
+int fl_train_yaml_overrides(char *text, const char **list, int *n, int cap) {
     char *save = NULL;
     for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *colon = strstr(line, ": ");
@@ -75,7 +73,7 @@ static int build_config(const fl_infer_args *a, const fl_safetensors *st, fl_tra
     } else {
         strcpy(text, all);
     }
-    rc = lines_to_overrides(text, ov, &n, max - a->noverrides);
+    rc = fl_train_yaml_overrides(text, ov, &n, max - a->noverrides);
     for (int i = 0; rc >= 0 && i < a->noverrides; i++)
         ov[n++] = a->overrides[i];
     if (rc >= 0)
@@ -101,14 +99,17 @@ static int load_weights(const fl_safetensors *st, fl_net *net) {
     for (int i = 0; i < n; i++)
         p[i] = fl_net_param(net, i);
     const char *list = fl_safetensors_meta(st, "fleet.training_state");
-    if (list && *list) {
-        buf = strdup(list);
-        skip = calloc(strlen(list) + 1, sizeof *skip);
-        if (!buf || !skip)
-            rc = fl_fail(FL_ENOMEM, "out of memory");
-        for (char *tok = rc < 0 ? NULL : strtok(buf, ","); tok; tok = strtok(NULL, ","))
-            skip[nskip++] = tok;
-    }
+    /* a merged parameter-server model's tables outside the network (fleet-ckpt merge-ps) */
+    static const char *const ps_tables[] = {"ps.dense.", "ps.sparse."};
+    size_t len = list ? strlen(list) : 0;
+    buf = strdup(list ? list : "");
+    skip = calloc(len + 3, sizeof *skip);
+    if (!buf || !skip)
+        rc = fl_fail(FL_ENOMEM, "out of memory");
+    for (char *tok = rc < 0 ? NULL : strtok(buf, ","); tok; tok = strtok(NULL, ","))
+        skip[nskip++] = tok;
+    for (int i = 0; rc >= 0 && i < 2; i++)
+        skip[nskip++] = ps_tables[i];
     fl_train_stage h = {0}; /* a device's tensors are loaded into host copies, then moved */
     if (rc >= 0)
         rc = fl_train_stage_create(&h, p, n);

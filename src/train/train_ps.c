@@ -7,6 +7,7 @@
 
 #include "fleet/log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,11 +37,25 @@ int fl_train_serve(const fl_train_config *cfg, bool *started) {
     }
     fl_ps_server_config sc = {.threads = (int)cfg->ps.server_threads,
                               .mode = mode_of(&cfg->strategy),
-                              .resume = cfg->checkpoint.resume[0] != 0};
+                              .resume = cfg->checkpoint.resume[0] != 0,
+                              .resume_step = -1,
+                              .keep = cfg->checkpoint.keep};
     snprintf(sc.checkpoint_dir, sizeof sc.checkpoint_dir, "%s", cfg->checkpoint.dir);
     if (sc.resume && !sc.checkpoint_dir[0])
         rc = fl_fail(FL_ECONFIG, "checkpoint.resume: a parameter server resumes from its shards "
                                  "in checkpoint.dir, which is not set");
+    /* the step the workers resume from, found as they will find it: its shards are loaded
+     * (not the newest the server saved, which may belong to a save the workers never
+     * completed); none yet under resume: auto is a fresh start, as for the workers */
+    if (rc >= 0 && sc.resume) {
+        rc = fl_train_ckpt_resume_point(cfg, &sc.resume_step, sc.resume_dir,
+                                        sizeof sc.resume_dir);
+        if (rc >= 0 && sc.resume_step < 0) {
+            sc.resume = false;
+            FL_INFO("server %d: resume: auto: the workers have no checkpoint in %s yet; "
+                    "starting fresh", fl_ps_server_index(ps), cfg->checkpoint.dir);
+        }
+    }
     if (rc >= 0) {
         FL_INFO("server %d of %d (%s): %s mode, %d threads%s%s", fl_ps_server_index(ps),
                 fl_ps_server_num(ps), fl_ps_server_endpoint(ps, fl_ps_server_index(ps)),
@@ -69,6 +84,11 @@ int fl_train_ps_join(trainer *t, const fl_train_config *cfg) {
                                    "but the workers' communicator says %d of %d",
                        fl_ps_worker_index(t->ps), fl_ps_worker_num(t->ps), t->rank, t->world);
     fl_ps_mode mode = mode_of(&cfg->strategy);
+    /* the servers check that they loaded the step this worker resumes from */
+    int64_t step;
+    char root[1024];
+    FL_TRY(fl_train_ckpt_resume_point(cfg, &step, root, sizeof root));
+    fl_ps_set_resume_step(t->ps, step);
     FL_TRY(fl_ps_init_worker(t->ps, mode));
     fl_fleet_set_ps(t->fleet, t->ps);
     if (t->rank == 0)
@@ -80,8 +100,15 @@ int fl_train_ps_join(trainer *t, const fl_train_config *cfg) {
 void fl_train_ps_leave(trainer *t) {
     if (!t->ps)
         return;
-    if (fl_ps_stop_worker(t->ps) < 0)
+    /* a failure that ended training is what fleet-train reports, not what stopping then says
+     * about the same broken connection */
+    char kept[1024];
+    snprintf(kept, sizeof kept, "%s", fl_errmsg());
+    if (fl_ps_stop_worker(t->ps) < 0) {
         FL_WARN("parameter-server mode: %s", fl_errmsg());
+        if (kept[0])
+            fl_fail(FL_EPEER, "%s", kept);
+    }
     fl_ps_free(t->ps);
     t->ps = NULL;
 }

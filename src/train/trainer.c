@@ -103,6 +103,9 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
     }
     /* parameter-server async and geo: every worker takes the servers' final values */
     FL_TRY(fl_dist_finish(t->dopt));
+    /* ... which a periodic save of the last step, taken before, does not hold: saved again */
+    if (t->ps && cfg->strategy.a_sync)
+        last_saved = -1;
     res->steps = step;
     /* drop_last: every rank sees the same number of samples */
     res->samples_per_s = (double)local_samples * t->world / (fl_now() - run_start);

@@ -79,7 +79,8 @@ static void *server_main(void *p) {
     const char *sp[MAXS];
     fl_ps_roles r = roles(j, true, a->i, sp);
     fl_ps *ps = NULL;
-    fl_ps_server_config c = {.threads = j->T, .mode = j->mode, .resume = j->resume};
+    fl_ps_server_config c = {.threads = j->T, .mode = j->mode, .resume = j->resume,
+                             .resume_step = -1};
     snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s", j->dir);
     int rc = fl_ps_create(&r, &ps);
     if (rc == 0)
