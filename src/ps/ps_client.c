@@ -10,6 +10,7 @@
 #include "fleet/status.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,10 @@ typedef struct ps_client {
     int64_t      *cnt, *off;  /* [S] */
     fl_ps_stats   st;
     double        stale_sum;
+    /* one request at a time: the table calls below may come from several threads (the
+     * strategy's async communicator and a CTR trainer's sparse pulls and pushes) */
+    pthread_mutex_t mu;
+    bool            mu_ready;
 } ps_client;
 
 /* ---- connections ---- */
@@ -101,6 +106,8 @@ int fl_ps_init_worker(fl_ps *ps, fl_ps_mode mode) {
     if (!c)
         return fl_fail(FL_ENOMEM, "out of memory");
     ps->cli = c;
+    pthread_mutex_init(&c->mu, NULL);
+    c->mu_ready = true;
     c->mode = mode;
     c->S = S;
     c->conns = calloc((size_t)S, sizeof *c->conns);
@@ -162,6 +169,8 @@ void fl_ps_client_free(ps_client *c) {
     free(c->urows);
     free(c->cnt);
     free(c->off);
+    if (c->mu_ready)
+        pthread_mutex_destroy(&c->mu);
     free(c);
 }
 
@@ -211,7 +220,7 @@ static int send_dense(fl_ps *ps, int s, fl_ps_req *q, int64_t numel, const float
     return fl_msg_sendv(c->conns[s], c->parts, k);
 }
 
-int fl_ps_dense_init(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
+static int dense_init_unlocked(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
                      const float *values, int64_t *step_out) {
     FL_TRY(need_worker(ps));
     FL_TRY(check_table(table));
@@ -251,7 +260,7 @@ static int dense_table(fl_ps *ps, int table) {
     return 0;
 }
 
-int fl_ps_dense_pull(fl_ps *ps, int table, int64_t version, float *values) {
+static int dense_pull_unlocked(fl_ps *ps, int table, int64_t version, float *values) {
     FL_TRY(dense_table(ps, table));
     ps_client *c = ps->cli;
     int S = ps->nservers;
@@ -286,7 +295,7 @@ static void count_push(ps_client *c, int64_t stale) {
         c->st.max_staleness = stale;
 }
 
-int fl_ps_dense_push(fl_ps *ps, int table, int64_t step, double lr, const float *grads) {
+static int dense_push_unlocked(fl_ps *ps, int table, int64_t step, double lr, const float *grads) {
     FL_TRY(dense_table(ps, table));
     FL_ASSERT(grads && step >= 0);
     ps_client *c = ps->cli;
@@ -306,7 +315,7 @@ int fl_ps_dense_push(fl_ps *ps, int table, int64_t step, double lr, const float 
 
 /* ---- sparse ---- */
 
-int fl_ps_sparse_init(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
+static int sparse_init_unlocked(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
                       const fl_ps_init_rule *init) {
     FL_TRY(need_worker(ps));
     FL_TRY(check_table(table));
@@ -421,7 +430,7 @@ static int sparse_table(fl_ps *ps, int table, int64_t n) {
     return 0;
 }
 
-int fl_ps_sparse_pull(fl_ps *ps, int table, const uint64_t *ids, int64_t n, float *rows) {
+static int sparse_pull_unlocked(fl_ps *ps, int table, const uint64_t *ids, int64_t n, float *rows) {
     FL_TRY(sparse_table(ps, table, n));
     ps_client *c = ps->cli;
     int S = ps->nservers, dim = c->sparse_dim[table];
@@ -452,7 +461,7 @@ int fl_ps_sparse_pull(fl_ps *ps, int table, const uint64_t *ids, int64_t n, floa
     return 0;
 }
 
-int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint64_t *ids,
+static int sparse_push_unlocked(fl_ps *ps, int table, int64_t step, double lr, const uint64_t *ids,
                       int64_t n, const float *grads) {
     FL_TRY(sparse_table(ps, table, n));
     FL_ASSERT(step >= 0);
@@ -493,7 +502,7 @@ int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint6
 
 /* ---- save, stats ---- */
 
-int fl_ps_save(fl_ps *ps, int64_t step, int mode) {
+static int save_unlocked(fl_ps *ps, int64_t step, int mode) {
     FL_TRY(need_worker(ps));
     if (step < 0 || (mode != FL_PS_SAVE_ALL && mode != FL_PS_SAVE_DELTA))
         return fl_fail(FL_EINVAL, "fl_ps_save of step %" PRId64 " mode %d", step, mode);
@@ -523,4 +532,67 @@ void fl_ps_get_stats(const fl_ps *ps, fl_ps_stats *out) {
         }
     }
     out->mean_staleness = c->st.pushes ? c->stale_sum / (double)c->st.pushes : 0;
+}
+
+/* ---- the public calls, one request at a time ---- */
+
+static void lock(fl_ps *ps) {
+    if (ps && ps->cli)
+        pthread_mutex_lock(&ps->cli->mu);
+}
+static void unlock(fl_ps *ps) {
+    if (ps && ps->cli)
+        pthread_mutex_unlock(&ps->cli->mu);
+}
+
+int fl_ps_dense_init(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
+                     const float *values, int64_t *step_out) {
+    lock(ps);
+    int rc = dense_init_unlocked(ps, table, numel, r, values, step_out);
+    unlock(ps);
+    return rc;
+}
+
+int fl_ps_dense_pull(fl_ps *ps, int table, int64_t version, float *values) {
+    lock(ps);
+    int rc = dense_pull_unlocked(ps, table, version, values);
+    unlock(ps);
+    return rc;
+}
+
+int fl_ps_dense_push(fl_ps *ps, int table, int64_t step, double lr, const float *grads) {
+    lock(ps);
+    int rc = dense_push_unlocked(ps, table, step, lr, grads);
+    unlock(ps);
+    return rc;
+}
+
+int fl_ps_sparse_init(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
+                      const fl_ps_init_rule *init) {
+    lock(ps);
+    int rc = sparse_init_unlocked(ps, table, dim, r, init);
+    unlock(ps);
+    return rc;
+}
+
+int fl_ps_sparse_pull(fl_ps *ps, int table, const uint64_t *ids, int64_t n, float *rows) {
+    lock(ps);
+    int rc = sparse_pull_unlocked(ps, table, ids, n, rows);
+    unlock(ps);
+    return rc;
+}
+
+int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint64_t *ids,
+                      int64_t n, const float *grads) {
+    lock(ps);
+    int rc = sparse_push_unlocked(ps, table, step, lr, ids, n, grads);
+    unlock(ps);
+    return rc;
+}
+
+int fl_ps_save(fl_ps *ps, int64_t step, int mode) {
+    lock(ps);
+    int rc = save_unlocked(ps, step, mode);
+    unlock(ps);
+    return rc;
 }
