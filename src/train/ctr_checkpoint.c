@@ -217,9 +217,17 @@ int ctr_ckpt_save(ctr_trainer *c, const fl_train_config *cfg, const train_pos *p
     f.v[CS_WORLD] = t->world;
     f.v[CS_MODE] = c->mode;
     char dir[1024], path[1100];
-    /* parameter-server mode: the servers' shards of the step first (worker 0 asks) */
-    if (rc >= 0 && t->ps && t->rank == 0)
-        rc = fl_ps_save(t->ps, pos->step, FL_PS_SAVE_ALL);
+    /* parameter-server mode: the servers' shards of the step first (worker 0 asks), once
+     * every worker's sparse push of the step has returned (a sync merge is then complete) */
+    if (rc >= 0 && t->ps && t->world > 1) {
+        double token = 0;
+        rc = fl_comm_allreduce(fl_fleet_comm(t->fleet), &token, 1, FL_DTYPE_F64, FL_REDOP_SUM);
+    }
+    if (rc >= 0 && t->ps && t->rank == 0) {
+        rc = fl_ckpt_mkdirs(root); /* the servers write their shards there */
+        if (rc >= 0)
+            rc = fl_ps_save(t->ps, pos->step, FL_PS_SAVE_ALL);
+    }
     if (rc >= 0)
         rc = fl_ckpt_step_dir(dir, sizeof dir, root, pos->step);
     if (rc >= 0 && t->rank == 0) {

@@ -8,6 +8,8 @@
 #include "train/train_impl.h"
 
 #include "fleet/ctr.h"
+#include "fleet/infer.h"
+#include "fleet/safetensors.h"
 #include "fleet/metrics.h"
 #include "fleet/ps.h"
 #include "fleet/sparse.h"
@@ -79,6 +81,14 @@ typedef struct {
 /* The PS table number of model table t (dense table 0 is the network's block). */
 #define CTR_PS_TABLE(t) ((t) + 1)
 
+/* ctr_setup.c: the model cfg describes (its dense part initialised from train.seed); the
+ * sparse tables' rule and initializers (embedding as sparse_optimizer says, wide zeros). */
+int  ctr_build_model(const fl_train_config *cfg, fl_ctr_model **out);
+void ctr_sparse_rules(const fl_train_config *cfg, fl_ps_rule *rule,
+                      fl_ps_init_rule init[FL_CTR_NTABLES]);
+/* ctr_infer.c: fleet-eval of a CTR checkpoint st (its configuration in cfg) over split. */
+int  ctr_infer_run(const fl_train_config *cfg, const fl_safetensors *st, int split,
+                   fl_infer_result *res);
 /* ctr_setup.c: everything from cfg (joins the job first); teardown frees what was built. */
 int  ctr_setup(ctr_trainer *c, const fl_train_config *cfg);
 void ctr_teardown(ctr_trainer *c);

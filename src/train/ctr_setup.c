@@ -32,7 +32,7 @@ static int join_job(ctr_trainer *c, const fl_train_config *cfg) {
     return FL_OK;
 }
 
-static int make_model(ctr_trainer *c, const fl_train_config *cfg) {
+int ctr_build_model(const fl_train_config *cfg, fl_ctr_model **out) {
     fl_ctr_model_type type =
         cfg->model.type == FL_MODEL_DEEPFM ? FL_CTR_DEEPFM : FL_CTR_WIDE_DEEP;
     fl_ctr_model_config mc = fl_ctr_model_config_default(type);
@@ -43,25 +43,24 @@ static int make_model(ctr_trainer *c, const fl_train_config *cfg) {
     mc.pool = (fl_sparse_pool)cfg->model.pooling;
     mc.max_batch = cfg->train.batch_size;
     mc.seed = (uint64_t)cfg->train.seed;
-    int rc = fl_ctr_model_create(&mc, &c->model);
+    int rc = fl_ctr_model_create(&mc, out);
     if (rc < 0)
         return fl_fail_prefix(rc, "model (%s)", fl_ctr_model_type_name(type));
-    c->base.net = fl_ctr_model_net(c->model);
     return FL_OK;
 }
 
-static void sparse_rules(ctr_trainer *c, const fl_train_config *cfg) {
+void ctr_sparse_rules(const fl_train_config *cfg, fl_ps_rule *rule,
+                      fl_ps_init_rule init[FL_CTR_NTABLES]) {
     static const fl_ps_rule_type types[] = {FL_PS_RULE_SGD, FL_PS_RULE_ADAGRAD, FL_PS_RULE_ADAM};
-    fl_ps_rule_defaults(&c->rule, types[cfg->sparse_optimizer.type]);
-    if (c->rule.type == FL_PS_RULE_ADAGRAD)
-        c->rule.initial_g2sum = cfg->sparse_optimizer.initial_g2sum;
-    c->sparse_lr = cfg->sparse_optimizer.lr;
+    fl_ps_rule_defaults(rule, types[cfg->sparse_optimizer.type]);
+    if (rule->type == FL_PS_RULE_ADAGRAD)
+        rule->initial_g2sum = cfg->sparse_optimizer.initial_g2sum;
     double r = cfg->sparse_optimizer.init_range;
     fl_ps_init_type it = (fl_ps_init_type)cfg->sparse_optimizer.initializer;
-    c->init[FL_CTR_TABLE_EMBEDDING] = (fl_ps_init_rule){
+    init[FL_CTR_TABLE_EMBEDDING] = (fl_ps_init_rule){
         .type = it, .a = it == FL_PS_INIT_UNIFORM ? -r : 0.0, .b = r,
         .seed = (uint64_t)cfg->train.seed};
-    c->init[FL_CTR_TABLE_WIDE] = (fl_ps_init_rule){.type = FL_PS_INIT_ZERO,
+    init[FL_CTR_TABLE_WIDE] = (fl_ps_init_rule){.type = FL_PS_INIT_ZERO,
                                                    .seed = (uint64_t)cfg->train.seed};
 }
 
@@ -110,7 +109,8 @@ int ctr_setup(ctr_trainer *c, const fl_train_config *cfg) {
             c->best_auc = NAN;
     }
 
-    FL_TRY(make_model(c, cfg));
+    FL_TRY(ctr_build_model(cfg, &c->model));
+    t->net = fl_ctr_model_net(c->model);
     fl_optim_config oc = {.type = (fl_optim_type)cfg->optimizer.type,
                           .momentum = cfg->optimizer.type == FL_OPTIM_MOMENTUM
                                           ? cfg->optimizer.momentum : 0.0,
@@ -128,7 +128,8 @@ int ctr_setup(ctr_trainer *c, const fl_train_config *cfg) {
     t->dopt = fl_distributed_optimizer(t->fleet, t->net, t->opt, s);
     if (!t->dopt)
         return fl_fail_prefix(FL_EINVAL, "strategy");
-    sparse_rules(c, cfg);
+    ctr_sparse_rules(cfg, &c->rule, c->init);
+    c->sparse_lr = cfg->sparse_optimizer.lr;
     FL_TRY(ctr_tables_init(c));
 
     /* the schedule counts steps; a Criteo list's length is known only by reading it */
