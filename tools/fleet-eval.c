@@ -28,7 +28,8 @@ static void usage(FILE *out) {
             "                       form (default auto: fused where the model has one)\n"
             "  -h, --help           this text\n"
             "\n"
-            "Prints samples, loss, top-1 and top-5 accuracy when the samples have labels.\n");
+            "Prints samples, loss, top-1 and top-5 accuracy when the samples have labels; for\n"
+            "a CTR model (wide_deep, deepfm) AUC, log loss, predicted and actual CTR.\n");
 }
 
 int main(int argc, char **argv) {
@@ -90,6 +91,13 @@ int main(int argc, char **argv) {
     if (fl_infer_run(&a, &r) < 0) {
         fprintf(stderr, "fleet-eval: error: %s\n", fl_errmsg());
         return 1;
+    }
+    if (r.ctr) { /* a CTR model: AUC and log loss (docs/ctr.md) */
+        printf("fleet-eval: CTR model, %lld dense parameters, %lld sparse rows\n",
+               (long long)r.params, (long long)r.table_rows);
+        printf("fleet-eval: %lld samples, auc %.6f, logloss %.6f, pred_ctr %.6f, ctr %.6f\n",
+               (long long)r.samples, r.auc, r.logloss, r.pred_ctr, r.actual_ctr);
+        return 0;
     }
     if (r.fused)
         printf("fleet-eval: network: re-parameterised (fused) inference form, %lld parameters "

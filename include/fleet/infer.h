@@ -51,6 +51,11 @@ typedef struct {
     int     fused;        /* 1: the network ran in its re-parameterised (fused) form */
     int64_t params;       /* trainable values of the network that ran */
     int64_t train_params; /* those of the training form (params when it ran) */
+    /* a CTR model (wide_deep, deepfm; docs/ctr.md): no logits file, these instead */
+    int     ctr;        /* 1: the fields below are set, loss/top1/top5 are not */
+    double  auc;        /* Paddle's bucketed AUC (metrics.h) */
+    double  logloss, pred_ctr, actual_ctr;
+    int64_t table_rows; /* sparse rows loaded from the checkpoint */
 } fl_infer_result;
 
 /* Runs the evaluation described above on this process (no communication). 0, or a negative

@@ -190,6 +190,17 @@ int  fl_ctr_model_forward(fl_ctr_model *m, bool training, const fl_tensor **logi
  * fl_sigmoid_xent_backward's). FL_ESTATE without a forward; FL_ESHAPE on a wrong shape. An
  * empty batch (B = 0) gives zero dense gradients (fl_net_zero_grad) and no rows. */
 int  fl_ctr_model_backward(fl_ctr_model *m, const fl_tensor *dlogits);
+/* The same step for a caller that runs the dense part's backward itself (a distributed
+ * optimizer's fl_dist_minimize, which exchanges and applies the dense gradients as it goes):
+ *   fl_ctr_model_dnet(m, dlogits, &dnet)  the network output's gradient (B, 1), borrowed from
+ *                                         m, valid until the next call; errors as backward;
+ *   fl_net_backward(net, dnet, ...)       run by the caller (B = 0: the caller's business);
+ *   fl_ctr_model_backward_rows(m, dlogits)  both tables' rows' gradients from the network's
+ *                                         input gradient (FL_ESTATE when the network's
+ *                                         backward of this batch has not run); B = 0: none.
+ * fl_ctr_model_backward is exactly these three. */
+int  fl_ctr_model_dnet(fl_ctr_model *m, const fl_tensor *dlogits, const fl_tensor **dnet);
+int  fl_ctr_model_backward_rows(fl_ctr_model *m, const fl_tensor *dlogits);
 
 #ifdef __cplusplus
 }

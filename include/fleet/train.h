@@ -41,6 +41,8 @@ typedef enum {
     FL_MODEL_PPLCNET = 3, /* PaddleClas's PP-LCNet (fl_model_pplcnet) */
     FL_MODEL_PPHGNET = 4, /* PaddleClas's PP-HGNet (fl_model_pphgnet) */
     FL_MODEL_PPLCNETV2 = 5, /* PaddleClas's PPLCNetV2_base (fl_model_pplcnetv2) */
+    FL_MODEL_WIDE_DEEP = 6, /* CTR: wide&deep (sparse.h fl_ctr_model), CTR data only */
+    FL_MODEL_DEEPFM = 7,    /* CTR: DeepFM */
 } fl_model_type;
 typedef enum { FL_HGNET_TINY = 0, FL_HGNET_SMALL = 1, FL_HGNET_BASE = 2 } fl_hgnet_size;
 typedef enum {
@@ -50,7 +52,19 @@ typedef enum {
     FL_DATA_CIFAR10 = 3,   /* CIFAR-10 binary batches in data.root */
     FL_DATA_IMAGELIST = 4, /* seed 002's file lists of JPEGs under data.root */
     FL_DATA_MNIST = 5,     /* MNIST-format IDX files (Fashion-MNIST by default) in data.root */
+    FL_DATA_CRITEO = 6,    /* CTR: Criteo text files (ctr.h's reader) over data.train_list */
+    FL_DATA_CTR_SYNTH = 7, /* CTR: the synthetic task with a hidden logistic teacher */
 } fl_data_type;
+/* Whether a data type / model type is a CTR one (the CTR trainer, docs/ctr.md "Training"). */
+static inline bool fl_data_is_ctr(int type) {
+    return type == FL_DATA_CRITEO || type == FL_DATA_CTR_SYNTH;
+}
+static inline bool fl_model_is_ctr(int type) {
+    return type == FL_MODEL_WIDE_DEEP || type == FL_MODEL_DEEPFM;
+}
+/* sparse_optimizer.type: the rule the sparse tables run (fl_ps_rule_type's sparse ones) */
+typedef enum { FL_SPARSE_OPT_SGD = 0, FL_SPARSE_OPT_ADAGRAD = 1, FL_SPARSE_OPT_ADAM = 2 }
+    fl_sparse_opt_type;
 typedef enum { FL_SHORTCUT_A = 0, FL_SHORTCUT_B = 1 } fl_shortcut_type;
 /* comm.backend: auto is mpi when started by mpirun (and mpi is built), else tcp; nccl only by
  * name (GPU workers, docs/nccl.md) */
@@ -72,6 +86,8 @@ typedef struct fl_train_config {
         int             shortcut;   /* resnet_cifar: fl_shortcut_type */
         double          scale;      /* pplcnet: PaddleClas's width scale (default 1.0) */
         int             size;       /* pphgnet: fl_hgnet_size (default tiny) */
+        int64_t         embed_dim;  /* CTR: the embedding table's row width (10) */
+        int             pooling;    /* CTR: fl_sparse_pool of the slots' bags (sum) */
     } model;
     struct {
         int      type;       /* fl_data_type */
@@ -95,7 +111,23 @@ typedef struct fl_train_config {
         int      bad_images; /* fl_bad_image_policy */
         int64_t  num_workers; /* loader threads (0: batches made on the training thread) */
         int64_t  prefetch;    /* batches made ahead */
+        /* CTR data (docs/ctr.md): criteo reads train_list / val_list (file lists) */
+        int      bad_lines;   /* criteo: fl_bad_lines_policy */
+        int      shard;       /* criteo: fl_ctr_shard (lines by default) */
+        bool     missing_id;  /* criteo: an empty field is the slot's "missing" id (true) */
+        int      transform;   /* criteo, ctr_synth: fl_ctr_dense_transform (minmax) */
+        int64_t  vocab;       /* ctr_synth: values per slot */
+        double   zipf;        /* ctr_synth: popularity exponent */
+        int64_t  max_ids;     /* ctr_synth: ids per slot at most */
+        double   ctr;         /* ctr_synth: the positive rate */
     } data;
+    struct {                  /* CTR: the sparse tables' own rule (Paddle's table accessor) */
+        int     type;         /* fl_sparse_opt_type (adagrad) */
+        double  lr;           /* constant learning rate of the rows */
+        double  initial_g2sum; /* adagrad */
+        int     initializer;  /* embedding rows: fl_ps_init_type (uniform); wide rows: zeros */
+        double  init_range;   /* uniform in [-r, r); normal with std r */
+    } sparse_optimizer;
     struct {
         int    type;         /* fl_optim_type */
         double momentum;

@@ -312,13 +312,12 @@ int fl_ctr_model_forward(fl_ctr_model *m, bool training, const fl_tensor **logit
     return FL_OK;
 }
 
-int fl_ctr_model_backward(fl_ctr_model *m, const fl_tensor *dlogits) {
-    FL_ASSERT(m && dlogits);
+/* Checks dlogits against the forward's batch (FL_ESTATE, FL_ESHAPE). */
+static int check_dlogits(const fl_ctr_model *m, const fl_tensor *dlogits) {
     if (!m->have_forward)
         return fl_fail(FL_ESTATE, "ctr model: backward without a forward");
     int64_t B = m->batch->batch;
     fl_dtype t = m->cfg.dtype;
-    bool f32 = t == FL_DTYPE_F32;
     char buf[96];
     if (dlogits->dtype != t || dlogits->numel != B || dlogits->shape[0] != B ||
         !(dlogits->ndim == 1 || (dlogits->ndim == 2 && dlogits->shape[1] == 1)))
@@ -326,16 +325,33 @@ int fl_ctr_model_backward(fl_ctr_model *m, const fl_tensor *dlogits) {
                        fl_dtype_name(dlogits->dtype),
                        fl_shape_str(dlogits->ndim, dlogits->shape, buf, sizeof buf),
                        fl_dtype_name(t), (long long)B);
-    if (B == 0) { /* no samples: zero gradients, no rows */
-        fl_net_zero_grad(m->net);
-        return FL_OK;
-    }
+    return FL_OK;
+}
+
+int fl_ctr_model_dnet(fl_ctr_model *m, const fl_tensor *dlogits, const fl_tensor **dnet) {
+    FL_ASSERT(m && dlogits && dnet);
+    FL_TRY(check_dlogits(m, dlogits));
+    int64_t B = m->batch->batch;
     /* the network's output gradient is dlogits itself (logit = net + the rest) */
     m->dnet.shape[0] = m->dnet.numel = B;
-    memcpy(m->dnet.data, dlogits->data, (size_t)B * m->esize);
-    FL_TRY(fl_net_backward(m->net, &m->dnet, NULL, NULL));
+    if (B > 0)
+        memcpy(m->dnet.data, dlogits->data, (size_t)B * m->esize);
+    *dnet = &m->dnet;
+    return FL_OK;
+}
+
+int fl_ctr_model_backward_rows(fl_ctr_model *m, const fl_tensor *dlogits) {
+    FL_ASSERT(m && dlogits);
+    FL_TRY(check_dlogits(m, dlogits));
+    int64_t B = m->batch->batch;
+    if (B == 0) /* no samples: no rows */
+        return FL_OK;
+    fl_dtype t = m->cfg.dtype;
+    bool f32 = t == FL_DTYPE_F32;
     const fl_tensor *dx = fl_net_input_grad(m->net);
-    FL_ASSERT(dx && dx->numel == B * m->width);
+    if (!dx || dx->numel != B * m->width)
+        return fl_fail(FL_ESTATE, "ctr model: the rows' gradients need the network's backward "
+                                  "of this batch first");
     fl_sparse_rows *emb = &m->rows[FL_CTR_TABLE_EMBEDDING];
     if (m->cfg.type == FL_CTR_DEEPFM) {
         if (f32)
@@ -354,4 +370,16 @@ int fl_ctr_model_backward(fl_ctr_model *m, const fl_tensor *dlogits) {
     FL_TRY(fl_sparse_embedding_backward(&m->lk, &m->rows[FL_CTR_TABLE_WIDE], m->cfg.pool, t,
                                         m->wide, 0));
     return FL_OK;
+}
+
+int fl_ctr_model_backward(fl_ctr_model *m, const fl_tensor *dlogits) {
+    FL_ASSERT(m && dlogits);
+    const fl_tensor *dnet;
+    FL_TRY(fl_ctr_model_dnet(m, dlogits, &dnet));
+    if (m->batch->batch == 0) { /* no samples: zero gradients, no rows */
+        fl_net_zero_grad(m->net);
+        return FL_OK;
+    }
+    FL_TRY(fl_net_backward(m->net, dnet, NULL, NULL));
+    return fl_ctr_model_backward_rows(m, dlogits);
 }

@@ -76,6 +76,9 @@ int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, floa
  * a repeated id is updated once per occurrence, in order). FL_ENOMEM. */
 int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
                            double lr);
+/* Adds d[i * dim ..] to the values of row ids[i] (created first when missing), leaving the
+ * rule's state as it is: a geo worker folds the others' progress into its own copy. FL_ENOMEM. */
+int fl_ps_sparse_add_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *d);
 /* Sync mode: adds g into the pending sum of each id for the step being merged... */
 int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g);
 /* ...and applies every pending row's rule with gradient (float)(sum * scale), once, in id

@@ -455,6 +455,20 @@ int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, cons
     return FL_OK;
 }
 
+int fl_ps_sparse_add_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *d) {
+    FL_ASSERT(t && (ids || n == 0) && (d || n == 0));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = find_or_create(t, ids[i]);
+        if (s < 0)
+            return FL_ENOMEM;
+        float *row = row_at(t, s);
+        for (int k = 0; k < t->dim; k++)
+            row[k] += d[i * t->dim + k];
+        set_dirty(t, s);
+    }
+    return FL_OK;
+}
+
 /* ---- pending sums (sync) ---- */
 static int pending_grow(fl_ps_sparse *t) {
     map bigger;

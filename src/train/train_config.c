@@ -23,14 +23,16 @@
 /* enum choices are listed in the order of the C enums they map to */
 static const fl_cfg_key own_keys[] = {
     {"model.type", FL_CFG_ENUM, OFF(model.type), 0, 0, 0,
-     "mlp|resnet|resnet_cifar|pplcnet|pphgnet|pplcnetv2", true,
+     "mlp|resnet|resnet_cifar|pplcnet|pphgnet|pplcnetv2|wide_deep|deepfm", true,
      "model zoo entry: mlp; resnet (torchvision's, 224x224 inputs); resnet_cifar (32x32); "
      "pplcnet, pphgnet, pplcnetv2 (PaddleClas's PP-LCNet, PP-HGNet, PPLCNetV2_base: 224x224, "
-     "or images under 112 pixels with the small-input stem)"},
+     "or images under 112 pixels with the small-input stem); wide_deep, deepfm (CTR models "
+     "over sparse tables: data.type criteo or ctr_synth; docs/ctr.md)"},
     {"model.input_size", FL_CFG_INT, OFF(model.input_size), 0, 0, BIG, NULL, false,
      "input features; 0 = the dataset's"},
     {"model.hidden", FL_CFG_INT_LIST, OFF(model.hidden), 0, 1, 1e6, NULL, false,
-     "hidden layer sizes of the mlp"},
+     "hidden layer sizes of the mlp (default [128, 128]) or of a CTR model's deep part "
+     "(default [400, 400, 400])"},
     {"model.activation", FL_CFG_ENUM, OFF(model.activation), 0, 0, 0,
      "none|relu|tanh|sigmoid|hardswish|hardsigmoid", false, "activation after each hidden layer"},
     {"model.classes", FL_CFG_INT, OFF(model.classes), 0, 0, 1e7, NULL, false,
@@ -43,17 +45,23 @@ static const fl_cfg_key own_keys[] = {
      "pplcnet width scale: 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0 or 2.5 (PPLCNet_x0_25 ..)"},
     {"model.size", FL_CFG_ENUM, OFF(model.size), 0, 0, 0, "tiny|small|base", false,
      "pphgnet: PPHGNet_tiny, PPHGNet_small or PPHGNet_base"},
+    {"model.embed_dim", FL_CFG_INT, OFF(model.embed_dim), 0, 1, 4096, NULL, false,
+     "wide_deep, deepfm: values per row of the embedding table"},
+    {"model.pooling", FL_CFG_ENUM, OFF(model.pooling), 0, 0, 0, "sum|mean", false,
+     "wide_deep, deepfm: how a slot's ids' rows become one vector"},
 
     {"data.type", FL_CFG_ENUM, OFF(data.type), 0, 0, 0,
-     "random|teacher|shapes|cifar10|imagelist|mnist", true,
+     "random|teacher|shapes|cifar10|imagelist|mnist|criteo|ctr_synth", true,
      "random: the seed's gen_data (not learnable); teacher: labels from a random teacher net; "
      "shapes: synthetic images; cifar10: CIFAR-10 binary batches; imagelist: JPEG file lists; "
-     "mnist: MNIST-format IDX files (gzip or plain), Fashion-MNIST by default"},
+     "mnist: MNIST-format IDX files (gzip or plain), Fashion-MNIST by default; criteo: Criteo "
+     "text files listed in data.train_list / data.val_list; ctr_synth: the synthetic CTR task "
+     "(both for wide_deep and deepfm)"},
     {"data.features", FL_CFG_INT, OFF(data.features), 0, 1, 1e7, NULL, false,
      "features per sample"},
     {"data.classes", FL_CFG_INT, OFF(data.classes), 0, 2, 1e6, NULL, false, "number of classes"},
     {"data.train_size", FL_CFG_INT, OFF(data.train_size), 0, 1, 1e12, NULL, false,
-     "training samples"},
+     "training samples (ctr_synth: an epoch's samples, all workers together)"},
     {"data.val_size", FL_CFG_INT, OFF(data.val_size), 0, 0, 1e12, NULL, false,
      "validation samples (0: no validation)"},
     {"data.teacher_hidden", FL_CFG_INT, OFF(data.teacher_hidden), 0, 1, 1e6, NULL, false,
@@ -67,10 +75,11 @@ static const fl_cfg_key own_keys[] = {
      "mnist: directory of {train,t10k}-*-ubyte[.gz] (empty: " FL_FASHION_MNIST_DIR ")"},
     {"data.train_list", FL_CFG_STRING, OFF(data.train_list),
      sizeof(((fl_train_config *)0)->data.train_list), 0, 0, NULL, false,
-     "imagelist: training list, 'relative/path.jpeg label' per line"},
+     "imagelist: training list, 'relative/path.jpeg label' per line; criteo: a list of data "
+     "files, one path a line (relative to the list's directory)"},
     {"data.val_list", FL_CFG_STRING, OFF(data.val_list),
      sizeof(((fl_train_config *)0)->data.val_list), 0, 0, NULL, false,
-     "imagelist: validation list (\"\": none)"},
+     "imagelist, criteo: validation list (\"\": none)"},
     {"data.crop_size", FL_CFG_INT, OFF(data.crop_size), 0, 8, 4096, NULL, false,
      "imagelist: side of the network's input"},
     {"data.resize_short_size", FL_CFG_INT, OFF(data.resize_short_size), 0, 8, 8192, NULL, false,
@@ -93,6 +102,24 @@ static const fl_cfg_key own_keys[] = {
      "loader threads making samples (0: on the training thread)"},
     {"data.prefetch", FL_CFG_INT, OFF(data.prefetch), 0, 1, 1024, NULL, false,
      "batches the loader threads make ahead"},
+    {"data.bad_lines", FL_CFG_ENUM, OFF(data.bad_lines), 0, 0, 0, "fail|skip", false,
+     "criteo: a malformed line fails naming file:line, or is counted and skipped"},
+    {"data.shard", FL_CFG_ENUM, OFF(data.shard), 0, 0, 0, "files|lines", false,
+     "criteo: workers split the list by files (Paddle's get_file_shard; async and geo PS "
+     "only) or by lines (every worker the same number of batches: collective and sync)"},
+    {"data.missing_id", FL_CFG_BOOL, OFF(data.missing_id), 0, 0, 0, NULL, false,
+     "criteo: an empty categorical field is its slot's 'missing' id (PaddleRec); false: an "
+     "empty bag"},
+    {"data.transform", FL_CFG_ENUM, OFF(data.transform), 0, 0, 0, "minmax|log|raw", false,
+     "criteo, ctr_synth: how the 13 integer features become floats (PaddleRec's min-max)"},
+    {"data.vocab", FL_CFG_INT, OFF(data.vocab), 0, 1, 4294967295.0, NULL, false,
+     "ctr_synth: values per slot"},
+    {"data.zipf", FL_CFG_DOUBLE, OFF(data.zipf), 0, 0.01, 10, NULL, false,
+     "ctr_synth: popularity exponent of the slots' values (Zipf)"},
+    {"data.max_ids", FL_CFG_INT, OFF(data.max_ids), 0, 1, 1000, NULL, false,
+     "ctr_synth: each slot holds 1..max_ids ids"},
+    {"data.ctr", FL_CFG_DOUBLE, OFF(data.ctr), 0, 0.001, 0.999, NULL, false,
+     "ctr_synth: the positive rate the teacher is calibrated to"},
 
     {"optimizer.type", FL_CFG_ENUM, OFF(optimizer.type), 0, 0, 0, "sgd|momentum", false,
      "update rule"},
@@ -153,6 +180,20 @@ static const fl_cfg_key own_keys[] = {
     {"train.eval_train", FL_CFG_BOOL, OFF(train.eval_train), 0, 0, 0, NULL, false,
      "after each epoch also evaluate over the whole training set (else the validation set "
      "only)"},
+
+    {"sparse_optimizer.type", FL_CFG_ENUM, OFF(sparse_optimizer.type), 0, 0, 0,
+     "sgd|adagrad|adam", false,
+     "CTR: the rule of the sparse tables' rows, run where the rows live (servers, replicas); "
+     "adagrad is Paddle's SparseAdaGradSGDRule"},
+    {"sparse_optimizer.lr", FL_CFG_DOUBLE, OFF(sparse_optimizer.lr), 0, 0, 100, NULL, false,
+     "CTR: the rows' learning rate (constant; the dense part follows optimizer.lr)"},
+    {"sparse_optimizer.initial_g2sum", FL_CFG_DOUBLE, OFF(sparse_optimizer.initial_g2sum), 0,
+     1e-6, 1e6, NULL, false, "CTR, adagrad: Paddle's initial_g2sum"},
+    {"sparse_optimizer.initializer", FL_CFG_ENUM, OFF(sparse_optimizer.initializer), 0, 0, 0,
+     "zero|uniform|normal", false,
+     "CTR: a new embedding row's values (the wide table's rows start at zero)"},
+    {"sparse_optimizer.init_range", FL_CFG_DOUBLE, OFF(sparse_optimizer.init_range), 0, 0, 100,
+     NULL, false, "CTR: uniform in [-r, r), or normal with standard deviation r"},
 
 #define CKPT_STR(key, field, help)                                                         \
     {key, FL_CFG_STRING, OFF(checkpoint.field),                                             \
@@ -233,6 +274,18 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->data.augment = true;
     cfg->data.crop_padding = 2;
     cfg->data.prefetch = 2;
+    cfg->data.shard = 1; /* FL_CTR_SHARD_LINES */
+    cfg->data.missing_id = true;
+    cfg->data.vocab = 1000000;
+    cfg->data.zipf = 1.1;
+    cfg->data.max_ids = 1;
+    cfg->data.ctr = 0.26;
+    cfg->model.embed_dim = 10;
+    cfg->sparse_optimizer.type = FL_SPARSE_OPT_ADAGRAD;
+    cfg->sparse_optimizer.lr = 0.05;
+    cfg->sparse_optimizer.initial_g2sum = 3.0;
+    cfg->sparse_optimizer.initializer = 1; /* FL_PS_INIT_UNIFORM */
+    cfg->sparse_optimizer.init_range = 0.05;
     cfg->train.eval_train = true;
     cfg->train.deterministic = true;
     cfg->optimizer.type = FL_OPTIM_SGD;
@@ -247,6 +300,50 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->checkpoint.keep = 3;
     fl_strategy_defaults(&cfg->strategy);
     cfg->comm.backend = FL_TRAIN_BACKEND_AUTO;
+}
+
+/* The CTR trainer's own checks (docs/ctr.md "Training"). */
+static int check_ctr(const fl_train_config *cfg) {
+    const fl_strategy *s = &cfg->strategy;
+    if (cfg->train.device == FL_TRAIN_DEVICE_GPU)
+        return fl_fail(FL_ECONFIG, "train.device: gpu, but the CTR models compute on the CPU");
+    if (cfg->data.type == FL_DATA_CRITEO && !cfg->data.train_list[0])
+        return fl_fail(FL_ECONFIG, "data.train_list: needed by data.type criteo (a list of "
+                                   "Criteo text files)");
+    if (cfg->data.type == FL_DATA_CRITEO && cfg->data.shard == 0 && !s->a_sync)
+        return fl_fail(FL_ECONFIG, "data.shard: files gives workers different numbers of "
+                                   "batches, which collective and sync parameter-server "
+                                   "training cannot take (every worker joins every step): use "
+                                   "lines, or strategy.a_sync: true");
+    if (s->gradient_merge)
+        return fl_fail(FL_ECONFIG, "strategy.gradient_merge: not with the CTR models (their "
+                                   "sparse rows are exchanged every step)");
+    if (s->localsgd || s->adaptive_localsgd)
+        return fl_fail(FL_ECONFIG, "strategy.%s: not with the CTR models: the sparse tables' "
+                                   "replicas are kept identical every step; use "
+                                   "parameter-server geo mode (strategy.a_sync_configs.k_steps)",
+                       s->localsgd ? "localsgd" : "adaptive_localsgd");
+    if (s->dgc)
+        return fl_fail(FL_ECONFIG, "strategy.dgc: not with the CTR models");
+    if (s->amp)
+        return fl_fail(FL_ECONFIG, "strategy.amp: not with the CTR models (f32 on the CPU)");
+    if (s->recompute)
+        return fl_fail(FL_ECONFIG, "strategy.recompute: not with the CTR models");
+    if (cfg->optimizer.label_smoothing > 0)
+        return fl_fail(FL_ECONFIG, "optimizer.label_smoothing: not with the CTR models (sigmoid "
+                                   "cross-entropy)");
+    if (cfg->model.hidden.n > FL_CTR_MAX_HIDDEN)
+        return fl_fail(FL_ECONFIG, "model.hidden: %d layers, a CTR model takes at most %d",
+                       cfg->model.hidden.n, FL_CTR_MAX_HIDDEN);
+    if (cfg->checkpoint.pretrained[0])
+        return fl_fail(FL_ECONFIG, "checkpoint.pretrained: not with the CTR models");
+    if (cfg->checkpoint.inference_model[0])
+        return fl_fail(FL_ECONFIG, "checkpoint.inference_model: not with the CTR models (use "
+                                   "the checkpoint itself with fleet-eval)");
+    if (strcmp(cfg->checkpoint.resume, "auto") == 0 && !cfg->checkpoint.dir[0])
+        return fl_fail(FL_ECONFIG, "checkpoint.resume: auto needs checkpoint.dir, where the "
+                                   "checkpoints to resume from are saved");
+    return FL_OK;
 }
 
 /* checks that involve more than one key; messages name the keys */
@@ -268,6 +365,17 @@ static int check_cross_keys(const fl_train_config *cfg) {
         return fl_fail(FL_ECONFIG,
                        "optimizer.lr.values: %d values for %d boundaries (need boundaries + 1)",
                        cfg->optimizer.lr.values.n, cfg->optimizer.lr.boundaries.n);
+    bool ctr_data = fl_data_is_ctr(cfg->data.type), ctr_model = fl_model_is_ctr(cfg->model.type);
+    if (ctr_model && !ctr_data)
+        return fl_fail(FL_ECONFIG, "model.type: %s is a CTR model: it needs CTR data (data.type "
+                                   "criteo or ctr_synth)",
+                       cfg->model.type == FL_MODEL_DEEPFM ? "deepfm" : "wide_deep");
+    if (ctr_data && !ctr_model)
+        return fl_fail(FL_ECONFIG, "data.type: %s is CTR data: it needs a CTR model (model.type "
+                                   "wide_deep or deepfm)",
+                       cfg->data.type == FL_DATA_CRITEO ? "criteo" : "ctr_synth");
+    if (ctr_data)
+        return check_ctr(cfg);
     bool images = cfg->data.type >= FL_DATA_SHAPES;
     /* an mlp flattens the small grey images of MNIST-format sets, as their baselines do */
     if (cfg->model.type == FL_MODEL_MLP && images && cfg->data.type != FL_DATA_MNIST)
@@ -408,6 +516,13 @@ int fl_train_config_load(fl_train_config *cfg, const char *path, const char *con
     fl_train_config_defaults(&defaults);
     *cfg = defaults;
     FL_TRY(fl_config_load(path, overrides, noverrides, keys, nkeys, cfg, was_set));
+    /* a CTR model's deep part defaults to Paddle's quick start, 400-400-400 */
+    for (int k = 0; k < nkeys; k++)
+        if (fl_model_is_ctr(cfg->model.type) && strcmp(keys[k].path, "model.hidden") == 0 &&
+            !was_set[k]) {
+            cfg->model.hidden.n = 3;
+            cfg->model.hidden.v[0] = cfg->model.hidden.v[1] = cfg->model.hidden.v[2] = 400;
+        }
     /* a strategy key counts as set when it asks for something other than its default, so that
      * --print-config's output (every key, not-implemented features at their defaults) reads
      * back; a not-implemented feature configured away from its defaults is still refused */

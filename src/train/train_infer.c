@@ -3,7 +3,7 @@
  * strictly (every network tensor, right dtype and shape), re-parameterises it where the model
  * has a fused inference form (PP-LCNetV2), and runs the dataset in order in evaluation mode,
  * collecting the logits for a .npy file and the loss and top-k accuracy. */
-#include "train/train_impl.h"
+#include "train/ctr_impl.h"
 
 #include "fleet/checkpoint.h"
 #include "fleet/infer.h"
@@ -236,6 +236,15 @@ int fl_infer_run(const fl_infer_args *a, fl_infer_result *res) {
     fl_dataset *ds = NULL;
     fl_net *net = NULL;
     int rc = build_config(a, st, &cfg);
+    if (rc >= 0 && fl_data_is_ctr(cfg.data.type)) { /* a CTR model (ctr_infer.c) */
+        if (a->out_npy || a->inputs_npy)
+            rc = fl_fail(FL_ECONFIG, "--out / --inputs: a CTR model's evaluation writes no "
+                                     "vectors (it reports AUC and log loss)");
+        else
+            rc = ctr_infer_run(&cfg, st, a->split, res);
+        fl_safetensors_close(st);
+        return rc;
+    }
     if (rc >= 0 && a->split == 1 && !fl_train_has_val(&cfg))
         rc = fl_fail(FL_ECONFIG, "the configuration has no validation set to evaluate (%s): "
                      "--split train, or set it",

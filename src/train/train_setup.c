@@ -79,6 +79,15 @@ static fl_dataset *make_dataset(const fl_train_config *cfg, int split,
         return make_imagelist(cfg, split);
     case FL_DATA_MNIST:
         return make_mnist(cfg, split, train_set);
+    case FL_DATA_CRITEO:
+    case FL_DATA_CTR_SYNTH:
+        break; /* CTR batches are not samples of a fl_dataset: the CTR trainer reads them */
+    }
+    if (fl_data_is_ctr(cfg->data.type)) {
+        fl_fail(FL_ECONFIG, "data.type: %s is CTR data, read by the CTR trainer only (not "
+                            "--print-model or an image tool)",
+                cfg->data.type == FL_DATA_CRITEO ? "criteo" : "ctr_synth");
+        return NULL;
     }
     fl_fail(FL_ECONFIG, "data.type: %d is not a data type", cfg->data.type);
     return NULL;
@@ -147,6 +156,10 @@ static fl_net *make_net(const fl_train_config *cfg, const fl_dataset *ds, bool f
         return (fused ? fl_model_pplcnetv2_fused : fl_model_pplcnetv2)(
             FL_DTYPE_F32, ds->ndim == 3 ? ds->shape[0] : 3, small, cfg->data.classes);
     }
+    case FL_MODEL_WIDE_DEEP:
+    case FL_MODEL_DEEPFM:
+        fl_fail(FL_ECONFIG, "model.type: a CTR model is built by the CTR trainer");
+        return NULL;
     }
     fl_fail(FL_ECONFIG, "model.type: %d is not a model", cfg->model.type);
     return NULL;

@@ -2,6 +2,7 @@
  * trains on its shard of every global batch and fl_dist_minimize (backward, gradient averaging
  * as the strategy says, optimizer update) keeps the replicas in step. Set-up, evaluation and
  * progress lines live in train_setup.c, train_eval.c and train_log.c. */
+#include "train/ctr_impl.h"
 #include "train/straggler.h"
 #include "train/train_impl.h"
 
@@ -119,6 +120,12 @@ int fl_train_run(const fl_train_config *cfg, fl_train_result *result) {
     fl_train_result res = {0};
     if (fl_train_ps_is_server()) { /* parameter-server mode: this process serves the tables */
         int rc = fl_train_serve(cfg, &res.started);
+        if (result)
+            *result = res;
+        return rc;
+    }
+    if (fl_data_is_ctr(cfg->data.type)) { /* CTR models over sparse tables (ctr_trainer.c) */
+        int rc = fl_train_run_ctr(cfg, &res);
         if (result)
             *result = res;
         return rc;

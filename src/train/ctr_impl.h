@@ -1,0 +1,130 @@
+/* ctr_impl.h - what the CTR trainer's files share (docs/ctr.md "Training"): the trainer's state
+ * around the image trainer's (fleet, distributed optimizer, parameter-server client, schedule,
+ * metrics file), the CTR data sources, and the sparse tables in either architecture.
+ * Private to src/train/. */
+#ifndef FLEET_CTR_IMPL_H
+#define FLEET_CTR_IMPL_H
+
+#include "train/train_impl.h"
+
+#include "fleet/ctr.h"
+#include "fleet/infer.h"
+#include "fleet/safetensors.h"
+#include "fleet/metrics.h"
+#include "fleet/ps.h"
+#include "fleet/sparse.h"
+#include "ps/table.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Where the sparse tables live and how their rows are updated. */
+typedef enum {
+    CTR_COLLECTIVE = 0, /* a replica per worker; row gradients all-gathered every step */
+    CTR_PS_SYNC = 1,    /* on the servers, merged once per step from every worker */
+    CTR_PS_ASYNC = 2,   /* on the servers, each push applied on arrival */
+    CTR_PS_GEO = 3,     /* a local copy trained alone; differences exchanged every k steps */
+} ctr_mode;
+const char *ctr_mode_name(ctr_mode m);
+
+/* A CTR data set split of this worker: ctr_synth's samples (steps batches an epoch, the same
+ * samples every epoch) or a Criteo reader (until it ends). */
+typedef struct {
+    fl_ctr_synth     *synth;
+    fl_criteo_reader *rd;
+    fl_ctr_batch      buf;   /* ctr_synth's batch */
+    int64_t           B;     /* samples per batch of this worker */
+    int64_t           steps; /* ctr_synth: batches an epoch; criteo: -1 (until the end) */
+    int64_t           next;  /* batches taken this epoch */
+    int               rank, world;
+} ctr_source;
+
+/* Opens split 0 (training) or 1 (validation) as cfg says, for this worker; *present false
+ * when cfg has no such split (criteo without val_list, ctr_synth with val_size 0). */
+int  ctr_source_open(ctr_source *s, const fl_train_config *cfg, int split, int rank, int world,
+                     int64_t B, bool *present);
+void ctr_source_close(ctr_source *s);
+/* Back to the epoch's first batch, then `skip` batches further (a resume). */
+int  ctr_source_seek(ctr_source *s, int64_t skip);
+/* 1 with the next batch (borrowed until the next call), 0 at the end of the epoch, or the
+ * reader's error ("file:line: what"). */
+int  ctr_source_next(ctr_source *s, const fl_ctr_batch **b);
+
+/* A set of ids (geo: the rows touched since the last exchange). */
+typedef struct {
+    uint64_t *keys; /* open addressing; 0 marks a free slot, id 0 kept aside */
+    int64_t   cap, n;
+    bool      has_zero;
+} ctr_idset;
+
+typedef struct {
+    trainer        base;     /* fleet, rank, world, net (the model's), opt, dopt, ps, metrics,
+                              * sched, total_steps, start_time */
+    fl_ctr_model  *model;
+    ctr_source     train, val;
+    bool           has_val;
+    ctr_mode       mode;
+    fl_ps_rule     rule;     /* the sparse tables' */
+    fl_ps_init_rule init[FL_CTR_NTABLES];
+    double         sparse_lr;
+    fl_ps_sparse  *rep[FL_CTR_NTABLES];  /* collective: replicas; geo: the local copies */
+    fl_ps_sparse  *snap[FL_CTR_NTABLES]; /* geo: the values at the last exchange */
+    ctr_idset      touched[FL_CTR_NTABLES];
+    int64_t        geo_k, since_exchange;
+    char          *xbuf;     /* collective: this worker's ids and gradients, then everyone's */
+    size_t         xcap;
+    float         *scratch[3]; /* geo: rows of the exchange */
+    int64_t        scratch_cap;
+    double         best_auc; /* ctr_synth: the teacher's AUC on the validation samples; NAN */
+} ctr_trainer;
+
+/* The PS table number of model table t (dense table 0 is the network's block). */
+#define CTR_PS_TABLE(t) ((t) + 1)
+
+/* ctr_setup.c: the model cfg describes (its dense part initialised from train.seed); the
+ * sparse tables' rule and initializers (embedding as sparse_optimizer says, wide zeros). */
+int  ctr_build_model(const fl_train_config *cfg, fl_ctr_model **out);
+void ctr_sparse_rules(const fl_train_config *cfg, fl_ps_rule *rule,
+                      fl_ps_init_rule init[FL_CTR_NTABLES]);
+/* ctr_infer.c: fleet-eval of a CTR checkpoint st (its configuration in cfg) over split. */
+int  ctr_infer_run(const fl_train_config *cfg, const fl_safetensors *st, int split,
+                   fl_infer_result *res);
+/* ctr_setup.c: everything from cfg (joins the job first); teardown frees what was built. */
+int  ctr_setup(ctr_trainer *c, const fl_train_config *cfg);
+void ctr_teardown(ctr_trainer *c);
+
+/* ctr_sparse.c: the tables in c->mode. Declares them (PS: on the servers; else local). */
+int  ctr_tables_init(ctr_trainer *c);
+void ctr_tables_free(ctr_trainer *c);
+/* Fills the prepared batch's rows of both tables. */
+int  ctr_tables_fill(ctr_trainer *c);
+/* Applies the prepared batch's row gradients (after the model's backward) as update `step`. */
+int  ctr_tables_update(ctr_trainer *c, int64_t step);
+/* Geo: the last exchange (every worker calls it at the end). Else a no-op. */
+int  ctr_tables_finish(ctr_trainer *c, int64_t step);
+/* Rows and bytes of the tables this worker holds (replicas, geo copies; PS sync/async: none,
+ * -1: the servers are not asked). */
+void ctr_tables_size(const ctr_trainer *c, int64_t *rows, int64_t *bytes);
+
+/* ctr_checkpoint.c. Save the state at pos (collective: rank 0's file with the replicas;
+ * PS: the servers' shards through fl_ps_save, and rank 0's file of the worker state), and
+ * resume from checkpoint.resume (the same number of workers). Collective. */
+int  ctr_ckpt_save(ctr_trainer *c, const fl_train_config *cfg, const train_pos *pos);
+int  ctr_ckpt_restore(ctr_trainer *c, const fl_train_config *cfg, train_pos *pos);
+/* The step checkpoint.resume names (its fleet.step), or -1 without one: a parameter-server
+ * worker declares it before the distributed optimizer joins the tables. */
+int64_t ctr_ckpt_resume_step(const fl_train_config *cfg);
+
+/* ctr_trainer.c: evaluation over the validation split (every worker; metrics summed). */
+int  ctr_evaluate(ctr_trainer *c, fl_ctr_metrics *met);
+/* fleet-train's entry for CTR data (fl_train_run dispatches here). */
+int  fl_train_run_ctr(const fl_train_config *cfg, fl_train_result *res);
+
+/* ctr_sparse.c: the id set. */
+int  ctr_idset_add(ctr_idset *s, const uint64_t *ids, int64_t n);
+void ctr_idset_clear(ctr_idset *s);
+void ctr_idset_free(ctr_idset *s);
+/* The ids, ascending, into a malloc'd array (*n of them). FL_ENOMEM. */
+int  ctr_idset_sorted(const ctr_idset *s, uint64_t **ids, int64_t *n);
+
+#endif /* FLEET_CTR_IMPL_H */

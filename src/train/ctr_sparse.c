@@ -1,0 +1,354 @@
+/* ctr_sparse.c - the CTR model's two sparse tables ("embedding", "wide") in either
+ * architecture (docs/ctr.md "Training"):
+ *   collective: every worker holds a replica (fl_ps_sparse, the same initializer: identical
+ *     rows); each step the touched rows' gradients of all workers are all-gathered (one
+ *     allgather of sizes, one allgatherv of ids and gradients) and every worker merges them in
+ *     rank order and applies the rule once per row with the sum / W: the sync server's
+ *     computation (fl_ps_sparse_accumulate, fl_ps_sparse_apply_pending), so replicas stay
+ *     bit-identical and equal a sync PS job's tables (W = 2: bit for bit);
+ *   PS sync / async: tables 1 and 2 on the servers; rows pulled before forward, gradients
+ *     pushed after backward (sync: the servers merge the W pushes of a step and a pull waits
+ *     for them; async: applied on arrival);
+ *   PS geo: a local copy trained with the rule alone; every k steps the touched rows'
+ *     differences since the last exchange, / W, are pushed (the servers' rule is SUM) and the
+ *     servers' sums pulled back into the copy (its rule state kept), as GEO-SGD does for dense. */
+#include "train/ctr_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *ctr_mode_name(ctr_mode m) {
+    static const char *const names[] = {"collective", "ps sync", "ps async", "ps geo"};
+    return m <= CTR_PS_GEO ? names[m] : "?";
+}
+
+/* ---- the id set ---- */
+
+static inline uint64_t id_hash(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+static int idset_grow(ctr_idset *s) {
+    int64_t cap = s->cap ? s->cap * 2 : 1024;
+    uint64_t *k = calloc((size_t)cap, sizeof *k);
+    if (!k)
+        return fl_fail(FL_ENOMEM, "ctr: out of memory for an id set of %lld", (long long)cap);
+    for (int64_t i = 0; i < s->cap; i++) {
+        if (!s->keys[i])
+            continue;
+        int64_t j = (int64_t)(id_hash(s->keys[i]) & (uint64_t)(cap - 1));
+        while (k[j])
+            j = (j + 1) & (cap - 1);
+        k[j] = s->keys[i];
+    }
+    free(s->keys);
+    s->keys = k;
+    s->cap = cap;
+    return FL_OK;
+}
+
+int ctr_idset_add(ctr_idset *s, const uint64_t *ids, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] == 0) {
+            s->has_zero = true;
+            continue;
+        }
+        if ((s->n + 1) * 2 > s->cap)
+            FL_TRY(idset_grow(s));
+        int64_t j = (int64_t)(id_hash(ids[i]) & (uint64_t)(s->cap - 1));
+        while (s->keys[j] && s->keys[j] != ids[i])
+            j = (j + 1) & (s->cap - 1);
+        if (!s->keys[j]) {
+            s->keys[j] = ids[i];
+            s->n++;
+        }
+    }
+    return FL_OK;
+}
+
+void ctr_idset_clear(ctr_idset *s) {
+    if (s->keys)
+        memset(s->keys, 0, (size_t)s->cap * sizeof *s->keys);
+    s->n = 0;
+    s->has_zero = false;
+}
+
+void ctr_idset_free(ctr_idset *s) {
+    free(s->keys);
+    memset(s, 0, sizeof *s);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int ctr_idset_sorted(const ctr_idset *s, uint64_t **ids, int64_t *n) {
+    int64_t total = s->n + s->has_zero;
+    *ids = malloc((size_t)(total > 0 ? total : 1) * sizeof **ids);
+    if (!*ids)
+        return fl_fail(FL_ENOMEM, "ctr: out of memory for %lld ids", (long long)total);
+    int64_t k = 0;
+    if (s->has_zero)
+        (*ids)[k++] = 0;
+    for (int64_t i = 0; i < s->cap; i++)
+        if (s->keys[i])
+            (*ids)[k++] = s->keys[i];
+    qsort(*ids, (size_t)k, sizeof **ids, cmp_u64);
+    *n = k;
+    return FL_OK;
+}
+
+/* ---- tables ---- */
+
+int ctr_tables_init(ctr_trainer *c) {
+    fl_ctr_model *m = c->model;
+    for (int t = 0; t < FL_CTR_NTABLES; t++) {
+        int dim = fl_ctr_model_table_dim(m, t);
+        fl_ps_rule server_rule = c->rule;
+        if (c->mode == CTR_PS_GEO)
+            fl_ps_rule_defaults(&server_rule, FL_PS_RULE_SUM);
+        if (c->mode != CTR_COLLECTIVE) {
+            int rc = fl_ps_sparse_init(c->base.ps, CTR_PS_TABLE(t), dim, &server_rule,
+                                       &c->init[t]);
+            if (rc < 0)
+                return fl_fail_prefix(rc, "sparse table '%s' on the servers",
+                                      fl_ctr_model_table_name(t));
+        }
+        if (c->mode == CTR_COLLECTIVE || c->mode == CTR_PS_GEO) {
+            /* the PS table number enters the initializer's draw: the same rows everywhere */
+            FL_TRY(fl_ps_sparse_create(CTR_PS_TABLE(t), dim, &c->rule, &c->init[t], &c->rep[t]));
+        }
+        if (c->mode == CTR_PS_GEO)
+            FL_TRY(fl_ps_sparse_create(CTR_PS_TABLE(t), dim, &server_rule, &c->init[t],
+                                       &c->snap[t]));
+    }
+    c->since_exchange = 0;
+    return FL_OK;
+}
+
+void ctr_tables_free(ctr_trainer *c) {
+    for (int t = 0; t < FL_CTR_NTABLES; t++) {
+        fl_ps_sparse_free(c->rep[t]);
+        fl_ps_sparse_free(c->snap[t]);
+        ctr_idset_free(&c->touched[t]);
+        c->rep[t] = c->snap[t] = NULL;
+    }
+    free(c->xbuf);
+    c->xbuf = NULL;
+    c->xcap = 0;
+    for (int i = 0; i < 3; i++) {
+        free(c->scratch[i]);
+        c->scratch[i] = NULL;
+    }
+    c->scratch_cap = 0;
+}
+
+int ctr_tables_fill(ctr_trainer *c) {
+    for (int t = 0; t < FL_CTR_NTABLES; t++) {
+        fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
+        int rc = c->rep[t] ? fl_ps_sparse_pull_rows(c->rep[t], r->ids, r->n, r->rows)
+                           : fl_ps_sparse_pull(c->base.ps, CTR_PS_TABLE(t), r->ids, r->n,
+                                               r->rows);
+        if (rc < 0)
+            return fl_fail_prefix(rc, "pulling %lld rows of sparse table '%s'", (long long)r->n,
+                                  fl_ctr_model_table_name(t));
+    }
+    return FL_OK;
+}
+
+static int xbuf_reserve(ctr_trainer *c, size_t bytes) {
+    if (bytes <= c->xcap)
+        return FL_OK;
+    size_t cap = c->xcap ? c->xcap : 4096;
+    while (cap < bytes)
+        cap *= 2;
+    char *p = realloc(c->xbuf, cap);
+    if (!p)
+        return fl_fail(FL_ENOMEM, "ctr: out of memory for %zu bytes of row gradients", cap);
+    c->xbuf = p;
+    c->xcap = cap;
+    return FL_OK;
+}
+
+/* Bytes of one table's part of a worker's message: n (8), ids, gradients padded to 8. */
+static size_t part_bytes(int64_t n, int dim) {
+    return 8 + (size_t)n * 8 + (((size_t)n * (size_t)dim * 4 + 7) & ~(size_t)7);
+}
+
+/* Collective: all-gathers every worker's (ids, gradients) of both tables and applies them, in
+ * rank order, as the sync servers do. */
+static int exchange_collective(ctr_trainer *c) {
+    fl_comm *comm = fl_fleet_comm(c->base.fleet);
+    int W = c->base.world;
+    size_t mine = 0;
+    for (int t = 0; t < FL_CTR_NTABLES; t++) {
+        fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
+        mine += part_bytes(r->n, r->dim);
+    }
+    int64_t *sizes = calloc((size_t)W, sizeof *sizes);
+    size_t *counts = calloc((size_t)W, sizeof *counts);
+    if (!sizes || !counts) {
+        free(sizes);
+        free(counts);
+        return fl_fail(FL_ENOMEM, "ctr: out of memory");
+    }
+    int64_t my = (int64_t)mine;
+    int rc = W > 1 ? fl_comm_allgather(comm, &my, sizes, 1, FL_DTYPE_I64) : FL_OK;
+    if (W == 1)
+        sizes[0] = my;
+    size_t total = 0;
+    for (int w = 0; w < W && rc >= 0; w++) {
+        counts[w] = (size_t)sizes[w] / 8;
+        total += (size_t)sizes[w];
+    }
+    if (rc >= 0)
+        rc = xbuf_reserve(c, total + mine);
+    if (rc >= 0) {
+        /* this worker's message after everyone's */
+        char *p = c->xbuf + total;
+        for (int t = 0; t < FL_CTR_NTABLES; t++) {
+            fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
+            memcpy(p, &r->n, 8);
+            memcpy(p + 8, r->ids, (size_t)r->n * 8);
+            size_t g = (size_t)r->n * (size_t)r->dim * 4;
+            memcpy(p + 8 + (size_t)r->n * 8, r->grads, g);
+            memset(p + 8 + (size_t)r->n * 8 + g, 0, part_bytes(r->n, r->dim) - 8 -
+                                                        (size_t)r->n * 8 - g);
+            p += part_bytes(r->n, r->dim);
+        }
+        if (W > 1)
+            rc = fl_comm_allgatherv(comm, c->xbuf + total, c->xbuf, counts, FL_DTYPE_I64);
+        else
+            memcpy(c->xbuf, c->xbuf + total, mine);
+    }
+    if (rc < 0) {
+        free(sizes);
+        free(counts);
+        return fl_fail_prefix(rc, "all-gathering the sparse rows' gradients");
+    }
+    /* merge in rank order, then one update per row */
+    const char *p = c->xbuf;
+    for (int w = 0; w < W && rc >= 0; w++) {
+        const char *end = p + sizes[w];
+        for (int t = 0; t < FL_CTR_NTABLES && rc >= 0; t++) {
+            int dim = fl_ps_sparse_dim(c->rep[t]);
+            int64_t n;
+            memcpy(&n, p, 8);
+            if (n < 0 || p + part_bytes(n, dim) > end) {
+                rc = fl_fail(FL_EPEER, "worker %d sent a malformed set of row gradients", w);
+                break;
+            }
+            rc = fl_ps_sparse_accumulate(c->rep[t], (const uint64_t *)(p + 8), n,
+                                         (const float *)(p + 8 + (size_t)n * 8));
+            p += part_bytes(n, dim);
+        }
+    }
+    for (int t = 0; t < FL_CTR_NTABLES && rc >= 0; t++)
+        rc = fl_ps_sparse_apply_pending(c->rep[t], c->sparse_lr, 1.0 / W);
+    free(sizes);
+    free(counts);
+    return rc < 0 ? fl_fail_prefix(rc, "updating the sparse replicas") : FL_OK;
+}
+
+static int scratch_reserve(ctr_trainer *c, int64_t floats) {
+    if (floats <= c->scratch_cap)
+        return FL_OK;
+    for (int i = 0; i < 3; i++) {
+        float *p = realloc(c->scratch[i], (size_t)floats * sizeof *p);
+        if (!p)
+            return fl_fail(FL_ENOMEM, "ctr: out of memory for %lld rows' values",
+                           (long long)floats);
+        c->scratch[i] = p;
+    }
+    c->scratch_cap = floats;
+    return FL_OK;
+}
+
+/* Geo: pushes (copy - snapshot) / W of every touched row, pulls the servers' sums, folds them
+ * into the copy (keeping its rule state) and takes them as the new snapshot. */
+static int geo_exchange(ctr_trainer *c, int64_t step) {
+    int W = c->base.world;
+    for (int t = 0; t < FL_CTR_NTABLES; t++) {
+        uint64_t *ids;
+        int64_t n;
+        FL_TRY(ctr_idset_sorted(&c->touched[t], &ids, &n));
+        int dim = fl_ps_sparse_dim(c->rep[t]);
+        int rc = scratch_reserve(c, n * dim);
+        float *local = c->scratch[0], *snap = c->scratch[1], *fresh = c->scratch[2];
+        if (rc >= 0)
+            rc = fl_ps_sparse_pull_rows(c->rep[t], ids, n, local);
+        if (rc >= 0)
+            rc = fl_ps_sparse_pull_rows(c->snap[t], ids, n, snap);
+        if (rc >= 0) {
+            for (int64_t i = 0; i < n * dim; i++)
+                snap[i] = (local[i] - snap[i]) / (float)W;
+            rc = fl_ps_sparse_push(c->base.ps, CTR_PS_TABLE(t), step, 0.0, ids, n, snap);
+        }
+        if (rc >= 0)
+            rc = fl_ps_sparse_pull(c->base.ps, CTR_PS_TABLE(t), ids, n, fresh);
+        if (rc >= 0) {
+            for (int64_t i = 0; i < n * dim; i++)
+                local[i] = fresh[i] - local[i];
+            rc = fl_ps_sparse_add_rows(c->rep[t], ids, n, local);
+        }
+        for (int64_t i = 0; i < n && rc >= 0; i++)
+            rc = fl_ps_sparse_put(c->snap[t], ids[i], fresh + i * dim, NULL);
+        free(ids);
+        if (rc < 0)
+            return fl_fail_prefix(rc, "geo exchange of sparse table '%s'",
+                                  fl_ctr_model_table_name(t));
+        ctr_idset_clear(&c->touched[t]);
+    }
+    c->since_exchange = 0;
+    return FL_OK;
+}
+
+int ctr_tables_update(ctr_trainer *c, int64_t step) {
+    switch (c->mode) {
+    case CTR_COLLECTIVE:
+        return exchange_collective(c);
+    case CTR_PS_SYNC:
+    case CTR_PS_ASYNC:
+        for (int t = 0; t < FL_CTR_NTABLES; t++) {
+            fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
+            int rc = fl_ps_sparse_push(c->base.ps, CTR_PS_TABLE(t), step, c->sparse_lr, r->ids,
+                                       r->n, r->grads);
+            if (rc < 0)
+                return fl_fail_prefix(rc, "pushing %lld rows of sparse table '%s'",
+                                      (long long)r->n, fl_ctr_model_table_name(t));
+        }
+        return FL_OK;
+    case CTR_PS_GEO:
+        for (int t = 0; t < FL_CTR_NTABLES; t++) {
+            fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
+            FL_TRY(fl_ps_sparse_push_rows(c->rep[t], r->ids, r->n, r->grads, c->sparse_lr));
+            FL_TRY(ctr_idset_add(&c->touched[t], r->ids, r->n));
+        }
+        if (++c->since_exchange >= c->geo_k)
+            return geo_exchange(c, step);
+        return FL_OK;
+    }
+    return FL_OK;
+}
+
+int ctr_tables_finish(ctr_trainer *c, int64_t step) {
+    if (c->mode != CTR_PS_GEO || c->since_exchange == 0)
+        return FL_OK;
+    return geo_exchange(c, step);
+}
+
+void ctr_tables_size(const ctr_trainer *c, int64_t *rows, int64_t *bytes) {
+    *rows = *bytes = 0;
+    if (!c->rep[0]) {
+        *rows = *bytes = -1;
+        return;
+    }
+    for (int t = 0; t < FL_CTR_NTABLES; t++) {
+        *rows += fl_ps_sparse_rows(c->rep[t]);
+        *bytes += (int64_t)fl_ps_sparse_bytes(c->rep[t]);
+    }
+}
