@@ -7,6 +7,7 @@
 #     join: a stranger, an older fleetrun's HELLO (token in the clear), a replay of node 1's
 #     recorded AUTH and PROOF and a fleetrun with a wrong token are refused, each named by its
 #     address, while the job runs on and ends 0;
+#     a worker that fails on node 1 is restarted and given up on through the sealed lines;
 #  2. one byte changed in a sealed line, either way (node 1's HELLO; the coordinator's GO):
 #     the job ends with status 1 on both nodes, naming node 1;
 #  3. one byte changed in the coordinator's proof: node 1 refuses the coordinator.
@@ -48,10 +49,11 @@ done
 cport=$((base - 1)) rport=$((base - 2)) # the coordinator's port, the relay's
 ips=(--ips 127.0.0.1,127.0.0.2 --started_port "$base" --max_restarts 1 --node_timeout 3)
 
-# node NAME NODE_IP COORD_PORT SECONDS: one node of one worker that sleeps, in background
+# node NAME NODE_IP COORD_PORT SECONDS [SHELL-COMMAND]: one node of one worker that sleeps
+# (or runs the command), in background
 node() {
   FLEET_NODE_NAME=$1 timeout 60 "$run" "${ips[@]}" --node_ip "$2" --coord_port "$3" \
-    --nproc_per_node 1 --log_dir "$1.log" sh -c "sleep $4" >"$1.out" 2>&1 &
+    --nproc_per_node 1 --log_dir "$1.log" sh -c "${5:-sleep $4}" >"$1.out" 2>&1 &
 }
 # relay NAME [--flip DIR:N]: node 1's way to the coordinator, recorded in NAME.cap.up/.down
 relay() {
@@ -97,6 +99,19 @@ check "a wrong token: refused ($rcw)" test $rcw -eq 1
 check "a wrong token: told so" grep -q "the coordinator at 127.0.0.1:$cport refused this node: its proof of the job token is wrong" wrong1.out
 check "a wrong token: no worker started" test ! -s wrong1.log/workerlog.0
 check "the job did not restart" bash -c "! grep -q 'restart 1' ok0.out ok1.out"
+
+# ... and a failure on node 1, through the relay: FAIL, STOP, EXIT, a restart's GO and the END
+relay fail
+node fail0 127.0.0.1 "$cport" 30
+n0=$!
+node fail1 127.0.0.2 "$rport" 30 "exit 3"
+n1=$!
+wait $n0; rc0=$?; wait $n1; rc1=$?
+relay_stop
+check "a failing worker: both nodes exit 3 ($rc0, $rc1)" test $rc0 -eq 3 -a $rc1 -eq 3
+check "a failing worker: restarted once, then given up" grep -q "giving up: the job failed again after 1 restart(s) (--max_restarts 1): node 1 (127.0.0.2): worker 0 (rank 1) exited with code 3" fail0.out
+check "a failing worker: node 0's worker stopped in both rounds" test "$(grep -c "stopping this node's 1 worker(s)" fail0.out)" -eq 2
+check "a failing worker: sealed FAIL lines crossed" test "$(grep -cE '^[0-9a-f]{64} FAIL [01] 3 0' fail.cap.up)" -eq 2
 
 # 2. one byte changed in a sealed line: node 1's HELLO, then the coordinator's GO
 relay up --flip up:3

@@ -1029,7 +1029,8 @@ static void run_tampered(int mode, int encrypt, tamper_rank *tr, relay *rl) {
     pthread_create(&rt, NULL, relay_main, rl);
     for (int r = 0; r < 2; r++) {
         /* rank 0 late: rank 1, done sending, waits on it and sends keepalives every 0.75 s */
-        tr[r] = (tamper_rank){.j = &j, .rank = r, .sleep_s = r == 0 && mode >= T_KA_OK ? 1.8 : 0};
+        tr[r] = (tamper_rank){.j = &j, .rank = r,
+                              .sleep_s = r == 0 && mode >= T_KA_OK ? 1.8 : 0};
         pthread_create(&th[r], NULL, tamper_rank_main, &tr[r]);
     }
     for (int r = 0; r < 2; r++)
@@ -1114,8 +1115,10 @@ static void test_encrypted(void) {
         }
         CHECK(tr[0].rc == FL_EPEER);
         CHECK(strstr(tr[0].msg, "rank 1 (") != NULL);
-        CHECK(strstr(tr[0].msg, mode == T_KA_FORGE ? "keepalive that fails authentication"
-                                                   : "sent keepalive 0 again or out of order (the last was 0)") != NULL);
+        const char *want = mode == T_KA_FORGE
+                               ? "keepalive that fails authentication"
+                               : "sent keepalive 0 again or out of order (the last was 0)";
+        CHECK(strstr(tr[0].msg, want) != NULL);
         CHECK(tr[1].rc < 0);
     }
     fl_log_set_level(FL_LOG_INFO);

@@ -8,8 +8,10 @@
  *              (numbers as 4 bytes little-endian; nonces 32 fresh random bytes of each side)
  *   proof of the member      = HMAC-SHA256(K_auth, T("fleetrun member"))
  *   proof of the coordinator = HMAC-SHA256(K_auth, T("fleetrun coord"))
- *   key of member -> coord   = HKDF-SHA256(K_lines, salt nonce_m || nonce_c, info T("fleetrun m>c"))
- *   key of coord -> member   = HKDF-SHA256(K_lines, salt nonce_m || nonce_c, info T("fleetrun c>m"))
+ *   key of member -> coord   = HKDF-SHA256(K_lines, salt nonce_m || nonce_c,
+ *                                          info T("fleetrun m>c"))
+ *   key of coord -> member   = HKDF-SHA256(K_lines, salt nonce_m || nonce_c,
+ *                                          info T("fleetrun c>m"))
  *   a sealed line            = hex(HMAC-SHA256(key of its direction, seq || text)) " " text
  *
  * seq counts the lines of a direction from 0 (8 bytes little-endian) and is not sent: a changed,

@@ -4,9 +4,9 @@
  * output.c (worker output, failure reports), supervise.c (the event loop), restart.c (the
  * restart policy of --max_restarts on one node), coord.c (node 0's coordinator of the rounds
  * of a job of several nodes), member.c (every node's side of it), lines.c (the line protocol
- * between them), auth.c (its challenge-response and sealed lines), bind.c (--bind_to core), ps.c (parameter-server mode: the servers' and
- * workers' endpoints and which of them run here), messages.c (fleetrun's own messages),
- * main.c. */
+ * between them), auth.c (its challenge-response and sealed lines), bind.c (--bind_to core),
+ * ps.c (parameter-server mode: the servers' and workers' endpoints and which of them run
+ * here), messages.c (fleetrun's own messages), main.c. */
 #include <poll.h>
 #ifndef FLEETRUN_H
 #define FLEETRUN_H

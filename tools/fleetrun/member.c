@@ -319,9 +319,10 @@ void fr_member_failed(job *j) {
         return;
     char how[64];
     fr_describe_status(w->status, how, sizeof how);
-    fr_send_sealed(j->coord_fd, &j->coord_auth, "FAIL %d %d %d\tnode %d (%s): worker %d (rank %d) %s", j->round,
-                 j->exit_code, WIFSIGNALED(w->status) && !ours ? 1 : 0, j->node,
-                 j->o.ips[j->node], j->cause, w->rank, how);
+    fr_send_sealed(j->coord_fd, &j->coord_auth,
+                   "FAIL %d %d %d\tnode %d (%s): worker %d (rank %d) %s", j->round, j->exit_code,
+                   WIFSIGNALED(w->status) && !ours ? 1 : 0, j->node, j->o.ips[j->node], j->cause,
+                   w->rank, how);
 }
 
 void fr_member_exited(job *j) {
@@ -332,6 +333,6 @@ void fr_member_exited(job *j) {
         for (int i = 0; i < j->nstarted; i++)
             if (j->w[i].reaped && j->w[i].status != 0)
                 how = "failed";
-    fr_send_sealed(j->coord_fd, &j->coord_auth, "EXIT %d %d %s", j->round, j->exit_code > 0 ? j->exit_code : 0,
-                 how);
+    fr_send_sealed(j->coord_fd, &j->coord_auth, "EXIT %d %d %s", j->round,
+                   j->exit_code > 0 ? j->exit_code : 0, how);
 }
