@@ -22,6 +22,7 @@
 #ifndef FLEET_FLEET_H
 #define FLEET_FLEET_H
 
+#include "fleet/auth.h"
 #include "fleet/comm.h"
 #include "fleet/config.h"
 #include "fleet/ctr.h"

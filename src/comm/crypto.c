@@ -99,20 +99,21 @@ void fl_aead_free(fl_aead *a) {
     free(a);
 }
 
-/* 96-bit nonce: 4 zero bytes, then the sequence number little-endian. Keys differ per
- * connection and direction, and a direction's sequence numbers never repeat. */
-static void nonce_of(uint64_t seq, uint8_t iv[12]) {
-    memset(iv, 0, 4);
+/* 96-bit nonce: the nonce space (crypto.h) in 4 bytes, then the number, little-endian. Keys
+ * differ per connection and direction, and a direction's numbers never repeat in a space. */
+static void nonce_of(uint32_t space, uint64_t seq, uint8_t iv[12]) {
+    for (int i = 0; i < 4; i++)
+        iv[i] = (uint8_t)(space >> (8 * i));
     for (int i = 0; i < 8; i++)
         iv[4 + i] = (uint8_t)(seq >> (8 * i));
 }
 
 /* One AEAD pass; enc 1 seals, 0 opens. Lengths above INT_MAX go in INT_MAX pieces. */
-static int pass(fl_aead *a, int enc, uint64_t seq, const uint8_t *aad, size_t aadlen,
-                const uint8_t *in, uint8_t *out, size_t n, uint8_t *tag) {
+static int pass(fl_aead *a, int enc, uint32_t space, uint64_t seq, const uint8_t *aad,
+                size_t aadlen, const uint8_t *in, uint8_t *out, size_t n, uint8_t *tag) {
     uint8_t iv[12];
     int len;
-    nonce_of(seq, iv);
+    nonce_of(space, seq, iv);
     if (EVP_CipherInit_ex(a->ctx, NULL, NULL, NULL, iv, enc) != 1)
         return -1;
     if (aadlen && EVP_CipherUpdate(a->ctx, NULL, &len, aad, (int)aadlen) != 1)
@@ -134,7 +135,7 @@ static int pass(fl_aead *a, int enc, uint64_t seq, const uint8_t *aad, size_t aa
 
 int fl_aead_seal(fl_aead *a, uint64_t seq, const uint8_t *aad, size_t aadlen, const uint8_t *in,
                  uint8_t *out, size_t n, uint8_t tag[FL_CRYPTO_TAG]) {
-    if (pass(a, 1, seq, aad, aadlen, in, out, n, tag) < 0)
+    if (pass(a, 1, FL_AEAD_FRAMES, seq, aad, aadlen, in, out, n, tag) < 0)
         return fl_fail(FL_EIO, "comm: %s encryption failed (OpenSSL)",
                        fl_aead_cipher_name(a->cipher));
     return 0;
@@ -144,5 +145,20 @@ int fl_aead_open(fl_aead *a, uint64_t seq, const uint8_t *aad, size_t aadlen, ui
                  size_t n, const uint8_t tag[FL_CRYPTO_TAG]) {
     uint8_t t[FL_CRYPTO_TAG];
     memcpy(t, tag, sizeof t);
-    return pass(a, 0, seq, aad, aadlen, buf, buf, n, t);
+    return pass(a, 0, FL_AEAD_FRAMES, seq, aad, aadlen, buf, buf, n, t);
+}
+
+int fl_aead_seal_empty(fl_aead *a, uint32_t space, uint64_t n, const uint8_t *aad,
+                       size_t aadlen, uint8_t tag[FL_CRYPTO_TAG]) {
+    uint8_t none[1] = {0};
+    if (pass(a, 1, space, n, aad, aadlen, none, none, 0, tag) < 0)
+        return fl_fail(FL_EIO, "comm: %s failed (OpenSSL)", fl_aead_cipher_name(a->cipher));
+    return 0;
+}
+
+int fl_aead_open_empty(fl_aead *a, uint32_t space, uint64_t n, const uint8_t *aad,
+                       size_t aadlen, const uint8_t tag[FL_CRYPTO_TAG]) {
+    uint8_t none[1] = {0}, t[FL_CRYPTO_TAG];
+    memcpy(t, tag, sizeof t);
+    return pass(a, 0, space, n, aad, aadlen, none, none, 0, t);
 }

@@ -1,7 +1,8 @@
 /* crypto.h - the few cryptographic primitives the tcp transport needs, all from OpenSSL's
  * libcrypto (no hand-written primitives): random bytes, HMAC-SHA256, HKDF-SHA256 (RFC 5869)
  * and an AEAD per connection and direction (AES-256-GCM, or ChaCha20-Poly1305 where the CPU
- * has no AES instructions) whose 96-bit nonce is the frame's 64-bit sequence number. Private
+ * has no AES instructions) whose 96-bit nonce is the frame's 64-bit sequence number (or a
+ * keepalive's counter, in a nonce space of its own). Private
  * to src/comm. */
 #ifndef FLEET_CRYPTO_H
 #define FLEET_CRYPTO_H
@@ -46,7 +47,12 @@ int  fl_aead_create(fl_aead_cipher cipher, const uint8_t key[FL_CRYPTO_KEY], fl_
 /* Wipes the key (OPENSSL_cleanse) and frees. NULL is a no-op. */
 void fl_aead_free(fl_aead *a);
 
-/* Encrypts buf[n] in place (out may equal in) under nonce = seq, authenticating aad[aadlen]
+/* Nonce spaces under one key (the nonce's first 4 bytes): frames use their sequence number in
+ * FL_AEAD_FRAMES, keepalives their own counter in FL_AEAD_KEEPALIVES, so the two never share a
+ * nonce. */
+enum { FL_AEAD_FRAMES = 0, FL_AEAD_KEEPALIVES = 1 };
+
+/* Encrypts buf[n] in place (out may equal in) under nonce (FL_AEAD_FRAMES, seq), authenticating aad[aadlen]
  * too; writes the tag. in and out may be the same buffer or disjoint. 0 or FL_EIO. */
 int fl_aead_seal(fl_aead *a, uint64_t seq, const uint8_t *aad, size_t aadlen, const uint8_t *in,
                  uint8_t *out, size_t n, uint8_t tag[FL_CRYPTO_TAG]);
@@ -54,5 +60,13 @@ int fl_aead_seal(fl_aead *a, uint64_t seq, const uint8_t *aad, size_t aadlen, co
  * holds garbage and must not be used). */
 int fl_aead_open(fl_aead *a, uint64_t seq, const uint8_t *aad, size_t aadlen, uint8_t *buf,
                  size_t n, const uint8_t tag[FL_CRYPTO_TAG]);
+/* A tag over aad alone (an empty payload) under nonce (space, n): authenticates a message
+ * that has nothing secret (a keepalive). The caller never uses an n twice in a space. 0 or
+ * FL_EIO. */
+int fl_aead_seal_empty(fl_aead *a, uint32_t space, uint64_t n, const uint8_t *aad,
+                       size_t aadlen, uint8_t tag[FL_CRYPTO_TAG]);
+/* 0 when tag is fl_aead_seal_empty's for the same space, n and aad under this key; -1 when not. */
+int fl_aead_open_empty(fl_aead *a, uint32_t space, uint64_t n, const uint8_t *aad,
+                       size_t aadlen, const uint8_t tag[FL_CRYPTO_TAG]);
 
 #endif /* FLEET_CRYPTO_H */

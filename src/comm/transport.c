@@ -61,8 +61,12 @@ typedef struct {
     char     name[FL_ENDPOINT_MAX + 32]; /* "rank 3 (127.0.0.1:6173)" */
     uint64_t send_seq, recv_seq;         /* next frame's sequence number, per direction */
     uint64_t send_left;                  /* bytes of a frame a failure cut short */
-    uint8_t  hdr[HDR];                   /* the next frame header, maybe read ahead of its op */
+    uint8_t  hdr[FL_WIRE_KEEPALIVE_SEALED]; /* the next frame header, maybe read ahead of its
+                                         * op (and an encrypted keepalive's counter and tag) */
     size_t   hdr_got;
+    bool     in_keepalive;               /* hdr is an encrypted keepalive, its tail on the way */
+    uint64_t ka_sent;                    /* encrypted: keepalives sealed to this peer */
+    uint64_t ka_next;                    /* encrypted: the least keepalive counter accepted */
     bool     hdr_counted;                /* hdr is complete and in the byte counters */
     bool     in_abort;                   /* hdr is an ABORT whose message is being read */
     size_t   abort_got;
@@ -233,6 +237,39 @@ static bool would_block(ssize_t k) {
     return k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
 }
 
+/* The header in c->hdr is a keepalive on an encrypted connection: reads its counter and tag
+ * and checks them (wire.h). HDR_DATA when it is authentic, HDR_BLOCKED while its bytes are on
+ * the way, else a failure naming the peer (or HDR_GOODBYE). */
+static int keepalive_tail(fl_transport *t, int p, bool watching) {
+    conn *c = &t->conns[p];
+    c->in_keepalive = true;
+    while (c->hdr_got < FL_WIRE_KEEPALIVE_SEALED) {
+        ssize_t k = recv(c->fd, c->hdr + c->hdr_got, FL_WIRE_KEEPALIVE_SEALED - c->hdr_got, 0);
+        if (would_block(k))
+            return HDR_BLOCKED;
+        if (k <= 0)
+            return read_error(t, p, k, !watching || c->hdr_got > 0) < 0 ? t->fail_code
+                                                                         : HDR_GOODBYE;
+        c->hdr_got += (size_t)k;
+    }
+    c->in_keepalive = false;
+    uint64_t n = 0;
+    char reason[160];
+    if (fl_wire_keepalive_parse(c->hdr, c->hdr_got, c->recv_seq, &n, reason, sizeof reason) !=
+        FL_WIRE_OK)
+        return fail_local(t, FL_EPEER, p, "%s sent a malformed keepalive: %s", c->name, reason);
+    if (fl_aead_open_empty(c->rx, FL_AEAD_KEEPALIVES, n, c->hdr, FL_WIRE_KEEPALIVE_BODY,
+                           c->hdr + FL_WIRE_KEEPALIVE_BODY) < 0)
+        return fail_local(t, FL_EPEER, p, "%s sent a keepalive that fails authentication "
+                          "(forged or changed on the way)", c->name);
+    if (n < c->ka_next)
+        return fail_local(t, FL_EPEER, p, "%s sent keepalive %llu again or out of order (the "
+                          "last was %llu): replayed on the way", c->name, (unsigned long long)n,
+                          (unsigned long long)c->ka_next - 1);
+    c->ka_next = n + 1;
+    return HDR_DATA;
+}
+
 /* Reads the next frame header from peer p and, for an ABORT, its message; keepalives are
  * consumed on the way (*alive set). want_len: the DATA length the caller expects, or
  * FL_WIRE_LEN_ANY when only watching for aborts (then a DATA header stays in c->hdr for the
@@ -259,6 +296,11 @@ static int read_header(fl_transport *t, int p, uint64_t want_len, bool *alive) {
         if (st != FL_WIRE_OK)
             return fail_local(t, FL_EPEER, p, "%s sent a malformed frame: %s", c->name, reason);
         if (f.type == FL_WIRE_KEEPALIVE) { /* does not use up a sequence number */
+            if (c->rx) {
+                int rc = keepalive_tail(t, p, watching);
+                if (rc != HDR_DATA)
+                    return rc;
+            }
             c->hdr_got = 0;
             *alive = true;
             continue;
@@ -564,7 +606,8 @@ static double grace_s(const fl_transport *t) {
     return v > 10 ? 10 : v;
 }
 
-/* Sends a keepalive to every peer whose send queue is empty (so the 24 bytes go whole, and a
+/* Sends a keepalive to every peer whose send queue is empty (so its 24 bytes, 48 encrypted, go
+ * whole, and a
  * peer that is not reading from us is not waiting on us either), except the one this call is
  * still sending to. Not counted in the byte counters: those depend only on the collectives. */
 static void send_keepalives(fl_transport *t, int to, bool sending) {
@@ -574,10 +617,19 @@ static void send_keepalives(fl_transport *t, int to, bool sending) {
         if (p == t->rank || c->fd < 0 || c->closed || c->send_left || (p == to && sending) ||
             ioctl(c->fd, SIOCOUTQ, &queued) < 0 || queued != 0)
             continue;
-        uint8_t hdr[HDR];
-        fl_wire_frame_encode(hdr, FL_WIRE_KEEPALIVE, c->send_seq, 0);
-        ssize_t k = send(c->fd, hdr, HDR, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0 && k < (ssize_t)HDR) { /* cannot happen on an empty queue; never resume it */
+        uint8_t ka[FL_WIRE_KEEPALIVE_SEALED];
+        size_t n = HDR;
+        if (c->tx) { /* a counter never sealed before: no nonce is used twice (wire.h) */
+            fl_wire_keepalive_encode(ka, c->send_seq, c->ka_sent);
+            if (fl_aead_seal_empty(c->tx, FL_AEAD_KEEPALIVES, c->ka_sent++, ka,
+                                   FL_WIRE_KEEPALIVE_BODY, ka + FL_WIRE_KEEPALIVE_BODY) < 0)
+                continue;
+            n = FL_WIRE_KEEPALIVE_SEALED;
+        } else {
+            fl_wire_frame_encode(ka, FL_WIRE_KEEPALIVE, c->send_seq, 0);
+        }
+        ssize_t k = send(c->fd, ka, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0 && k < (ssize_t)n) { /* cannot happen on an empty queue; never resume it */
             FL_WARN("comm: rank %d: keepalive to %s cut short", t->rank, c->name);
             c->closed = true;
         }
@@ -587,7 +639,8 @@ static void send_keepalives(fl_transport *t, int to, bool sending) {
 /* Watches peer p (not one this call moves data with) for an abort notice. */
 static bool watchable(const fl_transport *t, int p) {
     const conn *c = &t->conns[p];
-    return p != t->rank && c->fd >= 0 && !c->closed && (c->hdr_got < HDR || c->in_abort);
+    return p != t->rank && c->fd >= 0 && !c->closed &&
+           (c->hdr_got < HDR || c->in_abort || c->in_keepalive);
 }
 
 int fl_transport_sendrecv(fl_transport *t, int to, const void *sbuf, size_t sbytes, int from,

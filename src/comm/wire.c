@@ -297,6 +297,28 @@ int fl_wire_frame_parse(const uint8_t *buf, size_t n, uint64_t want_seq, uint64_
     return FL_WIRE_OK;
 }
 
+void fl_wire_keepalive_encode(uint8_t out[FL_WIRE_KEEPALIVE_BODY], uint64_t seq,
+                              uint64_t counter) {
+    fl_wire_frame_encode(out, FL_WIRE_KEEPALIVE, seq, 0);
+    put64(out + FL_WIRE_FRAME_SIZE, counter);
+}
+
+int fl_wire_keepalive_parse(const uint8_t *buf, size_t n, uint64_t want_seq, uint64_t *counter,
+                            char *reason, size_t cap) {
+    fl_wire_frame f;
+    int st = fl_wire_frame_parse(buf, n, want_seq, 0, 0, &f, reason, cap);
+    if (st != FL_WIRE_OK)
+        return st;
+    if (f.type != FL_WIRE_KEEPALIVE)
+        return refuse(FL_WIRE_BAD_TYPE, reason, cap, "frame type %u, expected a keepalive",
+                      (unsigned)f.type);
+    if (n < FL_WIRE_KEEPALIVE_BODY)
+        return refuse(FL_WIRE_TRUNCATED, reason, cap, "truncated keepalive (%zu of %d bytes)", n,
+                      FL_WIRE_KEEPALIVE_BODY);
+    *counter = get64(buf + FL_WIRE_FRAME_SIZE);
+    return FL_WIRE_OK;
+}
+
 /* ---- same-host upgrade ---- */
 
 static int magic_ok(const uint8_t *buf, size_t n, size_t need, uint32_t magic, const char *what,

@@ -26,7 +26,13 @@
  *   frame header (every later message, 24 B): 0 magic "FLFR" | 4 type u32 | 8 seq u64 |
  *                                         16 payload length u64 (DATA=1, ABORT=2, KEEPALIVE=3)
  *   On an encrypted connection the payload of DATA and ABORT frames is ciphertext followed by
- *   a 16-byte AEAD tag (not counted in the length; the header is the associated data).
+ *   a 16-byte AEAD tag (not counted in the length; the header is the associated data), and a
+ *   KEEPALIVE (length 0) is followed by 24 bytes, 48 in all: 24 counter u64 | 32 AEAD tag, 16 B
+ *   (over no payload; header and counter are the associated data; nonce: the counter in the
+ *   keepalives' own nonce space, crypto.h). The counter starts at 0 per connection and
+ *   direction and rises by one per keepalive sealed; a receiver accepts only a counter above
+ *   the last it accepted, so a keepalive cannot be forged or replayed (one lost on the way is
+ *   no harm).
  * A frame's magic differs from the handshake's, so a frame sent where a handshake belongs is
  * refused at its first four bytes. */
 #ifndef FLEET_WIRE_H
@@ -63,7 +69,8 @@
 
 /* Frame types. KEEPALIVE (no payload) is what a rank blocked in the transport sends its peers
  * now and then, so that a rank waiting on it can tell "alive but waiting on someone else" from
- * "silent"; it carries the next sequence number without using it up. */
+ * "silent"; it carries the next sequence number without using it up (and, encrypted, a
+ * counter and tag of its own: above). */
 enum { FL_WIRE_DATA = 1, FL_WIRE_ABORT = 2, FL_WIRE_KEEPALIVE = 3 };
 
 /* Why a parser refused (also the status an acceptor sends back in its reply). */
@@ -160,6 +167,17 @@ void fl_wire_frame_encode(uint8_t out[FL_WIRE_FRAME_SIZE], uint32_t type, uint64
  * KEEPALIVE 0. */
 int fl_wire_frame_parse(const uint8_t *buf, size_t n, uint64_t want_seq, uint64_t want_len,
                         uint64_t max_any, fl_wire_frame *out, char *reason, size_t cap);
+
+/* A keepalive on an encrypted connection: header and counter (the caller appends the tag). */
+#define FL_WIRE_KEEPALIVE_BODY (FL_WIRE_FRAME_SIZE + 8)
+#define FL_WIRE_KEEPALIVE_SEALED (FL_WIRE_KEEPALIVE_BODY + 16)
+void fl_wire_keepalive_encode(uint8_t out[FL_WIRE_KEEPALIVE_BODY], uint64_t seq,
+                              uint64_t counter);
+/* Parses one: a KEEPALIVE header with seq == want_seq (as fl_wire_frame_parse), then its
+ * counter into *counter. FL_WIRE_TRUNCATED while fewer than FL_WIRE_KEEPALIVE_BODY bytes,
+ * FL_WIRE_BAD_TYPE for another frame type. The tag is checked by the caller. */
+int fl_wire_keepalive_parse(const uint8_t *buf, size_t n, uint64_t want_seq, uint64_t *counter,
+                            char *reason, size_t cap);
 
 /* ---- same-host upgrade (local.c), after the handshake, on the TCP connection ----
  *   offer    (lower rank -> higher, 48 B): 0 magic "FLLO" | 4 has_unix u32 (0/1) |

@@ -1,8 +1,8 @@
 /* fuzz_wire.c - libFuzzer target for the tcp transport's wire parsers (src/comm/wire.c:
  * version 2's hello (collective, rendezvous and message connections), challenge, proof and
- * reply, frame headers, same-host messages, endpoints): arbitrary bytes go through every
- * parser, and whatever a parser accepts must satisfy its contract (fields in range,
- * re-encoding gives back the same bytes). Built by tests/fuzz/CMakeLists.txt with clang
+ * reply, frame headers, encrypted keepalives, same-host messages, endpoints): arbitrary bytes
+ * go through every parser, and whatever a parser accepts must satisfy its contract (fields in
+ * range, re-encoding gives back the same bytes). Built by tests/fuzz/CMakeLists.txt with clang
  * -fsanitize=fuzzer,address,undefined. */
 #include "comm/wire.h"
 
@@ -66,6 +66,18 @@ static void frame(const uint8_t *d, size_t n, uint64_t seq, uint64_t want, uint6
     REQUIRE(memcmp(again, d, FL_WIRE_FRAME_SIZE) == 0);
 }
 
+/* an encrypted connection's keepalive: header and counter (the tag is the transport's) */
+static void keepalive(const uint8_t *d, size_t n, uint64_t seq) {
+    uint64_t counter;
+    char why[160];
+    if (fl_wire_keepalive_parse(d, n, seq, &counter, why, sizeof why) != FL_WIRE_OK)
+        return;
+    REQUIRE(n >= FL_WIRE_KEEPALIVE_BODY);
+    uint8_t again[FL_WIRE_KEEPALIVE_BODY];
+    fl_wire_keepalive_encode(again, seq, counter);
+    REQUIRE(memcmp(again, d, FL_WIRE_KEEPALIVE_BODY) == 0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
     hello(d, n, 0, 4, 0);
     hello(d, n, FL_WIRE_FLAG_RENDEZVOUS, 4, 1);
@@ -79,6 +91,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
     frame(d, n, 0, 7, 0);
     frame(d, n, 0, FL_WIRE_LEN_ANY, 1 << 18);
     frame(d, n, (uint64_t)1 << 40, 1 << 18, 0);
+    keepalive(d, n, 0);
+    keepalive(d, n, 5);
 
     fl_wire_offer o;
     if (fl_wire_offer_parse(d, n, &o, why, sizeof why) == FL_WIRE_OK) {

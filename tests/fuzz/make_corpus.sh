@@ -32,6 +32,8 @@ auth 2 > auth_ok
 { frame 1 0 7; printf 'payload'; } > frame_data
 { frame 2 0 20; printf '0:rank 1 (h:1) reset'; } > frame_abort
 frame 3 0 0 > frame_keepalive
+{ frame 3 5 0; le64 7; printf '0123456789abcdef'; } > frame_keepalive_sealed
+{ frame 3 5 0; le32 7; } > frame_keepalive_sealed_truncated
 frame 1 0 4611686018427387904 > frame_huge
 frame 1 9 7 > frame_bad_seq
 { printf 'FLLO'; le32 1; printf 'fleet-0123456789abcdef'; pad 2; printf '0123456789abcdef'; } > local_offer

@@ -839,13 +839,16 @@ static void test_real_sockets(int tcp_only) {
 /* torchrun style: only the master's address is known; endpoints are exchanged. */
 /* ---- encrypted frames through a relay that records and tampers (issue 35) ---- */
 
-enum { T_NONE, T_FLIP, T_DROP, T_DUP, T_REORDER, T_REPLAY, T_SEQ };
+enum { T_NONE, T_FLIP, T_DROP, T_DUP, T_REORDER, T_REPLAY, T_SEQ, T_KA_OK, T_KA_FORGE,
+       T_KA_REPLAY };
 static const char *const tamper_names[] = {"none", "flip", "drop", "duplicate", "reorder",
-                                           "replay", "seq"};
+                                           "replay", "seq", "keepalive", "forged keepalive",
+                                           "replayed keepalive"};
 
 typedef struct {
     int      lfd, to_port, mode;
     bool     enc;      /* frames carry a tag */
+    int      keepalives; /* seen from rank 1 */
     uint8_t *rec;      /* what rank 1 sent rank 0, as it crossed */
     size_t   rec_len, rec_cap;
 } relay;
@@ -862,7 +865,9 @@ static bool write_all(int fd, const uint8_t *b, size_t n) {
 }
 
 /* Forwards both ways; rank 1 -> rank 0 is cut into frames after the handshake (hello 56,
- * proof 40, same-host decision 8) and data frame 3 is tampered with as the mode says. */
+ * proof 40, same-host decision 8) and data frame 3 is tampered with as the mode says; in the
+ * keepalive modes, the first keepalive instead: replaced by a forged one (a counter never
+ * used, a zero tag), or passed on twice. */
 static void *relay_main(void *arg) {
     relay *rl = arg;
     int a = accept(rl->lfd, NULL, NULL), b = dial(rl->to_port);
@@ -909,10 +914,24 @@ static void *relay_main(void *arg) {
                 uint64_t pl = 0;
                 for (int i = 7; i >= 0; i--)
                     pl = pl << 8 | m[16 + i];
-                len = FL_WIRE_FRAME_SIZE + (type == FL_WIRE_KEEPALIVE ? 0 : pl + (rl->enc ? FL_CRYPTO_TAG : 0));
+                if (type == FL_WIRE_KEEPALIVE)
+                    len = rl->enc ? FL_WIRE_KEEPALIVE_SEALED : FL_WIRE_FRAME_SIZE;
+                else
+                    len = FL_WIRE_FRAME_SIZE + pl + (rl->enc ? FL_CRYPTO_TAG : 0);
                 if (avail < len)
                     break;
-                if (type == FL_WIRE_DATA && ++data_frames == 3 && rl->mode != T_NONE) {
+                if (type == FL_WIRE_KEEPALIVE && ++rl->keepalives == 1 && rl->mode > T_KA_OK) {
+                    uint8_t ka[FL_WIRE_KEEPALIVE_SEALED] = {0};
+                    memcpy(ka, m, len);
+                    if (rl->mode == T_KA_FORGE) {
+                        ka[FL_WIRE_FRAME_SIZE] = 7; /* counter 7, tag of zeros */
+                        memset(ka + FL_WIRE_KEEPALIVE_BODY, 0, FL_CRYPTO_TAG);
+                        ok = write_all(b, ka, len);
+                    } else {
+                        ok = write_all(b, ka, len) && write_all(b, ka, len);
+                    }
+                } else if (type == FL_WIRE_DATA && ++data_frames == 3 && rl->mode != T_NONE &&
+                           rl->mode < T_KA_OK) {
                     uint8_t *copy = malloc(len);
                     memcpy(copy, m, len);
                     switch (rl->mode) {
@@ -960,6 +979,7 @@ typedef struct {
     int      rank, rc;
     char     msg[1024];
     double   fail_s;
+    double   sleep_s; /* before the first exchange: the other rank waits, sending keepalives */
 } tamper_rank;
 
 static void *tamper_rank_main(void *arg) {
@@ -982,6 +1002,8 @@ static void *tamper_rank_main(void *arg) {
         snprintf(tr->msg, sizeof tr->msg, "%s", fl_errmsg());
         return NULL;
     }
+    if (tr->sleep_s > 0)
+        usleep((useconds_t)(tr->sleep_s * 1e6));
     double t0 = fl_now();
     for (int i = 0; i < 4 && tr->rc == 0; i++) {
         tr->rc = exchange(&x, 1 - tr->rank, MIB + 3, 1 - tr->rank, MIB + 3, i);
@@ -1006,7 +1028,9 @@ static void run_tampered(int mode, int encrypt, tamper_rank *tr, relay *rl) {
     pthread_t th[2], rt;
     pthread_create(&rt, NULL, relay_main, rl);
     for (int r = 0; r < 2; r++) {
-        tr[r] = (tamper_rank){.j = &j, .rank = r};
+        /* rank 0 late: rank 1, done sending, waits on it and sends keepalives every 0.75 s */
+        tr[r] = (tamper_rank){.j = &j, .rank = r,
+                              .sleep_s = r == 0 && mode >= T_KA_OK ? 1.8 : 0};
         pthread_create(&th[r], NULL, tamper_rank_main, &tr[r]);
     }
     for (int r = 0; r < 2; r++)
@@ -1075,6 +1099,27 @@ static void test_encrypted(void) {
         CHECK(tr[1].rc < 0);
         printf("tamper %-9s: rank 0 after %.2f s: %s\n", tamper_names[mode], tr[0].fail_s,
                tr[0].msg);
+    }
+
+    /* keepalives on an encrypted connection carry a counter and a tag: authentic ones pass,
+     * a forged one and a replayed one fail rank 0 naming rank 1 */
+    for (int mode = T_KA_OK; mode <= T_KA_REPLAY; mode++) {
+        run_tampered(mode, FL_COMM_ENCRYPT_ON, tr, &rl);
+        free(rl.rec);
+        printf("%-18s: %d keepalive(s) crossed; rank 0: %s\n", tamper_names[mode],
+               rl.keepalives, tr[0].rc ? tr[0].msg : "ok");
+        CHECK(rl.keepalives >= 1);
+        if (mode == T_KA_OK) {
+            CHECK(tr[0].rc == 0 && tr[1].rc == 0);
+            continue;
+        }
+        CHECK(tr[0].rc == FL_EPEER);
+        CHECK(strstr(tr[0].msg, "rank 1 (") != NULL);
+        const char *want = mode == T_KA_FORGE
+                               ? "keepalive that fails authentication"
+                               : "sent keepalive 0 again or out of order (the last was 0)";
+        CHECK(strstr(tr[0].msg, want) != NULL);
+        CHECK(tr[1].rc < 0);
     }
     fl_log_set_level(FL_LOG_INFO);
 }

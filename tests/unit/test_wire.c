@@ -211,6 +211,25 @@ static void test_frame(void) {
     fl_wire_frame_encode(b, FL_WIRE_KEEPALIVE, 12, 7);
     CHECK(fl_wire_frame_parse(b, sizeof b, 12, 7, 0, &f, why, sizeof why) == FL_WIRE_BAD_LENGTH);
     CHECK(has(why, "keepalive of 7 bytes"));
+
+    /* an encrypted connection's keepalive: header, counter (then the caller's tag) */
+    uint8_t ka[FL_WIRE_KEEPALIVE_SEALED];
+    uint64_t counter = 0;
+    fl_wire_keepalive_encode(ka, 12, big + 3);
+    CHECK(fl_wire_frame_parse(ka, sizeof ka, 12, 7, 0, &f, why, sizeof why) == FL_WIRE_OK);
+    CHECK(f.type == FL_WIRE_KEEPALIVE && f.len == 0);
+    CHECK(fl_wire_keepalive_parse(ka, FL_WIRE_KEEPALIVE_BODY, 12, &counter, why, sizeof why) ==
+          FL_WIRE_OK);
+    CHECK(counter == big + 3);
+    CHECK(fl_wire_keepalive_parse(ka, FL_WIRE_KEEPALIVE_BODY - 1, 12, &counter, why,
+                                  sizeof why) == FL_WIRE_TRUNCATED);
+    CHECK(fl_wire_keepalive_parse(ka, 10, 12, &counter, why, sizeof why) == FL_WIRE_TRUNCATED);
+    CHECK(fl_wire_keepalive_parse(ka, sizeof ka, 13, &counter, why, sizeof why) ==
+          FL_WIRE_BAD_SEQ);
+    fl_wire_frame_encode(ka, FL_WIRE_ABORT, 12, 0);
+    CHECK(fl_wire_keepalive_parse(ka, sizeof ka, 12, &counter, why, sizeof why) ==
+          FL_WIRE_BAD_TYPE);
+    CHECK(has(why, "expected a keepalive"));
     fl_wire_frame_encode(b, FL_WIRE_DATA, 0, 7);
     b[3] ^= 0x40;
     CHECK(fl_wire_frame_parse(b, sizeof b, 0, 7, 0, &f, why, sizeof why) == FL_WIRE_BAD_MAGIC);

@@ -7,19 +7,26 @@
  * lost node before a worker killed by a signal before one that exited, each in the order
  * heard) and the restart policy decided here, once for the job: status 2 is not restarted,
  * after --max_restarts rounds the job ends with the last failure's status, else every node
- * that comes back joins the next round. The wire is lines.c's. */
+ * that comes back joins the next round. The wire is lines.c's: every connection first proves
+ * that both ends know the job token (auth.c; a stranger, a wrong token or an older fleetrun is
+ * refused, named by its address, while the job goes on), then every line is sealed, and a line
+ * that fails its check ends the job naming the node. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "fleet/status.h"
 #include "fleetrun.h"
 
 #define MAX_CONN  (MAX_NODES + 16) /* every node, and a few strangers at a time */
+#define AUTH_WAIT 10.0             /* seconds a connection has to prove the token */
 
 typedef struct {
     int     fd;
@@ -29,6 +36,9 @@ typedef struct {
     bool    member;  /* of the round running */
     bool    exited;  /* its workers are gone (EXIT heard, or the node lost) */
     bool    failed;  /* it sent a FAIL this round */
+    fr_auth auth;    /* its challenge-response, then its line keys (auth.c) */
+    double  auth_deadline; /* until the handshake is done */
+    char    peer[ENDPOINT_MAX]; /* its address, "ip:port" */
     linebuf in;
 } conn;
 
@@ -82,6 +92,7 @@ int fr_coord_open(job *j) {
 
 static void drop(coord *k, int i) {
     close(k->c[i]->fd);
+    fr_auth_wipe(&k->c[i]->auth);
     free(k->c[i]);
     k->c[i] = k->c[--k->nconn];
 }
@@ -113,11 +124,50 @@ double fr_coord_deadline(const job *j) {
     const coord *k = j->coord;
     if (!k)
         return 1e300;
+    double t = 1e300;
     if (k->state == C_JOIN)
-        return k->join_deadline;
+        t = k->join_deadline;
     if (k->state == C_RUN && k->failed)
-        return k->stop_deadline;
-    return 1e300;
+        t = k->stop_deadline;
+    for (int i = 0; i < k->nconn; i++)
+        if (k->c[i]->auth.step != FR_AUTH_DONE && k->c[i]->auth_deadline < t)
+            t = k->c[i]->auth_deadline;
+    return t;
+}
+
+/* "ip:port" of the connection's other end, into out (ENDPOINT_MAX bytes). */
+static void peer_of(int fd, char *out) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET) {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+            port = ntohs(a->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+            port = ntohs(a->sin6_port);
+        }
+    }
+    fr_format_endpoint(out, ip, port);
+}
+
+/* One line to a connection: sealed once it is authenticated, else in the clear (the
+ * handshake, and a refusal before it is done). */
+static void tell(conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tell(conn *c, const char *fmt, ...) {
+    char text[16000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (c->auth.step == FR_AUTH_DONE)
+        fr_send_sealed(c->fd, &c->auth, "%s", text);
+    else
+        fr_send_line(c->fd, "%s", text);
 }
 
 /* The job is over: END to every node that joined, code and why. */
@@ -126,7 +176,7 @@ static void end_job(job *j, int code, const char *why) {
     k->state = C_END;
     for (int i = 0; i < k->nconn; i++)
         if (k->c[i]->node >= 0)
-            fr_send_line(k->c[i]->fd, "END %d\t%s", code, why);
+            tell(k->c[i], "END %d\t%s", code, why);
 }
 
 /* A failure of the running round: the first sends STOP to every node still running. */
@@ -137,7 +187,7 @@ static void record_failure(job *j, int prio, int code, const char *text) {
         k->stop_deadline = fr_now() + j->o.node_timeout + 3 * j->o.grace;
         for (int i = 0; i < k->nconn; i++)
             if (k->c[i]->member && !k->c[i]->exited)
-                fr_send_line(k->c[i]->fd, "STOP %d\t%s", k->round, text);
+                tell(k->c[i], "STOP %d\t%s", k->round, text);
     }
     if (k->cause[0] == 0 || prio > k->cause_prio) {
         k->cause_prio = prio;
@@ -176,7 +226,7 @@ static void start_round(job *j, const char *missing) {
     for (int i = 0; i < n; i++) {
         m[i]->waiting = m[i]->exited = m[i]->failed = false;
         m[i]->member = true;
-        fr_send_line(m[i]->fd, "GO %d %d%s\t%s", k->round, n, list, k->note);
+        tell(m[i], "GO %d %d%s\t%s", k->round, n, list, k->note);
         /* a node gone already fails the round when its EOF is read */
     }
     k->nmembers = n;
@@ -278,7 +328,7 @@ static void lost(job *j, int i, const char *how) {
     conn *c = k->c[i];
     if (c->node < 0) {
         if (how)
-            fr_say("refused a connection to the coordinator: %s", how);
+            fr_say("refused a connection to the coordinator from %s: %s", c->peer, how);
     } else if (c->member && !c->exited && k->state == C_RUN) {
         char text[400];
         snprintf(text, sizeof text, "node %d (%s) lost: its fleetrun is gone (%s)", c->node,
@@ -291,43 +341,132 @@ static void lost(job *j, int i, const char *how) {
     drop(k, i);
 }
 
+/* Refuses connection i before it joined: the reason to it (END, in the clear unless it is
+ * authenticated) and to this node's output, naming its address; drops it. Returns false. */
+static bool refuse(job *j, int i, const char *why) {
+    conn *c = j->coord->c[i];
+    tell(c, "END 1\terror: the coordinator at %s:%d refused this node: %s", node_ip(j, 0),
+         j->o.coord_port, why);
+    lost(j, i, why);
+    return false;
+}
+
+/* A line of connection i's handshake (auth.c: AUTH, then PROOF); false when it was refused. */
+static bool on_auth_line(job *j, int i, const char *line) {
+    coord *k = j->coord;
+    conn *c = k->c[i];
+    fr_auth *a = &c->auth;
+    char why[300], hex[2 * FR_MAC + 1];
+    if (a->step == FR_AUTH_START) {
+        int version, node, nproc, off = 0;
+        if (strncmp(line, "HELLO ", 6) == 0)
+            return refuse(j, i, "it sent a job token in the clear (HELLO), as fleetrun did "
+                          "before its coordinator authenticated: every node must run the same "
+                          "fleetrun version");
+        if (sscanf(line, "AUTH fleetrun/%d %d %d %n", &version, &node, &nproc, &off) != 3 ||
+            off == 0)
+            return refuse(j, i, "not a fleetrun of this job (its first line is not an AUTH)");
+        if (version != FR_COORD_VERSION) {
+            snprintf(why, sizeof why, "it speaks version %d of fleetrun's coordinator protocol, "
+                     "this one %d: every node must run the same fleetrun version", version,
+                     FR_COORD_VERSION);
+            return refuse(j, i, why);
+        }
+        if (!fr_parse_hex(line + off, a->nonce_m, FR_NONCE) || line[off + 2 * FR_NONCE])
+            return refuse(j, i, "a malformed AUTH line (its nonce is not 64 hex digits)");
+        if (node < 0 || node >= j->o.nnodes || nproc < 1 || nproc > MAX_NPROC) {
+            snprintf(why, sizeof why, "node %d with %d workers: not a node of --ips", node,
+                     nproc);
+            return refuse(j, i, why);
+        }
+        a->node = node;
+        a->nproc = nproc;
+        a->round = (unsigned)k->round;
+        if (fr_auth_nonce(a->nonce_c, hex) < 0)
+            return refuse(j, i, fl_errmsg());
+        fr_send_line(c->fd, "CHALLENGE %u %s", a->round, hex);
+        a->step = FR_AUTH_PROVED;
+        return true;
+    }
+    if (strncmp(line, "PROOF ", 6) != 0 ||
+        !fr_auth_check(j->base_token, FR_SIDE_MEMBER, a, line + 6)) {
+        snprintf(why, sizeof why, "its proof of the job token is wrong (node %d with another "
+                 "FLEET_JOB_TOKEN, or a recorded exchange replayed?)", a->node);
+        return refuse(j, i, why);
+    }
+    if (fr_auth_proof(j->base_token, FR_SIDE_COORD, a, hex) < 0 ||
+        fr_send_line(c->fd, "PROOF %s", hex) < 0 ||
+        fr_auth_keys(j->base_token, FR_SIDE_COORD, a) < 0) {
+        lost(j, i, "cannot answer its proof");
+        return false;
+    }
+    return true;
+}
+
+/* Connection i sent a line that fails its check, or says one of ours failed there (from
+ * true): somebody changes the bytes between the nodes. The job ends, naming the node. */
+static void tampered(job *j, int i, bool theirs) {
+    coord *k = j->coord;
+    conn *c = k->c[i];
+    char why[400];
+    if (theirs)
+        snprintf(why, sizeof why, "error: a line from the coordinator to node %d (%s) failed "
+                 "its integrity check there (changed or forged on the way; not used): ending "
+                 "the job", c->auth.node, node_ip(j, c->auth.node));
+    else
+        snprintf(why, sizeof why, "error: a line from node %d (%s) failed its integrity check "
+                 "at the coordinator (changed or forged on the way; not used): ending the job",
+                 c->auth.node, node_ip(j, c->auth.node));
+    if (k->state != C_END) {
+        if (c->node < 0)
+            tell(c, "END 1\t%s", why);
+        end_job(j, 1, why);
+    }
+    drop(k, i);
+}
+
 /* One line from connection i; false when the connection was dropped. */
 static bool on_line(job *j, int i, char *line) {
     coord *k = j->coord;
     conn *c = k->c[i];
-    char token[MAX_TOKEN + 2];
+    if (c->auth.step != FR_AUTH_DONE)
+        return on_auth_line(j, i, line);
+    if (fr_open_sealed(&c->auth, line) < 0) {
+        tampered(j, i, false);
+        return false;
+    }
     int node, nproc, round, code, prio, off = 0;
     char *tab = strchr(line, '\t');
     const char *text = tab ? tab + 1 : "";
     if (tab)
         *tab = 0;
-    if (sscanf(line, "HELLO %65s %d %d%n", token, &node, &nproc, &off) == 3 && !line[off]) {
+    if (sscanf(line, "HELLO %d %d%n", &node, &nproc, &off) == 2 && !line[off]) {
         char why[200] = "";
-        if (c->node >= 0 && (node != c->node || nproc != c->nproc))
+        if (node != c->auth.node || nproc != c->auth.nproc)
+            snprintf(why, sizeof why, "it proved itself as node %d with %d workers, then said "
+                     "node %d with %d", c->auth.node, c->auth.nproc, node, nproc);
+        else if (c->node >= 0 && (node != c->node || nproc != c->nproc))
             snprintf(why, sizeof why, "node %d said it was node %d with %d workers", c->node,
                      node, nproc);
-        else if (strcmp(token, j->base_token) != 0)
-            snprintf(why, sizeof why, "wrong job token (node %d?)", node);
-        else if (node < 0 || node >= j->o.nnodes || nproc < 1 || nproc > MAX_NPROC)
-            snprintf(why, sizeof why, "node %d with %d workers: not a node of --ips", node, nproc);
         for (int o = 0; o < k->nconn && !why[0] && c->node < 0; o++)
             if (o != i && k->c[o]->node == node)
                 snprintf(why, sizeof why, "node %d (%s) is connected already", node,
                          node_ip(j, node));
-        if (why[0]) {
-            fr_send_line(c->fd, "END 1\terror: the coordinator refused this node: %s", why);
-            lost(j, i, why);
-            return false;
-        }
+        if (why[0])
+            return refuse(j, i, why);
         c->node = node;
         c->nproc = nproc;
         c->waiting = true;
         if (k->state == C_END) /* too late: tell it */
-            fr_send_line(c->fd, "END 1\terror: the job is over");
+            tell(c, "END 1\terror: the job is over");
         return true;
     }
     if (c->node < 0) {
-        lost(j, i, "not a fleetrun of this job (its first line is not a HELLO)");
+        lost(j, i, "not a fleetrun of this job (no HELLO after its proof)");
+        return false;
+    }
+    if (strcmp(line, "BADMAC") == 0) {
+        tampered(j, i, true);
         return false;
     }
     if (sscanf(line, "FAIL %d %d %d%n", &round, &code, &prio, &off) == 3 && !line[off]) {
@@ -393,9 +532,19 @@ void fr_coord_service(job *j, const struct pollfd *fds, int n) {
             fr_socket_setup(fd);
             c->fd = fd;
             c->node = -1;
+            c->auth_deadline = fr_now() + AUTH_WAIT;
+            peer_of(fd, c->peer);
             k->c[k->nconn++] = c;
         }
     }
+    /* connections that did not prove the token in time */
+    double now = fr_now();
+    for (int i = k->nconn - 1; i >= 0; i--)
+        if (k->c[i]->auth.step != FR_AUTH_DONE && now >= k->c[i]->auth_deadline) {
+            char why[80];
+            snprintf(why, sizeof why, "no proof of the job token within %g s", AUTH_WAIT);
+            refuse(j, i, why);
+        }
     if (k->state == C_JOIN)
         check_join(j);
     else if (k->state == C_RUN)

@@ -4,9 +4,9 @@
  * output.c (worker output, failure reports), supervise.c (the event loop), restart.c (the
  * restart policy of --max_restarts on one node), coord.c (node 0's coordinator of the rounds
  * of a job of several nodes), member.c (every node's side of it), lines.c (the line protocol
- * between them), bind.c (--bind_to core), ps.c (parameter-server mode: the servers' and
- * workers' endpoints and which of them run here), messages.c (fleetrun's own messages),
- * main.c. */
+ * between them), auth.c (its challenge-response and sealed lines), bind.c (--bind_to core),
+ * ps.c (parameter-server mode: the servers' and workers' endpoints and which of them run
+ * here), messages.c (fleetrun's own messages), main.c. */
 #include <poll.h>
 #ifndef FLEETRUN_H
 #define FLEETRUN_H
@@ -16,8 +16,9 @@
  * output to LOG_DIR/workerlog.i (rank 0 also to the terminal), and stops the whole node when one
  * worker fails or on Ctrl-C. In parameter-server mode (ps.c) it starts this node's servers and
  * workers alike, each with its role's environment (TRAINING_ROLE, ...), logs serverlog.i and
- * workerlog.i. It runs any program and needs nothing from the library: one
- * process, one poll loop over the workers' pipes and a signalfd. */
+ * workerlog.i. It runs any program and needs nothing from the library but the keyed hashing of
+ * its coordinator's protocol (include/fleet/auth.h): one process, one poll loop over the
+ * workers' pipes and a signalfd. */
 
 #include <limits.h>
 #include <stdbool.h>
@@ -92,6 +93,25 @@ typedef struct {
     bool local;                       /* started by this fleetrun */
 } ps_entry;
 
+/* The coordinator's line protocol, authenticated (auth.c): its version, and one end of a
+ * connection between a node (the member) and the coordinator. */
+#define FR_COORD_VERSION 2
+#define FR_NONCE 32
+#define FR_KEY   32
+#define FR_MAC   32
+enum { FR_SIDE_MEMBER = 0, FR_SIDE_COORD = 1 };
+/* Steps: the member sent AUTH (START), got CHALLENGE and sent its PROOF (PROVED), or the
+ * coordinator got AUTH and sent CHALLENGE (PROVED); DONE once both sides proved the token. */
+enum { FR_AUTH_START = 0, FR_AUTH_PROVED = 1, FR_AUTH_DONE = 2 };
+typedef struct {
+    int                step;
+    int                node, nproc;       /* the member's, from its AUTH line */
+    unsigned           round;             /* the coordinator's, from its CHALLENGE */
+    unsigned char      nonce_m[FR_NONCE], nonce_c[FR_NONCE];
+    unsigned char      tx[FR_KEY], rx[FR_KEY]; /* line keys: this end's sending, receiving */
+    unsigned long long tx_seq, rx_seq;    /* the next line's number in each direction */
+} fr_auth;
+
 /* Bytes received on a connection, not yet a whole line. */
 typedef struct {
     char   buf[16384];
@@ -126,6 +146,7 @@ typedef struct {
     /* a coordinated job (o.coordinated): rounds decided by node 0's coordinator */
     coord      *coord;                /* node 0 only; NULL elsewhere */
     int         coord_fd;             /* this node's connection to the coordinator; -1: none */
+    fr_auth     coord_auth;           /* its authentication and line keys (auth.c) */
     linebuf     coord_in;
     int         round;                /* the round in progress: 0, then one per restart */
     int         member_index;         /* this node's place among the round's nodes */
@@ -301,6 +322,29 @@ double fr_now(void);
 int fr_connect(const char *ip, int port, double until);
 /* Keepalive and non-blocking reads on an accepted connection. */
 void fr_socket_setup(int fd);
+
+/* auth.c: the coordinator protocol's challenge-response and sealed lines (auth.c's header).
+ * token is the job's token (FLEET_JOB_TOKEN, without a round's suffix). */
+
+/* Fresh random bytes for a nonce, and their hex (64 digits); 0, or -1 (told by the library). */
+int  fr_auth_nonce(unsigned char nonce[FR_NONCE], char hex[2 * FR_NONCE + 1]);
+/* Whether s starts with exactly 2n hex digits (then its end or a space); the bytes in out. */
+bool fr_parse_hex(const char *s, unsigned char *out, size_t n);
+/* The proof of `side` over a's node, nproc, round and both nonces, as 64 hex digits; 0 or -1. */
+int  fr_auth_proof(const char *token, int side, const fr_auth *a, char hex[2 * FR_MAC + 1]);
+/* Whether hex (64 digits and nothing after) is the proof of `side` for a; constant time. */
+bool fr_auth_check(const char *token, int side, const fr_auth *a, const char *hex);
+/* Both proofs checked: derives the line keys of both directions for `side` (the end a is),
+ * numbers both directions from 0 and sets a->step to FR_AUTH_DONE; 0 or -1. */
+int  fr_auth_keys(const char *token, int side, fr_auth *a);
+/* Wipes keys, nonces and all. */
+void fr_auth_wipe(fr_auth *a);
+/* Sends fmt's text as one sealed line (its MAC, a space, the text, "\n"); -1 when not
+ * authenticated yet or it could not be sent whole. */
+int  fr_send_sealed(int fd, fr_auth *a, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Checks a received line's MAC against the next number of its direction: 0 and the text alone
+ * left in line; -1 when it fails (changed, forged, replayed, out of order; line untouched). */
+int  fr_open_sealed(fr_auth *a, char *line);
 
 /* coord.c: node 0's coordinator of a coordinated job. */
 

@@ -1,19 +1,27 @@
 /* lines.c - the wire between the fleetrun of every node and the coordinator on node 0: one
  * message per text line on a TCP connection (non-blocking, keepalive so that a machine that
- * vanishes is noticed in about 11 s), at most 16 KiB a line:
+ * vanishes is noticed in about 11 s), at most 16 KiB a line. First a challenge-response in the
+ * clear (auth.c; nonces and MACs as 64 hex digits; the job token never on the wire):
  *
- *   node -> coordinator   HELLO <token> <node> <nproc> <round>     join round <round>
+ *   node -> coordinator   AUTH fleetrun/2 <node> <nproc> <nonce_m> this node and its nonce
+ *   coordinator -> node   CHALLENGE <round> <nonce_c>              the coordinator's nonce
+ *   node -> coordinator   PROOF <mac_m>                            the node knows the token
+ *   coordinator -> node   PROOF <mac_c>                            so does the coordinator
+ *                         (or END 1\t<why>: refused)
+ *
+ * then every line sealed, "<mac> <message>" (the MAC over the line's number and the message,
+ * under the connection's key of that direction):
+ *
+ *   node -> coordinator   HELLO <node> <nproc>                     join the next round
  *                         FAIL <round> <code> <prio>\t<text>       a worker failed (prio 1: by
  *                                                                  a signal, 0: an exit code)
  *                         EXIT <round> <code> <how>                this node's workers are all
  *                                                                  gone (how: ok, failed, stopped)
+ *                         BADMAC                                   a line from the coordinator
+ *                                                                  failed its check here
  *   coordinator -> node   GO <round> <nmembers> <node>:<nproc>...\t<why>   the round starts
  *                         STOP <round>\t<why>                      stop this round's workers
- *                         END <code>\t<why>                        the job is over: exit code
- *
- * The job token still travels in the clear on this line protocol, unlike the workers' own
- * challenge-response handshake (docs/comm.md, "Threat model"): keep the coordinator's port on a
- * trusted network. */
+ *                         END <code>\t<why>                        the job is over: exit code */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>

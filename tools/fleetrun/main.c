@@ -38,6 +38,7 @@ static void job_free(job *j) {
         close(j->sig_fd);
     if (j->coord_fd >= 0)
         close(j->coord_fd);
+    fr_auth_wipe(&j->coord_auth);
     fr_coord_free(j);
     free(j->w);
     free(j->line);
