@@ -318,6 +318,11 @@ static int header_done(fl_msg_conn *m) {
     if (st != FL_WIRE_OK)
         return recv_fail(m, FL_EPEER, "%s sent a malformed frame: %s", m->name, reason);
     if (f.type == FL_WIRE_KEEPALIVE) { /* uses up no sequence number */
+        /* nothing on a message connection sends keepalives; a bare one on a sealed
+         * connection would be the one frame nobody authenticated: someone on the path */
+        if (m->rx)
+            return recv_fail(m, FL_EPEER, "%s sent an unauthenticated keepalive on an encrypted "
+                             "message connection: injected on the way", m->name);
         m->hdr_got = 0;
         return STEP_SKIP;
     }

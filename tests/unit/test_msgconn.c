@@ -503,6 +503,14 @@ static void test_sealed_in_transit(void) {
     put(r.b_near, bye, sizeof bye);
     expect_auth_failure(&r, "goodbye from server 1 (127.0.0.1:6170) failed authentication");
     relay_free(&r);
+    /* an injected keepalive: nothing seals it, so a sealed connection refuses it */
+    r = relay_make();
+    uint8_t ka[FL_WIRE_FRAME_SIZE];
+    fl_wire_frame_encode(ka, FL_WIRE_KEEPALIVE, 0, 0);
+    put(r.b_near, ka, sizeof ka);
+    expect_auth_failure(&r, "server 1 (127.0.0.1:6170) sent an unauthenticated keepalive on an "
+                            "encrypted message connection");
+    relay_free(&r);
     /* sealed bytes a byte at a time */
     r = relay_make();
     size_t n2 = capture(&r, 200, 7, f2);
