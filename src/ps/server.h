@@ -73,7 +73,9 @@ typedef struct {
     int64_t  merge_step;         /* sync: the step being merged when merged > 0 */
     int      merged;             /* pushes of merge_step received */
     bool    *pushed;             /* [W] */
-    int64_t *pushes_by;          /* [W] pushes each worker made (sync sparse pulls wait) */
+    int64_t *pushes_by;          /* [W] the table's version when made or loaded plus the
+                                  * pushes each worker made since: a sync sparse pull waits
+                                  * until the version reaches it */
     int64_t *last_pull;          /* [W] version each worker last pulled (async staleness) */
 } ps_sync;
 

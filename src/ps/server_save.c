@@ -470,7 +470,7 @@ static int load_dense(ps_server *s, const fl_safetensors *st, int t) {
     }
     d->sy.version = version;
     for (int w = 0; w < s->W; w++)
-        d->sy.last_pull[w] = version;
+        d->sy.last_pull[w] = d->sy.pushes_by[w] = version;
     d->loaded = d->ready = true;
     d->declared_by = -1;
     return 0;
@@ -538,8 +538,8 @@ static int load_sparse(ps_server *s, const fl_safetensors *st, int t) {
     free(vals);
     FL_TRY(rc);
     sp->sy.version = version;
-    for (int w = 0; w < s->W; w++)
-        sp->sy.last_pull[w] = version;
+    for (int w = 0; w < s->W; w++) /* a resumed worker's next pull waits for its next push */
+        sp->sy.last_pull[w] = sp->sy.pushes_by[w] = version;
     sp->loaded = true;
     sp->declared_by = -1;
     return 0;

@@ -21,7 +21,7 @@ int ps_sync_init(ps_sync *y, int W, int64_t version) {
         return fl_fail(FL_ENOMEM, "out of memory");
     }
     for (int i = 0; i < W; i++)
-        y->last_pull[i] = version;
+        y->last_pull[i] = y->pushes_by[i] = version;
     return 0;
 }
 

@@ -134,7 +134,10 @@ static void test_schema(void) {
                           "strategy.amp_configs.decr_every_n_nan_or_inf",
                           "strategy.amp_configs.incr_ratio", "strategy.amp_configs.decr_ratio",
                           "strategy.amp_configs.dtype", "strategy.amp_configs.custom_white_list",
-                          "strategy.amp_configs.custom_black_list", "strategy.recompute", "strategy.recompute_configs.checkpoints"};
+                          "strategy.amp_configs.custom_black_list", "strategy.a_sync",
+                          "strategy.a_sync_configs.k_steps",
+                          "strategy.a_sync_configs.max_merge_var_num", "strategy.recompute",
+                          "strategy.recompute_configs.checkpoints"};
     CHECK(n == (int)(sizeof want / sizeof want[0]));
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (key_index(want[i]) < 0) {
