@@ -36,20 +36,7 @@ typedef struct {
 } fixed_list;
 
 static int collect(ctr_trainer *c, fixed_list *f) {
-    trainer *t = &c->base;
-    int nnet = fl_net_num_params(t->net), nopt = fl_optim_num_state(t->opt);
-    int ndist = fl_dist_num_state(t->dopt);
-    f->p = calloc((size_t)(nnet + nopt + ndist + 1), sizeof *f->p);
-    if (!f->p)
-        return fl_fail(FL_ENOMEM, "checkpoint: out of memory");
-    f->n = 0;
-    for (int i = 0; i < nnet; i++)
-        f->p[f->n++] = fl_net_param(t->net, i);
-    f->nnet = f->n;
-    for (int i = 0; i < nopt; i++)
-        f->p[f->n++] = fl_optim_state(t->opt, i);
-    for (int i = 0; i < ndist; i++)
-        f->p[f->n++] = fl_dist_state(t->dopt, i);
+    FL_TRY(fl_train_ckpt_tensors(&c->base, 1, &f->p, &f->n, &f->nnet));
     memset(&f->state, 0, sizeof f->state);
     snprintf(f->state.name, sizeof f->state.name, CS_NAME);
     fl_tensor_view(&f->state.value, FL_DTYPE_I64, 1, (int64_t[]){CS_N}, f->v);

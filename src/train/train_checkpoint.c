@@ -58,20 +58,27 @@ static void release(state_list *s) {
     s->p = NULL;
 }
 
-static int collect(trainer *t, state_list *s) {
-    int nnet = fl_net_num_params(t->net), nopt = fl_optim_num_state(t->opt);
+int fl_train_ckpt_tensors(trainer *t, int extra, fl_param ***p, int *n, int *nnet) {
+    int np = fl_net_num_params(t->net), nopt = fl_optim_num_state(t->opt);
     int ndist = fl_dist_num_state(t->dopt);
-    s->p = calloc((size_t)(nnet + nopt + ndist + 1), sizeof *s->p);
-    if (!s->p)
+    fl_param **q = calloc((size_t)(np + nopt + ndist + extra), sizeof *q);
+    if (!q)
         return fl_fail(FL_ENOMEM, "checkpoint: out of memory");
-    s->n = 0;
-    for (int i = 0; i < nnet; i++)
-        s->p[s->n++] = fl_net_param(t->net, i);
-    s->nnet = s->n;
+    int k = 0;
+    for (int i = 0; i < np; i++)
+        q[k++] = fl_net_param(t->net, i);
     for (int i = 0; i < nopt; i++)
-        s->p[s->n++] = fl_optim_state(t->opt, i);
+        q[k++] = fl_optim_state(t->opt, i);
     for (int i = 0; i < ndist; i++)
-        s->p[s->n++] = fl_dist_state(t->dopt, i);
+        q[k++] = fl_dist_state(t->dopt, i);
+    *p = q;
+    *n = k;
+    *nnet = np;
+    return FL_OK;
+}
+
+static int collect(trainer *t, state_list *s) {
+    FL_TRY(fl_train_ckpt_tensors(t, 1, &s->p, &s->n, &s->nnet));
     memset(&s->progress, 0, sizeof s->progress);
     snprintf(s->progress.name, sizeof s->progress.name, STATE_NAME);
     int64_t shape[1] = {ST_N};

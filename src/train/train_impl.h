@@ -185,6 +185,10 @@ int  fl_train_ckpt_restore(trainer *t, const fl_train_config *cfg, train_pos *po
  * FL_EFORMAT naming the path when checkpoint.resume names no checkpoint. */
 int  fl_train_ckpt_resume_point(const fl_train_config *cfg, int64_t *step, char *root,
                                 size_t cap);
+/* The tensors every checkpoint of t holds, in their order: the network's parameters (the
+ * first *nnet), the optimizer's state, the distributed optimizer's; *p (calloc'd, the caller
+ * frees) has room for `extra` more after the *n filled. FL_ENOMEM. */
+int  fl_train_ckpt_tensors(trainer *t, int extra, fl_param ***p, int *n, int *nnet);
 /* Whether a periodic checkpoint is due after update `step`. */
 bool fl_train_ckpt_due(const fl_train_config *cfg, int64_t step);
 /* Saves a checkpoint of the state at pos into checkpoint.dir (see checkpoint.h), then points
