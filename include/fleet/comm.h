@@ -73,6 +73,15 @@ typedef struct {
     int    local_rank, local_size, node, nnodes;
 } fl_comm_env;
 
+/* Splits a launcher's endpoint list ("ip:port,ip:port", blanks around entries allowed) named
+ * `name` in messages (the variable) into *out (calloc'd, the caller frees; *count entries).
+ * FL_ECONFIG naming the variable for more than max entries, an empty or unparseable entry, or
+ * one endpoint listed twice; FL_ENOMEM. */
+int  fl_comm_endpoints_split(const char *name, const char *list, int max,
+                             char (**out)[FL_ENDPOINT_MAX], int *count);
+/* Whether two endpoints are the same, written alike or not ("LOCALHOST:6170", "localhost:6170"). */
+bool fl_comm_same_endpoint(const char *a, const char *b);
+
 /* Reads the environment: PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS,
  * PADDLE_CURRENT_ENDPOINT (fleetrun / paddle.distributed.launch), else RANK, WORLD_SIZE,
  * MASTER_ADDR, MASTER_PORT (torchrun; endpoints are then exchanged through the master at

@@ -61,7 +61,7 @@ static int read_rank(const char *name, const char *v, int size, const char *of, 
 }
 
 /* Same endpoint, written the same or differently ("LOCALHOST:6170" vs "localhost:6170"). */
-static int same_endpoint(const char *a, const char *b) {
+bool fl_comm_same_endpoint(const char *a, const char *b) {
     char ha[FL_WIRE_ENDPOINT_LEN], hb[FL_WIRE_ENDPOINT_LEN];
     int pa, pb;
     if (fl_wire_endpoint_parse(a, ha, sizeof ha, &pa, NULL, 0) != FL_WIRE_OK ||
@@ -70,20 +70,19 @@ static int same_endpoint(const char *a, const char *b) {
     return pa == pb && strcasecmp(ha, hb) == 0;
 }
 
-/* Splits PADDLE_TRAINER_ENDPOINTS ("ip:port,ip:port", blanks around entries allowed) into
- * env->endpoints; sets *count. */
-static int read_endpoints(fl_comm_env *env, const char *name, const char *list, int *count) {
-    int n = 1, rc = 0;
+int fl_comm_endpoints_split(const char *name, const char *list, int max,
+                            char (**out)[FL_ENDPOINT_MAX], int *count) {
+    int n = 1;
     for (const char *p = list; *p; p++)
         n += *p == ',';
-    if (n > FL_COMM_MAX_RANKS)
-        return fl_fail(FL_ECONFIG, "%s has %d entries, more than %d", name, n,
-                       FL_COMM_MAX_RANKS);
-    env->endpoints = calloc((size_t)n, sizeof *env->endpoints);
-    if (!env->endpoints)
+    if (n > max)
+        return fl_fail(FL_ECONFIG, "%s has %d entries, more than %d", name, n, max);
+    char (*eps)[FL_ENDPOINT_MAX] = calloc((size_t)n, sizeof *eps);
+    if (!eps)
         return fl_fail(FL_ENOMEM, "out of memory reading %s", name);
     const char *p = list;
-    for (int i = 0; i < n; i++) {
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
         const char *e = strchr(p, ',');
         if (!e)
             e = p + strlen(p);
@@ -93,26 +92,38 @@ static int read_endpoints(fl_comm_env *env, const char *name, const char *list, 
         while (q > p && isspace((unsigned char)q[-1]))
             q--;
         size_t len = (size_t)(q - p);
-        char entry[FL_WIRE_ENDPOINT_LEN], reason[128];
+        char reason[128];
         if (len == 0)
-            return fl_fail(FL_ECONFIG, "%s has an empty entry (number %d)", name, i);
-        if (len >= FL_WIRE_ENDPOINT_LEN)
-            return fl_fail(FL_ECONFIG, "cannot parse endpoint '%.*s' in %s: longer than %d "
-                           "characters", (int)len, p, name, FL_WIRE_ENDPOINT_LEN - 1);
-        memcpy(entry, p, len);
-        entry[len] = '\0';
-        if (fl_wire_endpoint_parse(entry, NULL, 0, NULL, reason, sizeof reason) != FL_WIRE_OK)
-            return fl_fail(FL_ECONFIG, "cannot parse endpoint '%s' in %s: %s", entry, name,
-                           reason);
-        for (int j = 0; j < i; j++)
-            if (same_endpoint(env->endpoints[j], entry))
-                return fl_fail(FL_ECONFIG, "%s lists %s twice (entries %d and %d)", name,
-                               env->endpoints[j], j, i);
-        memcpy(env->endpoints[i], entry, len + 1);
+            rc = fl_fail(FL_ECONFIG, "%s has an empty entry (number %d)", name, i);
+        else if (len >= FL_WIRE_ENDPOINT_LEN)
+            rc = fl_fail(FL_ECONFIG, "cannot parse endpoint '%.*s' in %s: longer than %d "
+                         "characters", (int)len, p, name, FL_WIRE_ENDPOINT_LEN - 1);
+        if (rc == 0) {
+            memcpy(eps[i], p, len);
+            eps[i][len] = '\0';
+            if (fl_wire_endpoint_parse(eps[i], NULL, 0, NULL, reason, sizeof reason) !=
+                FL_WIRE_OK)
+                rc = fl_fail(FL_ECONFIG, "cannot parse endpoint '%s' in %s: %s", eps[i], name,
+                             reason);
+        }
+        for (int j = 0; rc == 0 && j < i; j++)
+            if (fl_comm_same_endpoint(eps[j], eps[i]))
+                rc = fl_fail(FL_ECONFIG, "%s lists %s twice (entries %d and %d)", name, eps[j],
+                             j, i);
         p = *e ? e + 1 : e;
     }
+    if (rc < 0) {
+        free(eps);
+        return rc;
+    }
+    *out = eps;
     *count = n;
-    return rc;
+    return FL_OK;
+}
+
+/* Splits PADDLE_TRAINER_ENDPOINTS into env->endpoints; sets *count. */
+static int read_endpoints(fl_comm_env *env, const char *name, const char *list, int *count) {
+    return fl_comm_endpoints_split(name, list, FL_COMM_MAX_RANKS, &env->endpoints, count);
 }
 
 /* fleetrun / paddle.distributed.launch */
@@ -149,7 +160,7 @@ static int read_paddle(fl_comm_env *env) {
         if (fl_wire_endpoint_parse(cur, NULL, 0, NULL, reason, sizeof reason) != FL_WIRE_OK)
             return fl_fail(FL_ECONFIG, "cannot parse endpoint '%s' in PADDLE_CURRENT_ENDPOINT: "
                            "%s", cur, reason);
-        if (!same_endpoint(cur, env->endpoints[env->rank]))
+        if (!fl_comm_same_endpoint(cur, env->endpoints[env->rank]))
             return fl_fail(FL_ECONFIG, "PADDLE_CURRENT_ENDPOINT=%s is not entry %d of "
                            "PADDLE_TRAINER_ENDPOINTS (%s)", cur, env->rank,
                            env->endpoints[env->rank]);

@@ -42,67 +42,6 @@ static int parse_int(const char *name, const char *v, long lo, long hi, long *ou
     return 0;
 }
 
-static bool same_endpoint(const char *a, const char *b) {
-    char ha[FL_WIRE_ENDPOINT_LEN], hb[FL_WIRE_ENDPOINT_LEN];
-    int pa, pb;
-    if (fl_wire_endpoint_parse(a, ha, sizeof ha, &pa, NULL, 0) != FL_WIRE_OK ||
-        fl_wire_endpoint_parse(b, hb, sizeof hb, &pb, NULL, 0) != FL_WIRE_OK)
-        return strcmp(a, b) == 0;
-    return pa == pb && strcasecmp(ha, hb) == 0;
-}
-
-/* Splits "ip:port,ip:port" into *out (calloc'ed, caller frees); *count entries. */
-static int split_list(const char *name, const char *list, int max, char (**out)[FL_ENDPOINT_MAX],
-                      int *count) {
-    int n = 1;
-    for (const char *p = list; *p; p++)
-        n += *p == ',';
-    if (n > max)
-        return fl_fail(FL_ECONFIG, "%s has %d entries, more than %d", name, n, max);
-    char (*eps)[FL_ENDPOINT_MAX] = calloc((size_t)n, sizeof *eps);
-    if (!eps)
-        return fl_fail(FL_ENOMEM, "out of memory reading %s", name);
-    const char *p = list;
-    for (int i = 0; i < n; i++) {
-        const char *e = strchr(p, ',');
-        if (!e)
-            e = p + strlen(p);
-        while (p < e && isspace((unsigned char)*p))
-            p++;
-        const char *q = e;
-        while (q > p && isspace((unsigned char)q[-1]))
-            q--;
-        size_t len = (size_t)(q - p);
-        char reason[128];
-        int rc = 0;
-        if (len == 0)
-            rc = fl_fail(FL_ECONFIG, "%s has an empty entry (number %d)", name, i);
-        else if (len >= FL_WIRE_ENDPOINT_LEN)
-            rc = fl_fail(FL_ECONFIG, "%s: entry %d is longer than %d characters", name, i,
-                         FL_WIRE_ENDPOINT_LEN - 1);
-        if (rc == 0) {
-            memcpy(eps[i], p, len);
-            eps[i][len] = '\0';
-            if (fl_wire_endpoint_parse(eps[i], NULL, 0, NULL, reason, sizeof reason) !=
-                FL_WIRE_OK)
-                rc = fl_fail(FL_ECONFIG, "cannot parse endpoint '%s' in %s: %s", eps[i], name,
-                             reason);
-        }
-        for (int j = 0; rc == 0 && j < i; j++)
-            if (same_endpoint(eps[j], eps[i]))
-                rc = fl_fail(FL_ECONFIG, "%s lists %s twice (entries %d and %d)", name, eps[i],
-                             j, i);
-        if (rc < 0) {
-            free(eps);
-            return rc;
-        }
-        p = *e ? e + 1 : e;
-    }
-    *out = eps;
-    *count = n;
-    return 0;
-}
-
 static uint64_t fnv1a(uint64_t h, const char *s) {
     for (; *s; s++) {
         h ^= (unsigned char)*s;
@@ -182,7 +121,7 @@ int fl_ps_init(fl_ps **out) {
     char (*servers)[FL_ENDPOINT_MAX] = NULL, (*workers)[FL_ENDPOINT_MAX] = NULL;
     int ns = 0, nwl = 0, rc;
     long nw = 0, index = -1;
-    rc = split_list("PADDLE_PSERVERS_IP_PORT_LIST", slist, FL_PS_MAX_SERVERS, &servers, &ns);
+    rc = fl_comm_endpoints_split("PADDLE_PSERVERS_IP_PORT_LIST", slist, FL_PS_MAX_SERVERS, &servers, &ns);
     if (rc < 0)
         goto done;
     rc = parse_int("PADDLE_TRAINERS_NUM", num, 1, FL_COMM_MAX_RANKS - ns, &nw);
@@ -190,7 +129,7 @@ int fl_ps_init(fl_ps **out) {
         goto done;
     const char *wlist = env_get("PADDLE_TRAINER_ENDPOINTS");
     if (wlist) {
-        rc = split_list("PADDLE_TRAINER_ENDPOINTS", wlist, FL_COMM_MAX_RANKS, &workers, &nwl);
+        rc = fl_comm_endpoints_split("PADDLE_TRAINER_ENDPOINTS", wlist, FL_COMM_MAX_RANKS, &workers, &nwl);
         if (rc < 0)
             goto done;
         if (nwl != nw) {
@@ -213,7 +152,7 @@ int fl_ps_init(fl_ps **out) {
         char me[FL_ENDPOINT_MAX + 16];
         snprintf(me, sizeof me, strchr(ip, ':') && ip[0] != '[' ? "[%s]:%ld" : "%s:%ld", ip, p);
         for (int i = 0; i < ns; i++)
-            if (same_endpoint(me, servers[i]))
+            if (fl_comm_same_endpoint(me, servers[i]))
                 index = i;
         if (index < 0) {
             rc = fl_fail(FL_ECONFIG, "POD_IP=%s PADDLE_PORT=%s (%s) is not an entry of "
