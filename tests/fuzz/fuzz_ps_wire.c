@@ -43,7 +43,7 @@ static void request(const uint8_t *d, size_t n) {
     if (q.type == FL_PS_MSG_DENSE_PUSH || q.type == FL_PS_MSG_SPARSE_PUSH)
         REQUIRE(isfinite(q.lr) && q.step >= 0);
     uint8_t head[FL_PS_HEAD_MAX];
-    fl_ps_span sp[3];
+    fl_ps_span sp[FL_PS_REQ_PARTS];
     int np = fl_ps_req_encode(&q, head, sp);
     same_bytes(sp, np, d, n);
 }

@@ -602,7 +602,7 @@ static void garbage_worker(job *j, int w, fl_ps *ps) {
     fl_ps_req q = {.type = FL_PS_MSG_HELLO, .worker = w, .mode = j->mode, .servers = j->S,
                    .workers = j->W, .version = FL_PS_WIRE_VERSION};
     uint8_t head[FL_PS_HEAD_MAX];
-    fl_ps_span sp[3];
+    fl_ps_span sp[FL_PS_REQ_PARTS];
     int np = fl_ps_req_encode(&q, head, sp);
     CHECK_OK(fl_msg_send(m, sp[0].p, sp[0].n));
     (void)np;

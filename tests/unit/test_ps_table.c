@@ -488,7 +488,9 @@ typedef struct {
     int stop_after;
 } visit_ctx;
 
-static int collect(void *ctx, uint64_t id, const float *values, const float *state) {
+static int collect(void *ctx, uint64_t id, const float *values, const float *state,
+                   const fl_ps_row_stat *rs) {
+    (void)rs;
     visit_ctx *c = ctx;
     if (c->n > 0 && id <= c->last)
         c->ascending = false;
@@ -525,7 +527,7 @@ static void test_sparse_growth(void) {
         float v[DIM], st = (float)(id % 77);
         for (int j = 0; j < DIM; j++)
             v[j] = (float)(id % 1000) + (float)j;
-        CHECK_OK(fl_ps_sparse_put(t, id, v, &st));
+        CHECK_OK(fl_ps_sparse_put(t, id, v, &st, NULL));
     }
     /* a small id may repeat a random one only with probability ~0: count the distinct ones */
     CHECK(fl_ps_sparse_rows(t) <= N && fl_ps_sparse_rows(t) > N - 5);
@@ -585,7 +587,7 @@ static void test_sparse_dirty(void) {
     CHECK_OK(fl_ps_sparse_apply_pending(t, 0.1, 1.0));
     CHECK_OK(fl_ps_sparse_pull_rows(t, &new_id, 1, out));
     float v[DIM] = {1, 2};
-    CHECK_OK(fl_ps_sparse_put(t, 21, v, NULL));
+    CHECK_OK(fl_ps_sparse_put(t, 21, v, NULL, NULL));
     c = (visit_ctx){.ascending = true, .ids = got, .cap = 16};
     CHECK_OK(fl_ps_sparse_visit(t, true, collect, &c));
     CHECK(c.n == 5 && c.ascending);
@@ -604,7 +606,9 @@ typedef struct {
     bool found;
 } find_ctx;
 
-static int find_row(void *ctx, uint64_t id, const float *values, const float *state) {
+static int find_row(void *ctx, uint64_t id, const float *values, const float *state,
+                    const fl_ps_row_stat *rs) {
+    (void)rs;
     (void)values;
     find_ctx *f = ctx;
     if (id == f->id) {
@@ -621,14 +625,14 @@ static void test_sparse_put(void) {
         return;
     float v[DIM] = {1.5f, -2, 3}, st[2 * DIM + 2] = {1, 2, 3, 4, 5, 6, 0.5f, 0.25f}, out[DIM];
     uint64_t id = 123456789;
-    CHECK_OK(fl_ps_sparse_put(t, id, v, st));
+    CHECK_OK(fl_ps_sparse_put(t, id, v, st, NULL));
     CHECK_OK(fl_ps_sparse_pull_rows(t, &id, 1, out));
     CHECK(memcmp(out, v, sizeof v) == 0);
     find_ctx f = {.id = id};
     CHECK_OK(fl_ps_sparse_visit(t, false, find_row, &f));
     CHECK(f.found && memcmp(f.state, st, sizeof st) == 0);
     v[0] = 9; /* overwrite, no state given: fresh state */
-    CHECK_OK(fl_ps_sparse_put(t, id, v, NULL));
+    CHECK_OK(fl_ps_sparse_put(t, id, v, NULL, NULL));
     CHECK_OK(fl_ps_sparse_pull_rows(t, &id, 1, out));
     CHECK(out[0] == 9 && fl_ps_sparse_rows(t) == 1);
     f.found = false;
