@@ -495,7 +495,8 @@ static int sum_counts(fl_ps *ps, const uint64_t *ids, int64_t n, int64_t nu, con
         c->ucounts = p;
         c->countcap = 2 * nu;
     }
-    memset(c->ucounts, 0, (size_t)(2 * nu) * sizeof(float));
+    if (nu > 0)
+        memset(c->ucounts, 0, (size_t)(2 * nu) * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         int s = S > 1 ? fl_ps_shard_of(ids[i], S) : 0;
         int64_t g = c->map[i], k = g - c->off[s];
@@ -532,7 +533,8 @@ static int sparse_push_locked(fl_ps *ps, int table, int64_t step, double lr,
         fl_ps_req q = {.type = FL_PS_MSG_SPARSE_PUSH, .table = table, .step = step, .lr = lr,
                        .n = (uint64_t)c->cnt[s], .dim = dim, .ids = c->uid + c->off[s],
                        .values = c->urows + c->off[s] * dim,
-                       .counts = counted ? c->ucounts + 2 * c->off[s] : NULL};
+                       .counts = counted && c->cnt[s] > 0 ? c->ucounts + 2 * c->off[s]
+                                                          : NULL};
         FL_TRY(send_req(ps, s, &q));
     }
     int64_t stale = 0;

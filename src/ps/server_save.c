@@ -669,8 +669,10 @@ static int load_sparse(ps_server *s, const fl_safetensors *st, int t) {
         FL_TRY(fl_ps_sparse_put_candidate(sp->parts[th], id, c2[0], (int)c2[1]));
     }
     sp->sy.version = version;
-    for (int w = 0; w < s->W; w++)
+    for (int w = 0; w < s->W; w++) { /* sync: every worker pushed each update applied */
         sp->sy.last_pull[w] = version;
+        sp->sy.pushes_by[w] = version;
+    }
     sp->loaded = true;
     sp->declared_by = -1;
     return 0;
