@@ -739,6 +739,10 @@ static void life_worker(job *j, int w, fl_ps *ps) {
         wok(j, w, fl_ps_stop_worker(ps));
         return;
     }
+    /* counts are checked on the worker, before anything is sent */
+    float neg[2] = {1, -1}, g0[2 * LDIM] = {0};
+    CHECK_RC(fl_ps_sparse_push_counts(ps, 2, 0, 0.5, c->a, 2, g0, neg, NULL), FL_EINVAL);
+    CHECK_MSG("occurrence 1");
     /* step 0: both workers push A once: 2 shows an id in the step, enough for entry count 2 */
     if (!wok(j, w, fl_ps_sparse_pull(ps, 2, c->a, LA, rows)))
         return;
