@@ -26,7 +26,7 @@ for rows in 1e6 1e7 1e8; do
   guard_wait_idle
   guard_begin
   start=$(date +%s)
-  /usr/bin/time -f "peak RSS of the worker %M KiB" "$bin" "$rows" 2 "$steps" 100000
+  /usr/bin/time -f "peak RSS of the largest process (a server, or the worker): %M KiB" "$bin" "$rows" 2 "$steps" 100000
   guard_end
   echo "## rows $rows: wall $(( $(date +%s) - start )) s, other jobs used ${GUARD_OTHER_PCT}% of the CPU"
 done
