@@ -1,4 +1,4 @@
-/* life.c - a sparse table's life-cycle options (fl_ps_sparse_opts in include/fleet/ps.h):
+/* sparse_opts.c - a sparse table's life-cycle options (fl_ps_sparse_opts in include/fleet/ps.h):
  * defaults that keep every row forever, and the range checks, after Paddle's
  * CtrCommonAccessor parameters (show_click_decay_rate, delete_threshold,
  * delete_after_unseen_days, nonclk_coeff, click_coeff) and entry attributes. */
