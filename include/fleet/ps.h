@@ -93,6 +93,47 @@ typedef struct {
     uint64_t seed;
 } fl_ps_init_rule;
 
+/* A sparse table's life cycle, as Paddle's CtrCommonAccessor
+ * (paddle/fluid/distributed/ps/table/ctr_accessor.cc) and entry attributes
+ * (python/paddle/distributed/entry_attr.py). Every row counts its shows and clicks (pushed with
+ * fl_ps_sparse_push_counts; fl_ps_sparse_push counts one show per id and push) and the passes
+ * since its last push (a pass ends at each fl_ps_sparse_shrink).
+ *   entry: when an id without a row becomes one. NONE: at its first pull or push. COUNT: once
+ *     its pushed shows reach entry_count (until then a pull reads zeros, a push adds only its
+ *     shows to a small side map of candidates). PROBABILITY: at a push, with probability
+ *     entry_probability, drawn from (seed, table, id, pass) so every server and restart draws
+ *     the same; an id turned down may get in at a later pass (Paddle draws at each push).
+ *     With COUNT or PROBABILITY a pull never creates a row.
+ *   shrink (fl_ps_sparse_shrink, one pass): show and click *= show_click_decay, then a row goes
+ *     when its score (show - click) * nonclk_coeff + click * click_coeff < delete_threshold,
+ *     or when it saw no push in the last delete_after_unseen passes (0: never); its memory
+ *     is reused by the next rows created. Candidates of COUNT unseen that long go too.
+ * fl_ps_sparse_opts_defaults gives today's behaviour: entry NONE, no decay (1), threshold 0
+ * (scores are never negative), delete_after_unseen 0, Paddle's coefficients (0.1, 1). */
+typedef enum {
+    FL_PS_ENTRY_NONE = 0,
+    FL_PS_ENTRY_COUNT = 1,
+    FL_PS_ENTRY_PROBABILITY = 2,
+} fl_ps_entry_type;
+
+typedef struct {
+    fl_ps_entry_type entry;
+    double entry_count;          /* COUNT: shows before a row is created, >= 1 */
+    double entry_probability;    /* PROBABILITY: in [0, 1] */
+    double show_click_decay;     /* per pass, in (0, 1] (Paddle's show_click_decay_rate) */
+    double delete_threshold;     /* >= 0: rows scoring below it go at a pass */
+    double nonclk_coeff;         /* >= 0, Paddle's default 0.1 */
+    double click_coeff;          /* >= 0, Paddle's default 1 */
+    int    delete_after_unseen;  /* passes without a push before a row goes, 0: never
+                                  * (at most 65535) */
+} fl_ps_sparse_opts;
+
+void fl_ps_sparse_opts_defaults(fl_ps_sparse_opts *o);
+/* FL_ECONFIG naming the field when out of range. */
+int  fl_ps_sparse_opts_check(const fl_ps_sparse_opts *o);
+/* "none", "count", "probability"; NULL for another value. */
+const char *fl_ps_entry_name(fl_ps_entry_type e);
+
 /* The server of an id among nservers (a 64-bit mix of the id, so consecutive ids spread). */
 int fl_ps_shard_of(uint64_t id, int nservers);
 
@@ -170,12 +211,30 @@ int fl_ps_dense_push(fl_ps *ps, int table, int64_t step, double lr, const float 
 /* Declares sparse table `table` of rows of dim values with rule r and initializer init. */
 int fl_ps_sparse_init(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
                       const fl_ps_init_rule *init);
-/* Rows of ids[0..n) into rows[n * dim] (created on first pull). ids need not be unique; the
+/* fl_ps_sparse_init with the table's life cycle (o NULL: the defaults, as fl_ps_sparse_init).
+ * Every worker declares the same options (the servers refuse a mismatch naming both). */
+int fl_ps_sparse_init_opts(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
+                           const fl_ps_init_rule *init, const fl_ps_sparse_opts *o);
+/* Rows of ids[0..n) into rows[n * dim] (created on first pull, under entry NONE). ids need not be unique; the
  * worker sends each distinct id once per server. */
 int fl_ps_sparse_pull(fl_ps *ps, int table, const uint64_t *ids, int64_t n, float *rows);
 /* Gradients grads[n * dim] of rows ids[0..n) (duplicates are summed before sending). */
 int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint64_t *ids,
                       int64_t n, const float *grads);
+/* fl_ps_sparse_push that also counts, per occurrence i, shows[i] shows and clicks[i] clicks
+ * (summed per id like the gradients; shows NULL: one a occurrence; clicks NULL: none). Both
+ * finite and >= 0 (FL_EINVAL naming the first that is not). A CTR model passes its labels as
+ * clicks. */
+int fl_ps_sparse_push_counts(fl_ps *ps, int table, int64_t step, double lr,
+                             const uint64_t *ids, int64_t n, const float *grads,
+                             const float *shows, const float *clicks);
+/* One pass of the table's life cycle on every server (fl_ps_sparse_opts: decay, removals).
+ * Worker 0 calls it, e.g. at each epoch's end; in sync mode after its push of the step and
+ * before the next, as a save. *removed (may be NULL): rows removed over all servers. */
+int fl_ps_sparse_shrink(fl_ps *ps, int table, int64_t *removed);
+/* The table's rows and the bytes its servers hold for it (rows, state, counters, index,
+ * candidates), summed over the servers; either pointer may be NULL. */
+int fl_ps_sparse_stats(fl_ps *ps, int table, int64_t *rows, int64_t *bytes);
 
 /* Every server writes its shards of every table into checkpoint_dir (atomically) labelled with
  * step; mode FL_PS_SAVE_ALL or FL_PS_SAVE_DELTA (sparse rows changed since the last save, on

@@ -13,6 +13,7 @@
 #include "fleet/status.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +39,8 @@ typedef struct ps_client {
     uint64_t     *uid;        /* [nuniq] grouped by server after grouping */
     int32_t      *userver, *upos, *map;
     float        *urows;
-    int64_t       ucap, mapcap, rowcap;
+    float        *ucounts;    /* per server: its distinct ids' shows, then their clicks */
+    int64_t       ucap, mapcap, rowcap, countcap;
     int64_t      *cnt, *off;  /* [S] */
     fl_ps_stats   st;
     double        stale_sum;
@@ -49,9 +51,9 @@ typedef struct ps_client {
 
 static int send_req(fl_ps *ps, int s, const fl_ps_req *q) {
     uint8_t head[FL_PS_HEAD_MAX];
-    fl_ps_span sp[3];
+    fl_ps_span sp[FL_PS_REQ_PARTS];
     int np = fl_ps_req_encode(q, head, sp);
-    fl_msg_part parts[3];
+    fl_msg_part parts[FL_PS_REQ_PARTS];
     for (int i = 0; i < np; i++)
         parts[i] = (fl_msg_part){sp[i].p, sp[i].n};
     return fl_msg_sendv(ps->cli->conns[s], parts, np);
@@ -170,6 +172,7 @@ void fl_ps_client_free(ps_client *c) {
     free(c->upos);
     free(c->map);
     free(c->urows);
+    free(c->ucounts);
     free(c->cnt);
     free(c->off);
     pthread_mutex_destroy(&c->call);
@@ -210,7 +213,7 @@ static int send_dense(fl_ps *ps, int s, fl_ps_req *q, int64_t numel, const float
     q->n = values ? (uint64_t)dense_local(numel, S, s) : 0;
     q->values = NULL;
     uint8_t head[FL_PS_HEAD_MAX];
-    fl_ps_span sp[3];
+    fl_ps_span sp[FL_PS_REQ_PARTS];
     fl_ps_req_encode(q, head, sp);
     int k = 0;
     c->parts[k++] = (fl_msg_part){sp[0].p, sp[0].n};
@@ -318,7 +321,7 @@ static int dense_push_locked(fl_ps *ps, int table, int64_t step, double lr, cons
 /* ---- sparse ---- */
 
 static int sparse_init_locked(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
-                              const fl_ps_init_rule *init) {
+                              const fl_ps_init_rule *init, const fl_ps_sparse_opts *o) {
     FL_TRY(need_worker(ps));
     FL_TRY(check_table(table));
     FL_ASSERT(r && init);
@@ -326,8 +329,16 @@ static int sparse_init_locked(fl_ps *ps, int table, int dim, const fl_ps_rule *r
         return fl_fail(FL_EINVAL, "sparse table %d with rows of %d values (1..%d)", table, dim,
                        FL_PS_MAX_DIM);
     FL_TRY(fl_ps_rule_check(r, true));
+    fl_ps_sparse_opts opts;
+    if (o)
+        opts = *o;
+    else
+        fl_ps_sparse_opts_defaults(&opts);
+    int rc = fl_ps_sparse_opts_check(&opts);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "sparse table %d", table);
     fl_ps_req q = {.type = FL_PS_MSG_SPARSE_INIT, .table = table, .dim = dim, .rule = *r,
-                   .init = *init};
+                   .init = *init, .opts = opts};
     fl_ps_rep rep;
     FL_TRY(all_servers(ps, &q, &rep));
     ps->cli->sparse_dim[table] = dim;
@@ -464,8 +475,40 @@ static int sparse_pull_locked(fl_ps *ps, int table, const uint64_t *ids, int64_t
     return 0;
 }
 
+/* Sums shows[i] and clicks[i] (NULL: 1 and 0) per distinct id into c->ucounts, laid out per
+ * server as the wire wants them: server s's shows at 2 * off[s], its clicks cnt[s] later. */
+static int sum_counts(fl_ps *ps, const uint64_t *ids, int64_t n, int64_t nu, const float *shows,
+                      const float *clicks) {
+    ps_client *c = ps->cli;
+    int S = ps->nservers;
+    for (int64_t i = 0; i < n; i++) {
+        float sh = shows ? shows[i] : 1, cl = clicks ? clicks[i] : 0;
+        if (!(sh >= 0 && isfinite(sh)) || !(cl >= 0 && isfinite(cl)))
+            return fl_fail(FL_EINVAL, "sparse push: occurrence %" PRId64 " (id %" PRIu64 ") has "
+                           "show %g and click %g (finite, >= 0)", i, ids[i], (double)sh,
+                           (double)cl);
+    }
+    if (2 * nu > c->countcap) {
+        float *p = realloc(c->ucounts, (size_t)(2 * nu) * sizeof *p);
+        if (!p)
+            return fl_fail(FL_ENOMEM, "out of memory for the counts of %" PRId64 " ids", nu);
+        c->ucounts = p;
+        c->countcap = 2 * nu;
+    }
+    if (nu > 0)
+        memset(c->ucounts, 0, (size_t)(2 * nu) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        int s = S > 1 ? fl_ps_shard_of(ids[i], S) : 0;
+        int64_t g = c->map[i], k = g - c->off[s];
+        c->ucounts[2 * c->off[s] + k] += shows ? shows[i] : 1;
+        c->ucounts[2 * c->off[s] + c->cnt[s] + k] += clicks ? clicks[i] : 0;
+    }
+    return 0;
+}
+
 static int sparse_push_locked(fl_ps *ps, int table, int64_t step, double lr,
-                              const uint64_t *ids, int64_t n, const float *grads) {
+                              const uint64_t *ids, int64_t n, const float *grads,
+                              bool counted, const float *shows, const float *clicks) {
     FL_TRY(sparse_table(ps, table, n));
     FL_ASSERT(step >= 0);
     ps_client *c = ps->cli;
@@ -473,6 +516,8 @@ static int sparse_push_locked(fl_ps *ps, int table, int64_t step, double lr,
     int64_t nu = group_ids(ps, ids, n);
     FL_TRY(nu);
     FL_TRY(urows_reserve(c, nu * dim));
+    if (counted)
+        FL_TRY(sum_counts(ps, ids, n, nu, shows, clicks));
     memset(c->urows, 0, (size_t)(nu * dim) * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         float *u = c->urows + (int64_t)c->map[i] * dim;
@@ -487,7 +532,9 @@ static int sparse_push_locked(fl_ps *ps, int table, int64_t step, double lr,
             continue;
         fl_ps_req q = {.type = FL_PS_MSG_SPARSE_PUSH, .table = table, .step = step, .lr = lr,
                        .n = (uint64_t)c->cnt[s], .dim = dim, .ids = c->uid + c->off[s],
-                       .values = c->urows + c->off[s] * dim};
+                       .values = c->urows + c->off[s] * dim,
+                       .counts = counted && c->cnt[s] > 0 ? c->ucounts + 2 * c->off[s]
+                                                          : NULL};
         FL_TRY(send_req(ps, s, &q));
     }
     int64_t stale = 0;
@@ -500,6 +547,32 @@ static int sparse_push_locked(fl_ps *ps, int table, int64_t step, double lr,
             stale = rep.staleness;
     }
     count_push(c, stale);
+    return 0;
+}
+
+/* ---- the life cycle ---- */
+
+/* SHRINK or STATS to every server, the replies summed. */
+static int table_pass_locked(fl_ps *ps, int type, int table, int64_t *removed, int64_t *rows,
+                             int64_t *bytes) {
+    FL_TRY(sparse_table(ps, table, 0));
+    fl_ps_req q = {.type = type, .table = table};
+    for (int s = 0; s < ps->nservers; s++)
+        FL_TRY(send_req(ps, s, &q));
+    int64_t sum[3] = {0, 0, 0};
+    for (int s = 0; s < ps->nservers; s++) {
+        fl_ps_rep rep;
+        FL_TRY(recv_rep(ps, s, type, &rep));
+        sum[0] += (int64_t)rep.removed;
+        sum[1] += (int64_t)rep.rows;
+        sum[2] += (int64_t)rep.bytes;
+    }
+    if (removed)
+        *removed = sum[0];
+    if (rows)
+        *rows = sum[1];
+    if (bytes)
+        *bytes = sum[2];
     return 0;
 }
 
@@ -576,7 +649,16 @@ int fl_ps_sparse_init(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
                       const fl_ps_init_rule *init) {
     FL_TRY(need_worker(ps));
     pthread_mutex_lock(&ps->cli->call);
-    int rc = sparse_init_locked(ps, table, dim, r, init);
+    int rc = sparse_init_locked(ps, table, dim, r, init, NULL);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_sparse_init_opts(fl_ps *ps, int table, int dim, const fl_ps_rule *r,
+                           const fl_ps_init_rule *init, const fl_ps_sparse_opts *o) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = sparse_init_locked(ps, table, dim, r, init, o);
     pthread_mutex_unlock(&ps->cli->call);
     return rc;
 }
@@ -593,7 +675,33 @@ int fl_ps_sparse_push(fl_ps *ps, int table, int64_t step, double lr, const uint6
                       int64_t n, const float *grads) {
     FL_TRY(need_worker(ps));
     pthread_mutex_lock(&ps->cli->call);
-    int rc = sparse_push_locked(ps, table, step, lr, ids, n, grads);
+    int rc = sparse_push_locked(ps, table, step, lr, ids, n, grads, false, NULL, NULL);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_sparse_push_counts(fl_ps *ps, int table, int64_t step, double lr,
+                             const uint64_t *ids, int64_t n, const float *grads,
+                             const float *shows, const float *clicks) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = sparse_push_locked(ps, table, step, lr, ids, n, grads, true, shows, clicks);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_sparse_shrink(fl_ps *ps, int table, int64_t *removed) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = table_pass_locked(ps, FL_PS_MSG_SHRINK, table, removed, NULL, NULL);
+    pthread_mutex_unlock(&ps->cli->call);
+    return rc;
+}
+
+int fl_ps_sparse_stats(fl_ps *ps, int table, int64_t *rows, int64_t *bytes) {
+    FL_TRY(need_worker(ps));
+    pthread_mutex_lock(&ps->cli->call);
+    int rc = table_pass_locked(ps, FL_PS_MSG_STATS, table, NULL, rows, bytes);
     pthread_mutex_unlock(&ps->cli->call);
     return rc;
 }

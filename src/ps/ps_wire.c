@@ -74,6 +74,8 @@ const char *fl_ps_msg_name(int type) {
     case FL_PS_MSG_SPARSE_PUSH: return "SPARSE_PUSH";
     case FL_PS_MSG_SAVE: return "SAVE";
     case FL_PS_MSG_STOP: return "STOP";
+    case FL_PS_MSG_SHRINK: return "SHRINK";
+    case FL_PS_MSG_STATS: return "STATS";
     default: return "?";
     }
 }
@@ -86,7 +88,8 @@ size_t fl_ps_span_bytes(const fl_ps_span *parts, int nparts) {
 }
 
 static bool is_table_msg(int type) {
-    return type >= FL_PS_MSG_DENSE_INIT && type <= FL_PS_MSG_SPARSE_PUSH;
+    return (type >= FL_PS_MSG_DENSE_INIT && type <= FL_PS_MSG_SPARSE_PUSH) ||
+           type == FL_PS_MSG_SHRINK || type == FL_PS_MSG_STATS;
 }
 
 /* ---- rules ---- */
@@ -125,9 +128,52 @@ static int rule_parse(const uint8_t *p, fl_ps_rule *r, char *reason, size_t cap)
     return 0;
 }
 
+/* ---- a sparse table's life cycle (56 bytes) ---- */
+
+static void opts_encode(uint8_t *p, const fl_ps_sparse_opts *o) {
+    put32(p, (uint32_t)o->entry);
+    put32(p + 4, (uint32_t)o->delete_after_unseen);
+    putf64(p + 8, o->entry_count);
+    putf64(p + 16, o->entry_probability);
+    putf64(p + 24, o->show_click_decay);
+    putf64(p + 32, o->delete_threshold);
+    putf64(p + 40, o->nonclk_coeff);
+    putf64(p + 48, o->click_coeff);
+}
+
+/* The ranges of fl_ps_sparse_opts_check, said in a reason rather than set as the error. */
+static int opts_parse(const uint8_t *p, fl_ps_sparse_opts *o, char *reason, size_t cap) {
+    uint32_t entry = get32(p), unseen = get32(p + 4);
+    if (entry > FL_PS_ENTRY_PROBABILITY)
+        return refuse(reason, cap, "SPARSE_INIT with unknown entry rule %" PRIu32, entry);
+    if (unseen > 65535)
+        return refuse(reason, cap, "SPARSE_INIT with delete after %" PRIu32 " unseen passes "
+                      "(0..65535)", unseen);
+    o->entry = (fl_ps_entry_type)entry;
+    o->delete_after_unseen = (int)unseen;
+    o->entry_count = getf64(p + 8);
+    o->entry_probability = getf64(p + 16);
+    o->show_click_decay = getf64(p + 24);
+    o->delete_threshold = getf64(p + 32);
+    o->nonclk_coeff = getf64(p + 40);
+    o->click_coeff = getf64(p + 48);
+    if (!(o->entry_count >= 1 && o->entry_count <= 1e9) ||
+        !(o->entry_probability >= 0 && o->entry_probability <= 1) ||
+        !(o->show_click_decay > 0 && o->show_click_decay <= 1) ||
+        !(o->delete_threshold >= 0 && isfinite(o->delete_threshold)) ||
+        !(o->nonclk_coeff >= 0 && isfinite(o->nonclk_coeff)) ||
+        !(o->click_coeff >= 0 && isfinite(o->click_coeff)))
+        return refuse(reason, cap, "SPARSE_INIT with a life cycle out of range (entry count %g, "
+                      "probability %g, decay %g, threshold %g, coefficients %g %g)",
+                      o->entry_count, o->entry_probability, o->show_click_decay,
+                      o->delete_threshold, o->nonclk_coeff, o->click_coeff);
+    return 0;
+}
+
 /* ---- requests ---- */
 
-int fl_ps_req_encode(const fl_ps_req *r, uint8_t head[FL_PS_HEAD_MAX], fl_ps_span parts[3]) {
+int fl_ps_req_encode(const fl_ps_req *r, uint8_t head[FL_PS_HEAD_MAX],
+                     fl_ps_span parts[FL_PS_REQ_PARTS]) {
     FL_ASSERT(r && r->type > 0 && r->type < FL_PS_MSG_COUNT);
     memset(head, 0, FL_PS_HEAD_MAX);
     put32(head, FL_PS_REQ_MAGIC);
@@ -170,7 +216,8 @@ int fl_ps_req_encode(const fl_ps_req *r, uint8_t head[FL_PS_HEAD_MAX], fl_ps_spa
         putf64(head + 72, r->init.a);
         putf64(head + 80, r->init.b);
         put64(head + 88, r->init.seed);
-        h = 96;
+        opts_encode(head + 96, &r->opts);
+        h = 152;
         break;
     case FL_PS_MSG_SPARSE_PULL:
         put64(head + 8, r->n);
@@ -182,9 +229,12 @@ int fl_ps_req_encode(const fl_ps_req *r, uint8_t head[FL_PS_HEAD_MAX], fl_ps_spa
         putf64(head + 16, r->lr);
         put64(head + 24, r->n);
         put32(head + 32, (uint32_t)r->dim);
+        put32(head + 36, r->counts ? 1u : 0u);
         h = 40;
         parts[np++] = (fl_ps_span){r->ids, (size_t)r->n * 8};
         parts[np++] = (fl_ps_span){r->values, (size_t)r->n * (size_t)r->dim * 4};
+        if (r->counts)
+            parts[np++] = (fl_ps_span){r->counts, (size_t)r->n * 8};
         break;
     case FL_PS_MSG_SAVE:
         put64(head + 8, (uint64_t)r->step);
@@ -192,6 +242,8 @@ int fl_ps_req_encode(const fl_ps_req *r, uint8_t head[FL_PS_HEAD_MAX], fl_ps_spa
         h = 24;
         break;
     case FL_PS_MSG_STOP:
+    case FL_PS_MSG_SHRINK:
+    case FL_PS_MSG_STATS:
         break;
     }
     parts[0] = (fl_ps_span){head, h};
@@ -235,8 +287,9 @@ int fl_ps_req_parse(const void *buf, size_t n, fl_ps_req *out, char *reason, siz
                       is_table_msg(r.type) ? FL_PS_MAX_TABLES - 1 : 0);
     static const size_t fixed[FL_PS_MSG_COUNT] = {
         [FL_PS_MSG_HELLO] = 32, [FL_PS_MSG_DENSE_INIT] = 88, [FL_PS_MSG_DENSE_PULL] = 16,
-        [FL_PS_MSG_DENSE_PUSH] = 32, [FL_PS_MSG_SPARSE_INIT] = 96, [FL_PS_MSG_SPARSE_PULL] = 16,
+        [FL_PS_MSG_DENSE_PUSH] = 32, [FL_PS_MSG_SPARSE_INIT] = 152, [FL_PS_MSG_SPARSE_PULL] = 16,
         [FL_PS_MSG_SPARSE_PUSH] = 40, [FL_PS_MSG_SAVE] = 24, [FL_PS_MSG_STOP] = 8,
+        [FL_PS_MSG_SHRINK] = 8, [FL_PS_MSG_STATS] = 8,
     };
     size_t h = fixed[r.type];
     if (n < h)
@@ -329,6 +382,8 @@ int fl_ps_req_parse(const void *buf, size_t n, fl_ps_req *out, char *reason, siz
             (it == FL_PS_INIT_NORMAL && r.init.b < 0))
             return refuse(reason, cap, "SPARSE_INIT with initializer parameters %g, %g out of "
                           "order", r.init.a, r.init.b);
+        if (opts_parse(b + 96, &r.opts, reason, cap) < 0)
+            return -1;
         if (exact(name, rest, 0, reason, cap) < 0)
             return -1;
         break;
@@ -355,17 +410,27 @@ int fl_ps_req_parse(const void *buf, size_t n, fl_ps_req *out, char *reason, siz
         if (dim < 1 || dim > FL_PS_MAX_DIM)
             return refuse(reason, cap, "SPARSE_PUSH with rows of %" PRIu32 " values (1..%d)",
                           dim, FL_PS_MAX_DIM);
-        if (zero32(b + 36, name, reason, cap) < 0)
-            return -1;
-        uint64_t per = 8 + 4 * (uint64_t)dim;
+        uint32_t flags = get32(b + 36);
+        if (flags > 1)
+            return refuse(reason, cap, "SPARSE_PUSH with unknown flags %" PRIx32, flags);
+        uint64_t per = 8 + 4 * (uint64_t)dim + (flags ? 8 : 0);
         if (r.n > rest / per)
             return refuse(reason, cap, "SPARSE_PUSH of %" PRIu64 " ids of dim %" PRIu32
-                          " does not fit its %zu bytes", r.n, dim, rest);
+                          "%s does not fit its %zu bytes", r.n, dim, flags ? " with counts" : "",
+                          rest);
         if (exact(name, rest, r.n * per, reason, cap) < 0)
             return -1;
         r.dim = (int)dim;
         r.ids = (const uint64_t *)body;
         r.values = (const float *)(body + r.n * 8);
+        if (flags) {
+            r.counts = (const float *)(body + r.n * (8 + 4 * (uint64_t)dim));
+            for (uint64_t i = 0; i < 2 * r.n; i++)
+                if (!(r.counts[i] >= 0 && isfinite(r.counts[i])))
+                    return refuse(reason, cap, "SPARSE_PUSH with %s count %g of id %" PRIu64
+                                  " (finite, >= 0)", i < r.n ? "show" : "click",
+                                  (double)r.counts[i], r.ids[i < r.n ? i : i - r.n]);
+        }
         break;
     }
     case FL_PS_MSG_SAVE:
@@ -379,6 +444,8 @@ int fl_ps_req_parse(const void *buf, size_t n, fl_ps_req *out, char *reason, siz
             return -1;
         break;
     case FL_PS_MSG_STOP:
+    case FL_PS_MSG_SHRINK:
+    case FL_PS_MSG_STATS:
         if (exact(name, rest, 0, reason, cap) < 0)
             return -1;
         break;
@@ -435,6 +502,13 @@ int fl_ps_rep_encode(const fl_ps_rep *r, uint8_t head[FL_PS_HEAD_MAX], fl_ps_spa
     case FL_PS_MSG_SAVE:
         put64(head + 16, (uint64_t)r->step);
         h = 24;
+        break;
+    case FL_PS_MSG_SHRINK:
+    case FL_PS_MSG_STATS:
+        put64(head + 16, r->removed);
+        put64(head + 24, r->rows);
+        put64(head + 32, r->bytes);
+        h = 40;
         break;
     default:
         break;
@@ -539,6 +613,18 @@ int fl_ps_rep_parse(const void *buf, size_t n, int want_type, fl_ps_rep *out, ch
         r.step = (int64_t)get64(b + 16);
         if (r.step < 0)
             return refuse(reason, cap, "SAVE reply with step %" PRId64, r.step);
+        break;
+    case FL_PS_MSG_SHRINK:
+    case FL_PS_MSG_STATS:
+        if (exact(name, rest, 24, reason, cap) < 0)
+            return -1;
+        r.removed = get64(b + 16);
+        r.rows = get64(b + 24);
+        r.bytes = get64(b + 32);
+        if (r.removed > ((uint64_t)1 << 48) || r.rows > ((uint64_t)1 << 48) ||
+            r.bytes > ((uint64_t)1 << 56) || (r.type == FL_PS_MSG_STATS && r.removed))
+            return refuse(reason, cap, "%s reply with %" PRIu64 " removed, %" PRIu64 " rows, %"
+                          PRIu64 " bytes", name, r.removed, r.rows, r.bytes);
         break;
     default:
         return refuse(reason, cap, "reply to unknown request type %d", r.type);

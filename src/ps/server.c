@@ -269,6 +269,7 @@ int fl_ps_run_server(fl_ps *ps) {
         free(r->pos);
         free(r->th);
         free(r->tmp);
+        free(r->tmpc);
         free(r->cnt);
         free(r->off);
     }

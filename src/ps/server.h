@@ -29,6 +29,8 @@ enum {
     TASK_SPARSE_PULL,
     TASK_SPARSE_ACC,   /* sync; apply pending when it completes a step */
     TASK_SPARSE_PUSH,  /* async/geo */
+    TASK_SPARSE_SHRINK, /* a pass of the life cycle: result[0] rows removed */
+    TASK_SPARSE_STATS, /* result[0] rows, result[1] bytes */
     TASK_PAUSE,        /* SAVE: hold still until released */
 };
 
@@ -49,6 +51,9 @@ typedef struct ps_task {
     const uint64_t *ids;         /* sparse: this thread's ids */
     const int64_t  *pos;         /* sparse: where each id sits in the request */
     const float    *grads;       /* SPARSE_ACC / PUSH: the request's gradients [n * dim] */
+    const float    *shows, *clicks; /* SPARSE_ACC / PUSH: the request's counts [n], or NULL */
+    float   *tmpc;               /* SPARSE_ACC / PUSH with counts: scratch of 2 * n */
+    int64_t  result[2];          /* SHRINK, STATS */
     float   *tmp;                /* sparse: scratch of n * dim */
     int64_t  n;
     double   lr, scale;
@@ -95,6 +100,7 @@ typedef struct {
     int             dim;
     fl_ps_rule      rule;
     fl_ps_init_rule init;
+    fl_ps_sparse_opts opts;
     fl_ps_sparse  **parts;       /* [T] */
     ps_sync         sy;
 } ps_sparse_table;
@@ -148,11 +154,13 @@ void ps_sync_free(ps_sync *y);
 int  ps_dense_create(ps_server *s, ps_dense *d, int64_t numel, const fl_ps_rule *r);
 void ps_dense_free(ps_dense *d);
 int  ps_sparse_table_create(ps_server *s, int table, ps_sparse_table *t, int dim,
-                            const fl_ps_rule *r, const fl_ps_init_rule *init);
+                            const fl_ps_rule *r, const fl_ps_init_rule *init,
+                            const fl_ps_sparse_opts *o);
 void ps_sparse_table_free(ps_server *s, ps_sparse_table *t);
 /* "sgd", "momentum(0.9, nesterov)" ... for messages */
 void ps_rule_str(const fl_ps_rule *r, char *buf, size_t cap);
 bool ps_rule_equal(const fl_ps_rule *a, const fl_ps_rule *b);
+bool ps_opts_equal(const fl_ps_sparse_opts *a, const fl_ps_sparse_opts *b);
 
 /* ---- server_save.c ---- */
 /* Writes this server's shards (shards paused by the caller) as step, then prunes old steps'
@@ -170,6 +178,10 @@ int ps_read_pointer(const char *dir, int me, int *nservers, ps_chain *c, bool *h
 int ps_meta_i64(const fl_safetensors *st, const char *key, int64_t *out);
 int ps_parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r);
 int ps_parse_init(const fl_safetensors *st, const char *key, fl_ps_init_rule *init);
+/* A sparse table's life cycle as saved ("entry count probability decay threshold nonclk
+ * click unseen"); absent: the defaults (0); FL_EFORMAT naming the file. */
+int ps_parse_opts(const fl_safetensors *st, const char *key, fl_ps_sparse_opts *o);
+void ps_opts_fmt(const fl_ps_sparse_opts *o, char *buf, size_t cap);
 /* Loads cfg.resume_step's shards (-1: the chain the pointer names) from cfg.resume_dir (""
  * checkpoint_dir) before serving: 0 (nothing there and no step asked for: fresh start,
  * loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
@@ -194,7 +206,8 @@ typedef struct {
     int64_t     *pos;       /* [n] where each sits in the request */
     int32_t     *th;        /* [n] thread of each id */
     float       *tmp;       /* [n * dim] */
-    int64_t      part_cap, tmp_cap;
+    float       *tmpc;      /* [2 * n]: shows and clicks grouped by thread */
+    int64_t      part_cap, tmp_cap, tmpc_cap;
     int64_t     *cnt, *off; /* [T] */
 } ps_recv;
 

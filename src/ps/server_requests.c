@@ -372,12 +372,14 @@ static int on_sparse_init(ps_recv *r, const fl_ps_req *q) {
     ps_server *s = r->s;
     ps_sparse_table *t = &s->sparse[q->table];
     int rc = fl_ps_rule_check(&q->rule, true);
+    if (rc == 0)
+        rc = fl_ps_sparse_opts_check(&q->opts);
     if (rc < 0)
         return refuse(r, q->type, rc, "%s declares sparse table %d: %s", r->name, q->table,
                       fl_errmsg());
     pthread_mutex_lock(&s->mu);
     if (!t->declared) {
-        rc = ps_sparse_table_create(s, q->table, t, q->dim, &q->rule, &q->init);
+        rc = ps_sparse_table_create(s, q->table, t, q->dim, &q->rule, &q->init, &q->opts);
         if (rc < 0) {
             pthread_mutex_unlock(&s->mu);
             return refuse(r, q->type, rc, "sparse table %d of %s: %s", q->table, r->name,
@@ -397,6 +399,15 @@ static int on_sparse_init(ps_recv *r, const fl_ps_req *q) {
                       "rule %s (initializer %d %g %g seed %" PRIu64 "), but %s rows of %d and "
                       "rule %s (or another initializer)", r->name, q->table, q->dim, a,
                       (int)q->init.type, q->init.a, q->init.b, q->init.seed, who, dim, b);
+    } else if (!ps_opts_equal(&t->opts, &q->opts)) {
+        char a[300], b[300], who[200];
+        ps_opts_fmt(&q->opts, a, sizeof a);
+        ps_opts_fmt(&t->opts, b, sizeof b);
+        describe_owner(s, t->declared_by, who, sizeof who);
+        pthread_mutex_unlock(&s->mu);
+        return refuse(r, q->type, FL_ECONFIG, "%s declares sparse table %d with life cycle "
+                      "(entry count probability decay threshold nonclk click unseen) %s, but %s "
+                      "%s", r->name, q->table, a, who, b);
     }
     pthread_mutex_unlock(&s->mu);
     fl_ps_rep rep = {.type = q->type};
@@ -424,7 +435,8 @@ static int split_ids(ps_recv *r, const fl_ps_req *q, int dim) {
                           " ids", s->s, n);
         r->part_cap = c;
     }
-    if (grow((void **)&r->tmp, &r->tmp_cap, n * dim, sizeof *r->tmp) < 0)
+    if (grow((void **)&r->tmp, &r->tmp_cap, n * dim, sizeof *r->tmp) < 0 ||
+        (q->counts && grow((void **)&r->tmpc, &r->tmpc_cap, 2 * n, sizeof *r->tmpc) < 0))
         return refuse(r, q->type, FL_ENOMEM, "server %d: %s", s->s, fl_errmsg());
     memset(r->cnt, 0, (size_t)s->T * sizeof *r->cnt);
     for (int64_t i = 0; i < n; i++) {
@@ -455,9 +467,11 @@ static int split_ids(ps_recv *r, const fl_ps_req *q, int dim) {
     return 0;
 }
 
-/* Sparse tasks (s->mu held): to every thread with ids, or to all when `all`. */
+/* Sparse tasks (s->mu held): to every thread with ids, or to all when `all`; counts: the
+ * request's n shows then n clicks, or NULL. */
 static int dispatch_sparse(ps_recv *r, int op, int table, int dim, float *dst,
-                           const float *grads, double lr, double scale, bool apply, bool all) {
+                           const float *grads, const float *counts, int64_t n, double lr,
+                           double scale, bool apply, bool all) {
     ps_server *s = r->s;
     int m = 0;
     r->done.rc = 0;
@@ -477,6 +491,11 @@ static int dispatch_sparse(ps_recv *r, int op, int table, int dim, float *dst,
         k->ids = r->ids + r->off[t];
         k->pos = r->pos + r->off[t];
         k->tmp = r->tmp + r->off[t] * dim;
+        if (counts) {
+            k->shows = counts;
+            k->clicks = counts + n;
+            k->tmpc = r->tmpc + 2 * r->off[t];
+        }
         k->n = r->cnt[t];
         k->lr = lr;
         k->scale = scale;
@@ -505,8 +524,8 @@ static int on_sparse_pull(ps_recv *r, const fl_ps_req *q) {
         }
     }
     t->sy.last_pull[r->w] = t->sy.version;
-    int n = dispatch_sparse(r, TASK_SPARSE_PULL, q->table, dim, r->out, NULL, 0, 1, false,
-                            false);
+    int n = dispatch_sparse(r, TASK_SPARSE_PULL, q->table, dim, r->out, NULL, NULL, 0, 0, 1,
+                            false, false);
     pthread_mutex_unlock(&s->mu);
     int rc = n ? ps_done_wait(&r->done) : 0;
     if (rc < 0)
@@ -533,14 +552,14 @@ static int on_sparse_push(ps_recv *r, const fl_ps_req *q) {
             pthread_mutex_unlock(&s->mu);
             return last;
         }
-        n = dispatch_sparse(r, TASK_SPARSE_ACC, q->table, t->dim, NULL, q->values, q->lr,
-                            1.0 / s->W, last, last);
+        n = dispatch_sparse(r, TASK_SPARSE_ACC, q->table, t->dim, NULL, q->values, q->counts,
+                            (int64_t)q->n, q->lr, 1.0 / s->W, last, last);
     } else {
         stale = t->sy.version - t->sy.last_pull[r->w];
         t->sy.version++;
         count_staleness(s, stale);
-        n = dispatch_sparse(r, TASK_SPARSE_PUSH, q->table, t->dim, NULL, q->values, q->lr, 1,
-                            false, false);
+        n = dispatch_sparse(r, TASK_SPARSE_PUSH, q->table, t->dim, NULL, q->values, q->counts,
+                            (int64_t)q->n, q->lr, 1, false, false);
     }
     pthread_mutex_unlock(&s->mu);
     int rc = n ? ps_done_wait(&r->done) : 0;
@@ -554,6 +573,52 @@ static int on_sparse_push(ps_recv *r, const fl_ps_req *q) {
     }
     fl_ps_rep rep = {.type = q->type, .version = t->sy.version, .staleness = stale};
     pthread_mutex_unlock(&s->mu);
+    return ps_send_reply(r, &rep);
+}
+
+/* SHRINK (a pass of the life cycle) and STATS: one task on every shard thread, the results
+ * summed. Sync: first waits, as a pull does, until the steps this worker pushed are applied,
+ * so that the pass falls between the same two steps whatever the other workers' timing. */
+static int on_table_pass(ps_recv *r, const fl_ps_req *q) {
+    ps_server *s = r->s;
+    FL_TRY(need_table(r, q, false));
+    ps_sparse_table *t = &s->sparse[q->table];
+    memset(r->cnt, 0, (size_t)s->T * sizeof *r->cnt);
+    memset(r->off, 0, (size_t)s->T * sizeof *r->off);
+    pthread_mutex_lock(&s->mu);
+    if (s->cfg.mode == FL_PS_SYNC) {
+        int rc = wait_version(r, q, &t->sy, t->sy.pushes_by[r->w], "sparse");
+        if (rc < 0) {
+            pthread_mutex_unlock(&s->mu);
+            return rc;
+        }
+    }
+    bool shrink = q->type == FL_PS_MSG_SHRINK;
+    int n = dispatch_sparse(r, shrink ? TASK_SPARSE_SHRINK : TASK_SPARSE_STATS, q->table,
+                            t->dim, NULL, NULL, NULL, 0, 0, 1, false, true);
+    pthread_mutex_unlock(&s->mu);
+    int rc = n ? ps_done_wait(&r->done) : 0;
+    if (rc < 0)
+        return refuse(r, q->type, rc, "server %d, sparse table %d, %s of %s: %s", s->s,
+                      q->table, fl_ps_msg_name(q->type), r->name, r->done.err);
+    fl_ps_rep rep = {.type = q->type};
+    if (shrink) { /* rows removed, then the table's rows and bytes after the pass */
+        for (int i = 0; i < s->T; i++)
+            rep.removed += (uint64_t)r->tasks[i].result[0];
+        pthread_mutex_lock(&s->mu);
+        n = dispatch_sparse(r, TASK_SPARSE_STATS, q->table, t->dim, NULL, NULL, NULL, 0, 0, 1,
+                            false, true);
+        pthread_mutex_unlock(&s->mu);
+        if (n)
+            ps_done_wait(&r->done);
+    }
+    for (int i = 0; i < s->T; i++) {
+        rep.rows += (uint64_t)r->tasks[i].result[0];
+        rep.bytes += (uint64_t)r->tasks[i].result[1];
+    }
+    if (shrink)
+        FL_INFO("ps server %d: sparse table %d: a pass removed %" PRIu64 " rows, %" PRIu64
+                " left (%" PRIu64 " bytes)", s->s, q->table, rep.removed, rep.rows, rep.bytes);
     return ps_send_reply(r, &rep);
 }
 
@@ -599,6 +664,8 @@ int ps_handle(ps_recv *r, const void *buf, size_t n, bool *hello) {
     case FL_PS_MSG_SPARSE_PULL: return on_sparse_pull(r, &q);
     case FL_PS_MSG_SPARSE_PUSH: return on_sparse_push(r, &q);
     case FL_PS_MSG_SAVE: return on_save(r, &q);
+    case FL_PS_MSG_SHRINK:
+    case FL_PS_MSG_STATS: return on_table_pass(r, &q);
     case FL_PS_MSG_STOP: {
         fl_ps_rep rep = {.type = q.type};
         FL_TRY(ps_send_reply(r, &rep));

@@ -11,10 +11,16 @@
  *
  * Tensors: dense.<t>.<b>.value F32 [n] and dense.<t>.<b>.state F32 [k] per block b (the
  * global block index); sparse.<t>.ids I64 [rows], sparse.<t>.values F32 [rows, dim],
- * sparse.<t>.state F32 [rows, k]. Metadata: fleet.ps.server, fleet.ps.servers, fleet.ps.step,
- * fleet.ps.kind (all|delta), dense.<t>.numel / .rule / .version, sparse.<t>.dim / .rule /
- * .init / .version / .rows (rule: "type nesterov momentum wd beta1 beta2 eps g2sum"; init:
- * "type a b seed"; doubles with 17 digits, so they read back exactly). */
+ * sparse.<t>.state F32 [rows, k], sparse.<t>.stat F32 [rows, 3] (show, click, passes unseen),
+ * and the candidates of entry COUNT, sparse.<t>.cand_ids I64 [n] and sparse.<t>.cand F32
+ * [n, 2] (shows seen, passes unseen), all of them in every save, a delta too. Metadata:
+ * fleet.ps.server, fleet.ps.servers, fleet.ps.step, fleet.ps.kind (all|delta), dense.<t>.numel
+ * / .rule / .version, sparse.<t>.dim / .rule / .init / .opts / .version / .rows / .cands /
+ * .passes (rule: "type nesterov momentum wd beta1 beta2 eps g2sum"; init: "type a b seed";
+ * opts: "entry count probability decay threshold nonclk_coeff click_coeff unseen"; doubles
+ * with 17 digits, so they read back exactly). A file without .stat / .opts (an older save)
+ * loads with zero counters and the default life cycle. A pass (shrink) since the last save
+ * makes the next one full: a delta cannot say which rows went. */
 #include "server.h"
 
 #include "fleet/checkpoint.h"
@@ -143,15 +149,22 @@ static void rule_fmt(const fl_ps_rule *r, char *buf, size_t cap) {
              r->initial_g2sum);
 }
 
+void ps_opts_fmt(const fl_ps_sparse_opts *o, char *buf, size_t cap) {
+    snprintf(buf, cap, "%d %.17g %.17g %.17g %.17g %.17g %.17g %d", (int)o->entry,
+             o->entry_count, o->entry_probability, o->show_click_decay, o->delete_threshold,
+             o->nonclk_coeff, o->click_coeff, o->delete_after_unseen);
+}
+
 /* Rows gathered from the shard parts of one sparse table. */
 typedef struct {
     int64_t *ids;
-    float   *values, *state;
+    float   *values, *state, *stat;
     int64_t  n, cap;
     int      dim, sr;
 } rows_buf;
 
-static int take_row(void *ctx, uint64_t id, const float *values, const float *state) {
+static int take_row(void *ctx, uint64_t id, const float *values, const float *state,
+                    const fl_ps_row_stat *st) {
     rows_buf *b = ctx;
     if (b->n >= b->cap)
         return FL_EINVAL; /* more rows than counted: cannot happen while shards are paused */
@@ -159,6 +172,27 @@ static int take_row(void *ctx, uint64_t id, const float *values, const float *st
     memcpy(b->values + b->n * b->dim, values, (size_t)b->dim * sizeof(float));
     if (b->sr)
         memcpy(b->state + b->n * b->sr, state, (size_t)b->sr * sizeof(float));
+    b->stat[3 * b->n] = st->show;
+    b->stat[3 * b->n + 1] = st->click;
+    b->stat[3 * b->n + 2] = (float)st->unseen;
+    b->n++;
+    return 0;
+}
+
+/* Candidates gathered from the shard parts. */
+typedef struct {
+    int64_t *ids;
+    float   *cnt;
+    int64_t  n, cap;
+} cand_buf;
+
+static int take_cand(void *ctx, uint64_t id, float seen, int unseen) {
+    cand_buf *b = ctx;
+    if (b->n >= b->cap)
+        return FL_EINVAL;
+    b->ids[b->n] = (int64_t)id;
+    b->cnt[2 * b->n] = seen;
+    b->cnt[2 * b->n + 1] = (float)unseen;
     b->n++;
     return 0;
 }
@@ -195,16 +229,24 @@ static int list_tables(ps_server *s, save_list *l, bool delta) {
         rows_buf rb = {.dim = sp->dim,
                        .sr = sp->dim * fl_ps_rule_state_per_value(&sp->rule) +
                              fl_ps_rule_state_per_row(&sp->rule)};
-        for (int i = 0; i < s->T; i++)
+        cand_buf cb = {0};
+        for (int i = 0; i < s->T; i++) {
             rb.cap += fl_ps_sparse_rows(sp->parts[i]);
+            cb.cap += fl_ps_sparse_candidates(sp->parts[i]);
+        }
         rb.ids = own(l, (size_t)rb.cap * 8);
         rb.values = own(l, (size_t)rb.cap * (size_t)rb.dim * 4);
         rb.state = own(l, (size_t)rb.cap * (size_t)rb.sr * 4);
-        if (!rb.ids || !rb.values || !rb.state)
+        rb.stat = own(l, (size_t)rb.cap * 3 * 4);
+        cb.ids = own(l, (size_t)cb.cap * 8);
+        cb.cnt = own(l, (size_t)cb.cap * 2 * 4);
+        if (!rb.ids || !rb.values || !rb.state || !rb.stat || !cb.ids || !cb.cnt)
             return fl_fail(FL_ENOMEM, "out of memory gathering %" PRId64 " rows of sparse table "
                            "%d", rb.cap, t);
         for (int i = 0; i < s->T; i++) {
             int rc = fl_ps_sparse_visit(sp->parts[i], delta, take_row, &rb);
+            if (rc == 0)
+                rc = fl_ps_sparse_visit_candidates(sp->parts[i], take_cand, &cb);
             if (rc < 0)
                 return fl_fail(rc, "gathering the rows of sparse table %d", t);
         }
@@ -216,12 +258,27 @@ static int list_tables(ps_server *s, save_list *l, bool delta) {
         snprintf(key, sizeof key, "sparse.%d.init", t);
         FL_TRY(add_meta(l, key, "%d %.17g %.17g %" PRIu64, (int)sp->init.type, sp->init.a,
                         sp->init.b, sp->init.seed));
+        ps_opts_fmt(&sp->opts, val, sizeof val);
+        snprintf(key, sizeof key, "sparse.%d.opts", t);
+        FL_TRY(add_meta(l, key, "%s", val));
+        snprintf(key, sizeof key, "sparse.%d.passes", t);
+        FL_TRY(add_meta(l, key, "%" PRId64, fl_ps_sparse_passes(sp->parts[0])));
         snprintf(key, sizeof key, "sparse.%d.version", t);
         FL_TRY(add_meta(l, key, "%" PRId64, sp->sy.version));
         snprintf(key, sizeof key, "sparse.%d.rows", t);
         FL_TRY(add_meta(l, key, "%" PRId64, rb.n));
+        snprintf(key, sizeof key, "sparse.%d.cands", t);
+        FL_TRY(add_meta(l, key, "%" PRId64, cb.n));
+        if (cb.n > 0) {
+            snprintf(key, sizeof key, "sparse.%d.cand_ids", t);
+            FL_TRY(add_entry(l, key, FL_DTYPE_I64, 1, cb.n, 0, cb.ids));
+            snprintf(key, sizeof key, "sparse.%d.cand", t);
+            FL_TRY(add_entry(l, key, FL_DTYPE_F32, 2, cb.n, 2, cb.cnt));
+        }
         if (rb.n == 0)
             continue;
+        snprintf(key, sizeof key, "sparse.%d.stat", t);
+        FL_TRY(add_entry(l, key, FL_DTYPE_F32, 2, rb.n, 3, rb.stat));
         snprintf(key, sizeof key, "sparse.%d.ids", t);
         FL_TRY(add_entry(l, key, FL_DTYPE_I64, 1, rb.n, 0, rb.ids));
         snprintf(key, sizeof key, "sparse.%d.values", t);
@@ -346,10 +403,14 @@ void ps_prune(ps_server *s, int64_t step) {
 }
 
 int ps_save(ps_server *s, int64_t step, int mode) {
-    bool delta = mode == FL_PS_SAVE_DELTA;
-    if (delta && (s->chain.n == 0 || s->chain.n >= PS_CHAIN_MAX)) {
+    bool delta = mode == FL_PS_SAVE_DELTA, passed = false;
+    for (int t = 0; t < FL_PS_MAX_TABLES; t++)
+        for (int i = 0; s->sparse[t].declared && i < s->T; i++)
+            passed = passed || fl_ps_sparse_passed(s->sparse[t].parts[i]);
+    if (delta && (s->chain.n == 0 || s->chain.n >= PS_CHAIN_MAX || passed)) {
         FL_INFO("ps server %d: a full save at step %" PRId64 " in place of a delta (%s)", s->s,
-                step, s->chain.n ? "the chain of deltas is full" : "no full save to build on");
+                step, passed ? "a shrink pass ran since the last save"
+                : s->chain.n ? "the chain of deltas is full" : "no full save to build on");
         delta = false;
     }
     ps_chain next = delta ? s->chain : (ps_chain){0};
@@ -429,6 +490,25 @@ int ps_parse_init(const fl_safetensors *st, const char *key, fl_ps_init_rule *in
     return 0;
 }
 
+int ps_parse_opts(const fl_safetensors *st, const char *key, fl_ps_sparse_opts *o) {
+    const char *v = fl_safetensors_meta(st, key);
+    fl_ps_sparse_opts_defaults(o);
+    if (!v)
+        return 0; /* an older save: the defaults */
+    int entry, used = 0;
+    if (sscanf(v, "%d %lg %lg %lg %lg %lg %lg %d%n", &entry, &o->entry_count,
+               &o->entry_probability, &o->show_click_decay, &o->delete_threshold,
+               &o->nonclk_coeff, &o->click_coeff, &o->delete_after_unseen, &used) != 8 ||
+        v[used])
+        return fl_fail(FL_EFORMAT, "%s: metadata %s=%s is not a sparse table's life cycle",
+                       fl_safetensors_path(st), key, v);
+    o->entry = (fl_ps_entry_type)entry;
+    if (fl_ps_sparse_opts_check(o) < 0)
+        return fl_fail(FL_EFORMAT, "%s: metadata %s: %s", fl_safetensors_path(st), key,
+                       fl_errmsg());
+    return 0;
+}
+
 static int load_dense(ps_server *s, const fl_safetensors *st, int t) {
     char key[NAME_LEN];
     const char *path = fl_safetensors_path(st);
@@ -495,15 +575,44 @@ static int load_sparse(ps_server *s, const fl_safetensors *st, int t) {
     fl_ps_init_rule init;
     snprintf(key, sizeof key, "sparse.%d.init", t);
     FL_TRY(ps_parse_init(st, key, &init));
+    fl_ps_sparse_opts opts;
+    snprintf(key, sizeof key, "sparse.%d.opts", t);
+    FL_TRY(ps_parse_opts(st, key, &opts));
+    int64_t passes = 0, cands = 0;
+    snprintf(key, sizeof key, "sparse.%d.passes", t);
+    if (ps_meta_i64(st, key, &passes) == FL_EFORMAT || passes < 0)
+        return fl_fail(FL_EFORMAT, "%s: sparse table %d: bad %s", path, t, key);
+    snprintf(key, sizeof key, "sparse.%d.cands", t);
+    if (ps_meta_i64(st, key, &cands) == FL_EFORMAT || cands < 0)
+        return fl_fail(FL_EFORMAT, "%s: sparse table %d: bad %s", path, t, key);
     ps_sparse_table *sp = &s->sparse[t];
     if (!sp->declared) {
-        FL_TRY(ps_sparse_table_create(s, t, sp, (int)dim, &r, &init));
-    } else if (sp->dim != dim || !ps_rule_equal(&sp->rule, &r)) {
+        FL_TRY(ps_sparse_table_create(s, t, sp, (int)dim, &r, &init, &opts));
+    } else if (sp->dim != dim || !ps_rule_equal(&sp->rule, &r) ||
+               !ps_opts_equal(&sp->opts, &opts)) {
         return fl_fail(FL_EFORMAT, "%s: sparse table %d has rows of %" PRId64 ", the save it "
-                       "builds on %d (or another rule)", path, t, dim, sp->dim);
+                       "builds on %d (or another rule or life cycle)", path, t, dim, sp->dim);
     }
     int64_t sr = dim * fl_ps_rule_state_per_value(&r) + fl_ps_rule_state_per_row(&r);
-    const fl_st_tensor *ti = NULL, *tv = NULL, *ts = NULL;
+    const fl_st_tensor *ti = NULL, *tv = NULL, *ts = NULL, *tc = NULL;
+    if (rows > 0) {
+        snprintf(key, sizeof key, "sparse.%d.stat", t);
+        tc = fl_safetensors_find(st, key); /* absent in an older save: zero counters */
+        if (tc && (tc->dtype != FL_DTYPE_F32 || tc->numel != rows * 3))
+            return fl_fail(FL_EFORMAT, "%s: tensor %s is not F32 [%" PRId64 ", 3]", path, key,
+                           rows);
+    }
+    const fl_st_tensor *cid = NULL, *ccnt = NULL;
+    if (cands > 0) {
+        snprintf(key, sizeof key, "sparse.%d.cand_ids", t);
+        cid = fl_safetensors_find(st, key);
+        snprintf(key, sizeof key, "sparse.%d.cand", t);
+        ccnt = fl_safetensors_find(st, key);
+        if (!cid || cid->dtype != FL_DTYPE_I64 || cid->numel != cands || !ccnt ||
+            ccnt->dtype != FL_DTYPE_F32 || ccnt->numel != cands * 2)
+            return fl_fail(FL_EFORMAT, "%s: the %" PRId64 " entry candidates of sparse table %d "
+                           "are missing or of the wrong shape", path, cands, t);
+    }
     if (rows > 0) {
         snprintf(key, sizeof key, "sparse.%d.ids", t);
         ti = fl_safetensors_find(st, key);
@@ -533,13 +642,37 @@ static int load_sparse(ps_server *s, const fl_safetensors *st, int t) {
         if (sr)
             memcpy(vals + dim, (const char *)ts->data + i * sr * 4, (size_t)sr * 4);
         int th = s->T > 1 ? fl_ps_thread_of(id, s->T) : 0;
-        rc = fl_ps_sparse_put(sp->parts[th], id, vals, sr ? vals + dim : NULL);
+        fl_ps_row_stat rs = {0, 0, 0};
+        if (tc) {
+            float c3[3];
+            memcpy(c3, (const char *)tc->data + i * 12, 12);
+            rs = (fl_ps_row_stat){c3[0], c3[1], (int)c3[2]};
+        }
+        rc = fl_ps_sparse_put(sp->parts[th], id, vals, sr ? vals + dim : NULL, &rs);
     }
     free(vals);
     FL_TRY(rc);
+    /* each save holds every candidate: the last file's replace the ones before */
+    for (int i = 0; i < s->T; i++) {
+        fl_ps_sparse_clear_candidates(sp->parts[i]);
+        fl_ps_sparse_set_passes(sp->parts[i], passes);
+    }
+    for (int64_t i = 0; i < cands; i++) {
+        uint64_t id;
+        float c2[2];
+        memcpy(&id, (const char *)cid->data + i * 8, 8);
+        memcpy(c2, (const char *)ccnt->data + i * 8, 8);
+        if (s->S > 1 && fl_ps_shard_of(id, s->S) != s->s)
+            return fl_fail(FL_EFORMAT, "%s: candidate id %" PRIu64 " of sparse table %d belongs "
+                           "to server %d, not %d", path, id, t, fl_ps_shard_of(id, s->S), s->s);
+        int th = s->T > 1 ? fl_ps_thread_of(id, s->T) : 0;
+        FL_TRY(fl_ps_sparse_put_candidate(sp->parts[th], id, c2[0], (int)c2[1]));
+    }
     sp->sy.version = version;
-    for (int w = 0; w < s->W; w++) /* a resumed worker's next pull waits for its next push */
-        sp->sy.last_pull[w] = sp->sy.pushes_by[w] = version;
+    for (int w = 0; w < s->W; w++) { /* sync: every worker pushed each update applied */
+        sp->sy.last_pull[w] = version;
+        sp->sy.pushes_by[w] = version;
+    }
     sp->loaded = true;
     sp->declared_by = -1;
     return 0;

@@ -87,18 +87,38 @@ static int run_sparse(ps_shard *sh, ps_task *t) {
     fl_ps_sparse *part = tb->parts[sh->id];
     int64_t dim = tb->dim;
     int rc = 0;
-    if (t->op == TASK_SPARSE_PULL) {
+    switch (t->op) {
+    case TASK_SPARSE_PULL:
         rc = fl_ps_sparse_pull_rows(part, t->ids, t->n, t->tmp);
         for (int64_t k = 0; rc == 0 && k < t->n; k++)
             memcpy(t->dst + t->pos[k] * dim, t->tmp + k * dim, (size_t)dim * sizeof(float));
         return rc;
+    case TASK_SPARSE_SHRINK: {
+        int64_t removed = fl_ps_sparse_pass(part);
+        t->result[0] = removed;
+        return removed < 0 ? (int)removed : 0;
+    }
+    case TASK_SPARSE_STATS:
+        t->result[0] = fl_ps_sparse_rows(part);
+        t->result[1] = (int64_t)fl_ps_sparse_bytes(part);
+        return 0;
     }
     for (int64_t k = 0; k < t->n; k++)
         memcpy(t->tmp + k * dim, t->grads + t->pos[k] * dim, (size_t)dim * sizeof(float));
+    float *shows = NULL, *clicks = NULL;
+    if (t->shows) { /* this thread's counts, in the order of its ids */
+        shows = t->tmpc;
+        clicks = t->tmpc + t->n;
+        for (int64_t k = 0; k < t->n; k++) {
+            shows[k] = t->shows[t->pos[k]];
+            clicks[k] = t->clicks[t->pos[k]];
+        }
+    }
     if (t->op == TASK_SPARSE_PUSH)
-        return fl_ps_sparse_push_rows(part, t->ids, t->n, t->tmp, t->lr);
+        return fl_ps_sparse_push_rows_counts(part, t->ids, t->n, t->tmp, shows, clicks,
+                                             t->lr);
     if (t->n > 0)
-        rc = fl_ps_sparse_accumulate(part, t->ids, t->n, t->tmp);
+        rc = fl_ps_sparse_accumulate_counts(part, t->ids, t->n, t->tmp, shows, clicks);
     if (rc == 0 && t->apply)
         rc = fl_ps_sparse_apply_pending(part, t->lr, t->scale);
     return rc;
@@ -140,6 +160,8 @@ static void *shard_main(void *arg) {
         case TASK_SPARSE_PULL:
         case TASK_SPARSE_ACC:
         case TASK_SPARSE_PUSH:
+        case TASK_SPARSE_SHRINK:
+        case TASK_SPARSE_STATS:
             rc = run_sparse(sh, t);
             if (rc < 0)
                 snprintf(err, sizeof err, "shard thread %d: %s", sh->id, fl_errmsg());

@@ -73,16 +73,20 @@ void ps_dense_free(ps_dense *d) {
 }
 
 int ps_sparse_table_create(ps_server *s, int table, ps_sparse_table *t, int dim,
-                           const fl_ps_rule *r, const fl_ps_init_rule *init) {
+                           const fl_ps_rule *r, const fl_ps_init_rule *init,
+                           const fl_ps_sparse_opts *o) {
     memset(t, 0, sizeof *t);
     t->dim = dim;
     t->rule = *r;
     t->init = *init;
+    t->opts = *o;
     t->parts = calloc((size_t)s->T, sizeof *t->parts);
     if (!t->parts)
         return fl_fail(FL_ENOMEM, "out of memory");
     for (int i = 0; i < s->T; i++) {
         int rc = fl_ps_sparse_create(table, dim, r, init, &t->parts[i]);
+        if (rc == 0)
+            rc = fl_ps_sparse_set_opts(t->parts[i], o);
         if (rc < 0) {
             ps_sparse_table_free(s, t);
             return rc;
@@ -131,4 +135,12 @@ bool ps_rule_equal(const fl_ps_rule *a, const fl_ps_rule *b) {
     return a->type == b->type && a->nesterov == b->nesterov && a->momentum == b->momentum &&
            a->weight_decay == b->weight_decay && a->beta1 == b->beta1 && a->beta2 == b->beta2 &&
            a->epsilon == b->epsilon && a->initial_g2sum == b->initial_g2sum;
+}
+
+bool ps_opts_equal(const fl_ps_sparse_opts *a, const fl_ps_sparse_opts *b) {
+    return a->entry == b->entry && a->entry_count == b->entry_count &&
+           a->entry_probability == b->entry_probability &&
+           a->show_click_decay == b->show_click_decay &&
+           a->delete_threshold == b->delete_threshold && a->nonclk_coeff == b->nonclk_coeff &&
+           a->click_coeff == b->click_coeff && a->delete_after_unseen == b->delete_after_unseen;
 }

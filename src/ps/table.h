@@ -55,46 +55,98 @@ void fl_ps_block_apply_accum(fl_ps_block *b, const fl_ps_rule *r, double lr, dou
 /* ---- sparse ---- */
 typedef struct fl_ps_sparse fl_ps_sparse;
 
+/* A row's counters (fl_ps_sparse_opts): shows and clicks pushed, decayed at each pass, and
+ * the passes since its last push. */
+typedef struct {
+    float show, click;
+    int   unseen;
+} fl_ps_row_stat;
+
 /* An empty table of rows of dim values (1 .. 4096) with rule r (its state lives beside each
- * row) and initializer init; `table` enters the initializer's draw. FL_ENOMEM; FL_EINVAL (dim,
- * initializer); FL_ECONFIG (a rule fl_ps_rule_check refuses for a sparse table). Rows are
- * never moved or freed before fl_ps_sparse_free. */
+ * row), initializer init (`table` enters its draw) and the default life cycle
+ * (fl_ps_sparse_opts_defaults: every row kept). FL_ENOMEM; FL_EINVAL (dim, initializer);
+ * FL_ECONFIG (a rule fl_ps_rule_check refuses for a sparse table). A row is never moved; a
+ * row removed by a pass leaves its slot to the next row created. */
 int  fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_init_rule *init,
                          fl_ps_sparse **out);
+/* Sets the life cycle (entry rule, shrink) of a table that holds no row and no candidate
+ * yet: FL_ECONFIG (fl_ps_sparse_opts_check), FL_ESTATE (rows there). */
+int  fl_ps_sparse_set_opts(fl_ps_sparse *t, const fl_ps_sparse_opts *o);
 void fl_ps_sparse_free(fl_ps_sparse *t);
 int     fl_ps_sparse_dim(const fl_ps_sparse *t);
 int64_t fl_ps_sparse_rows(const fl_ps_sparse *t);
-/* Bytes held: rows, state, index. */
+/* Ids counted toward entry COUNT that have no row yet. */
+int64_t fl_ps_sparse_candidates(const fl_ps_sparse *t);
+/* Passes (fl_ps_sparse_pass) run; fl_ps_sparse_set_passes when loading. */
+int64_t fl_ps_sparse_passes(const fl_ps_sparse *t);
+void    fl_ps_sparse_set_passes(fl_ps_sparse *t, int64_t passes);
+/* Bytes held: rows (values, state, counters, ids), index, candidates, pending sums. */
 size_t  fl_ps_sparse_bytes(const fl_ps_sparse *t);
 
-/* Copies the rows of ids[0..n) into out[n * dim], creating missing rows with the initializer
- * (the same values whatever order or thread: a draw of (seed, table, id)) and the rule's fresh
- * state. FL_ENOMEM (the rows before the failing one were served). Named _rows because ps.h's
+/* Copies the rows of ids[0..n) into out[n * dim]. Under entry NONE a missing row is created
+ * with the initializer (the same values whatever order or thread: a draw of (seed, table,
+ * id)) and the rule's fresh state; under COUNT and PROBABILITY it reads as zeros and is not
+ * created. FL_ENOMEM (the rows before the failing one were served). Named _rows because ps.h's
  * worker call owns fl_ps_sparse_pull. */
 int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out);
-/* Applies the rule to each row ids[i] with gradient g[i * dim] (a missing row is created first;
- * a repeated id is updated once per occurrence, in order). FL_ENOMEM. */
+/* Applies the rule to each row ids[i] with gradient g[i * dim] and counts shows[i] shows
+ * and clicks[i] clicks (shows NULL: one each; clicks NULL: none), its unseen passes back to 0;
+ * a repeated id is updated once per occurrence, in order. A missing row is created when the
+ * entry rule admits it (COUNT: its shows, with this push's, reach the count; PROBABILITY: the
+ * draw of (seed, table, id, pass)); an occurrence it does not admit is dropped, its shows
+ * counted toward COUNT. FL_ENOMEM. */
+int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
+                                  const float *g, const float *shows, const float *clicks,
+                                  double lr);
+/* fl_ps_sparse_push_rows_counts(t, ids, n, g, NULL, NULL, lr). */
 int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
                            double lr);
 /* Adds d[i * dim ..] to the values of row ids[i] (created first when missing), leaving the
  * rule's state as it is: a geo worker folds the others' progress into its own copy. FL_ENOMEM. */
 int fl_ps_sparse_add_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *d);
-/* Sync mode: adds g into the pending sum of each id for the step being merged... */
+/* Sync mode: adds g, shows and clicks (NULL as above) into the pending sums of each id for
+ * the step being merged... */
+int fl_ps_sparse_accumulate_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
+                                   const float *g, const float *shows, const float *clicks);
 int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g);
 /* ...and applies every pending row's rule with gradient (float)(sum * scale), once, in id
- * order; then forgets the pending sums. Missing rows are created before any rule runs, so
- * FL_ENOMEM leaves every row's values and the pending sums as they were. */
+ * order, adding its summed shows and clicks; then forgets the pending sums. Missing rows pass
+ * the entry rule (with their summed shows) and are created before any rule runs, so FL_ENOMEM
+ * leaves every row's values and the pending sums as they were (candidates' counts may have
+ * moved). */
 int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale);
 
-/* Visits every row (id, values[dim], state) in ascending id order (for saving and merging).
- * fn returns 0 to go on, else stops and is returned. only_dirty: the rows created or changed
- * (push, apply_pending, put) since the last fl_ps_sparse_mark_clean. Sorts the visited rows
- * by id first: 32 bytes of scratch a visited row (FL_ENOMEM when they cannot be had). */
-typedef int (*fl_ps_row_fn)(void *ctx, uint64_t id, const float *values, const float *state);
+/* One pass of the life cycle: every row's show and click *= show_click_decay; a row whose
+ * score (show - click) * nonclk_coeff + click * click_coeff < delete_threshold, or that saw no
+ * push in the last delete_after_unseen passes (> 0), is removed (its slot and index entry
+ * freed for the next rows); the others count one more unseen pass. Candidates unseen that
+ * long are dropped too. Returns the rows removed, or FL_ENOMEM (nothing removed). */
+int64_t fl_ps_sparse_pass(fl_ps_sparse *t);
+
+/* Visits every row (id, values[dim], state, counters) in ascending id order (for saving and
+ * merging). fn returns 0 to go on, else stops and is returned. only_dirty: the rows created
+ * or changed (push, apply_pending, put) since the last fl_ps_sparse_mark_clean. Sorts the
+ * visited rows by id first: 32 bytes of scratch a visited row (FL_ENOMEM when they cannot be
+ * had). */
+typedef int (*fl_ps_row_fn)(void *ctx, uint64_t id, const float *values, const float *state,
+                            const fl_ps_row_stat *st);
 int  fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, void *ctx);
+/* Forgets which rows changed, and that a pass ran. */
 void fl_ps_sparse_mark_clean(fl_ps_sparse *t);
-/* Inserts or overwrites a row (loading): values[dim] and state (NULL: a fresh state). Marks
- * the row dirty like any change: a loader calls fl_ps_sparse_mark_clean after loading. */
-int  fl_ps_sparse_put(fl_ps_sparse *t, uint64_t id, const float *values, const float *state);
+/* Whether a pass (fl_ps_sparse_pass) ran since fl_ps_sparse_mark_clean: it changed every
+ * row's counters and may have removed rows, which a delta save cannot say, so the next save
+ * must be a full one. */
+bool fl_ps_sparse_passed(const fl_ps_sparse *t);
+/* Inserts or overwrites a row (loading): values[dim], state (NULL: a fresh state) and
+ * counters (NULL: zeros), whatever the entry rule. Marks the row dirty like any change: a
+ * loader calls fl_ps_sparse_mark_clean after loading. FL_ENOMEM. */
+int  fl_ps_sparse_put(fl_ps_sparse *t, uint64_t id, const float *values, const float *state,
+                      const fl_ps_row_stat *st);
+/* The candidates of entry COUNT (saving): fn(ctx, id, shows seen, unseen passes), in no
+ * particular order; and putting one back (loading; FL_ENOMEM), or forgetting them all. */
+typedef int (*fl_ps_cand_fn)(void *ctx, uint64_t id, float seen, int unseen);
+int  fl_ps_sparse_visit_candidates(const fl_ps_sparse *t, fl_ps_cand_fn fn, void *ctx);
+int  fl_ps_sparse_put_candidate(fl_ps_sparse *t, uint64_t id, float seen, int unseen);
+void fl_ps_sparse_clear_candidates(fl_ps_sparse *t);
 
 #endif /* FLEET_PS_TABLE_H */

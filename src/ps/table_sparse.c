@@ -1,17 +1,25 @@
-/* table_sparse.c - a sparse table: 64-bit id -> row of dim f32 values and the rule's state,
- * built for 10^8 rows in little memory (dim 8 with Adagrad: about 60 bytes a row, all counted).
+/* table_sparse.c - a sparse table: 64-bit id -> row of dim f32 values, the rule's state and
+ * the row's counters, built for 10^8 rows in little memory (dim 8 with Adagrad: about 75 bytes
+ * a row, all counted).
  *
  * Rows live in chunks of 2^k records allocated as the table grows and never moved, so a row's
  * pointer stays valid and nothing is allocated per row. A chunk holds a dirty bit per row (delta
- * saves) and the records, each [id (8 bytes) | values (dim) | state]: the id beside its row, so
- * that a lookup's id check brings the row into cache too. The index is an open-addressing hash
- * table with linear probing (Knuth, TAOCP vol. 3, 6.4, algorithm L) of 8-byte entries: 32 bits
- * of the id's hash as a tag and the row's slot + 1 (0: empty); a probe reads the record's id
- * only when the tag matches. Its home position is the hash's top bits; past 3/4 full it doubles
- * and is rebuilt from the records' ids, read in order. No row is ever deleted, so there are no
- * tombstones. The pending sums of a sync step sit in a second, small map of the same kind,
- * emptied by each apply. Sorting by id (visit, apply) is an LSD radix sort of (id, slot) pairs. */
+ * saves) and the records, each [id (8 bytes) | show f32 | click f32 | meta u32 | values (dim) |
+ * state]: the id beside its row, so that a lookup's id check brings the row into cache too;
+ * meta holds the passes unseen (16 bits) and a flag for a free slot. The index is an
+ * open-addressing hash table with linear probing (Knuth, TAOCP vol. 3, 6.4, algorithm L) of
+ * 8-byte entries: 32 bits of the id's hash as a tag and the row's slot + 1 (0: empty); a probe
+ * reads the record's id only when the tag matches. Its home position is the hash's top bits;
+ * past 3/4 full it doubles and is rebuilt from the records' ids, read in order. A row removed
+ * by a pass (the life cycle, after Paddle's CtrCommonAccessor::Shrink) leaves the index by
+ * backward shift (algorithm R: no tombstones) and its slot on a free list threaded through the
+ * free records' id fields, which the next rows created take first. The candidates of entry
+ * COUNT sit in their own small map (cand.h). The pending sums of a sync step sit in a second,
+ * small map of the index's kind, emptied by each apply. Sorting by id (visit, apply) is an LSD
+ * radix sort of (id, slot) pairs. */
 #include "table.h"
+
+#include "cand.h"
 
 #include "fleet/status.h"
 
@@ -27,7 +35,13 @@
 #define INDEX_MIN_BITS 10
 #define MAX_ROWS       ((int64_t)UINT32_MAX - 1) /* slot + 1 fits an entry's 32 bits */
 #define GOLDEN         0x9e3779b97f4a7c15ull
-#define ID_FLOATS      2 /* a record's id: 8 bytes before its row */
+#define ID_FLOATS      2 /* a record's id: 8 bytes, then its counters, then its row */
+#define SHOW_AT        2 /* floats into a record: show, click, meta */
+#define CLICK_AT       3
+#define META_AT        4
+#define HEAD_FLOATS    5
+#define META_UNSEEN    0xffffu   /* meta: passes unseen (saturating) */
+#define META_FREE      0x10000u  /* meta: a free slot; its id field holds the next free + 1 */
 
 typedef struct {
     uint32_t tag;   /* low 32 bits of the id's hash */
@@ -46,18 +60,25 @@ typedef struct { /* an open-addressing map of 2^bits entries */
 } map;
 
 struct fl_ps_sparse {
-    int             table, dim, stride; /* stride: floats a record, ID_FLOATS + dim + state */
+    int             table, dim, stride; /* stride: floats a record, HEAD_FLOATS + dim + state */
     fl_ps_rule      rule;
     fl_ps_init_rule init;
+    fl_ps_sparse_opts opts;
     int             chunk_shift;        /* rows a chunk: 1 << chunk_shift */
     chunk          *chunks;
     int64_t         nchunks, chunks_cap;
-    int64_t         rows;
+    int64_t         rows;               /* live rows */
+    int64_t         slots;              /* slots handed out, live or free */
+    int64_t         free1;              /* first free slot + 1, 0: none */
+    int64_t         passes;             /* shrink passes run */
+    bool            passed;             /* a pass ran since mark_clean */
     map             index;              /* id -> row slot */
-    /* pending sums (sync): id -> entry of pids / psum */
+    ps_cand         cand;               /* entry COUNT: ids without a row yet */
+    /* pending sums (sync): id -> entry of pids / psum / pcnt */
     map             pending;
     uint64_t       *pids;               /* [pcap] */
     float          *psum;               /* [pcap * dim] */
+    float          *pcnt;               /* [pcap * 2]: shows, clicks */
     int64_t         pcap;
     float          *scratch;            /* [dim]: a scaled gradient */
 };
@@ -88,12 +109,21 @@ static inline chunk *chunk_of(const fl_ps_sparse *t, int64_t slot) {
 static inline int64_t in_chunk(const fl_ps_sparse *t, int64_t slot) {
     return slot & (chunk_rows(t) - 1);
 }
-/* A row's record: its id, then the row (values, state) that row_at points to. */
+/* A row's record: its id and counters, then the row (values, state) that row_at points to. */
 static inline float *record_at(const fl_ps_sparse *t, int64_t slot) {
     return chunk_of(t, slot)->rows + in_chunk(t, slot) * t->stride;
 }
 static inline float *row_at(const fl_ps_sparse *t, int64_t slot) {
-    return record_at(t, slot) + ID_FLOATS;
+    return record_at(t, slot) + HEAD_FLOATS;
+}
+static inline uint32_t meta_of(const float *rec) {
+    uint32_t m;
+    memcpy(&m, rec + META_AT, sizeof m);
+    return m;
+}
+static inline void set_meta(float *rec, uint32_t m) { memcpy(rec + META_AT, &m, sizeof m); }
+static inline bool is_free(const fl_ps_sparse *t, int64_t slot) {
+    return meta_of(record_at(t, slot)) & META_FREE;
 }
 static inline uint64_t id_at(const fl_ps_sparse *t, int64_t slot) {
     uint64_t id;
@@ -107,6 +137,10 @@ static inline void set_dirty(fl_ps_sparse *t, int64_t slot) {
 static inline bool is_dirty(const fl_ps_sparse *t, int64_t slot) {
     int64_t k = in_chunk(t, slot);
     return chunk_of(t, slot)->dirty[k >> 6] >> (k & 63) & 1;
+}
+static inline void clear_dirty(fl_ps_sparse *t, int64_t slot) {
+    int64_t k = in_chunk(t, slot);
+    chunk_of(t, slot)->dirty[k >> 6] &= ~(1ull << (k & 63));
 }
 
 static size_t chunk_bytes(const fl_ps_sparse *t) {
@@ -214,11 +248,34 @@ static int index_grow(fl_ps_sparse *t) {
         return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory growing its index to %llu "
                        "entries (%lld rows)", t->table, 1ull << (t->index.bits + 1),
                        (long long)t->rows);
-    for (int64_t s = 0; s < t->rows; s++)
-        map_place(&bigger, index_hash(id_at(t, s)), (uint32_t)(s + 1));
+    for (int64_t s = 0; s < t->slots; s++)
+        if (!is_free(t, s))
+            map_place(&bigger, index_hash(id_at(t, s)), (uint32_t)(s + 1));
     free(t->index.e);
     t->index = bigger;
     return FL_OK;
+}
+
+/* Removes the index entry at p by backward shift: each entry after it in the run moves into
+ * the hole unless its home lies cyclically in (hole, entry]; reading its record's id gives
+ * the home. */
+static void index_remove(fl_ps_sparse *t, uint64_t p) {
+    map *m = &t->index;
+    uint64_t mask = map_mask(m), q = p;
+    for (;;) {
+        q = (q + 1) & mask;
+        entry e = m->e[q];
+        if (!e.slot1)
+            break;
+        uint64_t h = map_home(m, index_hash(id_at(t, (int64_t)e.slot1 - 1)));
+        bool stays = p <= q ? (h > p && h <= q) : (h > p || h <= q);
+        if (!stays) {
+            m->e[p] = e;
+            p = q;
+        }
+    }
+    m->e[p] = (entry){0, 0};
+    m->used--;
 }
 
 static int add_chunk(fl_ps_sparse *t) {
@@ -246,14 +303,11 @@ nomem:
                    t->table, (long long)t->rows);
 }
 
-/* The slot of row id, created (initializer, fresh state, dirty) when missing; -1 and the error
- * set when memory runs out. */
-static int64_t find_or_create(fl_ps_sparse *t, uint64_t id) {
-    uint64_t h = index_hash(id), pos;
-    int64_t s = index_find(t, id, h, &pos);
-    if (s >= 0)
-        return s;
-    if (t->rows >= MAX_ROWS) {
+/* Creates row id (initializer, fresh state, counters zero, dirty) in a free slot or a new
+ * one, its index entry at *pos (where index_find said it would go; found again when the index
+ * grows). The slot, or -1 and the error set when memory runs out. */
+static int64_t create_row(fl_ps_sparse *t, uint64_t id, uint64_t h, uint64_t *pos) {
+    if (!t->free1 && t->slots >= MAX_ROWS) {
         fl_fail(FL_ENOMEM, "ps sparse table %d: more than %lld rows on one shard", t->table,
                 (long long)MAX_ROWS);
         return -1;
@@ -261,20 +315,98 @@ static int64_t find_or_create(fl_ps_sparse *t, uint64_t id) {
     if (map_full(&t->index)) {
         if (index_grow(t) < 0)
             return -1;
-        index_find(t, id, h, &pos);
+        index_find(t, id, h, pos);
     }
-    if (t->rows == t->nchunks * chunk_rows(t) && add_chunk(t) < 0)
-        return -1;
-    s = t->rows++;
-    memcpy(record_at(t, s), &id, sizeof id);
-    float *row = row_at(t, s);
+    int64_t s;
+    if (t->free1) {
+        s = t->free1 - 1;
+        uint64_t next;
+        memcpy(&next, record_at(t, s), sizeof next);
+        t->free1 = (int64_t)next;
+    } else {
+        if (t->slots == t->nchunks * chunk_rows(t) && add_chunk(t) < 0)
+            return -1;
+        s = t->slots++;
+    }
+    t->rows++;
+    float *rec = record_at(t, s);
+    memcpy(rec, &id, sizeof id);
+    rec[SHOW_AT] = rec[CLICK_AT] = 0;
+    set_meta(rec, 0);
+    float *row = rec + HEAD_FLOATS;
     init_row(t, id, row);
     fl_ps_rule_state_init(&t->rule, row + t->dim, t->dim);
     set_dirty(t, s);
-    t->index.e[pos].tag = (uint32_t)h;
-    t->index.e[pos].slot1 = (uint32_t)(s + 1);
+    t->index.e[*pos].tag = (uint32_t)h;
+    t->index.e[*pos].slot1 = (uint32_t)(s + 1);
     t->index.used++;
     return s;
+}
+
+/* The slot of row id, created when missing whatever the entry rule; -1 and the error set
+ * when memory runs out. */
+static int64_t find_or_create(fl_ps_sparse *t, uint64_t id) {
+    uint64_t h = index_hash(id), pos;
+    int64_t s = index_find(t, id, h, &pos);
+    return s >= 0 ? s : create_row(t, id, h, &pos);
+}
+
+/* Removes the row in slot s (a pass): out of the index, its slot onto the free list. */
+static void remove_row(fl_ps_sparse *t, int64_t s) {
+    uint64_t id = id_at(t, s), pos;
+    int64_t found = index_find(t, id, index_hash(id), &pos);
+    FL_ASSERT(found == s);
+    index_remove(t, pos);
+    float *rec = record_at(t, s);
+    uint64_t next = (uint64_t)t->free1;
+    memcpy(rec, &next, sizeof next);
+    set_meta(rec, META_FREE);
+    clear_dirty(t, s);
+    t->free1 = s + 1;
+    t->rows--;
+}
+
+/* The entry rule for a missing row id that a push of `show` shows reaches: 1 create it
+ * (*carry: shows counted before, which the row starts with), 0 drop the push, -1 out of
+ * memory (error set). */
+static int admit(fl_ps_sparse *t, uint64_t id, float show, float *carry) {
+    *carry = 0;
+    switch (t->opts.entry) {
+    case FL_PS_ENTRY_NONE:
+        return 1;
+    case FL_PS_ENTRY_COUNT: {
+        ps_cand_entry *e = ps_cand_get(&t->cand, id, true);
+        if (!e) {
+            fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory for %lld entry candidates",
+                    t->table, (long long)t->cand.used + 1);
+            return -1;
+        }
+        if ((double)e->seen + show < t->opts.entry_count) {
+            e->seen += show;
+            e->unseen = 0;
+            return 0;
+        }
+        *carry = e->seen;
+        ps_cand_remove(&t->cand, e);
+        return 1;
+    }
+    case FL_PS_ENTRY_PROBABILITY: {
+        /* a draw of (seed, table, id, pass): the same on every server and after a restart */
+        uint64_t key = mix64(mix64(mix64(t->init.seed ^ 0x5851f42d4c957f2dull) ^
+                                   (uint64_t)(uint32_t)t->table) ^ id);
+        uint64_t d = mix64(key + ((uint64_t)t->passes + 1) * GOLDEN);
+        return (double)(d >> 11) * 0x1p-53 < t->opts.entry_probability;
+    }
+    }
+    return 1;
+}
+
+/* Adds a push's counts to the row in slot s: shows, clicks, and a fresh unseen count. */
+static inline void count_push(fl_ps_sparse *t, int64_t s, float show, float click) {
+    float *rec = record_at(t, s);
+    rec[SHOW_AT] += show;
+    rec[CLICK_AT] += click;
+    set_meta(rec, meta_of(rec) & ~META_UNSEEN);
 }
 
 /* Batches hide the memory latency of random ids with a two-stage software pipeline: AHEAD
@@ -382,7 +514,8 @@ int fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_ini
     t->dim = dim;
     t->rule = *r;
     t->init = *init;
-    t->stride = ID_FLOATS + dim + dim * fl_ps_rule_state_per_value(r) +
+    fl_ps_sparse_opts_defaults(&t->opts);
+    t->stride = HEAD_FLOATS + dim + dim * fl_ps_rule_state_per_value(r) +
                 fl_ps_rule_state_per_row(r);
     size_t row_bytes = (size_t)t->stride * sizeof(float);
     t->chunk_shift = MIN_CHUNK_SHIFT;
@@ -398,6 +531,18 @@ int fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_ini
     return FL_OK;
 }
 
+int fl_ps_sparse_set_opts(fl_ps_sparse *t, const fl_ps_sparse_opts *o) {
+    FL_ASSERT(t && o);
+    int rc = fl_ps_sparse_opts_check(o);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "ps sparse table %d", t->table);
+    if (t->rows > 0 || t->cand.used > 0)
+        return fl_fail(FL_ESTATE, "ps sparse table %d: life cycle set after %lld rows were "
+                       "created", t->table, (long long)t->rows);
+    t->opts = *o;
+    return FL_OK;
+}
+
 void fl_ps_sparse_free(fl_ps_sparse *t) {
     if (!t)
         return;
@@ -407,47 +552,81 @@ void fl_ps_sparse_free(fl_ps_sparse *t) {
     }
     free(t->chunks);
     free(t->index.e);
+    ps_cand_clear(&t->cand);
     free(t->pending.e);
     free(t->pids);
     free(t->psum);
+    free(t->pcnt);
     free(t->scratch);
     free(t);
 }
 
 int fl_ps_sparse_dim(const fl_ps_sparse *t) { return t->dim; }
 int64_t fl_ps_sparse_rows(const fl_ps_sparse *t) { return t->rows; }
+int64_t fl_ps_sparse_candidates(const fl_ps_sparse *t) { return t->cand.used; }
+int64_t fl_ps_sparse_passes(const fl_ps_sparse *t) { return t->passes; }
+void fl_ps_sparse_set_passes(fl_ps_sparse *t, int64_t passes) { t->passes = passes; }
+bool fl_ps_sparse_passed(const fl_ps_sparse *t) { return t->passed; }
 
 size_t fl_ps_sparse_bytes(const fl_ps_sparse *t) {
     size_t b = sizeof *t + (size_t)t->chunks_cap * sizeof(chunk) +
                (size_t)t->nchunks * chunk_bytes(t) + (sizeof(entry) << t->index.bits) +
-               (size_t)t->dim * sizeof(float);
+               (size_t)t->dim * sizeof(float) + ps_cand_bytes(&t->cand);
     if (t->pending.e)
         b += sizeof(entry) << t->pending.bits;
-    b += (size_t)t->pcap * (sizeof(uint64_t) + (size_t)t->dim * sizeof(float));
+    b += (size_t)t->pcap * (sizeof(uint64_t) + (size_t)(t->dim + 2) * sizeof(float));
     return b;
 }
 
 int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out) {
     FL_ASSERT(t && (ids || n == 0) && (out || n == 0));
     size_t bytes = (size_t)t->dim * sizeof(float);
+    bool create = t->opts.entry == FL_PS_ENTRY_NONE;
     for (int64_t i = 0; i < n; i++) {
         prefetch_ahead(t, ids, i, n);
-        int64_t s = find_or_create(t, ids[i]);
-        if (s < 0)
+        uint64_t h = index_hash(ids[i]), pos;
+        int64_t s = index_find(t, ids[i], h, &pos);
+        if (s < 0 && !create) {
+            memset(out + i * t->dim, 0, bytes);
+            continue;
+        }
+        if (s < 0 && (s = create_row(t, ids[i], h, &pos)) < 0)
             return FL_ENOMEM;
         memcpy(out + i * t->dim, row_at(t, s), bytes);
     }
     return FL_OK;
 }
 
-int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
-                           double lr) {
+/* The slot of row id for a push of `show` shows: found, or created when the entry rule admits
+ * it; -1 when it does not (dropped); -2 out of memory (error set). */
+static int64_t push_slot(fl_ps_sparse *t, uint64_t id, float show) {
+    uint64_t h = index_hash(id), pos;
+    int64_t s = index_find(t, id, h, &pos);
+    if (s >= 0)
+        return s;
+    float carry;
+    int a = admit(t, id, show, &carry);
+    if (a <= 0)
+        return a < 0 ? -2 : -1;
+    if ((s = create_row(t, id, h, &pos)) < 0)
+        return -2;
+    record_at(t, s)[SHOW_AT] = carry;
+    return s;
+}
+
+int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
+                                  const float *g, const float *shows, const float *clicks,
+                                  double lr) {
     FL_ASSERT(t && (ids || n == 0) && (g || n == 0));
     for (int64_t i = 0; i < n; i++) {
         prefetch_ahead(t, ids, i, n);
-        int64_t s = find_or_create(t, ids[i]);
-        if (s < 0)
+        float show = shows ? shows[i] : 1, click = clicks ? clicks[i] : 0;
+        int64_t s = push_slot(t, ids[i], show);
+        if (s == -2)
             return FL_ENOMEM;
+        if (s < 0)
+            continue;
+        count_push(t, s, show, click);
         float *row = row_at(t, s);
         fl_ps_rule_apply(&t->rule, lr, row, g + i * t->dim, row + t->dim, t->dim);
         set_dirty(t, s);
@@ -469,6 +648,11 @@ int fl_ps_sparse_add_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const
     return FL_OK;
 }
 
+int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
+                           double lr) {
+    return fl_ps_sparse_push_rows_counts(t, ids, n, g, NULL, NULL, lr);
+}
+
 /* ---- pending sums (sync) ---- */
 static int pending_grow(fl_ps_sparse *t) {
     map bigger;
@@ -478,7 +662,7 @@ static int pending_grow(fl_ps_sparse *t) {
         map_place(&bigger, index_hash(t->pids[k]), (uint32_t)(k + 1));
     free(t->pending.e);
     t->pending = bigger;
-    /* pids / psum hold up to 3/4 of the map's entries */
+    /* pids / psum / pcnt hold up to 3/4 of the map's entries */
     int64_t cap = (int64_t)(((uint64_t)3 << bigger.bits) / 4);
     uint64_t *ids = realloc(t->pids, (size_t)cap * sizeof *ids);
     if (!ids)
@@ -488,11 +672,16 @@ static int pending_grow(fl_ps_sparse *t) {
     if (!sum)
         return FL_ENOMEM;
     t->psum = sum;
+    float *cnt = realloc(t->pcnt, (size_t)cap * 2 * sizeof *cnt);
+    if (!cnt)
+        return FL_ENOMEM;
+    t->pcnt = cnt;
     t->pcap = cap;
     return FL_OK;
 }
 
-int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g) {
+int fl_ps_sparse_accumulate_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
+                                   const float *g, const float *shows, const float *clicks) {
     FL_ASSERT(t && (ids || n == 0) && (g || n == 0));
     int dim = t->dim;
     for (int64_t i = 0; i < n; i++) {
@@ -519,14 +708,21 @@ int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, con
             k = m->used;
             t->pids[k] = id;
             memset(t->psum + k * dim, 0, (size_t)dim * sizeof(float));
+            t->pcnt[2 * k] = t->pcnt[2 * k + 1] = 0;
             map_place(m, h, (uint32_t)(k + 1));
         }
         float *restrict s = t->psum + k * dim;
         const float *gi = g + i * dim;
         for (int j = 0; j < dim; j++)
             s[j] += gi[j];
+        t->pcnt[2 * k] += shows ? shows[i] : 1;
+        t->pcnt[2 * k + 1] += clicks ? clicks[i] : 0;
     }
     return FL_OK;
+}
+
+int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g) {
+    return fl_ps_sparse_accumulate_counts(t, ids, n, g, NULL, NULL);
 }
 
 int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
@@ -545,22 +741,27 @@ int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
         a[k] = (pair){t->pids[k], (uint64_t)k};
     pair *sorted = sort_pairs(a, tmp, n);
     pair *slots = sorted == a ? tmp : a;
-    /* create every missing row first, so that running out of memory applies nothing */
+    /* create every missing row the entry rule admits first, so that running out of memory
+     * applies nothing */
     for (int64_t i = 0; i < n; i++) {
-        int64_t s = find_or_create(t, sorted[i].id);
-        if (s < 0) {
+        int64_t s = push_slot(t, sorted[i].id, t->pcnt[2 * sorted[i].v]);
+        if (s == -2) {
             free(a);
             free(tmp);
             return FL_ENOMEM;
         }
-        slots[i].v = (uint64_t)s;
+        slots[i].v = (uint64_t)s; /* -1: dropped */
     }
     int dim = t->dim;
     for (int64_t i = 0; i < n; i++) {
-        const float *sum = t->psum + (int64_t)sorted[i].v * dim;
+        int64_t s = (int64_t)slots[i].v;
+        if (s < 0)
+            continue;
+        int64_t k = (int64_t)sorted[i].v;
+        const float *sum = t->psum + k * dim;
         for (int j = 0; j < dim; j++)
             t->scratch[j] = (float)((double)sum[j] * scale);
-        int64_t s = (int64_t)slots[i].v;
+        count_push(t, s, t->pcnt[2 * k], t->pcnt[2 * k + 1]);
         float *row = row_at(t, s);
         fl_ps_rule_apply(&t->rule, lr, row, t->scratch, row + dim, dim);
         set_dirty(t, s);
@@ -572,12 +773,52 @@ int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
     return FL_OK;
 }
 
+/* ---- the life cycle ---- */
+int64_t fl_ps_sparse_pass(fl_ps_sparse *t) {
+    FL_ASSERT(t);
+    const fl_ps_sparse_opts *o = &t->opts;
+    int max_unseen = o->delete_after_unseen;
+    /* candidates first: the only step that allocates, so a failure changes nothing */
+    if (ps_cand_pass(&t->cand, max_unseen) < 0)
+        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory pruning %lld entry "
+                       "candidates", t->table, (long long)t->cand.used);
+    float decay = (float)o->show_click_decay;
+    int64_t removed = 0;
+    for (int64_t s = 0; s < t->slots; s++) {
+        float *rec = record_at(t, s);
+        uint32_t m = meta_of(rec);
+        if (m & META_FREE)
+            continue;
+        if (decay != 1) { /* Paddle's CtrCommonAccessor::Shrink: decay, then judge */
+            rec[SHOW_AT] *= decay;
+            rec[CLICK_AT] *= decay;
+        }
+        double show = rec[SHOW_AT], click = rec[CLICK_AT];
+        double score = (show - click) * o->nonclk_coeff + click * o->click_coeff;
+        uint32_t unseen = m & META_UNSEEN;
+        if (score < o->delete_threshold || (max_unseen > 0 && unseen >= (uint32_t)max_unseen)) {
+            remove_row(t, s);
+            removed++;
+        } else if (unseen < META_UNSEEN) {
+            set_meta(rec, m + 1);
+        }
+    }
+    t->passes++;
+    t->passed = true;
+    return removed;
+}
+
 /* ---- visiting, saving, loading ---- */
+static inline fl_ps_row_stat stat_at(const fl_ps_sparse *t, int64_t s) {
+    const float *rec = record_at(t, s);
+    return (fl_ps_row_stat){rec[SHOW_AT], rec[CLICK_AT], (int)(meta_of(rec) & META_UNSEEN)};
+}
+
 int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, void *ctx) {
     FL_ASSERT(t && fn);
     int64_t n = 0;
-    for (int64_t s = 0; s < t->rows; s++)
-        n += !only_dirty || is_dirty(t, s);
+    for (int64_t s = 0; s < t->slots; s++)
+        n += only_dirty ? is_dirty(t, s) : !is_free(t, s);
     if (n == 0)
         return FL_OK;
     pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
@@ -588,14 +829,16 @@ int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, 
                        t->table, (long long)n);
     }
     int64_t k = 0;
-    for (int64_t s = 0; s < t->rows; s++)
-        if (!only_dirty || is_dirty(t, s))
+    for (int64_t s = 0; s < t->slots; s++)
+        if (only_dirty ? is_dirty(t, s) : !is_free(t, s))
             a[k++] = (pair){id_at(t, s), (uint64_t)s};
     pair *sorted = sort_pairs(a, tmp, n);
     int rc = 0;
     for (int64_t i = 0; i < n && rc == 0; i++) {
-        const float *row = row_at(t, (int64_t)sorted[i].v);
-        rc = fn(ctx, sorted[i].id, row, row + t->dim);
+        int64_t s = (int64_t)sorted[i].v;
+        const float *row = row_at(t, s);
+        fl_ps_row_stat st = stat_at(t, s);
+        rc = fn(ctx, sorted[i].id, row, row + t->dim, &st);
     }
     free(a);
     free(tmp);
@@ -606,19 +849,57 @@ void fl_ps_sparse_mark_clean(fl_ps_sparse *t) {
     FL_ASSERT(t);
     for (int64_t i = 0; i < t->nchunks; i++)
         memset(t->chunks[i].dirty, 0, (size_t)chunk_rows(t) / 64 * sizeof(uint64_t));
+    t->passed = false;
 }
 
-int fl_ps_sparse_put(fl_ps_sparse *t, uint64_t id, const float *values, const float *state) {
+int fl_ps_sparse_put(fl_ps_sparse *t, uint64_t id, const float *values, const float *state,
+                     const fl_ps_row_stat *st) {
     FL_ASSERT(t && values);
     int64_t s = find_or_create(t, id);
     if (s < 0)
         return FL_ENOMEM;
-    float *row = row_at(t, s);
+    float *rec = record_at(t, s), *row = rec + HEAD_FLOATS;
     memcpy(row, values, (size_t)t->dim * sizeof *row);
     if (state)
-        memcpy(row + t->dim, state, (size_t)(t->stride - ID_FLOATS - t->dim) * sizeof *row);
+        memcpy(row + t->dim, state, (size_t)(t->stride - HEAD_FLOATS - t->dim) * sizeof *row);
     else
         fl_ps_rule_state_init(&t->rule, row + t->dim, t->dim);
+    rec[SHOW_AT] = st ? st->show : 0;
+    rec[CLICK_AT] = st ? st->click : 0;
+    int unseen = st ? st->unseen : 0;
+    set_meta(rec, unseen < 0 ? 0u : unseen > (int)META_UNSEEN ? META_UNSEEN : (uint32_t)unseen);
     set_dirty(t, s);
     return FL_OK;
+}
+
+typedef struct {
+    fl_ps_cand_fn fn;
+    void         *ctx;
+} cand_visit;
+
+static int visit_one(void *ctx, const ps_cand_entry *e) {
+    cand_visit *v = ctx;
+    return v->fn(v->ctx, e->id, e->seen, e->unseen);
+}
+
+int fl_ps_sparse_visit_candidates(const fl_ps_sparse *t, fl_ps_cand_fn fn, void *ctx) {
+    FL_ASSERT(t && fn);
+    cand_visit v = {fn, ctx};
+    return ps_cand_visit(&t->cand, visit_one, &v);
+}
+
+int fl_ps_sparse_put_candidate(fl_ps_sparse *t, uint64_t id, float seen, int unseen) {
+    FL_ASSERT(t);
+    ps_cand_entry *e = ps_cand_get(&t->cand, id, true);
+    if (!e)
+        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory for %lld entry candidates",
+                       t->table, (long long)t->cand.used + 1);
+    e->seen = seen;
+    e->unseen = (uint16_t)(unseen < 0 ? 0 : unseen > UINT16_MAX ? UINT16_MAX : unseen);
+    return FL_OK;
+}
+
+void fl_ps_sparse_clear_candidates(fl_ps_sparse *t) {
+    FL_ASSERT(t);
+    ps_cand_clear(&t->cand);
 }

@@ -52,7 +52,9 @@ typedef struct {
     float   *values, *state;
 } table_rows;
 
-static int gather_row(void *ctx, uint64_t id, const float *values, const float *state) {
+static int gather_row(void *ctx, uint64_t id, const float *values, const float *state,
+                      const fl_ps_row_stat *st) {
+    (void)st; /* a collective replica has no entry or shrink rules: its counters stay unused */
     table_rows *r = ctx;
     if (r->n >= r->cap)
         return FL_EINVAL;
@@ -297,7 +299,7 @@ static int load_table(ctr_trainer *c, const fl_safetensors *st, const char *path
         memcpy(v, vp + i * dim * 4, (size_t)dim * 4);
         if (k)
             memcpy(s, sp + i * k * 4, (size_t)k * 4);
-        rc = fl_ps_sparse_put(c->rep[t], id, v, k ? s : NULL);
+        rc = fl_ps_sparse_put(c->rep[t], id, v, k ? s : NULL, NULL);
     }
     if (rc >= 0)
         fl_ps_sparse_mark_clean(c->rep[t]);

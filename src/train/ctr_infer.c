@@ -43,7 +43,7 @@ static int load_rows(const fl_safetensors *st, fl_ps_sparse *tab, int t, int64_t
         uint64_t id;
         memcpy(&id, (const char *)ids->data + i * 8, 8);
         memcpy(v, (const char *)val->data + i * dim * 4, (size_t)dim * 4);
-        rc = fl_ps_sparse_put(tab, id, v, NULL);
+        rc = fl_ps_sparse_put(tab, id, v, NULL, NULL);
     }
     free(v);
     *nrows += n;

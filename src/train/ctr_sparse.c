@@ -296,7 +296,7 @@ static int geo_exchange(ctr_trainer *c, int64_t step) {
             rc = fl_ps_sparse_add_rows(c->rep[t], ids, n, local);
         }
         for (int64_t i = 0; i < n && rc >= 0; i++)
-            rc = fl_ps_sparse_put(c->snap[t], ids[i], fresh + i * dim, NULL);
+            rc = fl_ps_sparse_put(c->snap[t], ids[i], fresh + i * dim, NULL, NULL);
         free(ids);
         if (rc < 0)
             return fl_fail_prefix(rc, "geo exchange of sparse table '%s'",

@@ -6,6 +6,7 @@
 #include "ps/ps_wire.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,16 @@ static void same_bytes(const fl_ps_span *sp, int np, const uint8_t *d, size_t n)
     REQUIRE(off == n);
 }
 
+/* The ranges fl_ps_sparse_opts_check holds (it lives outside the parsers' files). */
+static bool fl_ps_sparse_opts_check_quiet(const fl_ps_sparse_opts *o) {
+    return o->entry >= FL_PS_ENTRY_NONE && o->entry <= FL_PS_ENTRY_PROBABILITY &&
+           o->entry_count >= 1 && o->entry_probability >= 0 && o->entry_probability <= 1 &&
+           o->show_click_decay > 0 && o->show_click_decay <= 1 && o->delete_threshold >= 0 &&
+           isfinite(o->delete_threshold) && o->nonclk_coeff >= 0 && isfinite(o->nonclk_coeff) &&
+           o->click_coeff >= 0 && isfinite(o->click_coeff) && o->delete_after_unseen >= 0 &&
+           o->delete_after_unseen <= 65535;
+}
+
 static void request(const uint8_t *d, size_t n) {
     fl_ps_req q;
     char why[256];
@@ -36,6 +47,13 @@ static void request(const uint8_t *d, size_t n) {
             q.table < FL_PS_MAX_TABLES);
     if (q.type == FL_PS_MSG_SPARSE_PUSH)
         REQUIRE(q.dim >= 1 && q.dim <= FL_PS_MAX_DIM && q.n * (8 + 4 * (uint64_t)q.dim) < n);
+    if (q.type == FL_PS_MSG_SPARSE_PUSH && q.counts) {
+        REQUIRE(q.n * (16 + 4 * (uint64_t)q.dim) + 40 == n);
+        for (uint64_t i = 0; i < 2 * q.n; i++)
+            REQUIRE(q.counts[i] >= 0 && isfinite(q.counts[i]));
+    }
+    if (q.type == FL_PS_MSG_SPARSE_INIT)
+        REQUIRE(fl_ps_sparse_opts_check_quiet(&q.opts));
     if (q.type == FL_PS_MSG_SPARSE_PULL)
         REQUIRE(q.n * 8 < n);
     if (q.type == FL_PS_MSG_DENSE_PUSH || q.type == FL_PS_MSG_DENSE_INIT)
@@ -43,7 +61,7 @@ static void request(const uint8_t *d, size_t n) {
     if (q.type == FL_PS_MSG_DENSE_PUSH || q.type == FL_PS_MSG_SPARSE_PUSH)
         REQUIRE(isfinite(q.lr) && q.step >= 0);
     uint8_t head[FL_PS_HEAD_MAX];
-    fl_ps_span sp[3];
+    fl_ps_span sp[FL_PS_REQ_PARTS];
     int np = fl_ps_req_encode(&q, head, sp);
     same_bytes(sp, np, d, n);
 }
@@ -61,6 +79,8 @@ static void reply(const uint8_t *d, size_t n, int type) {
     REQUIRE(r.type == type);
     if (type == FL_PS_MSG_SPARSE_PULL)
         REQUIRE(r.dim >= 1 && r.n * (uint64_t)r.dim * 4 + 32 == n);
+    if (type == FL_PS_MSG_SHRINK || type == FL_PS_MSG_STATS)
+        REQUIRE(n == 40 && (type == FL_PS_MSG_SHRINK || r.removed == 0));
     uint8_t head[FL_PS_HEAD_MAX];
     fl_ps_span sp[2];
     int np = fl_ps_rep_encode(&r, head, sp);

@@ -4,10 +4,14 @@
  * async applies every push and reports staleness; geo sums; sparse pulls and pushes with
  * duplicate ids over 2 servers equal one reference table; a save (all, then delta) and a
  * restart restore values and optimizer state exactly; a worker that leaves without STOP, a
- * malformed request and a worker declaring another shape fail the server naming the worker. */
+ * malformed request and a worker declaring another shape fail the server naming the worker;
+ * the life cycle over 2 servers: entry count summed over a sync step's workers, SHRINK
+ * removing the rows unseen for a pass, STATS summing rows and bytes, show and click counters
+ * saved exactly and, with the candidates, restored; another life cycle refused. */
 #include "test.h"
 
 #include "fleet/msgconn.h"
+#include "fleet/safetensors.h"
 #include "fleet/status.h"
 #include "ps/ps_impl.h"
 #include "ps/ps_wire.h"
@@ -602,7 +606,7 @@ static void garbage_worker(job *j, int w, fl_ps *ps) {
     fl_ps_req q = {.type = FL_PS_MSG_HELLO, .worker = w, .mode = j->mode, .servers = j->S,
                    .workers = j->W, .version = FL_PS_WIRE_VERSION};
     uint8_t head[FL_PS_HEAD_MAX];
-    fl_ps_span sp[3];
+    fl_ps_span sp[FL_PS_REQ_PARTS];
     int np = fl_ps_req_encode(&q, head, sp);
     CHECK_OK(fl_msg_send(m, sp[0].p, sp[0].n));
     (void)np;
@@ -659,6 +663,198 @@ static void test_shape_mismatch(void) {
         fprintf(stderr, "worker 1: %s\n", j.wrk_msg[1]);
 }
 
+
+/* ---------------------------------------------------------------- the life cycle */
+
+#define LA 40  /* ids pushed at step 0 */
+#define LB 20  /* the first LB of them, pushed at every step */
+#define LC 10  /* ids worker 0 alone pushes once: candidates */
+#define LDIM 4
+
+typedef struct {
+    int      phase;         /* 0: train, shrink, save; 1: resume; 2: opts mismatch */
+    uint64_t a[LA], c[LC];
+    float    rows_b[LB * LDIM]; /* the rows of B when saved */
+    int64_t  removed[2], rows_after[3], bytes_after;
+} life_ctx;
+
+static fl_ps_sparse_opts life_opts(void) {
+    fl_ps_sparse_opts o;
+    fl_ps_sparse_opts_defaults(&o);
+    o.entry = FL_PS_ENTRY_COUNT;
+    o.entry_count = 2;
+    o.delete_after_unseen = 1;
+    return o;
+}
+
+static float life_click(uint64_t id) { return id % 3 == 0 ? 1.0f : 0.0f; }
+
+/* One sync step of worker w: n ids (n may be 0) with gradient 0.5 and counts (show 1, or
+ * cshow for the ids of C; the id's click). */
+static bool life_push(job *j, int w, fl_ps *ps, int64_t step, const uint64_t *ids, int n,
+                      float cshow) {
+    life_ctx *c = j->ctx;
+    float g[LA * LDIM], shows[LA], clicks[LA];
+    for (int i = 0; i < n * LDIM; i++)
+        g[i] = 0.5f;
+    for (int i = 0; i < n; i++) {
+        shows[i] = 1;
+        for (int k = 0; k < LC; k++)
+            if (ids[i] == c->c[k])
+                shows[i] = cshow;
+        clicks[i] = life_click(ids[i]);
+    }
+    return wok(j, w, fl_ps_sparse_push_counts(ps, 2, step, 0.5, ids, n, g, shows, clicks));
+}
+
+static void life_worker(job *j, int w, fl_ps *ps) {
+    life_ctx *c = j->ctx;
+    fl_ps_rule r;
+    fl_ps_rule_defaults(&r, FL_PS_RULE_SGD);
+    fl_ps_init_rule in = sparse_init_rule();
+    fl_ps_sparse_opts o = life_opts();
+    if (c->phase == 2 && w == 1)
+        o.delete_after_unseen = 3;
+    if (c->phase == 2 && w == 1)
+        pthread_barrier_wait(&j->bar); /* worker 0 declares first */
+    int rc = fl_ps_sparse_init_opts(ps, 2, LDIM, &r, &in, &o);
+    if (c->phase == 2 && w == 0)
+        pthread_barrier_wait(&j->bar);
+    if (!wok(j, w, rc) || c->phase == 2)
+        return;
+    float rows[LA * LDIM];
+    int64_t rows_n = -1, bytes = -1;
+    if (c->phase == 1) { /* resumed: rows, counters and candidates as saved */
+        fl_ps_set_resume_step(ps, 3);
+        if (!wok(j, w, fl_ps_sparse_stats(ps, 2, &rows_n, &bytes)) ||
+            !wok(j, w, fl_ps_sparse_pull(ps, 2, c->a, LB, rows)))
+            return;
+        CHECK(rows_n == LB);
+        CHECK(same(rows, c->rows_b, LB * LDIM, "life rows after restart"));
+        /* the candidates came back (1 show seen): one more each makes their rows */
+        if (!life_push(j, w, ps, 3, c->c, w == 0 ? LC : 0, 1) ||
+            !wok(j, w, fl_ps_sparse_stats(ps, 2, &rows_n, NULL)))
+            return;
+        CHECK(rows_n == LB + LC);
+        wok(j, w, fl_ps_stop_worker(ps));
+        return;
+    }
+    /* counts are checked on the worker, before anything is sent */
+    float neg[2] = {1, -1}, g0[2 * LDIM] = {0};
+    CHECK_RC(fl_ps_sparse_push_counts(ps, 2, 0, 0.5, c->a, 2, g0, neg, NULL), FL_EINVAL);
+    CHECK_MSG("occurrence 1");
+    /* step 0: both workers push A once: 2 shows an id in the step, enough for entry count 2 */
+    if (!wok(j, w, fl_ps_sparse_pull(ps, 2, c->a, LA, rows)))
+        return;
+    CHECK(rows[0] == 0 && rows[LA * LDIM - 1] == 0); /* no row before its entry */
+    if (!life_push(j, w, ps, 0, c->a, LA, 1) ||
+        !wok(j, w, fl_ps_sparse_pull(ps, 2, c->a, LA, rows)))
+        return;
+    CHECK(rows[0] != 0 && rows[LA * LDIM - 1] != 0);
+    if (!wok(j, w, fl_ps_sparse_stats(ps, 2, &rows_n, &bytes)))
+        return;
+    CHECK(rows_n == LA && bytes >= LA * (8 + 12 + 8 * LDIM));
+    /* step 1: B from both, C from worker 0 alone (half a show: candidates, no rows) */
+    uint64_t bc[LB + LC];
+    memcpy(bc, c->a, LB * 8);
+    memcpy(bc + LB, c->c, LC * 8);
+    if (!life_push(j, w, ps, 1, bc, w == 0 ? LB + LC : LB, 0.5f))
+        return;
+    if (w == 0) { /* a pass: everything was pushed during it */
+        if (!wok(j, w, fl_ps_sparse_shrink(ps, 2, &c->removed[0])) ||
+            !wok(j, w, fl_ps_sparse_stats(ps, 2, &c->rows_after[0], NULL)))
+            return;
+    }
+    if (!wok(j, w, fl_ps_sparse_pull(ps, 2, c->c, LC, rows)))
+        return;
+    CHECK(rows[0] == 0 && rows[LC * LDIM - 1] == 0);
+    /* step 2: B, and C's second half show; the second pass removes A \ B, unseen for a
+     * whole pass */
+    if (!life_push(j, w, ps, 2, bc, w == 0 ? LB + LC : LB, 0.5f))
+        return;
+    if (w == 0) {
+        if (!wok(j, w, fl_ps_sparse_shrink(ps, 2, &c->removed[1])) ||
+            !wok(j, w, fl_ps_sparse_stats(ps, 2, &c->rows_after[1], &c->bytes_after)) ||
+            !wok(j, w, fl_ps_save(ps, 3, FL_PS_SAVE_DELTA)) || /* no base yet: a full save */
+            !wok(j, w, fl_ps_sparse_pull(ps, 2, c->a, LB, c->rows_b)))
+            return;
+    }
+    wok(j, w, fl_ps_stop_worker(ps));
+}
+
+/* The counters server s saved: show, click, unseen of id (false when the id is not there). */
+static bool saved_stat(const char *dir, int s, uint64_t id, float out[3]) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/ps.server%d.3.safetensors", dir, s);
+    fl_safetensors *st;
+    if (fl_safetensors_open(path, &st) < 0)
+        return false;
+    const fl_st_tensor *ti = fl_safetensors_find(st, "sparse.2.ids");
+    const fl_st_tensor *tc = fl_safetensors_find(st, "sparse.2.stat");
+    bool found = false;
+    for (int64_t i = 0; ti && tc && i < ti->numel && !found; i++) {
+        uint64_t x;
+        memcpy(&x, (const char *)ti->data + i * 8, 8);
+        if (x == id) {
+            memcpy(out, (const char *)tc->data + i * 12, 12);
+            found = true;
+        }
+    }
+    fl_safetensors_close(st);
+    return found;
+}
+
+static void test_life(void) {
+    static life_ctx c;
+    memset(&c, 0, sizeof c);
+    for (int i = 0; i < LA; i++)
+        c.a[i] = (uint64_t)(i + 1) * 0x9e3779b97f4a7ull;
+    for (int i = 0; i < LC; i++)
+        c.c[i] = (uint64_t)(i + 1) * 0x51afd7ed558ccdull;
+    char dir[] = "/tmp/fleet_ps_life_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    job j;
+    job_init(&j, 2, 2, 2, FL_PS_SYNC, life_worker, &c);
+    snprintf(j.dir, sizeof j.dir, "%s", dir);
+    job_run(&j);
+    if (job_ok(&j, "life")) {
+        CHECK(c.removed[0] == 0 && c.rows_after[0] == LA);
+        CHECK(c.removed[1] == LA - LB && c.rows_after[1] == LB);
+        printf("life: %d rows over 2 servers hold %lld bytes\n", LB, (long long)c.bytes_after);
+        /* the counters saved: B pushed at 3 steps by 2 workers, unseen 1 after the pass */
+        int found = 0;
+        for (int i = 0; i < LA; i++) {
+            float st[3];
+            bool in = saved_stat(dir, fl_ps_shard_of(c.a[i], 2), c.a[i], st);
+            CHECK(in == (i < LB));
+            if (in && i < LB) {
+                found++;
+                CHECK(st[0] == 6 && st[1] == 6 * life_click(c.a[i]) && st[2] == 1);
+            }
+        }
+        CHECK(found == LB);
+    }
+    /* resume: rows, counters and candidates come back */
+    job_init(&j, 2, 2, 3, FL_PS_SYNC, life_worker, &c);
+    snprintf(j.dir, sizeof j.dir, "%s", dir);
+    j.resume = true;
+    c.phase = 1;
+    job_run(&j);
+    job_ok(&j, "life resumed");
+    /* workers declaring other life cycles are refused, naming both */
+    job_init(&j, 2, 2, 1, FL_PS_SYNC, life_worker, &c);
+    j.timeout = 5;
+    c.phase = 2;
+    job_run(&j);
+    CHECK(j.wrk_rc[1] != 0 && strstr(j.wrk_msg[1], "life cycle") &&
+          strstr(j.wrk_msg[1], "worker 0 (127.0.0.1:"));
+    if (j.wrk_rc[1] == 0 || !strstr(j.wrk_msg[1], "life cycle"))
+        fprintf(stderr, "worker 1: %s\n", j.wrk_msg[1]);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 /* ---------------------------------------------------------------- role maker */
 
 static void test_roles(void) {
@@ -711,6 +907,7 @@ int main(void) {
     test_leaver();
     test_garbage();
     test_shape_mismatch();
+    test_life();
     if (test_failures) {
         fprintf(stderr, "test_ps_server: %d failures\n", test_failures);
         return 1;

@@ -2,7 +2,9 @@
  * bit for bit against fl_optim_step on the ref backend, Adam and Adagrad against plain double
  * references, the dense block's merge of a sync step, and the sparse table: deterministic row
  * creation, repeated ids, pending sums, growth through rehashes, id order, dirty rows, put,
- * bytes per row at 10^6 rows; and the refusals of bad rules and tables, naming the field. */
+ * bytes per row at 10^6 rows (counters included); the life cycle on hand-built sequences
+ * (show and click counts, entry count and probability, shrink by score and by unseen passes,
+ * slots and bytes reused); and the refusals of bad rules and tables, naming the field. */
 #include "ps/table.h"
 
 #include "fleet/backend.h"
@@ -488,7 +490,9 @@ typedef struct {
     int stop_after;
 } visit_ctx;
 
-static int collect(void *ctx, uint64_t id, const float *values, const float *state) {
+static int collect(void *ctx, uint64_t id, const float *values, const float *state,
+                   const fl_ps_row_stat *rs) {
+    (void)rs;
     visit_ctx *c = ctx;
     if (c->n > 0 && id <= c->last)
         c->ascending = false;
@@ -525,7 +529,7 @@ static void test_sparse_growth(void) {
         float v[DIM], st = (float)(id % 77);
         for (int j = 0; j < DIM; j++)
             v[j] = (float)(id % 1000) + (float)j;
-        CHECK_OK(fl_ps_sparse_put(t, id, v, &st));
+        CHECK_OK(fl_ps_sparse_put(t, id, v, &st, NULL));
     }
     /* a small id may repeat a random one only with probability ~0: count the distinct ones */
     CHECK(fl_ps_sparse_rows(t) <= N && fl_ps_sparse_rows(t) > N - 5);
@@ -585,7 +589,7 @@ static void test_sparse_dirty(void) {
     CHECK_OK(fl_ps_sparse_apply_pending(t, 0.1, 1.0));
     CHECK_OK(fl_ps_sparse_pull_rows(t, &new_id, 1, out));
     float v[DIM] = {1, 2};
-    CHECK_OK(fl_ps_sparse_put(t, 21, v, NULL));
+    CHECK_OK(fl_ps_sparse_put(t, 21, v, NULL, NULL));
     c = (visit_ctx){.ascending = true, .ids = got, .cap = 16};
     CHECK_OK(fl_ps_sparse_visit(t, true, collect, &c));
     CHECK(c.n == 5 && c.ascending);
@@ -604,7 +608,9 @@ typedef struct {
     bool found;
 } find_ctx;
 
-static int find_row(void *ctx, uint64_t id, const float *values, const float *state) {
+static int find_row(void *ctx, uint64_t id, const float *values, const float *state,
+                    const fl_ps_row_stat *rs) {
+    (void)rs;
     (void)values;
     find_ctx *f = ctx;
     if (id == f->id) {
@@ -621,14 +627,14 @@ static void test_sparse_put(void) {
         return;
     float v[DIM] = {1.5f, -2, 3}, st[2 * DIM + 2] = {1, 2, 3, 4, 5, 6, 0.5f, 0.25f}, out[DIM];
     uint64_t id = 123456789;
-    CHECK_OK(fl_ps_sparse_put(t, id, v, st));
+    CHECK_OK(fl_ps_sparse_put(t, id, v, st, NULL));
     CHECK_OK(fl_ps_sparse_pull_rows(t, &id, 1, out));
     CHECK(memcmp(out, v, sizeof v) == 0);
     find_ctx f = {.id = id};
     CHECK_OK(fl_ps_sparse_visit(t, false, find_row, &f));
     CHECK(f.found && memcmp(f.state, st, sizeof st) == 0);
     v[0] = 9; /* overwrite, no state given: fresh state */
-    CHECK_OK(fl_ps_sparse_put(t, id, v, NULL));
+    CHECK_OK(fl_ps_sparse_put(t, id, v, NULL, NULL));
     CHECK_OK(fl_ps_sparse_pull_rows(t, &id, 1, out));
     CHECK(out[0] == 9 && fl_ps_sparse_rows(t) == 1);
     f.found = false;
@@ -637,7 +643,8 @@ static void test_sparse_put(void) {
     fl_ps_sparse_free(t);
 }
 
-/* 10^6 rows of dim 8 with Adagrad: at most 80 bytes a row, everything counted. */
+/* 10^6 rows of dim 8 with Adagrad: at most 80 bytes a row, everything counted (values,
+ * g2sum, id, show/click/unseen counters, index, chunk slack). */
 static void test_sparse_bytes(void) {
     enum { DIM = 8, ROWS = 1000000, BATCH = 10000 };
     fl_ps_sparse *t = make_table(0, DIM, FL_PS_RULE_ADAGRAD, FL_PS_INIT_UNIFORM, -0.01, 0.01, 4);
@@ -655,12 +662,355 @@ static void test_sparse_bytes(void) {
     int64_t rows = fl_ps_sparse_rows(t);
     double per_row = (double)fl_ps_sparse_bytes(t) / (double)rows;
     printf("sparse dim %d adagrad: %lld rows, %zu bytes, %.1f bytes/row (row data %zu)\n", DIM,
-           (long long)rows, fl_ps_sparse_bytes(t), per_row, (DIM + 1) * sizeof(float) + 8);
+           (long long)rows, fl_ps_sparse_bytes(t), per_row, (DIM + 1 + 3) * sizeof(float) + 8);
     CHECK(rows == ROWS);
     CHECK(per_row <= 80.0);
     free(ids);
     free(out);
     fl_ps_sparse_free(t);
+}
+
+
+/* ---- the life cycle (fl_ps_sparse_opts) ---- */
+
+typedef struct {
+    uint64_t *ids;
+    int64_t   n;
+} ids_seen;
+
+static int take_id(void *ctx, uint64_t id, const float *values, const float *state,
+                   const fl_ps_row_stat *rs) {
+    (void)values, (void)state, (void)rs;
+    ids_seen *a = ctx;
+    a->ids[a->n++] = id;
+    return 0;
+}
+
+
+static fl_ps_sparse *make_life(int dim, const fl_ps_sparse_opts *o, uint64_t seed) {
+    fl_ps_sparse *t = make_table(0, dim, FL_PS_RULE_SGD, FL_PS_INIT_UNIFORM, -1, 1, seed);
+    if (t && o)
+        CHECK_OK(fl_ps_sparse_set_opts(t, o));
+    return t;
+}
+
+/* The counters of one row, found by a visit. */
+typedef struct {
+    uint64_t       id;
+    bool           found;
+    fl_ps_row_stat st;
+    float          v0;
+} stat_find;
+
+static int find_stat(void *ctx, uint64_t id, const float *values, const float *state,
+                     const fl_ps_row_stat *rs) {
+    (void)state;
+    stat_find *f = ctx;
+    if (id == f->id) {
+        f->found = true;
+        f->st = *rs;
+        f->v0 = values[0];
+    }
+    return 0;
+}
+
+static stat_find stat_of(const fl_ps_sparse *t, uint64_t id) {
+    stat_find f = {.id = id};
+    CHECK_OK(fl_ps_sparse_visit(t, false, find_stat, &f));
+    return f;
+}
+
+/* Shows and clicks add up exactly, per occurrence and per sync step; a push without counts
+ * counts one show an occurrence. */
+static void test_life_counts(void) {
+    enum { DIM = 2 };
+    fl_ps_sparse *t = make_life(DIM, NULL, 1);
+    if (!t)
+        return;
+    uint64_t ids[5] = {10, 20, 10, 30, 10};
+    float g[5 * DIM] = {0}, shows[5] = {1, 2, 3, 0.5f, 1}, clicks[5] = {1, 0, 1, 0, 0};
+    CHECK_OK(fl_ps_sparse_push_rows_counts(t, ids, 5, g, shows, clicks, 0.1));
+    stat_find a = stat_of(t, 10), b = stat_of(t, 20), c = stat_of(t, 30);
+    CHECK(a.found && a.st.show == 5 && a.st.click == 2 && a.st.unseen == 0);
+    CHECK(b.found && b.st.show == 2 && b.st.click == 0);
+    CHECK(c.found && c.st.show == 0.5f && c.st.click == 0);
+    CHECK_OK(fl_ps_sparse_push_rows(t, ids, 5, g, 0.1)); /* one show an occurrence */
+    a = stat_of(t, 10);
+    CHECK(a.st.show == 8 && a.st.click == 2);
+    /* sync: the step's counts summed, added once at the apply */
+    CHECK_OK(fl_ps_sparse_accumulate_counts(t, ids, 5, g, shows, clicks));
+    CHECK_OK(fl_ps_sparse_accumulate(t, ids, 2, g));
+    a = stat_of(t, 10);
+    CHECK(a.st.show == 8); /* nothing before the apply */
+    CHECK_OK(fl_ps_sparse_apply_pending(t, 0.1, 0.5));
+    a = stat_of(t, 10);
+    b = stat_of(t, 20);
+    CHECK(a.st.show == 8 + 5 + 1 && a.st.click == 4);
+    CHECK(b.st.show == 1 + 2 + 2 + 1 && b.st.click == 0);
+    /* a pull counts nothing */
+    float out[5 * DIM];
+    CHECK_OK(fl_ps_sparse_pull_rows(t, ids, 5, out));
+    CHECK(stat_of(t, 10).st.show == 14);
+    fl_ps_sparse_free(t);
+}
+
+/* entry count 3 on a hand-built sequence: an id's row appears at the push that brings its
+ * shows to 3, that push's gradient applied and the shows before it kept; until then pulls
+ * read zeros and create nothing, pushes change nothing but the count. */
+static void test_life_entry_count(void) {
+    enum { DIM = 2 };
+    fl_ps_sparse_opts o;
+    fl_ps_sparse_opts_defaults(&o);
+    o.entry = FL_PS_ENTRY_COUNT;
+    o.entry_count = 3;
+    fl_ps_sparse *t = make_life(DIM, &o, 2), *ref = make_life(DIM, NULL, 2);
+    if (!t || !ref)
+        return;
+    uint64_t a = 111, b = 222;
+    float g1[DIM] = {1, 1}, g3[DIM] = {0.5f, -0.25f}, out[DIM], init[DIM];
+    CHECK_OK(fl_ps_sparse_pull_rows(ref, &a, 1, init)); /* the row a will get */
+    CHECK_OK(fl_ps_sparse_pull_rows(t, &a, 1, out));
+    CHECK(out[0] == 0 && out[1] == 0 && fl_ps_sparse_rows(t) == 0);
+    CHECK_OK(fl_ps_sparse_push_rows(t, &a, 1, g1, 1.0)); /* seen 1 */
+    CHECK(fl_ps_sparse_rows(t) == 0 && fl_ps_sparse_candidates(t) == 1);
+    CHECK_OK(fl_ps_sparse_push_rows(t, &a, 1, g1, 1.0)); /* seen 2 */
+    CHECK_OK(fl_ps_sparse_pull_rows(t, &a, 1, out));
+    CHECK(out[0] == 0 && out[1] == 0 && fl_ps_sparse_rows(t) == 0);
+    CHECK_OK(fl_ps_sparse_push_rows(t, &a, 1, g3, 1.0)); /* seen 3: the row, with g3 only */
+    CHECK(fl_ps_sparse_rows(t) == 1 && fl_ps_sparse_candidates(t) == 0);
+    CHECK_OK(fl_ps_sparse_pull_rows(t, &a, 1, out));
+    CHECK(out[0] == init[0] - 0.5f && out[1] == init[1] + 0.25f);
+    stat_find f = stat_of(t, a);
+    CHECK(f.found && f.st.show == 3);
+    /* shows given with the push: 5 at once is enough; 2 + 0.5 is not, 0.5 more is */
+    float five = 5, two = 2, half = 0.5f, g0[DIM] = {0, 0};
+    CHECK_OK(fl_ps_sparse_push_rows_counts(t, &b, 1, g0, &five, NULL, 1.0));
+    CHECK(fl_ps_sparse_rows(t) == 2 && stat_of(t, b).st.show == 5);
+    uint64_t c = 333;
+    CHECK_OK(fl_ps_sparse_push_rows_counts(t, &c, 1, g0, &two, NULL, 1.0));
+    CHECK_OK(fl_ps_sparse_push_rows_counts(t, &c, 1, g0, &half, NULL, 1.0));
+    CHECK(fl_ps_sparse_rows(t) == 2);
+    CHECK_OK(fl_ps_sparse_push_rows_counts(t, &c, 1, g0, &half, NULL, 1.0));
+    CHECK(fl_ps_sparse_rows(t) == 3 && stat_of(t, c).st.show == 3);
+    /* sync: a step's occurrences count together; 2 workers each seeing d once: no row, the
+     * next step's pushes make it */
+    uint64_t d = 444, dd[2] = {444, 444};
+    float g2[2 * DIM] = {1, 1, 1, 1};
+    CHECK_OK(fl_ps_sparse_accumulate(t, &d, 1, g1));
+    CHECK_OK(fl_ps_sparse_accumulate(t, &d, 1, g1));
+    CHECK_OK(fl_ps_sparse_apply_pending(t, 1.0, 0.5));
+    CHECK(fl_ps_sparse_rows(t) == 3 && fl_ps_sparse_candidates(t) == 1);
+    CHECK_OK(fl_ps_sparse_accumulate(t, dd, 2, g2));
+    CHECK_OK(fl_ps_sparse_apply_pending(t, 1.0, 0.5));
+    CHECK(fl_ps_sparse_rows(t) == 4 && stat_of(t, d).st.show == 4);
+    /* the life cycle is set before any row, and checked */
+    CHECK_RC(fl_ps_sparse_set_opts(t, &o), FL_ESTATE);
+    fl_ps_sparse *u = make_life(DIM, NULL, 2);
+    o.entry_count = 0.5;
+    CHECK_RC(fl_ps_sparse_set_opts(u, &o), FL_ECONFIG);
+    CHECK_MSG("entry count 0.5");
+    fl_ps_sparse_opts_defaults(&o);
+    o.show_click_decay = 1.5;
+    CHECK_RC(fl_ps_sparse_set_opts(u, &o), FL_ECONFIG);
+    CHECK_MSG("show_click_decay 1.5");
+    fl_ps_sparse_free(u);
+    fl_ps_sparse_free(t);
+    fl_ps_sparse_free(ref);
+}
+
+/* entry probability p: pushes admit a fraction p of new ids, the same ids in every table of
+ * the same seed; pulls admit none; an id turned down gets a new draw at the next pass. */
+static void test_life_entry_probability(void) {
+    enum { N = 20000 };
+    fl_ps_sparse_opts o;
+    fl_ps_sparse_opts_defaults(&o);
+    o.entry = FL_PS_ENTRY_PROBABILITY;
+    o.entry_probability = 0.25;
+    fl_ps_sparse *t = make_life(1, &o, 3), *u = make_life(1, &o, 3);
+    uint64_t *ids = malloc(N * sizeof *ids);
+    float *g = calloc(N, sizeof *g), *out = malloc(N * sizeof *out);
+    if (!t || !u || !ids || !g || !out)
+        return;
+    for (int i = 0; i < N; i++)
+        ids[i] = (uint64_t)i * 7919 + 5;
+    CHECK_OK(fl_ps_sparse_pull_rows(t, ids, N, out));
+    CHECK(fl_ps_sparse_rows(t) == 0 && out[0] == 0 && out[N - 1] == 0);
+    CHECK_OK(fl_ps_sparse_push_rows(t, ids, N, g, 0.1));
+    int64_t r0 = fl_ps_sparse_rows(t);
+    printf("entry probability 0.25: %lld of %d ids admitted\n", (long long)r0, N);
+    CHECK(r0 > N / 4 - 5 * 62 && r0 < N / 4 + 5 * 62); /* 5 standard deviations */
+    /* the same ids in reverse order in another table: the same rows */
+    for (int i = N - 1; i >= 0; i--)
+        CHECK_OK(fl_ps_sparse_push_rows(u, &ids[i], 1, g, 0.1));
+    CHECK(fl_ps_sparse_rows(u) == r0);
+    ids_seen ta = {0}, ua = {0};
+    ta.ids = malloc(N * sizeof *ta.ids);
+    ua.ids = malloc(N * sizeof *ua.ids);
+    if (!ta.ids || !ua.ids)
+        return;
+    CHECK_OK(fl_ps_sparse_visit(t, false, take_id, &ta));
+    CHECK_OK(fl_ps_sparse_visit(u, false, take_id, &ua));
+    CHECK(ta.n == r0 && ua.n == r0 && memcmp(ta.ids, ua.ids, (size_t)r0 * 8) == 0);
+    free(ta.ids);
+    free(ua.ids);
+    /* pushing again in the same pass admits nothing more; after a pass, a quarter of the rest */
+    CHECK_OK(fl_ps_sparse_push_rows(t, ids, N, g, 0.1));
+    CHECK(fl_ps_sparse_rows(t) == r0);
+    CHECK(fl_ps_sparse_pass(t) == 0);
+    CHECK_OK(fl_ps_sparse_push_rows(t, ids, N, g, 0.1));
+    int64_t r1 = fl_ps_sparse_rows(t) - r0;
+    double want = 0.25 * (double)(N - r0);
+    CHECK(r1 > want - 5 * 54 && r1 < want + 5 * 54);
+    /* p = 0 admits none, p = 1 all */
+    fl_ps_sparse *z = make_life(1, &o, 3);
+    o.entry_probability = 0;
+    fl_ps_sparse *none = make_life(1, &o, 3);
+    o.entry_probability = 1;
+    fl_ps_sparse *all = make_life(1, &o, 3);
+    CHECK_OK(fl_ps_sparse_push_rows(none, ids, N, g, 0.1));
+    CHECK_OK(fl_ps_sparse_push_rows(all, ids, N, g, 0.1));
+    CHECK(fl_ps_sparse_rows(none) == 0 && fl_ps_sparse_rows(all) == N);
+    fl_ps_sparse_free(z);
+    fl_ps_sparse_free(none);
+    fl_ps_sparse_free(all);
+    free(ids);
+    free(g);
+    free(out);
+    fl_ps_sparse_free(t);
+    fl_ps_sparse_free(u);
+}
+
+/* Shrink by score on a hand-built sequence: decay 0.5, score = show (nonclk 1, click 1),
+ * threshold 1. Shows 8, 3, 1.5 become 4, 1.5, 0.75 (the last goes), then 2, 0.75 (the second
+ * goes), then 1 (stays: not below), then 0.5 (goes). */
+static void test_life_shrink_threshold(void) {
+    fl_ps_sparse_opts o;
+    fl_ps_sparse_opts_defaults(&o);
+    o.show_click_decay = 0.5;
+    o.delete_threshold = 1;
+    o.nonclk_coeff = 1;
+    o.click_coeff = 1;
+    fl_ps_sparse *t = make_life(1, &o, 4);
+    if (!t)
+        return;
+    uint64_t ids[3] = {1, 2, 3};
+    float g[3] = {0}, shows[3] = {8, 3, 1.5f}, clicks[3] = {2, 0, 1.5f};
+    CHECK_OK(fl_ps_sparse_push_rows_counts(t, ids, 3, g, shows, clicks, 0.1));
+    CHECK(fl_ps_sparse_pass(t) == 1);
+    CHECK(stat_of(t, 1).found && stat_of(t, 2).found && !stat_of(t, 3).found);
+    stat_find f = stat_of(t, 1);
+    CHECK(f.st.show == 4 && f.st.click == 1 && f.st.unseen == 1);
+    CHECK(fl_ps_sparse_pass(t) == 1);
+    CHECK(stat_of(t, 1).found && !stat_of(t, 2).found && fl_ps_sparse_rows(t) == 1);
+    CHECK(fl_ps_sparse_pass(t) == 0 && stat_of(t, 1).st.show == 1);
+    CHECK(fl_ps_sparse_pass(t) == 1 && fl_ps_sparse_rows(t) == 0);
+    CHECK(fl_ps_sparse_passes(t) == 4 && fl_ps_sparse_passed(t));
+    fl_ps_sparse_mark_clean(t);
+    CHECK(!fl_ps_sparse_passed(t));
+    /* clicks weigh click_coeff: show 1, click 1 at coefficients (0.1, 2) scores 2 */
+    fl_ps_sparse_opts_defaults(&o);
+    o.delete_threshold = 1.5;
+    o.click_coeff = 2;
+    fl_ps_sparse *u = make_life(1, &o, 4);
+    float one = 1;
+    CHECK_OK(fl_ps_sparse_push_rows_counts(u, &ids[0], 1, g, &one, &one, 0.1));
+    CHECK_OK(fl_ps_sparse_push_rows_counts(u, &ids[1], 1, g, &one, NULL, 0.1)); /* 0.1 */
+    CHECK(fl_ps_sparse_pass(u) == 1 && stat_of(u, 1).found && !stat_of(u, 2).found);
+    fl_ps_sparse_free(u);
+    fl_ps_sparse_free(t);
+}
+
+/* Shrink by unseen passes (delete_after_unseen 2) on a hand-built sequence: a row goes at the
+ * end of the second pass in a row without a push; a push starts the count again. Candidates
+ * of entry COUNT unseen that long go too. */
+static void test_life_shrink_unseen(void) {
+    fl_ps_sparse_opts o;
+    fl_ps_sparse_opts_defaults(&o);
+    o.delete_after_unseen = 2;
+    fl_ps_sparse *t = make_life(1, &o, 5);
+    if (!t)
+        return;
+    uint64_t a = 1, b = 2, c = 3, abc[3] = {1, 2, 3};
+    float g[3] = {0};
+    CHECK_OK(fl_ps_sparse_push_rows(t, abc, 3, g, 0.1));
+    CHECK(fl_ps_sparse_pass(t) == 0); /* pass 1: all pushed in it */
+    CHECK_OK(fl_ps_sparse_push_rows(t, &a, 1, g, 0.1));
+    CHECK(fl_ps_sparse_pass(t) == 0); /* pass 2: b, c unseen once */
+    CHECK(stat_of(t, b).st.unseen == 2 && stat_of(t, a).st.unseen == 1);
+    CHECK_OK(fl_ps_sparse_push_rows(t, &b, 1, g, 0.1));
+    CHECK(fl_ps_sparse_pass(t) == 1); /* pass 3: c unseen in passes 2 and 3 */
+    CHECK(stat_of(t, a).found && stat_of(t, b).found && !stat_of(t, c).found);
+    CHECK(fl_ps_sparse_pass(t) == 1); /* pass 4: a unseen in 3 and 4 */
+    CHECK(!stat_of(t, a).found && stat_of(t, b).found);
+    CHECK(fl_ps_sparse_pass(t) == 1 && fl_ps_sparse_rows(t) == 0);
+    fl_ps_sparse_free(t);
+
+    o.entry = FL_PS_ENTRY_COUNT;
+    o.entry_count = 10;
+    t = make_life(1, &o, 5);
+    CHECK_OK(fl_ps_sparse_push_rows(t, abc, 3, g, 0.1));
+    CHECK(fl_ps_sparse_pass(t) == 0 && fl_ps_sparse_candidates(t) == 3);
+    CHECK_OK(fl_ps_sparse_push_rows(t, &a, 1, g, 0.1));
+    CHECK(fl_ps_sparse_pass(t) == 0 && fl_ps_sparse_candidates(t) == 3);
+    CHECK(fl_ps_sparse_pass(t) == 0 && fl_ps_sparse_candidates(t) == 1); /* b, c dropped */
+    CHECK(fl_ps_sparse_pass(t) == 0 && fl_ps_sparse_candidates(t) == 0);
+    fl_ps_sparse_free(t);
+}
+
+/* Removed rows' memory is reused: after half the rows go, as many new ids take their slots
+ * and index entries and the bytes stay the same; every row left reads what it held, every new
+ * row its initial values (the index after many backward-shift deletions finds them all). */
+static void test_life_reuse(void) {
+    enum { N = 200000, DIM = 4 };
+    fl_ps_sparse_opts o;
+    fl_ps_sparse_opts_defaults(&o);
+    o.delete_after_unseen = 1;
+    fl_ps_sparse *t = make_life(DIM, &o, 6), *ref = make_life(DIM, NULL, 6);
+    uint64_t *ids = malloc(2 * N * sizeof *ids);
+    float *g = malloc((size_t)N * DIM * sizeof *g), *out = malloc((size_t)N * DIM * sizeof *out);
+    float *want = malloc((size_t)N * DIM * sizeof *want);
+    if (!t || !ref || !ids || !g || !out || !want)
+        return;
+    fl_rng r;
+    fl_rng_init(&r, 61, 0);
+    for (int i = 0; i < 2 * N; i++)
+        ids[i] = fl_rng_u64(&r);
+    for (int i = 0; i < N * DIM; i++)
+        g[i] = (float)(i % 7) - 3;
+    CHECK_OK(fl_ps_sparse_push_rows(t, ids, N, g, 0.5));
+    CHECK(fl_ps_sparse_pass(t) == 0);
+    /* the odd rows are pushed again (they stay), the even ones not (they go) */
+    for (int i = 1; i < N; i += 2)
+        CHECK_OK(fl_ps_sparse_push_rows(t, &ids[i], 1, g + (int64_t)i * DIM, 0.5));
+    size_t bytes = fl_ps_sparse_bytes(t);
+    CHECK(fl_ps_sparse_pass(t) == N / 2 && fl_ps_sparse_rows(t) == N / 2);
+    CHECK(fl_ps_sparse_bytes(t) == bytes);
+    /* N / 2 new ids: the free slots, no new chunk, no larger index */
+    CHECK_OK(fl_ps_sparse_pull_rows(t, ids + N, N / 2, out));
+    CHECK(fl_ps_sparse_rows(t) == N && fl_ps_sparse_bytes(t) == bytes);
+    CHECK_OK(fl_ps_sparse_pull_rows(ref, ids + N, N / 2, want));
+    CHECK(memcmp(out, want, (size_t)N / 2 * DIM * sizeof(float)) == 0);
+    /* the rows left: the initial values minus two SGD steps of their gradient */
+    int bad = 0;
+    CHECK_OK(fl_ps_sparse_pull_rows(ref, ids, N, want));
+    CHECK_OK(fl_ps_sparse_pull_rows(t, ids, N, out)); /* the even ones come back fresh */
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < DIM; j++) {
+            float w = want[i * DIM + j], gg = g[i * DIM + j];
+            if (i % 2) {
+                w = (float)((double)w - 0.5 * (double)gg);
+                w = (float)((double)w - 0.5 * (double)gg);
+            }
+            bad += out[i * DIM + j] != w;
+        }
+    CHECK(bad == 0);
+    CHECK(fl_ps_sparse_rows(t) == N + N / 2);
+    free(ids);
+    free(g);
+    free(out);
+    free(want);
+    fl_ps_sparse_free(t);
+    fl_ps_sparse_free(ref);
 }
 
 /* fl_ps_shard_of: in range, and consecutive ids spread evenly over the servers. */
@@ -703,6 +1053,12 @@ int main(void) {
     test_sparse_dirty();
     test_sparse_put();
     test_sparse_bytes();
+    test_life_counts();
+    test_life_entry_count();
+    test_life_entry_probability();
+    test_life_shrink_threshold();
+    test_life_shrink_unseen();
+    test_life_reuse();
     test_shard_of();
     if (test_failures)
         fprintf(stderr, "test_ps_table: %d failures\n", test_failures);

@@ -29,7 +29,7 @@ static size_t gather(const fl_ps_span *p, int np) {
 
 static size_t enc_req(const fl_ps_req *r) {
     uint8_t head[FL_PS_HEAD_MAX];
-    fl_ps_span sp[3];
+    fl_ps_span sp[FL_PS_REQ_PARTS];
     int np = fl_ps_req_encode(r, head, sp);
     size_t n = gather(sp, np);
     CHECK(n == fl_ps_span_bytes(sp, np));
@@ -95,12 +95,28 @@ static void test_requests(void) {
     r = (fl_ps_req){.type = FL_PS_MSG_SPARSE_INIT, .table = 3, .dim = 8, .rule = rule,
                     .init = {FL_PS_INIT_UNIFORM, -0.1, 0.1, 77}};
     r.rule.type = FL_PS_RULE_ADAGRAD;
+    r.opts = (fl_ps_sparse_opts){.entry = FL_PS_ENTRY_COUNT, .entry_count = 3,
+                                 .entry_probability = 0.25, .show_click_decay = 0.98,
+                                 .delete_threshold = 0.8, .nonclk_coeff = 0.1,
+                                 .click_coeff = 2, .delete_after_unseen = 30};
     n = enc_req(&r);
-    CHECK(n == 96);
+    CHECK(n == 152);
     CHECK(fl_ps_req_parse(buf_space, n, &q, why, sizeof why) == 0);
     CHECK(q.dim == 8 && q.rule.type == FL_PS_RULE_ADAGRAD && q.init.type == FL_PS_INIT_UNIFORM);
     CHECK(q.init.a == -0.1 && q.init.b == 0.1 && q.init.seed == 77);
+    CHECK(memcmp(&q.opts, &r.opts, sizeof r.opts) == 0 ||
+          (q.opts.entry == FL_PS_ENTRY_COUNT && q.opts.entry_count == 3 &&
+           q.opts.entry_probability == 0.25 && q.opts.show_click_decay == 0.98 &&
+           q.opts.delete_threshold == 0.8 && q.opts.nonclk_coeff == 0.1 &&
+           q.opts.click_coeff == 2 && q.opts.delete_after_unseen == 30));
     check_lengths_req(n);
+    r.opts.show_click_decay = 0; /* out of (0, 1] */
+    n = enc_req(&r);
+    CHECK(fl_ps_req_parse(buf_space, n, &q, why, sizeof why) < 0 && has(why, "life cycle"));
+    r.opts.show_click_decay = 1;
+    r.opts.entry = (fl_ps_entry_type)3;
+    n = enc_req(&r);
+    CHECK(fl_ps_req_parse(buf_space, n, &q, why, sizeof why) < 0 && has(why, "entry rule 3"));
 
     r = (fl_ps_req){.type = FL_PS_MSG_SPARSE_PULL, .table = 4, .n = 3, .ids = ids};
     n = enc_req(&r);
@@ -115,6 +131,38 @@ static void test_requests(void) {
     CHECK(n == 40 + 3 * 8 + 6 * 4);
     CHECK(fl_ps_req_parse(buf_space, n, &q, why, sizeof why) == 0);
     CHECK(q.n == 3 && q.dim == 2 && q.ids[0] == 7 && q.values[5] == 6 && q.lr == 0.5);
+    CHECK(q.counts == NULL);
+    check_lengths_req(n);
+
+    /* with counts: n shows, then n clicks */
+    float counts[6] = {1, 2, 0.5f, 0, 1, 0};
+    r.counts = counts;
+    n = enc_req(&r);
+    CHECK(n == 40 + 3 * 8 + 6 * 4 + 6 * 4);
+    CHECK(fl_ps_req_parse(buf_space, n, &q, why, sizeof why) == 0);
+    CHECK(q.counts && q.counts[1] == 2 && q.counts[4] == 1 && q.values[5] == 6);
+    check_lengths_req(n);
+    counts[4] = -1;
+    n = enc_req(&r);
+    CHECK(fl_ps_req_parse(buf_space, n, &q, why, sizeof why) < 0 &&
+          has(why, "click count -1 of id 18446744073709551615"));
+    counts[4] = INFINITY;
+    n = enc_req(&r);
+    CHECK(fl_ps_req_parse(buf_space, n, &q, why, sizeof why) < 0 && has(why, "click count"));
+    r.counts = NULL;
+    n = enc_req(&r);
+    ((uint8_t *)buf_space)[36] = 2; /* unknown flag */
+    CHECK(fl_ps_req_parse(buf_space, n, &q, why, sizeof why) < 0 && has(why, "flags"));
+
+    r = (fl_ps_req){.type = FL_PS_MSG_SHRINK, .table = 9};
+    n = enc_req(&r);
+    CHECK(n == 8 && fl_ps_req_parse(buf_space, n, &q, why, sizeof why) == 0);
+    CHECK(q.type == FL_PS_MSG_SHRINK && q.table == 9);
+    check_lengths_req(n);
+    r = (fl_ps_req){.type = FL_PS_MSG_STATS, .table = 63};
+    n = enc_req(&r);
+    CHECK(n == 8 && fl_ps_req_parse(buf_space, n, &q, why, sizeof why) == 0);
+    CHECK(q.type == FL_PS_MSG_STATS && q.table == 63);
     check_lengths_req(n);
 
     r = (fl_ps_req){.type = FL_PS_MSG_SAVE, .step = 100, .save_mode = FL_PS_SAVE_DELTA};
@@ -189,9 +237,9 @@ static void test_refusals(void) {
     CHECK(fl_ps_req_parse(buf_space, n, NULL, why, sizeof why) < 0 &&
           has(why, "worker 4 of 4"));
     r.worker = 0;
-    r.version = 2;
+    r.version = 1; /* before SHRINK, STATS and the counts */
     n = enc_req(&r);
-    CHECK(fl_ps_req_parse(buf_space, n, NULL, why, sizeof why) < 0 && has(why, "version 2"));
+    CHECK(fl_ps_req_parse(buf_space, n, NULL, why, sizeof why) < 0 && has(why, "version 1"));
 
     /* an unaligned buffer is refused, not read */
     CHECK(fl_ps_req_parse(b + 1, 8, NULL, why, sizeof why) < 0 && has(why, "aligned"));
@@ -226,10 +274,12 @@ static void test_replies(void) {
     static const int types[] = {FL_PS_MSG_HELLO, FL_PS_MSG_DENSE_INIT, FL_PS_MSG_DENSE_PULL,
                                 FL_PS_MSG_DENSE_PUSH, FL_PS_MSG_SPARSE_INIT,
                                 FL_PS_MSG_SPARSE_PULL, FL_PS_MSG_SPARSE_PUSH, FL_PS_MSG_SAVE,
-                                FL_PS_MSG_STOP};
+                                FL_PS_MSG_STOP, FL_PS_MSG_SHRINK, FL_PS_MSG_STATS};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         r = (fl_ps_rep){.type = types[i], .version = 7, .step = 5, .staleness = 3, .n = 3,
-                        .dim = 2, .values = v};
+                        .dim = 2, .values = v, .rows = 1000, .bytes = 75000};
+        if (types[i] == FL_PS_MSG_SHRINK)
+            r.removed = 12;
         if (types[i] == FL_PS_MSG_DENSE_PULL)
             r.n = 6;
         size_t n = enc_rep(&r);
@@ -246,6 +296,9 @@ static void test_replies(void) {
             CHECK(q.n == 3 && q.dim == 2 && q.values[4] == 5);
         if (types[i] == FL_PS_MSG_SAVE)
             CHECK(q.step == 5);
+        if (types[i] == FL_PS_MSG_SHRINK || types[i] == FL_PS_MSG_STATS)
+            CHECK(n == 40 && q.rows == 1000 && q.bytes == 75000 &&
+                  q.removed == (types[i] == FL_PS_MSG_SHRINK ? 12u : 0u));
         for (size_t k = 0; k < n; k++)
             if (fl_ps_rep_parse(buf_space, k, types[i], NULL, why, sizeof why) == 0) {
                 fprintf(stderr, "reply %d accepted at %zu of %zu bytes\n", types[i], k, n);
@@ -274,6 +327,15 @@ static void test_replies(void) {
     ((uint8_t *)buf_space)[24] = 3;
     CHECK(fl_ps_rep_parse(buf_space, n, FL_PS_MSG_SPARSE_PULL, NULL, why, sizeof why) < 0 &&
           has(why, "3 rows of dim 3"));
+    /* a STATS reply that says it removed rows, and counts beyond any table */
+    r = (fl_ps_rep){.type = FL_PS_MSG_STATS, .rows = 5, .bytes = 10};
+    n = enc_rep(&r);
+    ((uint8_t *)buf_space)[16] = 1;
+    CHECK(fl_ps_rep_parse(buf_space, n, FL_PS_MSG_STATS, NULL, why, sizeof why) < 0 &&
+          has(why, "STATS reply with 1 removed"));
+    n = enc_rep(&r);
+    ((uint8_t *)buf_space)[31] = 0x80; /* 2^63 rows */
+    CHECK(fl_ps_rep_parse(buf_space, n, FL_PS_MSG_STATS, NULL, why, sizeof why) < 0);
 }
 
 int main(void) {
