@@ -24,41 +24,6 @@
 #define FAIL_GRACE_S 2.0 /* how long a failed server still answers requests with why */
 
 
-double ps_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Waits on s->cv (s->mu held) until deadline (monotonic seconds); false when it passed. */
-bool ps_wait_until(ps_server *s, double deadline) {
-    double left = deadline - ps_now_s();
-    if (left <= 0)
-        return false;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + left;
-    ts.tv_sec = (time_t)t;
-    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-    return true;
-}
-
-void ps_server_fail(ps_server *s, int code, const char *msg) {
-    pthread_mutex_lock(&s->mu);
-    if (!s->failed) {
-        s->failed = true;
-        s->fail_code = code;
-        snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg);
-        FL_ERROR("ps server %d: %s", s->s, msg);
-    }
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
 
 /* After the server failed: answers what the worker still sends (a request already on its
  * way) with the failure, for a short while or until the worker closes, so that it hears why

@@ -211,7 +211,7 @@ typedef struct {
     int64_t     *cnt, *off; /* [T] */
 } ps_recv;
 
-/* server.c: the monotonic clock in seconds; a wait on s->cv (s->mu held) until deadline (false
+/* server_tables.c: the monotonic clock in seconds; a wait on s->cv (s->mu held) until deadline (false
  * once it passed); failing the server with msg (the first failure sticks; wakes every wait). */
 double ps_now_s(void);
 bool   ps_wait_until(ps_server *s, double deadline);

@@ -1,14 +1,16 @@
 /* server_tables.c - creating and freeing a server's tables (dense blocks spread over its shard
- * threads, one sparse part per thread) and the bookkeeping each table keeps for sync merges
- * and async staleness (server.h). */
+ * threads, one sparse part per thread), the bookkeeping each table keeps for sync merges and
+ * async staleness, and the server's waits and failure (server.h). */
 #include "server.h"
 
+#include "fleet/log.h"
 #include "fleet/status.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int ps_sync_init(ps_sync *y, int W, int64_t version) {
     memset(y, 0, sizeof *y);
@@ -143,4 +145,42 @@ bool ps_opts_equal(const fl_ps_sparse_opts *a, const fl_ps_sparse_opts *b) {
            a->show_click_decay == b->show_click_decay &&
            a->delete_threshold == b->delete_threshold && a->nonclk_coeff == b->nonclk_coeff &&
            a->click_coeff == b->click_coeff && a->delete_after_unseen == b->delete_after_unseen;
+}
+
+/* ---- waiting and failing (server.c, server_requests.c) ---- */
+
+double ps_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Waits on s->cv (s->mu held) until deadline (monotonic seconds); false when it passed. */
+bool ps_wait_until(ps_server *s, double deadline) {
+    double left = deadline - ps_now_s();
+    if (left <= 0)
+        return false;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + left;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    return true;
+}
+
+void ps_server_fail(ps_server *s, int code, const char *msg) {
+    pthread_mutex_lock(&s->mu);
+    if (!s->failed) {
+        s->failed = true;
+        s->fail_code = code;
+        snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg);
+        FL_ERROR("ps server %d: %s", s->s, msg);
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
 }
