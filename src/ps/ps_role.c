@@ -16,15 +16,6 @@
 #include <string.h>
 #include <strings.h>
 
-const char *fl_ps_mode_name(fl_ps_mode m) {
-    switch (m) {
-    case FL_PS_SYNC: return "sync";
-    case FL_PS_ASYNC: return "async";
-    case FL_PS_GEO: return "geo";
-    default: return "?";
-    }
-}
-
 static const char *env_get(const char *name) {
     const char *v = getenv(name);
     return v && v[0] ? v : NULL;

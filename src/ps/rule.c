@@ -1,6 +1,7 @@
 /* rule.c - the optimizer rules a parameter server applies to its dense blocks and sparse rows
  * (table.h), their defaults and checks, and the id -> server map. One function updates n values
- * in place with the rule's state beside them, so a dense block and a sparse row share it.
+ * in place with the rule's state beside them, so a dense block and a sparse row share it;
+ * and the modes' names.
  *
  * Arithmetic. Every rule reads f32 values, computes in double and rounds once when it stores,
  * as the ref backend's kernels do (src/kernels/cpu/ref.c):
@@ -240,4 +241,13 @@ int fl_ps_shard_of(uint64_t id, int nservers) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     return (int)(z % (uint64_t)nservers);
+}
+
+const char *fl_ps_mode_name(fl_ps_mode m) {
+    switch (m) {
+    case FL_PS_SYNC: return "sync";
+    case FL_PS_ASYNC: return "async";
+    case FL_PS_GEO: return "geo";
+    default: return "?";
+    }
 }
