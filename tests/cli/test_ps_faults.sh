@@ -49,15 +49,19 @@ pid_of() { # pid_of ROLE INDEX: the job's fleet-train process of that role and i
   done | head -1
 }
 
-stop_one() { # stop_one NAME ROLE INDEX: SIGSTOP it after step 40 (not at an evaluation); sets ep, secs, rc
-  local name=$1 role=$2 index=$3 found="" t0 t1
+# stop_one NAME ROLE INDEX [INTERVAL LINE]: SIGSTOP it once worker 0 printed LINE (default: the
+# progress line of step 40, not at an evaluation), progress lines every INTERVAL steps (default
+# 4); sets ep, secs, rc
+stop_one() {
+  local name=$1 role=$2 index=$3 iv=${4:-4} line=${5:-"^worker_index: 0, epoch 1, step 40,"}
+  local found="" t0 t1
   timeout 120 "$bin/fleetrun" --server_num 2 --worker_num 2 --log_dir "$tmp/log_$name" \
-    "$bin/fleet-train" -c "$cfg" -o train.epochs=200 -o train.log_interval=4 >"$tmp/$name.out" 2>&1 &
+    "$bin/fleet-train" -c "$cfg" -o train.epochs=200 -o train.log_interval="$iv" >"$tmp/$name.out" 2>&1 &
   local fr=$!
   ep="" secs=999
   for _ in $(seq 1 1500); do # up to 30 s
     [ -n "$found" ] || found=$(pid_of "$role" "$index")
-    if [ -n "$found" ] && grep -q "^worker_index: 0, epoch 1, step 40," "$tmp/$name.out" 2>/dev/null; then
+    if [ -n "$found" ] && grep -q "$line" "$tmp/$name.out" 2>/dev/null; then
       kill -STOP "${found%% *}"
       ep=${found#* }
       break
@@ -89,13 +93,18 @@ check "worker stopped: worker 0 fails naming it" \
   grep -qE "^fleet-train: error: .*(worker|rank) 1 \($ep\)" "$tmp/log_worker/workerlog.0"
 check "worker stopped: ended within 3 x timeout + 10 s (${secs} s)" bounded "$secs"
 
-# b) a silent server: every worker names server 1 with its endpoint
-stop_one server PSERVER 1
+# b) a silent server: every worker names server 1 with its endpoint. Stopped right after the
+# evaluation of step 64, with no progress line before the next evaluation at 96: both workers
+# then wait on the servers alone (a worker waiting in the progress line's allreduce for its
+# peer, stuck on the server, would name that peer instead, correctly but not the server)
+stop_one server PSERVER 1 1000 "^worker_index: 0, epoch 1, step 64, eval"
+
 check "server stopped: found and stopped" test -n "$ep"
 check "server stopped: the job fails (status $rc)" test "$rc" -ne 0
 for w in 0 1; do
   check "server stopped: worker $w names server 1 ($ep)" \
-    grep -q "fleet-train: error: .*server 1 ($ep)" "$tmp/log_server/workerlog.$w"
+    grep -q "fleet-train: error: .*server 1 ($ep)" "$tmp/log_server/workerlog.$w" ||
+    { echo "worker $w said:"; grep -v '^ *[|+]' "$tmp/log_server/workerlog.$w" | tail -3; }
 done
 check "server stopped: ended within 3 x timeout + 10 s (${secs} s)" bounded "$secs"
 
