@@ -72,6 +72,12 @@ typedef struct fl_sparse_lookup {
  * holds 2^31 ids or more; FL_ENOMEM (lk then holds no batch: n = 0, batch = 0). */
 int  fl_sparse_lookup_collect(fl_sparse_lookup *lk, const fl_ctr_batch *b, const int *slots,
                               int nslots);
+/* Per distinct id r < lk->n, what a parameter server's life cycle counts (Paddle's show and
+ * click, fl_ps_sparse_push_counts): shows[r] = the id's occurrences in the chosen bags, and
+ * clicks[r] = the sum of labels[i] over those occurrences (sample i = bag / S); labels (B)
+ * are 0 or 1 (NULL: no clicks). shows and clicks hold lk->n floats each. */
+void fl_sparse_lookup_counts(const fl_sparse_lookup *lk, const int32_t *labels, float *shows,
+                             float *clicks);
 /* Frees lk's arrays and zeroes it; a zeroed lookup is a no-op. */
 void fl_sparse_lookup_free(fl_sparse_lookup *lk);
 

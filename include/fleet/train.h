@@ -128,6 +128,16 @@ typedef struct fl_train_config {
         int     initializer;  /* embedding rows: fl_ps_init_type (uniform); wide rows: zeros */
         double  init_range;   /* uniform in [-r, r); normal with std r */
     } sparse_optimizer;
+    struct {                  /* CTR: the sparse tables' life cycle (Paddle's CtrCommonAccessor
+                               * and entry attributes; fl_ps_sparse_opts, docs/ctr.md) */
+        int     entry;        /* fl_ps_entry_type: none, count, probability */
+        double  entry_count;  /* count: shows before an id gets a row (>= 1) */
+        double  entry_probability; /* probability: of a push creating the row */
+        double  show_click_decay_rate; /* per pass, in (0, 1]; a pass ends each epoch */
+        double  delete_threshold;      /* rows scoring below it go at a pass */
+        int64_t delete_after_unseen;   /* passes without a show before a row goes; 0 never */
+        double  nonclk_coeff, click_coeff; /* the score's weights */
+    } sparse_table;
     struct {
         int    type;         /* fl_optim_type */
         double momentum;
@@ -187,6 +197,10 @@ typedef struct fl_train_config {
 const fl_cfg_key *fl_train_schema(int *nkeys);
 /* Fills cfg with the defaults of every key. */
 void fl_train_config_defaults(fl_train_config *cfg);
+/* Whether cfg's sparse_table keys ask for a life cycle beyond keeping every row: an entry
+ * rule, a decay below 1, a delete threshold or delete_after_unseen. The CTR trainer then counts
+ * shows and clicks and runs a pass at each epoch's end. */
+bool fl_train_ctr_lifecycle(const fl_train_config *cfg);
 /* Defaults, then the YAML file at path (may be NULL), then overrides "a.b=value"; then the
  * cross-key checks (e.g. piecewise values = boundaries + 1) and fl_strategy_check (strategy
  * keys that are set but not implemented, refused combinations). 0 or FL_ECONFIG/FL_EIO with a

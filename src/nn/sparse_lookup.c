@@ -194,6 +194,19 @@ int fl_sparse_lookup_collect(fl_sparse_lookup *lk, const fl_ctr_batch *b, const 
     return FL_OK;
 }
 
+void fl_sparse_lookup_counts(const fl_sparse_lookup *lk, const int32_t *labels, float *shows,
+                             float *clicks) {
+    int S = lk->nslots > 0 ? lk->nslots : 1;
+    for (int64_t r = 0; r < lk->n; r++) {
+        int64_t a = lk->row_start[r], b = lk->row_start[r + 1];
+        shows[r] = (float)(b - a);
+        int64_t k = 0;
+        for (int64_t o = a; labels && o < b; o++)
+            k += labels[lk->occ_bag[o] / S] != 0;
+        clicks[r] = (float)k;
+    }
+}
+
 int fl_sparse_rows_prepare(fl_sparse_rows *r, int dim, const fl_sparse_lookup *lk) {
     FL_ASSERT(r && lk);
     if (dim < 1)

@@ -3,7 +3,9 @@
  * and the distributed optimizer's state, "ctr.state" (the loop's position) and, in collective
  * mode, the sparse replicas as "sparse.<table>.ids" (I64 [rows]), ".values" (F32 [rows, dim])
  * and ".state" (F32 [rows, k], the rule's per-row state; absent when k = 0), rows in ascending
- * id order. The replicas are identical on every worker, so rank 0's file stands for all. In
+ * id order; under a life cycle (sparse_table.*) also ".counts" (F32 [rows, 3]: show, click,
+ * passes unseen), ".candidates" (I64 [c]) with ".candidate_counts" (F32 [c, 2]: shows seen,
+ * passes unseen) for entry count, and ".passes" (I64 [1]). The replicas are identical on every worker, so rank 0's file stands for all. In
  * parameter-server mode worker 0 first has every server save its shards (fl_ps_save, as the
  * image trainer does); a resumed server loads them, the workers load rank 0's file. A resume
  * takes the same number of workers (another number is refused naming both). */
@@ -14,6 +16,7 @@
 #include "fleet/safetensors.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,11 +53,15 @@ typedef struct {
     int      dim, k;
     int64_t *ids;
     float   *values, *state;
+    float   *counts;           /* life cycle: (show, click, unseen) a row; else NULL */
+    int64_t  ncand, cand_cap;  /* entry count's candidates */
+    int64_t *cand_ids;
+    float   *cand_counts;      /* (seen, unseen) a candidate */
+    int64_t  passes;
 } table_rows;
 
 static int gather_row(void *ctx, uint64_t id, const float *values, const float *state,
                       const fl_ps_row_stat *st) {
-    (void)st; /* a collective replica has no entry or shrink rules: its counters stay unused */
     table_rows *r = ctx;
     if (r->n >= r->cap)
         return FL_EINVAL;
@@ -62,7 +69,24 @@ static int gather_row(void *ctx, uint64_t id, const float *values, const float *
     memcpy(r->values + r->n * r->dim, values, (size_t)r->dim * sizeof(float));
     if (r->k)
         memcpy(r->state + r->n * r->k, state, (size_t)r->k * sizeof(float));
+    if (r->counts) {
+        float *q = r->counts + r->n * 3;
+        q[0] = st->show;
+        q[1] = st->click;
+        q[2] = (float)st->unseen;
+    }
     r->n++;
+    return 0;
+}
+
+static int gather_cand(void *ctx, uint64_t id, float seen, int unseen) {
+    table_rows *r = ctx;
+    if (r->ncand >= r->cand_cap)
+        return FL_EINVAL;
+    r->cand_ids[r->ncand] = (int64_t)id;
+    r->cand_counts[r->ncand * 2] = seen;
+    r->cand_counts[r->ncand * 2 + 1] = (float)unseen;
+    r->ncand++;
     return 0;
 }
 
@@ -74,6 +98,9 @@ static void rows_free(table_rows *r) {
     free(r->ids);
     free(r->values);
     free(r->state);
+    free(r->counts);
+    free(r->cand_ids);
+    free(r->cand_counts);
 }
 
 static int gather_table(ctr_trainer *c, int t, table_rows *r) {
@@ -85,10 +112,21 @@ static int gather_table(ctr_trainer *c, int t, table_rows *r) {
     r->ids = malloc(rows * sizeof *r->ids);
     r->values = malloc(rows * (size_t)r->dim * sizeof *r->values);
     r->state = malloc(rows * (size_t)(r->k > 0 ? r->k : 1) * sizeof *r->state);
-    if (!r->ids || !r->values || !r->state)
+    if (c->lifecycle) {
+        r->counts = malloc(rows * 3 * sizeof *r->counts);
+        r->cand_cap = fl_ps_sparse_candidates(c->rep[t]);
+        size_t nc = (size_t)(r->cand_cap > 0 ? r->cand_cap : 1);
+        r->cand_ids = malloc(nc * sizeof *r->cand_ids);
+        r->cand_counts = malloc(nc * 2 * sizeof *r->cand_counts);
+        r->passes = fl_ps_sparse_passes(c->rep[t]);
+    }
+    if (!r->ids || !r->values || !r->state ||
+        (c->lifecycle && (!r->counts || !r->cand_ids || !r->cand_counts)))
         return fl_fail(FL_ENOMEM, "checkpoint: out of memory for %lld rows of table '%s'",
                        (long long)r->cap, fl_ctr_model_table_name(t));
     int rc = fl_ps_sparse_visit(c->rep[t], false, gather_row, r);
+    if (rc == 0 && c->lifecycle)
+        rc = fl_ps_sparse_visit_candidates(c->rep[t], gather_cand, r);
     if (rc != 0)
         return fl_fail(rc < 0 ? rc : FL_EINVAL, "checkpoint: reading table '%s'",
                        fl_ctr_model_table_name(t));
@@ -113,14 +151,15 @@ static int write_file(ctr_trainer *c, const fl_train_config *cfg, fixed_list *f,
                       const char *path) {
     table_rows rows[FL_CTR_NTABLES] = {0};
     int ntab = c->mode == CTR_COLLECTIVE ? FL_CTR_NTABLES : 0;
-    fl_st_entry *e = calloc((size_t)(f->n + 3 * FL_CTR_NTABLES), sizeof *e);
-    char names[3 * FL_CTR_NTABLES][96];
-    int64_t shapes[3 * FL_CTR_NTABLES][2];
+    enum { PER_TABLE = 7 }; /* ids, values, state, counts, candidates, their counts, passes */
+    fl_st_entry *e = calloc((size_t)(f->n + PER_TABLE * FL_CTR_NTABLES), sizeof *e);
+    char names[PER_TABLE * FL_CTR_NTABLES][96];
+    int64_t shapes[PER_TABLE * FL_CTR_NTABLES][2];
     char *yaml = config_yaml(cfg);
     size_t cap = 64;
     for (int i = f->nnet; i < f->n; i++)
         cap += strlen(f->p[i]->name) + 1;
-    cap += 3 * FL_CTR_NTABLES * 40;
+    cap += PER_TABLE * FL_CTR_NTABLES * 40;
     char *state_names = calloc(cap, 1);
     int rc = e && yaml && state_names ? FL_OK : fl_fail(FL_ENOMEM, "checkpoint: out of memory");
     int n = 0;
@@ -137,7 +176,7 @@ static int write_file(ctr_trainer *c, const fl_train_config *cfg, fixed_list *f,
         if (rc < 0)
             break;
         const char *tn = fl_ctr_model_table_name(t);
-        int j = 3 * t;
+        int j = PER_TABLE * t;
         snprintf(names[j], 96, "sparse.%s.ids", tn);
         shapes[j][0] = rows[t].n;
         e[n++] = (fl_st_entry){names[j], FL_DTYPE_I64, 1, shapes[j], rows[t].ids};
@@ -150,6 +189,23 @@ static int write_file(ctr_trainer *c, const fl_train_config *cfg, fixed_list *f,
             shapes[j + 2][0] = rows[t].n;
             shapes[j + 2][1] = rows[t].k;
             e[n++] = (fl_st_entry){names[j + 2], FL_DTYPE_F32, 2, shapes[j + 2], rows[t].state};
+        }
+        if (rows[t].counts) {
+            table_rows *r = &rows[t];
+            snprintf(names[j + 3], 96, "sparse.%s.counts", tn);
+            shapes[j + 3][0] = r->n;
+            shapes[j + 3][1] = 3;
+            e[n++] = (fl_st_entry){names[j + 3], FL_DTYPE_F32, 2, shapes[j + 3], r->counts};
+            snprintf(names[j + 4], 96, "sparse.%s.candidates", tn);
+            shapes[j + 4][0] = r->ncand;
+            e[n++] = (fl_st_entry){names[j + 4], FL_DTYPE_I64, 1, shapes[j + 4], r->cand_ids};
+            snprintf(names[j + 5], 96, "sparse.%s.candidate_counts", tn);
+            shapes[j + 5][0] = r->ncand;
+            shapes[j + 5][1] = 2;
+            e[n++] = (fl_st_entry){names[j + 5], FL_DTYPE_F32, 2, shapes[j + 5], r->cand_counts};
+            snprintf(names[j + 6], 96, "sparse.%s.passes", tn);
+            shapes[j + 6][0] = 1;
+            e[n++] = (fl_st_entry){names[j + 6], FL_DTYPE_I64, 1, shapes[j + 6], &r->passes};
         }
     }
     if (rc >= 0) {
@@ -268,6 +324,67 @@ int64_t ctr_ckpt_resume_step(const fl_train_config *cfg) {
     return step;
 }
 
+/* Counters a checkpoint may hold: finite, >= 0, unseen a whole number of passes. */
+static bool counts_ok(float show, float click, float unseen) {
+    return show >= 0 && show < INFINITY && click >= 0 && click < INFINITY && unseen >= 0 &&
+           unseen <= 65535 && unseen == (float)(int)unseen;
+}
+
+/* "sparse.<tn>.counts" of n rows, or *out NULL when the file has none (a run without a life
+ * cycle wrote it: the rows start with zero counts). */
+static int find_counts(const fl_safetensors *st, const char *path, const char *tn, int64_t n,
+                       const fl_st_tensor **out) {
+    char name[96];
+    snprintf(name, sizeof name, "sparse.%s.counts", tn);
+    const fl_st_tensor *x = fl_safetensors_find(st, name);
+    if (x && (x->dtype != FL_DTYPE_F32 || x->ndim != 2 || x->shape[0] != n || x->shape[1] != 3))
+        return fl_fail(FL_ESHAPE, "resume: %s: tensor '%s' is not F32 [%lld, 3]", path, name,
+                       (long long)n);
+    *out = x;
+    return FL_OK;
+}
+
+/* Entry count's candidates and the passes run, where the file has them. */
+static int load_life(ctr_trainer *c, const fl_safetensors *st, const char *path, int t) {
+    const char *tn = fl_ctr_model_table_name(t);
+    char name[3][96];
+    snprintf(name[0], 96, "sparse.%s.candidates", tn);
+    snprintf(name[1], 96, "sparse.%s.candidate_counts", tn);
+    snprintf(name[2], 96, "sparse.%s.passes", tn);
+    const fl_st_tensor *ids = fl_safetensors_find(st, name[0]);
+    const fl_st_tensor *cc = fl_safetensors_find(st, name[1]);
+    const fl_st_tensor *ps = fl_safetensors_find(st, name[2]);
+    if (ps) {
+        int64_t passes;
+        if (ps->dtype != FL_DTYPE_I64 || ps->numel != 1)
+            return fl_fail(FL_ESHAPE, "resume: %s: tensor '%s' is not I64 [1]", path, name[2]);
+        memcpy(&passes, ps->data, 8);
+        if (passes < 0)
+            return fl_fail(FL_EFORMAT, "resume: %s: tensor '%s' holds %lld passes", path,
+                           name[2], (long long)passes);
+        fl_ps_sparse_set_passes(c->rep[t], passes);
+    }
+    if (!ids && !cc)
+        return FL_OK;
+    if (!ids || !cc || ids->dtype != FL_DTYPE_I64 || ids->ndim != 1 ||
+        cc->dtype != FL_DTYPE_F32 || cc->ndim != 2 || cc->shape[0] != ids->numel ||
+        cc->shape[1] != 2)
+        return fl_fail(FL_ESHAPE, "resume: %s: tensors '%s' (I64 [c]) and '%s' (F32 [c, 2]) "
+                       "do not match", path, name[0], name[1]);
+    for (int64_t i = 0; i < ids->numel; i++) {
+        uint64_t id;
+        float q[2];
+        memcpy(&id, (const char *)ids->data + i * 8, 8);
+        memcpy(q, (const char *)cc->data + i * 8, 8);
+        if (!counts_ok(q[0], 0, q[1]))
+            return fl_fail(FL_EFORMAT, "resume: %s: candidate %lld of table '%s' holds "
+                           "impossible counts (seen %g, unseen %g)", path, (long long)i, tn,
+                           q[0], q[1]);
+        FL_TRY(fl_ps_sparse_put_candidate(c->rep[t], id, q[0], (int)q[1]));
+    }
+    return FL_OK;
+}
+
 static int load_table(ctr_trainer *c, const fl_safetensors *st, const char *path, int t) {
     const char *tn = fl_ctr_model_table_name(t);
     char name[3][96];
@@ -290,6 +407,8 @@ static int load_table(ctr_trainer *c, const fl_safetensors *st, const char *path
         return fl_fail(FL_ESHAPE, "resume: %s: table '%s' holds rows of another shape, type "
                        "or rule than this run's (dim %d, %d state values a row, sparse_"
                        "optimizer.type %s)", path, tn, dim, k, fl_ps_rule_name(c->rule.type));
+    const fl_st_tensor *cnt = NULL;
+    FL_TRY(find_counts(st, path, tn, n, &cnt));
     float *v = malloc((size_t)dim * sizeof *v), *s = malloc((size_t)(k + 1) * sizeof *s);
     int rc = v && s ? FL_OK : fl_fail(FL_ENOMEM, "resume: out of memory");
     const char *ip = ids->data, *vp = val->data, *sp = sta ? sta->data : NULL;
@@ -299,8 +418,22 @@ static int load_table(ctr_trainer *c, const fl_safetensors *st, const char *path
         memcpy(v, vp + i * dim * 4, (size_t)dim * 4);
         if (k)
             memcpy(s, sp + i * k * 4, (size_t)k * 4);
-        rc = fl_ps_sparse_put(c->rep[t], id, v, k ? s : NULL, NULL);
+        fl_ps_row_stat rs = {0};
+        if (cnt) {
+            float q[3];
+            memcpy(q, (const char *)cnt->data + i * 12, 12);
+            if (!counts_ok(q[0], q[1], q[2])) {
+                rc = fl_fail(FL_EFORMAT, "resume: %s: sparse.%s.counts row %lld holds "
+                             "impossible counts (show %g, click %g, unseen %g)", path, tn,
+                             (long long)i, q[0], q[1], q[2]);
+                break;
+            }
+            rs = (fl_ps_row_stat){q[0], q[1], (int)q[2]};
+        }
+        rc = fl_ps_sparse_put(c->rep[t], id, v, k ? s : NULL, cnt ? &rs : NULL);
     }
+    if (rc >= 0)
+        rc = load_life(c, st, path, t);
     if (rc >= 0)
         fl_ps_sparse_mark_clean(c->rep[t]);
     free(v);

@@ -67,6 +67,10 @@ typedef struct {
     fl_ps_rule     rule;     /* the sparse tables' */
     fl_ps_init_rule init[FL_CTR_NTABLES];
     double         sparse_lr;
+    fl_ps_sparse_opts opts;  /* both tables' life cycle (sparse_table.*) */
+    bool           lifecycle; /* fl_train_ctr_lifecycle: shows and clicks counted, passes run */
+    float         *shows, *clicks; /* the prepared batch's counts per distinct id */
+    int64_t        counts_cap;
     fl_ps_sparse  *rep[FL_CTR_NTABLES];  /* collective: replicas; geo: the local copies */
     fl_ps_sparse  *snap[FL_CTR_NTABLES]; /* geo: the values at the last exchange */
     ctr_idset      touched[FL_CTR_NTABLES];
@@ -86,6 +90,8 @@ typedef struct {
 int  ctr_build_model(const fl_train_config *cfg, fl_ctr_model **out);
 void ctr_sparse_rules(const fl_train_config *cfg, fl_ps_rule *rule,
                       fl_ps_init_rule init[FL_CTR_NTABLES]);
+/* ctr_setup.c: both tables' life cycle from the sparse_table keys. */
+void ctr_sparse_opts(const fl_train_config *cfg, fl_ps_sparse_opts *o);
 /* ctr_infer.c: fleet-eval of a CTR checkpoint st (its configuration in cfg) over split. */
 int  ctr_infer_run(const fl_train_config *cfg, const fl_safetensors *st, int split,
                    fl_infer_result *res);
@@ -98,13 +104,19 @@ int  ctr_tables_init(ctr_trainer *c);
 void ctr_tables_free(ctr_trainer *c);
 /* Fills the prepared batch's rows of both tables. */
 int  ctr_tables_fill(ctr_trainer *c);
-/* Applies the prepared batch's row gradients (after the model's backward) as update `step`. */
-int  ctr_tables_update(ctr_trainer *c, int64_t step);
+/* Applies the prepared batch's row gradients (after the model's backward) as update `step`;
+ * with the life cycle also its shows and clicks (labels: the batch's, B). */
+int  ctr_tables_update(ctr_trainer *c, int64_t step, const int32_t *labels);
 /* Geo: the last exchange (every worker calls it at the end). Else a no-op. */
 int  ctr_tables_finish(ctr_trainer *c, int64_t step);
-/* Rows and bytes of the tables this worker holds (replicas, geo copies; PS sync/async: none,
- * -1: the servers are not asked). */
-void ctr_tables_size(const ctr_trainer *c, int64_t *rows, int64_t *bytes);
+/* Rows and bytes of the tables: those this worker holds (replicas, geo copies), or in PS sync
+ * and async the servers' (worker 0 asks them; the other workers get -1). */
+int  ctr_tables_size(ctr_trainer *c, int64_t *rows, int64_t *bytes);
+/* The end of a pass over the data (an epoch): one pass of both tables' life cycle (decay,
+ * removals; fl_ps_sparse_pass) where the rows live: every replica, or the servers (worker 0
+ * asks; every worker waits for it, so what follows reads the same tables). removed[t]: rows
+ * table t lost. Collective. */
+int  ctr_tables_pass(ctr_trainer *c, int64_t removed[FL_CTR_NTABLES]);
 
 /* ctr_checkpoint.c. Save the state at pos (collective: rank 0's file with the replicas;
  * PS: the servers' shards through fl_ps_save, and rank 0's file of the worker state), and

@@ -87,6 +87,7 @@ int ctr_infer_run(const fl_train_config *cfg, const fl_safetensors *st, int spli
         rc = load_net(st, fl_ctr_model_net(c.model));
     if (rc >= 0) {
         ctr_sparse_rules(cfg, &c.rule, c.init);
+        ctr_sparse_opts(cfg, &c.opts); /* an id without a row reads as training read it */
         rc = ctr_tables_init(&c);
     }
     for (int t = 0; rc >= 0 && t < FL_CTR_NTABLES; t++)

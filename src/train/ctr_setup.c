@@ -64,6 +64,18 @@ void ctr_sparse_rules(const fl_train_config *cfg, fl_ps_rule *rule,
                                                    .seed = (uint64_t)cfg->train.seed};
 }
 
+void ctr_sparse_opts(const fl_train_config *cfg, fl_ps_sparse_opts *o) {
+    fl_ps_sparse_opts_defaults(o);
+    o->entry = (fl_ps_entry_type)cfg->sparse_table.entry;
+    o->entry_count = cfg->sparse_table.entry_count;
+    o->entry_probability = cfg->sparse_table.entry_probability;
+    o->show_click_decay = cfg->sparse_table.show_click_decay_rate;
+    o->delete_threshold = cfg->sparse_table.delete_threshold;
+    o->delete_after_unseen = (int)cfg->sparse_table.delete_after_unseen;
+    o->nonclk_coeff = cfg->sparse_table.nonclk_coeff;
+    o->click_coeff = cfg->sparse_table.click_coeff;
+}
+
 static int open_metrics(ctr_trainer *c, const fl_train_config *cfg) {
     if (c->base.rank != 0 || !cfg->train.log_dir[0])
         return FL_OK;
@@ -129,6 +141,8 @@ int ctr_setup(ctr_trainer *c, const fl_train_config *cfg) {
     if (!t->dopt)
         return fl_fail_prefix(FL_EINVAL, "strategy");
     ctr_sparse_rules(cfg, &c->rule, c->init);
+    ctr_sparse_opts(cfg, &c->opts);
+    c->lifecycle = fl_train_ctr_lifecycle(cfg);
     c->sparse_lr = cfg->sparse_optimizer.lr;
     FL_TRY(ctr_tables_init(c));
 

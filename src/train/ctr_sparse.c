@@ -112,8 +112,8 @@ int ctr_tables_init(ctr_trainer *c) {
         if (c->mode == CTR_PS_GEO)
             fl_ps_rule_defaults(&server_rule, FL_PS_RULE_SUM);
         if (c->mode != CTR_COLLECTIVE) {
-            int rc = fl_ps_sparse_init(c->base.ps, CTR_PS_TABLE(t), dim, &server_rule,
-                                       &c->init[t]);
+            int rc = fl_ps_sparse_init_opts(c->base.ps, CTR_PS_TABLE(t), dim, &server_rule,
+                                            &c->init[t], &c->opts);
             if (rc < 0)
                 return fl_fail_prefix(rc, "sparse table '%s' on the servers",
                                       fl_ctr_model_table_name(t));
@@ -121,6 +121,8 @@ int ctr_tables_init(ctr_trainer *c) {
         if (c->mode == CTR_COLLECTIVE || c->mode == CTR_PS_GEO) {
             /* the PS table number enters the initializer's draw: the same rows everywhere */
             FL_TRY(fl_ps_sparse_create(CTR_PS_TABLE(t), dim, &c->rule, &c->init[t], &c->rep[t]));
+            if (c->mode == CTR_COLLECTIVE)
+                FL_TRY(fl_ps_sparse_set_opts(c->rep[t], &c->opts));
         }
         if (c->mode == CTR_PS_GEO)
             FL_TRY(fl_ps_sparse_create(CTR_PS_TABLE(t), dim, &server_rule, &c->init[t],
@@ -138,6 +140,10 @@ void ctr_tables_free(ctr_trainer *c) {
         c->rep[t] = c->snap[t] = NULL;
     }
     free(c->xbuf);
+    free(c->shows);
+    free(c->clicks);
+    c->shows = c->clicks = NULL;
+    c->counts_cap = 0;
     c->xbuf = NULL;
     c->xcap = 0;
     for (int i = 0; i < 3; i++) {
@@ -174,9 +180,11 @@ static int xbuf_reserve(ctr_trainer *c, size_t bytes) {
     return FL_OK;
 }
 
-/* Bytes of one table's part of a worker's message: n (8), ids, gradients padded to 8. */
-static size_t part_bytes(int64_t n, int dim) {
-    return 8 + (size_t)n * 8 + (((size_t)n * (size_t)dim * 4 + 7) & ~(size_t)7);
+/* Bytes of one table's part of a worker's message: n (8), ids, gradients padded to 8, and
+ * with the life cycle each id's shows and clicks (2 floats). */
+static size_t part_bytes(int64_t n, int dim, bool counts) {
+    return 8 + (size_t)n * 8 + (((size_t)n * (size_t)dim * 4 + 7) & ~(size_t)7) +
+           (counts ? (size_t)n * 8 : 0);
 }
 
 /* Collective: all-gathers every worker's (ids, gradients) of both tables and applies them, in
@@ -187,7 +195,7 @@ static int exchange_collective(ctr_trainer *c) {
     size_t mine = 0;
     for (int t = 0; t < FL_CTR_NTABLES; t++) {
         fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
-        mine += part_bytes(r->n, r->dim);
+        mine += part_bytes(r->n, r->dim, c->lifecycle);
     }
     int64_t *sizes = calloc((size_t)W, sizeof *sizes);
     size_t *counts = calloc((size_t)W, sizeof *counts);
@@ -216,9 +224,14 @@ static int exchange_collective(ctr_trainer *c) {
             memcpy(p + 8, r->ids, (size_t)r->n * 8);
             size_t g = (size_t)r->n * (size_t)r->dim * 4;
             memcpy(p + 8 + (size_t)r->n * 8, r->grads, g);
-            memset(p + 8 + (size_t)r->n * 8 + g, 0, part_bytes(r->n, r->dim) - 8 -
-                                                        (size_t)r->n * 8 - g);
-            p += part_bytes(r->n, r->dim);
+            size_t ncounts = c->lifecycle ? (size_t)r->n * 8 : 0;
+            size_t at = part_bytes(r->n, r->dim, c->lifecycle) - ncounts;
+            memset(p + 8 + (size_t)r->n * 8 + g, 0, at - 8 - (size_t)r->n * 8 - g);
+            if (ncounts) {
+                memcpy(p + at, c->shows, (size_t)r->n * 4);
+                memcpy(p + at + (size_t)r->n * 4, c->clicks, (size_t)r->n * 4);
+            }
+            p += part_bytes(r->n, r->dim, c->lifecycle);
         }
         if (W > 1)
             rc = fl_comm_allgatherv(comm, c->xbuf + total, c->xbuf, counts, FL_DTYPE_I64);
@@ -238,13 +251,16 @@ static int exchange_collective(ctr_trainer *c) {
             int dim = fl_ps_sparse_dim(c->rep[t]);
             int64_t n;
             memcpy(&n, p, 8);
-            if (n < 0 || p + part_bytes(n, dim) > end) {
+            size_t bytes = part_bytes(n, dim, c->lifecycle);
+            if (n < 0 || n > (end - p) / 8 || p + bytes > end) {
                 rc = fl_fail(FL_EPEER, "worker %d sent a malformed set of row gradients", w);
                 break;
             }
-            rc = fl_ps_sparse_accumulate(c->rep[t], (const uint64_t *)(p + 8), n,
-                                         (const float *)(p + 8 + (size_t)n * 8));
-            p += part_bytes(n, dim);
+            const float *cnt = c->lifecycle ? (const float *)(p + bytes - (size_t)n * 8) : NULL;
+            rc = fl_ps_sparse_accumulate_counts(c->rep[t], (const uint64_t *)(p + 8), n,
+                                                (const float *)(p + 8 + (size_t)n * 8), cnt,
+                                                cnt ? cnt + n : NULL);
+            p += bytes;
         }
     }
     for (int t = 0; t < FL_CTR_NTABLES && rc >= 0; t++)
@@ -307,7 +323,29 @@ static int geo_exchange(ctr_trainer *c, int64_t step) {
     return FL_OK;
 }
 
-int ctr_tables_update(ctr_trainer *c, int64_t step) {
+/* The life cycle's shows and clicks of the prepared batch's distinct ids (both tables hold the
+ * same ids). */
+static int count_batch(ctr_trainer *c, const int32_t *labels) {
+    const fl_sparse_lookup *lk = fl_ctr_model_lookup(c->model);
+    if (lk->n > c->counts_cap) {
+        int64_t cap = lk->n * 2;
+        float *a = realloc(c->shows, (size_t)cap * sizeof *a);
+        if (a)
+            c->shows = a;
+        float *b = a ? realloc(c->clicks, (size_t)cap * sizeof *b) : NULL;
+        if (!a || !b)
+            return fl_fail(FL_ENOMEM, "ctr: out of memory for the counts of %lld ids",
+                           (long long)lk->n);
+        c->clicks = b;
+        c->counts_cap = cap;
+    }
+    fl_sparse_lookup_counts(lk, labels, c->shows, c->clicks);
+    return FL_OK;
+}
+
+int ctr_tables_update(ctr_trainer *c, int64_t step, const int32_t *labels) {
+    if (c->lifecycle)
+        FL_TRY(count_batch(c, labels));
     switch (c->mode) {
     case CTR_COLLECTIVE:
         return exchange_collective(c);
@@ -315,8 +353,12 @@ int ctr_tables_update(ctr_trainer *c, int64_t step) {
     case CTR_PS_ASYNC:
         for (int t = 0; t < FL_CTR_NTABLES; t++) {
             fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
-            int rc = fl_ps_sparse_push(c->base.ps, CTR_PS_TABLE(t), step, c->sparse_lr, r->ids,
-                                       r->n, r->grads);
+            int rc = c->lifecycle
+                         ? fl_ps_sparse_push_counts(c->base.ps, CTR_PS_TABLE(t), step,
+                                                    c->sparse_lr, r->ids, r->n, r->grads,
+                                                    c->shows, c->clicks)
+                         : fl_ps_sparse_push(c->base.ps, CTR_PS_TABLE(t), step, c->sparse_lr,
+                                             r->ids, r->n, r->grads);
             if (rc < 0)
                 return fl_fail_prefix(rc, "pushing %lld rows of sparse table '%s'",
                                       (long long)r->n, fl_ctr_model_table_name(t));
@@ -341,14 +383,56 @@ int ctr_tables_finish(ctr_trainer *c, int64_t step) {
     return geo_exchange(c, step);
 }
 
-void ctr_tables_size(const ctr_trainer *c, int64_t *rows, int64_t *bytes) {
+int ctr_tables_size(ctr_trainer *c, int64_t *rows, int64_t *bytes) {
     *rows = *bytes = 0;
-    if (!c->rep[0]) {
-        *rows = *bytes = -1;
-        return;
-    }
     for (int t = 0; t < FL_CTR_NTABLES; t++) {
-        *rows += fl_ps_sparse_rows(c->rep[t]);
-        *bytes += (int64_t)fl_ps_sparse_bytes(c->rep[t]);
+        if (c->rep[t]) {
+            *rows += fl_ps_sparse_rows(c->rep[t]);
+            *bytes += (int64_t)fl_ps_sparse_bytes(c->rep[t]);
+            continue;
+        }
+        if (c->base.rank != 0) {
+            *rows = *bytes = -1;
+            return FL_OK;
+        }
+        int64_t r, b;
+        int rc = fl_ps_sparse_stats(c->base.ps, CTR_PS_TABLE(t), &r, &b);
+        if (rc < 0)
+            return fl_fail_prefix(rc, "asking the servers the size of sparse table '%s'",
+                                  fl_ctr_model_table_name(t));
+        *rows += r;
+        *bytes += b;
     }
+    return FL_OK;
+}
+
+int ctr_tables_pass(ctr_trainer *c, int64_t removed[FL_CTR_NTABLES]) {
+    for (int t = 0; t < FL_CTR_NTABLES; t++) {
+        removed[t] = 0;
+        if (c->mode == CTR_COLLECTIVE) {
+            int64_t n = fl_ps_sparse_pass(c->rep[t]);
+            if (n < 0)
+                return fl_fail_prefix((int)n, "a pass of sparse table '%s'",
+                                      fl_ctr_model_table_name(t));
+            removed[t] = n;
+        } else if (c->base.rank == 0) {
+            int rc = fl_ps_sparse_shrink(c->base.ps, CTR_PS_TABLE(t), &removed[t]);
+            if (rc < 0)
+                return fl_fail_prefix(rc, "a pass of sparse table '%s' on the servers",
+                                      fl_ctr_model_table_name(t));
+        }
+    }
+    if (c->mode == CTR_COLLECTIVE || c->base.world == 1)
+        return FL_OK;
+    /* every worker waits for worker 0's pass, and learns what it removed */
+    double buf[FL_CTR_NTABLES];
+    for (int t = 0; t < FL_CTR_NTABLES; t++)
+        buf[t] = (double)removed[t];
+    int rc = fl_comm_allreduce(fl_fleet_comm(c->base.fleet), buf, FL_CTR_NTABLES, FL_DTYPE_F64,
+                               FL_REDOP_SUM);
+    if (rc < 0)
+        return fl_fail_prefix(rc, "waiting for worker 0's pass of the sparse tables");
+    for (int t = 0; t < FL_CTR_NTABLES; t++)
+        removed[t] = (int64_t)buf[t];
+    return FL_OK;
 }

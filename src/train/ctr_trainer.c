@@ -66,7 +66,7 @@ static int log_progress(ctr_trainer *c, ctr_window *w, int64_t epoch, int64_t st
     double comm_mb = (double)(bytes - w->bytes_sent) / 1e6;
     double step_ms = w->updates > 0 ? (now - w->start) * 1e3 / (double)w->updates : NAN;
     int64_t rows, tbytes;
-    ctr_tables_size(c, &rows, &tbytes);
+    FL_TRY(ctr_tables_size(c, &rows, &tbytes));
     printf("worker_index: %d, epoch %lld, step %lld, loss %.4f, auc %.4f, logloss %.4f, "
            "pred_ctr %.4f, ctr %.4f, lr %.4f, ips %.1f ex/s, ",
            t->rank, (long long)epoch, (long long)step, loss, auc, logloss, pctr, actr, lr, ips);
@@ -203,7 +203,32 @@ static int train_step(ctr_trainer *c, const fl_ctr_batch *b, double lr, int64_t 
     bool updated;
     FL_TRY(fl_dist_minimize(c->base.dopt, dnet, lr, &updated));
     FL_TRY(fl_ctr_model_backward_rows(c->model, &dlt));
-    return ctr_tables_update(c, step);
+    return ctr_tables_update(c, step, b->labels);
+}
+
+/* The end of an epoch under the life cycle: a pass of both tables, said on worker 0. */
+static int table_pass(ctr_trainer *c, int64_t epoch, int64_t step) {
+    trainer *t = &c->base;
+    int64_t removed[FL_CTR_NTABLES], rows, bytes;
+    FL_TRY(ctr_tables_pass(c, removed));
+    FL_TRY(ctr_tables_size(c, &rows, &bytes));
+    if (t->rank != 0)
+        return FL_OK;
+    FL_INFO("sparse tables: pass at the end of epoch %lld (step %lld): %lld rows of '%s' and "
+            "%lld of '%s' removed; %lld rows, %.1f MB left", (long long)epoch, (long long)step,
+            (long long)removed[0], fl_ctr_model_table_name(0), (long long)removed[1],
+            fl_ctr_model_table_name(1), (long long)rows, (double)bytes / 1e6);
+    if (!t->metrics)
+        return FL_OK;
+    fl_metrics_begin(t->metrics);
+    fl_metrics_str(t->metrics, "phase", "table_pass");
+    fl_metrics_int(t->metrics, "epoch", epoch);
+    fl_metrics_int(t->metrics, "step", step);
+    fl_metrics_int(t->metrics, "removed_embedding", removed[0]);
+    fl_metrics_int(t->metrics, "removed_wide", removed[1]);
+    fl_metrics_int(t->metrics, "table_rows", rows);
+    fl_metrics_int(t->metrics, "table_bytes", bytes);
+    return fl_metrics_end(t->metrics);
 }
 
 static int run(ctr_trainer *c, const fl_train_config *cfg, fl_train_result *res) {
@@ -222,6 +247,9 @@ static int run(ctr_trainer *c, const fl_train_config *cfg, fl_train_result *res)
     train_pos start;
     FL_TRY(ctr_ckpt_restore(c, cfg, &start));
     int64_t step = start.step, last_epoch = start.epoch, batch = start.batch, local = 0;
+    /* where a final checkpoint resumes: an epoch whose data ran out (and whose table pass ran)
+     * is done, the next starts at its first batch */
+    train_pos end = start;
     int64_t last_saved = start.step > 0 || cfg->checkpoint.resume[0] ? start.step : -1;
     res->started = true;
     float *p = malloc((size_t)B * sizeof *p), *dl = malloc((size_t)B * sizeof *dl);
@@ -243,7 +271,8 @@ static int run(ctr_trainer *c, const fl_train_config *cfg, fl_train_result *res)
         batch = epoch == start.epoch ? start.batch : 0;
         rc = ctr_source_seek(&c->train, batch);
         const fl_ctr_batch *b;
-        while (rc >= 0 && (rc = ctr_source_next(&c->train, &b)) == 1) {
+        bool ended = false;
+        while (rc >= 0 && !(ended = (rc = ctr_source_next(&c->train, &b)) == 0) && rc == 1) {
             batch++;
             double lr = fl_lr_at(&t->sched, step);
             rc = train_step(c, b, lr, step, p, dl, &w);
@@ -263,6 +292,16 @@ static int run(ctr_trainer *c, const fl_train_config *cfg, fl_train_result *res)
         }
         if (rc < 0)
             break;
+        /* a pass of the tables' life cycle ends each epoch the data ran out (not a stop at
+         * train.max_steps; a resume at an epoch's last batch runs the pass it had not run) */
+        if (ended && c->lifecycle) {
+            double t0 = fl_now();
+            rc = table_pass(c, epoch, step);
+            w.start += fl_now() - t0;
+            if (rc < 0)
+                break;
+        }
+        end = ended ? (train_pos){step, epoch + 1, 0} : (train_pos){step, epoch, batch};
         if (epoch + 1 < cfg->train.epochs && !(max_steps > 0 && step >= max_steps)) {
             double t0 = fl_now();
             rc = eval_line(c, &evm, epoch, step, res);
@@ -279,7 +318,7 @@ static int run(ctr_trainer *c, const fl_train_config *cfg, fl_train_result *res)
     if (rc >= 0)
         rc = eval_line(c, &evm, last_epoch, step, res);
     if (rc >= 0 && cfg->checkpoint.dir[0] && last_saved != step)
-        rc = ctr_ckpt_save(c, cfg, &(train_pos){step, last_epoch, batch});
+        rc = ctr_ckpt_save(c, cfg, &end);
     fl_ctr_metrics_free(&w.met);
     fl_ctr_metrics_free(&evm);
     free(p);

@@ -195,6 +195,33 @@ static const fl_cfg_key own_keys[] = {
     {"sparse_optimizer.init_range", FL_CFG_DOUBLE, OFF(sparse_optimizer.init_range), 0, 0, 100,
      NULL, false, "CTR: uniform in [-r, r), or normal with standard deviation r"},
 
+    {"sparse_table.entry", FL_CFG_ENUM, OFF(sparse_table.entry), 0, 0, 0,
+     "none|count|probability", false,
+     "CTR: when an id gets rows in the sparse tables: none (at once), count (after "
+     "sparse_table.entry_count shows; until then it reads as zeros), probability (a show "
+     "creates it with sparse_table.entry_probability); Paddle's CountFilterEntry and "
+     "ProbabilityEntry"},
+    {"sparse_table.entry_count", FL_CFG_DOUBLE, OFF(sparse_table.entry_count), 0, 1, 1e9, NULL,
+     false, "CTR, entry count: shows before an id gets its rows"},
+    {"sparse_table.entry_probability", FL_CFG_DOUBLE, OFF(sparse_table.entry_probability), 0, 0,
+     1, NULL, false, "CTR, entry probability: chance that a show of a new id creates its rows"},
+    {"sparse_table.show_click_decay_rate", FL_CFG_DOUBLE, OFF(sparse_table.show_click_decay_rate),
+     0, 0, 1, NULL, false,
+     "CTR: a row's show and click counts are multiplied by it at each pass (each epoch's end); "
+     "in (0, 1]"},
+    {"sparse_table.delete_threshold", FL_CFG_DOUBLE, OFF(sparse_table.delete_threshold), 0, 0,
+     1e9, NULL, false,
+     "CTR: at each pass, rows whose score (show - click) * nonclk_coeff + click * click_coeff "
+     "falls below it are removed; 0: none"},
+    {"sparse_table.delete_after_unseen", FL_CFG_INT, OFF(sparse_table.delete_after_unseen), 0, 0,
+     65535, NULL, false,
+     "CTR: rows not shown in this many passes (epochs) are removed at a pass; 0: never "
+     "(Paddle's delete_after_unseen_days)"},
+    {"sparse_table.nonclk_coeff", FL_CFG_DOUBLE, OFF(sparse_table.nonclk_coeff), 0, 0, 1e6, NULL,
+     false, "CTR: the weight of a show without a click in a row's score"},
+    {"sparse_table.click_coeff", FL_CFG_DOUBLE, OFF(sparse_table.click_coeff), 0, 0, 1e6, NULL,
+     false, "CTR: the weight of a click in a row's score"},
+
 #define CKPT_STR(key, field, help)                                                         \
     {key, FL_CFG_STRING, OFF(checkpoint.field),                                             \
      sizeof(((fl_train_config *)0)->checkpoint.field), 0, 0, NULL, false, help}
@@ -286,6 +313,12 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->sparse_optimizer.initial_g2sum = 3.0;
     cfg->sparse_optimizer.initializer = 1; /* FL_PS_INIT_UNIFORM */
     cfg->sparse_optimizer.init_range = 0.05;
+    cfg->sparse_table.entry = 0; /* FL_PS_ENTRY_NONE */
+    cfg->sparse_table.entry_count = 1;
+    cfg->sparse_table.entry_probability = 1;
+    cfg->sparse_table.show_click_decay_rate = 1;
+    cfg->sparse_table.nonclk_coeff = 0.1; /* Paddle's CtrAccessorParameter defaults */
+    cfg->sparse_table.click_coeff = 1;
     cfg->train.eval_train = true;
     cfg->train.deterministic = true;
     cfg->optimizer.type = FL_OPTIM_SGD;
@@ -300,6 +333,11 @@ void fl_train_config_defaults(fl_train_config *cfg) {
     cfg->checkpoint.keep = 3;
     fl_strategy_defaults(&cfg->strategy);
     cfg->comm.backend = FL_TRAIN_BACKEND_AUTO;
+}
+
+bool fl_train_ctr_lifecycle(const fl_train_config *cfg) {
+    return cfg->sparse_table.entry != 0 || cfg->sparse_table.show_click_decay_rate < 1 ||
+           cfg->sparse_table.delete_threshold > 0 || cfg->sparse_table.delete_after_unseen > 0;
 }
 
 /* The CTR trainer's own checks (docs/ctr.md "Training"). */
@@ -343,6 +381,14 @@ static int check_ctr(const fl_train_config *cfg) {
     if (strcmp(cfg->checkpoint.resume, "auto") == 0 && !cfg->checkpoint.dir[0])
         return fl_fail(FL_ECONFIG, "checkpoint.resume: auto needs checkpoint.dir, where the "
                                    "checkpoints to resume from are saved");
+    if (!(cfg->sparse_table.show_click_decay_rate > 0))
+        return fl_fail(FL_ECONFIG, "sparse_table.show_click_decay_rate: 0 would forget every "
+                                   "count at each pass; it is in (0, 1] (1: no decay)");
+    if (s->a_sync && s->a_sync_configs.k_steps > 0 && fl_train_ctr_lifecycle(cfg))
+        return fl_fail(FL_ECONFIG, "sparse_table: entry and shrink are not in geo mode (the "
+                                   "workers train local copies of the tables that the servers' "
+                                   "rules cannot reach, as Paddle's geo tables have no "
+                                   "accessor): use sync or async, or the defaults");
     return FL_OK;
 }
 

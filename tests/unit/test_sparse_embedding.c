@@ -137,6 +137,29 @@ static void test_lookup(void) {
             CHECK(hits > 0);
         }
     CHECK(seen == lk.nocc);
+    /* the life cycle's counts: an id's occurrences, and the labels of their samples summed */
+    int32_t labels[B];
+    for (int i = 0; i < B; i++)
+        labels[i] = i % 2;
+    float shows[64], clicks[64], no_clicks[64];
+    CHECK(lk.n <= 64);
+    fl_sparse_lookup_counts(&lk, labels, shows, clicks);
+    fl_sparse_lookup_counts(&lk, NULL, shows, no_clicks);
+    for (int64_t r = 0; r < lk.n; r++) {
+        double want_show = 0, want_click = 0;
+        for (int i = 0; i < B; i++)
+            for (int j = 0; j < NSLOTS; j++) {
+                int64_t n;
+                const uint64_t *ids = fl_ctr_bag(&b, i, j, &n);
+                for (int64_t q = 0; q < n; q++)
+                    if (ids[q] == lk.ids[r]) {
+                        want_show += 1;
+                        want_click += labels[i];
+                    }
+            }
+        CHECK(want_show > 0 && shows[r] == (float)want_show);
+        CHECK(clicks[r] == (float)want_click && no_clicks[r] == 0);
+    }
     /* chosen slots, in the order given: 2 then 0 */
     int sel[2] = {2, 0};
     CHECK_OK(fl_sparse_lookup_collect(&lk, &b, sel, 2));
