@@ -67,13 +67,22 @@ typedef struct fl_cfg_key {
 int fl_config_load(const char *path, const char *const *overrides, int noverrides,
                    const fl_cfg_key *schema, int nkeys, void *out, bool *was_set);
 
+/* As fl_config_load, and if line is not NULL it receives, per schema key (nkeys ints), the
+ * line of the file that set it, 0 where the file did not (overrides leave it alone): what
+ * fl_config_origin names, kept by the loader so that nothing reads the file again. Filled as
+ * far as loading got, as was_set is. */
+int fl_config_load_lines(const char *path, const char *const *overrides, int noverrides,
+                         const fl_cfg_key *schema, int nkeys, void *out, bool *was_set,
+                         int *line);
+
 /* Where key (a schema path, "strategy.dgc") got its value, for messages about checks that run
  * after loading (combinations of keys): writes "-o TEXT" when an override set it (overrides win
- * over the file) or "path:LINE" when the file did, into buf (NUL terminated, truncated to cap),
- * and returns 1; returns 0 with buf "" when neither set it. An entry for a section that holds
- * the key ("-o strategy={dgc: true}") counts. Arguments as fl_config_load's, which must have
- * accepted them; a file that cannot be read or parsed again gives 0. */
-int fl_config_origin(const char *path, const char *const *overrides, int noverrides,
+ * over the file) or "path:LINE" when the file did (line: the key's line as
+ * fl_config_load_lines gave it, 0 when the file did not set it), into buf (NUL terminated,
+ * truncated to cap), and returns 1; returns 0 with buf "" when neither set it. An entry for a
+ * section that holds the key ("-o strategy={dgc: true}") counts. path and overrides as given
+ * to fl_config_load_lines, which must have accepted them. Reads no file. */
+int fl_config_origin(const char *path, int line, const char *const *overrides, int noverrides,
                      const char *key, char *buf, size_t cap);
 
 /* Writes the effective configuration, one "path: value" line per key, in schema order, as YAML

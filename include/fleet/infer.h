@@ -5,7 +5,7 @@
  * The model is an inference model (checkpoint.inference_model: the network description, i.e.
  * the configuration keys the model is built from, plus every network tensor, batch-norm
  * statistics included) or a training checkpoint (its training state is skipped). The data and
- * the network are built by the same constructors fleet-train uses (src/train/train_setup.c),
+ * the network are built by the same constructors fleet-train uses (src/train/train_model.c),
  * from a configuration assembled as: defaults, then the data configuration given (or, with
  * none, the training configuration stored in the model), then the model's network keys, then
  * the -o overrides. The validation split is read with the evaluation transforms, in order,

@@ -1,6 +1,7 @@
 /* config.c - fl_config_load checks a YAML file and "-o key=value" overrides against a schema of
  * dotted keys and writes the values into the caller's struct. Every refusal names the key and
- * where it came from. Showing the result (fl_config_print, fl_config_to_json) is
+ * where it came from; fl_config_load_lines also hands out the line of each key, so that later
+ * checks can name it (config_origin.c). Showing the result (fl_config_print, fl_config_to_json) is
  * config_print.c's. Just over 600 lines: the loader's walk over the YAML tree, its overrides and
  * its value parsers share the per-key bookkeeping (set, file_line) that its messages quote. */
 #include "fleet/config.h"
@@ -561,6 +562,12 @@ fail:
 
 int fl_config_load(const char *path, const char *const *overrides, int noverrides,
                    const fl_cfg_key *schema, int nkeys, void *out, bool *was_set) {
+    return fl_config_load_lines(path, overrides, noverrides, schema, nkeys, out, was_set, NULL);
+}
+
+int fl_config_load_lines(const char *path, const char *const *overrides, int noverrides,
+                         const fl_cfg_key *schema, int nkeys, void *out, bool *was_set,
+                         int *line) {
     FL_ASSERT(nkeys >= 0 && (schema || nkeys == 0) && out);
     FL_ASSERT(noverrides >= 0 && (overrides || noverrides == 0));
     for (int k = 0; k < nkeys; k++) {
@@ -601,6 +608,8 @@ int fl_config_load(const char *path, const char *const *overrides, int noverride
 fail:
     if (was_set && ld.set)
         memcpy(was_set, ld.set, (size_t)nkeys * sizeof *was_set);
+    if (line && ld.file_line)
+        memcpy(line, ld.file_line, (size_t)nkeys * sizeof *line);
     free(ld.set);
     free(ld.file_line);
     return rc;

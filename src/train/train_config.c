@@ -486,13 +486,13 @@ static int key_named(const fl_cfg_key *keys, int nkeys, const char *msg) {
 
 /* Prefixes the failed check's message with where the key it names was set: "file:LINE" or
  * "-o key=value"; else with the file, as the loader's own messages are. */
-static int locate(int rc, const fl_cfg_key *keys, int nkeys, const char *path,
+static int locate(int rc, const fl_cfg_key *keys, int nkeys, const int *lines, const char *path,
                   const char *const *overrides, int noverrides) {
     char msg[1024], where[384];
     snprintf(msg, sizeof msg, "%s", fl_errmsg());
     int k = key_named(keys, nkeys, msg);
-    if (k >= 0 &&
-        fl_config_origin(path, overrides, noverrides, keys[k].path, where, sizeof where) > 0)
+    if (k >= 0 && fl_config_origin(path, lines[k], overrides, noverrides, keys[k].path, where,
+                                   sizeof where) > 0)
         return fl_fail(rc, "%s: %s", where, msg);
     if (path)
         return fl_fail(rc, "%s: %s", path, msg);
@@ -558,10 +558,11 @@ int fl_train_config_load(fl_train_config *cfg, const char *path, const char *con
     int nkeys;
     const fl_cfg_key *keys = fl_train_schema(&nkeys);
     bool was_set[MAX_KEYS] = {0};
+    int lines[MAX_KEYS] = {0}; /* where the file set each key: what locate names */
     fl_train_config defaults;
     fl_train_config_defaults(&defaults);
     *cfg = defaults;
-    FL_TRY(fl_config_load(path, overrides, noverrides, keys, nkeys, cfg, was_set));
+    FL_TRY(fl_config_load_lines(path, overrides, noverrides, keys, nkeys, cfg, was_set, lines));
     /* a CTR model's deep part defaults to Paddle's quick start, 400-400-400 */
     for (int k = 0; k < nkeys; k++)
         if (fl_model_is_ctr(cfg->model.type) && strcmp(keys[k].path, "model.hidden") == 0 &&
@@ -581,6 +582,6 @@ int fl_train_config_load(fl_train_config *cfg, const char *path, const char *con
     if (rc >= 0)
         rc = check_checkpoints(cfg);
     if (rc < 0)
-        return locate(rc, keys, nkeys, path, overrides, noverrides);
+        return locate(rc, keys, nkeys, lines, path, overrides, noverrides);
     return FL_OK;
 }

@@ -162,8 +162,11 @@ typedef struct {
 
 /* The dataset (split 0 train, 1 validation) and the untrained model cfg describes for samples
  * shaped as ds's (borrowed: the mlp's input features, the resnets' input channels); the same
- * constructors fleet-train and fleet-eval build from (train_setup.c). NULL with fl_errmsg. */
-fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split);
+ * constructors fleet-train and fleet-eval build from (train_model.c). train_set (borrowed, or
+ * NULL): the training split already made, whose statistics normalise MNIST's test split (NULL:
+ * read from the training images). NULL with fl_errmsg. */
+fl_dataset *fl_train_make_dataset(const fl_train_config *cfg, int split,
+                                  const fl_dataset *train_set);
 fl_net     *fl_train_make_model(const fl_train_config *cfg, const fl_dataset *ds);
 /* Whether cfg's model has a re-parameterised inference form (pplcnetv2: nn.h's
  * fl_model_pplcnetv2_fused), and that form, built as fl_train_make_model builds the training
@@ -206,7 +209,9 @@ int fl_train_merge_ranks(trainer *t, const char *dir, int w0, fl_param *const *p
  * w0 workers: the global batch holding the first sample not yet trained on, so that no sample
  * of the epoch is skipped and fewer than one global batch is seen twice. */
 int64_t fl_train_rescale_batch(const trainer *t, int64_t b0, int w0);
-/* Sets the schedule's length to total optimizer updates (the schedule is rebuilt). */
+/* train_schedule.c: sets the run's length (t->total_steps) to total optimizer updates and
+ * rebuilds t->sched for it from optimizer.lr.*; at set-up and when a resume changes the
+ * length. */
 void fl_train_set_length(trainer *t, const fl_train_config *cfg, int64_t total);
 
 /* "key: value" lines of text as "key=value" overrides, appended to list[*n..cap) (pointers

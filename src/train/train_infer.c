@@ -250,7 +250,7 @@ int fl_infer_run(const fl_infer_args *a, fl_infer_result *res) {
                      "--split train, or set it",
                      cfg.data.type == FL_DATA_IMAGELIST ? "data.val_list is empty"
                                                         : "data.val_size is 0");
-    if (rc >= 0 && !(ds = fl_train_make_dataset(&cfg, a->split)))
+    if (rc >= 0 && !(ds = fl_train_make_dataset(&cfg, a->split, NULL)))
         rc = fl_fail_prefix(FL_EINVAL, "data");
     if (rc >= 0 && !(net = fl_train_make_model(&cfg, ds)))
         rc = fl_fail_prefix(FL_ECONFIG, "model");

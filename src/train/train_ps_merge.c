@@ -158,7 +158,7 @@ int fl_train_ps_merge(const char *ckpt_dir, int64_t step, const char *out,
                      rep->template_path, saved ? saved : "(none)", snap.step);
     if (rc >= 0)
         rc = template_config(st, &cfg);
-    if (rc >= 0 && !(ds = fl_train_make_dataset(&cfg, 0)))
+    if (rc >= 0 && !(ds = fl_train_make_dataset(&cfg, 0, NULL)))
         rc = fl_fail_prefix(FL_EINVAL, "%s: data (for the network's input shape)",
                             rep->template_path);
     if (rc >= 0 && !(net = fl_train_make_model(&cfg, ds)))

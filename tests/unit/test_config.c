@@ -2,7 +2,7 @@
  * file, defaults kept, was_set, -o overrides; every refusal with its key and file:line (the
  * line computed from the test's own YAML) or -o; print / to_json exact text; and hostile input
  * (deep nesting, huge keys and scalars, binary garbage) that must end in an error, not a crash;
- * fl_config_origin (the -o or file:line that set a key). */
+ * fl_config_origin (the -o or file:line that set a key, the line kept by the loader). */
 #include "fleet/config.h"
 #include "fleet/status.h"
 #include "test.h"
@@ -699,8 +699,18 @@ static void test_hostile(void) {
     free(t);
 }
 
+/* The schema index of key path p. */
+static int key_index(const char *p) {
+    for (int k = 0; k < NKEYS; k++)
+        if (strcmp(schema[k].path, p) == 0)
+            return k;
+    fprintf(stderr, "test bug: '%s' is not a schema key\n", p);
+    exit(1);
+}
+
 /* fl_config_origin: the last override that sets the key or a section holding it, else the
- * file's line (nested or dotted), else nothing */
+ * file's line (nested or dotted) as fl_config_load_lines kept it, else nothing; the file is not
+ * read again (it is gone when origin is asked) */
 static void test_origin(void) {
     const char *text = "model:\n"
                        "  type: mlp\n"
@@ -710,29 +720,49 @@ static void test_origin(void) {
                        "strategy.dgc_configs:\n"
                        "  sparsity: [0.9]\n";
     const char *path = write_file("origin.yaml", text);
+    cfg c = defaults();
+    int lines[NKEYS];
+    CHECK_OK(fl_config_load_lines(path, NULL, 0, schema, NKEYS, &c, NULL, lines));
+    CHECK(lines[key_index("model.type")] == line_of(text, "type: mlp"));
+    CHECK(lines[key_index("seed")] == 0);
+    CHECK(unlink(path) == 0);
+#define LINE(key) lines[key_index(key)]
     char buf[400], want[400];
-    CHECK(fl_config_origin(path, NULL, 0, "strategy.dgc", buf, sizeof buf) == 1);
+    CHECK(fl_config_origin(path, LINE("strategy.dgc"), NULL, 0, "strategy.dgc", buf,
+                           sizeof buf) == 1);
     snprintf(want, sizeof want, "%s:%d", path, line_of(text, "dgc: true"));
     CHECK(strcmp(buf, want) == 0);
-    CHECK(fl_config_origin(path, NULL, 0, "strategy.dgc_configs.rampup_begin_step", buf,
-                           sizeof buf) == 1);
+    const char *ramp = "strategy.dgc_configs.rampup_begin_step";
+    CHECK(fl_config_origin(path, LINE(ramp), NULL, 0, ramp, buf, sizeof buf) == 1);
     snprintf(want, sizeof want, "%s:%d", path, line_of(text, "dgc_configs.rampup"));
     CHECK(strcmp(buf, want) == 0);
-    CHECK(fl_config_origin(path, NULL, 0, "strategy.dgc_configs.sparsity", buf, sizeof buf) == 1);
+    const char *sparsity = "strategy.dgc_configs.sparsity";
+    CHECK(fl_config_origin(path, LINE(sparsity), NULL, 0, sparsity, buf, sizeof buf) == 1);
     snprintf(want, sizeof want, "%s:%d", path, line_of(text, "sparsity"));
     CHECK(strcmp(buf, want) == 0);
-    CHECK(fl_config_origin(path, NULL, 0, "seed", buf, sizeof buf) == 0 && buf[0] == '\0');
-    CHECK(fl_config_origin(path, NULL, 0, "strategy.dg", buf, sizeof buf) == 0);
+    CHECK(fl_config_origin(path, LINE("seed"), NULL, 0, "seed", buf, sizeof buf) == 0 &&
+          buf[0] == '\0');
 
+    /* overrides win over the file; the lines the loader keeps are the file's alone */
     const char *ov[] = {"strategy.dgc=false", " strategy = {dgc: true}", "seed=3"};
-    CHECK(fl_config_origin(path, ov, 3, "strategy.dgc", buf, sizeof buf) == 1);
+    path = write_file("origin.yaml", text);
+    c = defaults();
+    CHECK_OK(fl_config_load_lines(path, ov, 3, schema, NKEYS, &c, NULL, lines));
+    CHECK(c.seed == 3 && c.dgc);
+    CHECK(LINE("seed") == 0 && LINE("strategy.dgc") == line_of(text, "dgc: true"));
+    CHECK(fl_config_origin(path, LINE("strategy.dgc"), ov, 3, "strategy.dgc", buf,
+                           sizeof buf) == 1);
     CHECK(strcmp(buf, "-o  strategy = {dgc: true}") == 0);
-    CHECK(fl_config_origin(path, ov, 1, "strategy.dgc", buf, sizeof buf) == 1);
+    CHECK(fl_config_origin(path, LINE("strategy.dgc"), ov, 1, "strategy.dgc", buf,
+                           sizeof buf) == 1);
     CHECK(strcmp(buf, "-o strategy.dgc=false") == 0);
-    CHECK(fl_config_origin(NULL, ov, 3, "seed", buf, sizeof buf) == 1);
+    CHECK(fl_config_origin(NULL, 0, ov, 3, "seed", buf, sizeof buf) == 1);
     CHECK(strcmp(buf, "-o seed=3") == 0);
-    CHECK(fl_config_origin(NULL, ov, 3, "model.type", buf, sizeof buf) == 0);
-    CHECK(fl_config_origin(path, ov, 3, "strategy.dgc", buf, 6) == 1 && strlen(buf) == 5);
+    CHECK(fl_config_origin(NULL, 0, ov, 3, "model.type", buf, sizeof buf) == 0);
+    CHECK(fl_config_origin(NULL, 0, ov, 1, "strategy.dg", buf, sizeof buf) == 0);
+    CHECK(fl_config_origin(path, LINE("strategy.dgc"), ov, 3, "strategy.dgc", buf, 6) == 1 &&
+          strlen(buf) == 5);
+#undef LINE
 }
 
 int main(void) {

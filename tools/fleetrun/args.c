@@ -2,7 +2,6 @@
  * (addresses, device lists, ports, and whether PROGRAM can be run at all). Bad arguments are
  * told with fr_arg_error and give exit status 2. */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,43 +104,6 @@ static int parse_int(const char *s, long lo, long hi, int *out) {
     return 0;
 }
 
-
-ip_addr fr_parse_ip(const char *s) {
-    ip_addr ip = {0};
-    if (inet_pton(AF_INET, s, ip.a) == 1)
-        ip.family = AF_INET;
-    else if (inet_pton(AF_INET6, s, ip.a) == 1)
-        ip.family = AF_INET6;
-    return ip;
-}
-
-bool fr_ip_equal(ip_addr x, ip_addr y) {
-    return x.family == y.family && !memcmp(x.a, y.a, x.family == AF_INET ? 4 : 16);
-}
-
-socklen_t fr_sockaddr(ip_addr a, int port, struct sockaddr_storage *ss) {
-    memset(ss, 0, sizeof *ss);
-    if (a.family == AF_INET) {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
-        s4->sin_family = AF_INET;
-        s4->sin_port = htons((uint16_t)port);
-        memcpy(&s4->sin_addr, a.a, 4);
-        return sizeof *s4;
-    }
-    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
-    s6->sin6_family = AF_INET6;
-    s6->sin6_port = htons((uint16_t)port);
-    memcpy(&s6->sin6_addr, a.a, 16);
-    return sizeof *s6;
-}
-
-void fr_format_endpoint(char *out, const char *ip, int port) {
-    if (strchr(ip, ':'))
-        snprintf(out, ENDPOINT_MAX, "[%s]:%d", ip, port);
-    else
-        snprintf(out, ENDPOINT_MAX, "%s:%d", ip, port);
-}
-
 static int parse_ips(options *o, const char *list) {
     free(o->ips_buf);
     o->ips_buf = strdup(list);
@@ -226,6 +188,33 @@ static int parse_nnodes(options *o, const char *v) {
     }
     o->min_nodes = lo;
     o->max_nodes = hi;
+    return 0;
+}
+
+/* Parameter-server options (ps.c runs the job): sets o->ps when any is given, then refuses
+ * those that do not go together or with collective-only ones; 0 or 2 (told). */
+static int check_ps_args(options *o) {
+    if (o->server_num || o->servers_arg || o->worker_num || o->workers_arg)
+        o->ps = true;
+    if (!o->ps)
+        return 0;
+    bool servers = o->server_num || o->servers_arg, workers = o->worker_num || o->workers_arg;
+    if (!servers)
+        return fr_arg_error("%s without --server_num or --servers: a parameter-server job needs "
+                            "servers (a collective job takes --nproc_per_node)",
+                            o->workers_arg ? "--workers" : "--worker_num");
+    if (!workers)
+        return fr_arg_error("%s without --worker_num or --workers: a parameter-server job needs "
+                            "workers", o->servers_arg ? "--servers" : "--server_num");
+    const char *coll = o->nproc ? "--nproc_per_node" : o->ngpus ? "--gpus" : o->ips_given ? "--ips"
+                     : o->max_nodes ? "--nnodes" : o->coord_port ? "--coord_port" : NULL;
+    if (coll)
+        return fr_arg_error("%s is an option of collective jobs; a parameter-server job "
+                            "(--server_num/--servers, --worker_num/--workers) places its "
+                            "processes with those options alone", coll);
+    if (o->port_given && o->servers_arg && o->workers_arg)
+        return fr_arg_error("--started_port with --servers and --workers: the lists give every "
+                            "port already");
     return 0;
 }
 
@@ -349,7 +338,7 @@ int fr_parse_args(int argc, char **argv, options *o) {
         return fr_arg_error("no PROGRAM to run");
     o->argv = argv + i;
 
-    int rc = fr_ps_check_args(o);
+    int rc = check_ps_args(o);
     if (rc)
         return rc;
     if (!ips)

@@ -1,12 +1,13 @@
 /* fleetrun.h - what the parts of the launcher share: the options, the job and its workers, the
  * phases of winding down, and the functions each part lends the others. One file per job:
- * args.c (command line), node.c (job set-up), workers.c (starting and signalling workers),
- * output.c (worker output, failure reports), supervise.c (the event loop), restart.c (the
- * restart policy of --max_restarts on one node), coord.c (node 0's coordinator of the rounds
- * of a job of several nodes), member.c (every node's side of it), lines.c (the line protocol
- * between them), auth.c (its challenge-response and sealed lines), bind.c (--bind_to core),
- * ps.c (parameter-server mode: the servers' and workers' endpoints and which of them run
- * here), messages.c (fleetrun's own messages), main.c. */
+ * args.c (command line), endpoint.c (addresses and endpoints), node.c (job set-up), banner.c
+ * (what is printed at start), workers.c (starting and signalling workers), output.c (worker
+ * output, failure reports), supervise.c (the event loop), restart.c (the restart policy of
+ * --max_restarts on one node), coord.c (node 0's coordinator of the rounds of a job of several
+ * nodes), member.c (every node's side of it), lines.c (the line protocol between them), auth.c
+ * (its challenge-response and sealed lines), bind.c (--bind_to core), ps.c (parameter-server
+ * mode: the servers' and workers' endpoints and which of them run here), messages.c
+ * (fleetrun's own messages), main.c. */
 #include <poll.h>
 #ifndef FLEETRUN_H
 #define FLEETRUN_H
@@ -186,6 +187,9 @@ int fr_arg_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int fr_parse_args(int argc, char **argv, options *o);
 /* 0 if execvp would find and run prog; else tells why and returns 127 (not found) or 126. */
 int fr_check_program(const char *prog);
+
+/* endpoint.c: addresses and endpoints (no job state) */
+
 /* Binary form of a numeric IPv4/IPv6 address; family 0 if it is neither. */
 ip_addr fr_parse_ip(const char *s);
 /* Same family and same address. */
@@ -194,15 +198,15 @@ bool fr_ip_equal(ip_addr x, ip_addr y);
 socklen_t fr_sockaddr(ip_addr a, int port, struct sockaddr_storage *ss);
 /* "ip:port", or "[ip]:port" for IPv6, into out (ENDPOINT_MAX bytes). */
 void fr_format_endpoint(char *out, const char *ip, int port);
+/* Whether ip is an address of one of the interfaces in ifs (getifaddrs). */
+bool fr_ifaddrs_have(const struct ifaddrs *ifs, ip_addr ip);
+/* This machine's IPv4 addresses, ", "-separated, into out (cap bytes). */
+void fr_ifaddrs_ipv4(const struct ifaddrs *ifs, char *out, size_t cap);
 
 /* node.c: job set-up; each returns 0, or the status to exit with after telling why. */
 
 /* Sets j->node from --node_ip or this machine's addresses; 0 or 2. */
 int fr_find_node(job *j);
-/* Whether ip is an address of one of the interfaces in ifs (getifaddrs). */
-bool fr_ifaddrs_have(const struct ifaddrs *ifs, ip_addr ip);
-/* This machine's IPv4 addresses, ", "-separated, into out (cap bytes). */
-void fr_ifaddrs_ipv4(const struct ifaddrs *ifs, char *out, size_t cap);
 /* Sets j->token from FLEET_JOB_TOKEN or a fresh random one (one node only); 0, 1 or 2. */
 int fr_make_token(job *j);
 /* Allocates j->endpoints and j->endpoints_str; binds the workers' sockets when fleetrun owns
@@ -210,7 +214,15 @@ int fr_make_token(job *j);
 int fr_make_endpoints(job *j);
 /* Creates the log directory and opens every worker's log_fd; 0 or 1. */
 int fr_open_logs(job *j);
-/* Prints the first local worker's environment as a table on stdout. */
+
+/* banner.c: what is printed on stdout at start */
+
+/* A collective job's banner: this node (the round's place among its nodes in a coordinated
+ * job), its ranks and logs, where the workers run, the environment table. */
+void fr_print_banner(const job *j);
+/* The banner line(s) of a PS job, and its environment table. */
+void fr_ps_banner(const job *j);
+/* Prints the first local worker's environment as a table on stdout (PS: fr_ps_env_rows). */
 void fr_print_env_table(const job *j);
 
 /* workers.c */
@@ -270,9 +282,6 @@ void fr_run_loop(job *j);
 
 /* ps.c: parameter-server mode */
 
-/* After fr_parse_args: refuses PS options that do not go together or with collective-only
- * ones; 0 or 2 (told). Nothing outside PS mode. */
-int  fr_ps_check_args(options *o);
 /* Parses --servers/--workers (naming a bad or duplicate entry), makes the counted entries, and
  * picks this machine's entries (--node_ip, else the addresses of its interfaces); sets o->nproc
  * to their number. 0, 2 (told: bad lists, no entry here, a combination it cannot run) or 1. */
@@ -287,8 +296,6 @@ void fr_ps_child_env(const job *j, int i);
 /* The first local worker's (else server's) environment as rows for the table; returns how many
  * (at most cap). bufs holds the formatted numbers. */
 int  fr_ps_env_rows(const job *j, const char *(*rows)[2], int cap, char (*bufs)[32]);
-/* The banner line(s) of a PS job on stdout. */
-void fr_ps_banner(const job *j);
 /* Whether every worker of the job is local and has exited 0 (the servers may be stopped). */
 bool fr_ps_workers_done(const job *j);
 

@@ -1,5 +1,6 @@
 /* main.c - fleetrun's main: blocks the signals it will read from a signalfd, sets the job up
- * step by step (args.c, node.c), starts the workers (workers.c), runs the loop (supervise.c)
+ * step by step (args.c, ps.c, node.c), prints the banner (banner.c), starts the workers
+ * (workers.c), runs the loop (supervise.c)
  * and turns its outcome into the exit status; round after round, as restart.c decides on one
  * node or node 0's coordinator (coord.c, member.c) for a job of several. */
 #define _GNU_SOURCE
@@ -52,20 +53,6 @@ static void job_free(job *j) {
     free(j->server_eps);
 }
 
-static void print_banner(job *j) {
-    printf("fleetrun: node %d of %d (%s), %d worker(s), ranks %d..%d of %d; logs in "
-           "%s/workerlog.*\n", j->member_index, j->o.coordinated ? j->nmembers : j->o.nnodes,
-           j->o.ips[j->node], j->o.nproc, j->w[0].rank, j->w[j->o.nproc - 1].rank, j->nranks,
-           j->o.log_dir);
-    fr_bind_describe(j);
-    printf("fleetrun: first worker's distributed environment:\n");
-    fr_print_env_table(j);
-    if (j->node != 0)
-        printf("fleetrun: rank 0 runs on node 0 (%s); this node's output is in "
-               "%s/workerlog.*\n", j->o.ips[0], j->o.log_dir);
-    fflush(stdout);
-}
-
 /* A job of several nodes with restarts or scale-in: each round as node 0's coordinator says
  * (member.c); returns the exit status. */
 static int run_coordinated(job *j) {
@@ -78,7 +65,7 @@ static int run_coordinated(job *j) {
         if (rc)
             return rc;
         if (j->round == 0) {
-            print_banner(j);
+            fr_print_banner(j);
         } else {
             fr_say("round %d: this node's %d worker(s) are ranks %d..%d of %d on %d node(s) "
                    "(FLEET_RESTART_COUNT=%d)", j->round, j->o.nproc, j->w[0].rank,
@@ -159,20 +146,10 @@ int main(int argc, char **argv) {
         goto fail;
     }
 
-    if (j.o.ps) {
+    if (j.o.ps)
         fr_ps_banner(&j);
-    } else {
-        printf("fleetrun: node %d of %d (%s), %d worker(s), ranks %d..%d of %d; logs in "
-               "%s/workerlog.*\n", j.node, j.o.nnodes, j.o.ips[j.node], j.o.nproc, j.w[0].rank,
-               j.w[j.o.nproc - 1].rank, j.nranks, j.o.log_dir);
-        fr_bind_describe(&j);
-        printf("fleetrun: first worker's distributed environment:\n");
-        fr_print_env_table(&j);
-        if (j.node != 0)
-            printf("fleetrun: rank 0 runs on node 0 (%s); this node's output is in "
-                   "%s/workerlog.*\n", j.o.ips[0], j.o.log_dir);
-        fflush(stdout);
-    }
+    else
+        fr_print_banner(&j);
 
     for (;;) { /* one round; more with --max_restarts (restart.c) */
         for (int i = 0; i < j.o.nproc; i++)

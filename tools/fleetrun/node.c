@@ -1,6 +1,6 @@
 /* node.c - the job as this node sees it, set up before any worker starts: which entry of --ips
  * this node is, the job token, every rank's endpoint (binding the local workers' sockets when
- * fleetrun owns the ports), the log files, and the environment table printed at start. */
+ * fleetrun owns the ports; ps.c's endpoints in a parameter-server job), the log files. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,37 +15,6 @@
 #include <unistd.h>
 
 #include "fleetrun.h"
-
-
-bool fr_ifaddrs_have(const struct ifaddrs *ifs, ip_addr want) {
-    for (const struct ifaddrs *f = ifs; f; f = f->ifa_next) {
-        if (!f->ifa_addr)
-            continue;
-        ip_addr have = {.family = f->ifa_addr->sa_family};
-        if (have.family == AF_INET)
-            memcpy(have.a, &((struct sockaddr_in *)f->ifa_addr)->sin_addr, 4);
-        else if (have.family == AF_INET6)
-            memcpy(have.a, &((struct sockaddr_in6 *)f->ifa_addr)->sin6_addr, 16);
-        else
-            continue;
-        if (fr_ip_equal(want, have))
-            return true;
-    }
-    return false;
-}
-
-void fr_ifaddrs_ipv4(const struct ifaddrs *ifs, char *out, size_t cap) {
-    size_t used = 0;
-    out[0] = '\0';
-    for (const struct ifaddrs *f = ifs; f; f = f->ifa_next) {
-        char s[INET6_ADDRSTRLEN];
-        if (!f->ifa_addr || f->ifa_addr->sa_family != AF_INET)
-            continue;
-        inet_ntop(AF_INET, &((struct sockaddr_in *)f->ifa_addr)->sin_addr, s, sizeof s);
-        if (used + strlen(s) + 3 < cap)
-            used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ", " : "", s);
-    }
-}
 
 /* This node's index: --node_ip's position in --ips, or the first entry that is an address of
  * a local interface. A single node is node 0 without asking. Returns 0 or 2. */
@@ -241,86 +210,4 @@ int fr_open_logs(job *j) {
         }
     }
     return 0;
-}
-
-/* The first local worker's environment as a box, as paddle.distributed.launch prints it. */
-void fr_print_env_table(const job *j) {
-    const worker *w = &j->w[0];
-    char rank[16], num[16], fd[16], tok[32];
-    snprintf(rank, sizeof rank, "%d", w->rank);
-    snprintf(num, sizeof num, "%d", j->nranks);
-    snprintf(fd, sizeof fd, "%d", w->child_listen_fd);
-    if (strlen(j->token) >= 16) /* a prefix to tell jobs apart; not enough to join one */
-        snprintf(tok, sizeof tok, "%.8s\xe2\x80\xa6", j->token); /* U+2026: 1 column, 3 bytes */
-    else
-        snprintf(tok, sizeof tok, "(%zu chars)", strlen(j->token));
-    struct {
-        const char *name, *value;
-    } rows[12] = {
-        {"PADDLE_CURRENT_ENDPOINT", j->endpoints[w->rank]},
-        {"PADDLE_TRAINERS_NUM", num},
-        {"PADDLE_TRAINER_ENDPOINTS", j->endpoints_str},
-        {"FLAGS_selected_gpus", w->gpu},
-        {"PADDLE_TRAINER_ID", rank},
-    };
-    int nrows = 5;
-    char bufs[8][32];
-    if (j->o.ps) { /* the first local worker's rows, or the first server's */
-        const char *ps_rows[10][2];
-        nrows = fr_ps_env_rows(j, ps_rows, 10, bufs);
-        for (int r = 0; r < nrows; r++) {
-            rows[r].name = ps_rows[r][0];
-            rows[r].value = ps_rows[r][1];
-        }
-        for (int i = 0; i < j->o.nproc; i++)
-            if (j->w[i].role == ROLE_WORKER) {
-                w = &j->w[i];
-                break;
-            }
-        snprintf(fd, sizeof fd, "%d", w->child_listen_fd);
-    }
-    rows[nrows].name = "FLEET_JOB_TOKEN";
-    rows[nrows++].value = tok;
-    if (w->child_listen_fd >= 0) {
-        rows[nrows].name = "FLEET_LISTEN_FD";
-        rows[nrows++].value = fd;
-    }
-    enum { VALUE_MAX = 72 }; /* longer values (many endpoints) are cut with "..." */
-    int wname = 16, wval = 5;
-    for (int r = 0; r < nrows; r++) {
-        int len = (int)strlen(rows[r].name);
-        int vlen = (int)strlen(rows[r].value);
-        if (strstr(rows[r].value, "\xe2\x80\xa6"))
-            vlen -= 2;
-        wname = len > wname ? len : wname;
-        vlen = vlen > VALUE_MAX ? VALUE_MAX : vlen;
-        wval = vlen > wval ? vlen : wval;
-    }
-    int inner = 4 + wname + 8 + wval + 4;
-    char bar_eq[512], bar_dash[512];
-    memset(bar_eq, '=', (size_t)inner);
-    bar_eq[inner] = '\0';
-    memset(bar_dash, '-', (size_t)inner);
-    bar_dash[inner] = '\0';
-    printf("    +%s+\n", bar_eq);
-    printf("    |    %*s        %*s%*s    |\n", wname, "Distributed Envs", (wval + 5) / 2, "Value",
-           wval - (wval + 5) / 2, "");
-    printf("    +%s+\n", bar_dash);
-    for (int r = 0; r < nrows; r++) {
-        const char *v = rows[r].value;
-        int vlen = (int)strlen(v), bytes = vlen;
-        if (strstr(v, "\xe2\x80\xa6"))
-            vlen -= 2;
-        char cut[VALUE_MAX + 8];
-        if (vlen > VALUE_MAX) {
-            snprintf(cut, sizeof cut, "%.*s...", VALUE_MAX - 3, v);
-            v = cut;
-            vlen = bytes = VALUE_MAX;
-        }
-        int left = (wval - vlen) / 2, right = wval - vlen - left;
-        printf("    |    %*s        %*s%.*s%*s    |\n", wname, rows[r].name, left, "", bytes, v,
-               right, "");
-    }
-    printf("    +%s+\n", bar_eq);
-    fflush(stdout);
 }

@@ -28,31 +28,6 @@
 
 #include "fleetrun.h"
 
-int fr_ps_check_args(options *o) {
-    if (o->server_num || o->servers_arg || o->worker_num || o->workers_arg)
-        o->ps = true;
-    if (!o->ps)
-        return 0;
-    bool servers = o->server_num || o->servers_arg, workers = o->worker_num || o->workers_arg;
-    if (!servers)
-        return fr_arg_error("%s without --server_num or --servers: a parameter-server job needs "
-                            "servers (a collective job takes --nproc_per_node)",
-                            o->workers_arg ? "--workers" : "--worker_num");
-    if (!workers)
-        return fr_arg_error("%s without --worker_num or --workers: a parameter-server job needs "
-                            "workers", o->servers_arg ? "--servers" : "--server_num");
-    const char *coll = o->nproc ? "--nproc_per_node" : o->ngpus ? "--gpus" : o->ips_given ? "--ips"
-                     : o->max_nodes ? "--nnodes" : o->coord_port ? "--coord_port" : NULL;
-    if (coll)
-        return fr_arg_error("%s is an option of collective jobs; a parameter-server job "
-                            "(--server_num/--servers, --worker_num/--workers) places its "
-                            "processes with those options alone", coll);
-    if (o->port_given && o->servers_arg && o->workers_arg)
-        return fr_arg_error("--started_port with --servers and --workers: the lists give every "
-                            "port already");
-    return 0;
-}
-
 /* "IP:PORT" or "[IPv6]:PORT" into *e; -1 when it is neither. */
 static int parse_endpoint(const char *s, ps_entry *e) {
     const char *colon;
@@ -402,26 +377,6 @@ int fr_ps_env_rows(const job *j, const char *(*rows)[2], int cap, char (*bufs)[3
         ROW("PADDLE_TRAINER_ID", bufs[1]);
 #undef ROW
     return n;
-}
-
-void fr_ps_banner(const job *j) {
-    int ns = 0, nw = 0;
-    bool worker0 = false;
-    for (int i = 0; i < j->o.nproc; i++) {
-        ns += j->w[i].role == ROLE_SERVER;
-        nw += j->w[i].role == ROLE_WORKER;
-        worker0 |= fr_to_terminal(&j->w[i]);
-    }
-    printf("fleetrun: parameter-server job: %d server(s) and %d worker(s); here %d server(s) "
-           "and %d worker(s); logs in %s/serverlog.*, %s/workerlog.*\n", j->nservers,
-           j->nworkers, ns, nw, j->o.log_dir, j->o.log_dir);
-    fr_bind_describe(j);
-    printf("fleetrun: first %s's distributed environment:\n", nw ? "worker" : "server");
-    fr_print_env_table(j);
-    if (!worker0)
-        printf("fleetrun: worker 0 runs on %s; this machine's output is in %s/\n",
-               j->endpoints[0], j->o.log_dir);
-    fflush(stdout);
 }
 
 bool fr_ps_workers_done(const job *j) {

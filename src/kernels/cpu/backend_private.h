@@ -104,8 +104,11 @@ void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t
                      void *dgamma, void *dbeta, bool accumulate);
 
 /* conv.c: the im2col convolution, running on the gemm / axpy / sum of be (the cpu or ref
- * table) and on cpu_im2col / cpu_col2im, its private steps */
-fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc *d);
+ * table) and on cpu_im2col / cpu_col2im, its private steps; direct_depthwise: depthwise
+ * convolutions (groups = IC = OC) run conv_depthwise.c's direct loops instead (the cpu table
+ * asks for them, the ref table does not). Returns NULL with fl_fail set on a bad descriptor. */
+fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc *d,
+                                        bool direct_depthwise);
 void cpu_conv_plan_free(fl_conv_plan *p);
 size_t cpu_conv_scratch_bytes(const fl_conv_plan *p);
 void cpu_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,

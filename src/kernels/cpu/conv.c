@@ -10,7 +10,8 @@
  * the table whose gemm it runs: the cpu table's (OpenBLAS) or the ref table's (plain
  * loops), so the reference backend's convolution is the same algorithm on the plainest kernels.
  * The cpu table runs depthwise convolutions (groups = IC = OC) with direct loops instead
- * (conv_depthwise.c); the ref table keeps im2col + GEMM per group, which the tests hold them to. */
+ * (conv_depthwise.c); the ref table keeps im2col + GEMM per group, which the tests hold them to.
+ * Which of the two a plan does is the caller's word (cpu.c, ref.c), so this file knows no table. */
 #include "backend_private.h"
 
 #include "fleet/status.h"
@@ -32,7 +33,7 @@ struct fl_conv_plan {
     size_t            slot;  /* scratch bytes per slot: column matrix, then a dW partial */
     size_t            wbytes;
     bool              direct; /* 1x1, stride 1, no padding, one group: no im2col */
-    bool              depthwise; /* cpu table, groups = IC = OC: conv_depthwise.c's loops */
+    bool              depthwise; /* direct_depthwise, groups = IC = OC: conv_depthwise.c's loops */
     /* stride 1, one group, padding within the dilated kernel: dx is the convolution of dy
      * with the flipped, transposed kernel (geometry gt: c = OC over (OH, OW), padding
      * (K - 1) D - P, output (H, W)), so backward needs no col2im and no gemm that writes a
@@ -66,7 +67,8 @@ static int64_t tile_rows(int64_t k, int64_t ow, int64_t oh, size_t es) {
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc *d) {
+fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc *d,
+                                        bool direct_depthwise) {
     const fl_conv_geom *g = &d->g;
     if (d->dtype != FL_DTYPE_F32 && d->dtype != FL_DTYPE_F64) {
         fl_fail(FL_EINVAL, "conv: the %s backend computes in f32 or f64, not %s", be->name,
@@ -103,8 +105,7 @@ fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc
     p->transposed = !p->direct && g->sh == 1 && g->sw == 1 && d->groups == 1 && gt.ph >= 0 &&
                     gt.pw >= 0 && fl_conv_geom_out(&gt) && gt.oh == g->h && gt.ow == g->w;
     p->gt = gt;
-    p->depthwise = be == fl_backend_cpu() && d->groups > 1 && d->groups == g->c &&
-                   d->oc == g->c;
+    p->depthwise = direct_depthwise && d->groups > 1 && d->groups == g->c && d->oc == g->c;
     size_t es = fl_dtype_size(d->dtype);
     p->tr = d->groups == 1 ? tile_rows(p->kg, g->ow, g->oh, es) : g->oh;
     p->trt = p->transposed ? tile_rows(d->oc * g->kh * g->kw, g->w, g->h, es) : g->h;

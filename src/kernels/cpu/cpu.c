@@ -4,7 +4,7 @@
 #include "backend_private.h"
 
 static fl_conv_plan *cpu_conv_plan_create(const fl_conv_desc *d) {
-    return cpu_conv_plan_create_with(fl_backend_cpu(), d);
+    return cpu_conv_plan_create_with(fl_backend_cpu(), d, true);
 }
 
 static const fl_backend cpu_ops = {

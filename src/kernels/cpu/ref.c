@@ -228,7 +228,7 @@ static void ref_channel_mul_backward(fl_dtype t, fl_layout l, int64_t n, int64_t
 }
 
 static fl_conv_plan *ref_conv_plan_create(const fl_conv_desc *d) {
-    return cpu_conv_plan_create_with(fl_backend_ref(), d);
+    return cpu_conv_plan_create_with(fl_backend_ref(), d, false);
 }
 
 static const fl_backend ref_ops = {
