@@ -126,6 +126,7 @@ struct fl_layer {
      * forward must then give the output of the last training forward again and change no
      * state (batch norm leaves its running statistics, dropout reuses its last mask). */
     bool                 replay;
+    int                  init;     /* fl_init_scheme (fl_layer_set_init) */
 };
 
 /* The network input, as a layer input index (fl_net_add_from). */
@@ -140,6 +141,21 @@ int fl_layer_add_param(fl_layer *l, const char *suffix, int ndim, const int64_t 
                        bool trainable);
 /* Destroys a layer that was never added to a network (a network frees its own). */
 void fl_layer_free(fl_layer *l);
+
+/* How a layer's parameters start (fl_layer_set_init, before fl_net_build initialises them):
+ *   FL_INIT_TORCH (the default): as each layer's create says (PyTorch's and torchvision's);
+ *   FL_INIT_PADDLE: Paddle 2's defaults for the layer: conv2d weight N(0, sqrt(2 / (IN kh kw)))
+ *     (paddle.nn.Conv2D's own; IN the input channels, groups or not), fc weight Xavier
+ *     uniform U(-sqrt(6 / (IN + OUT)), +) (paddle.nn.Linear's), biases 0;
+ *   FL_INIT_KAIMING_FAN_IN: conv2d weight N(0, sqrt(2 / (IN / groups kh kw))), bias 0:
+ *     paddle.nn.initializer.KaimingNormal(), which PaddleClas's ConvBNLayer asks for (He et
+ *     al. 2015, arXiv:1502.01852, fan-in mode).
+ * The draws come from the layer's own stream, as with the default. */
+typedef enum { FL_INIT_TORCH = 0, FL_INIT_PADDLE = 1, FL_INIT_KAIMING_FAN_IN = 2 } fl_init_scheme;
+/* Sets l's scheme and returns l (NULL stays NULL, so calls nest around a create). A scheme
+ * the layer does not have (conv2d has all three, fc TORCH and PADDLE, the others TORCH) is
+ * FL_EINVAL naming the layer: l is freed and NULL returned, as a failed create. */
+fl_layer *fl_layer_set_init(fl_layer *l, fl_init_scheme s);
 
 /* --- layers --- */
 /* Linear: y (B, OUT) = x (B, IN) W^T + b; weight (OUT, IN) as in PyTorch, bias (OUT).
@@ -225,6 +241,9 @@ fl_net *fl_net_create(fl_dtype dtype, const fl_backend *k);
 /* Moves an unbuilt network (and its layers) to backend k (NULL: fl_backend_cpu()); the zoo's
  * constructors build on the cpu backend, fleet-train then sets train.backend's. */
 void fl_net_set_backend(fl_net *net, const fl_backend *k);
+/* Gives every layer of an unbuilt network FL_INIT_TORCH (fl_layer_set_init): a zoo model built
+ * with Paddle's initialisers starts as PyTorch's layers would (fleet-train's model.init: torch). */
+void fl_net_init_torch(fl_net *net);
 /* Frees the network, its layers and all planned memory. NULL is a no-op. */
 void fl_net_free(fl_net *net);
 /* Appends a layer reading the previous layer's output (the network input for the first); the

@@ -66,6 +66,9 @@ static inline bool fl_model_is_ctr(int type) {
 typedef enum { FL_SPARSE_OPT_SGD = 0, FL_SPARSE_OPT_ADAGRAD = 1, FL_SPARSE_OPT_ADAM = 2 }
     fl_sparse_opt_type;
 typedef enum { FL_SHORTCUT_A = 0, FL_SHORTCUT_B = 1 } fl_shortcut_type;
+/* model.init: auto is each model's own initialisation (Paddle's for the PaddleClas models,
+ * PyTorch's for the others); torch gives every layer PyTorch's (fl_net_init_torch) */
+typedef enum { FL_MODEL_INIT_AUTO = 0, FL_MODEL_INIT_TORCH = 1 } fl_model_init;
 /* comm.backend: auto is mpi when started by mpirun (and mpi is built), else tcp; nccl only by
  * name (GPU workers, docs/nccl.md) */
 typedef enum {
@@ -85,6 +88,7 @@ typedef struct fl_train_config {
         int64_t         depth;      /* resnet: 18..152 (0: 50); resnet_cifar: 6n+2 (0: 20) */
         int             shortcut;   /* resnet_cifar: fl_shortcut_type */
         double          scale;      /* pplcnet: PaddleClas's width scale (default 1.0) */
+        int             init;       /* fl_model_init: the model's own, or PyTorch's for all */
         int             size;       /* pphgnet: fl_hgnet_size (default tiny) */
         int64_t         embed_dim;  /* CTR: the embedding table's row width (10) */
         int             pooling;    /* CTR: fl_sparse_pool of the slots' bags (sum) */

@@ -55,12 +55,17 @@ static size_t conv_scratch_bytes(fl_layer *l, int64_t max_batch) {
     return c->plan ? l->k->conv_scratch_bytes(c->plan) : SIZE_MAX;
 }
 
-/* torchvision ResNet: kaiming_normal_(mode="fan_out", nonlinearity="relu"), bias 0 */
+/* torchvision ResNet: kaiming_normal_(mode="fan_out", nonlinearity="relu"), bias 0; or
+ * Paddle's (fl_layer_set_init: the conv's default, KaimingNormal's fan in) */
 static void conv_init(fl_layer *l, fl_rng *rng) {
     const conv_impl *c = l->impl;
     fl_rng r;
     nn_param_rng(rng, 0, &r);
-    double std = sqrt(2.0 / (double)(c->o.out_channels * c->o.kh * c->o.kw));
+    double k = (double)(c->o.kh * c->o.kw);
+    double fan = l->init == FL_INIT_PADDLE           ? (double)c->o.in_channels * k
+                 : l->init == FL_INIT_KAIMING_FAN_IN ? (double)(c->o.in_channels / c->o.groups) * k
+                                                     : (double)c->o.out_channels * k;
+    double std = sqrt(2.0 / fan);
     fl_tensor *w = &l->params[0].value;
     for (int64_t i = 0; i < w->numel; i++) {
         double v = std * fl_rng_normal(&r);

@@ -30,14 +30,20 @@ static int fc_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int
 }
 
 /* PyTorch nn.Linear.reset_parameters: kaiming_uniform(a = sqrt(5)) on W is U(-1/sqrt(IN),
- * 1/sqrt(IN)), and the bias uses the same bound. */
+ * 1/sqrt(IN)), and the bias uses the same bound. FL_INIT_PADDLE (paddle.nn.Linear): W Xavier
+ * uniform, U(-sqrt(6 / (IN + OUT)), +) (Glorot and Bengio 2010), the bias 0. */
 static void fc_init(fl_layer *l, fl_rng *rng) {
     const fc_impl *fc = l->impl;
-    double bound = fc->in > 0 ? 1.0 / sqrt((double)fc->in) : 0;
+    bool paddle = l->init == FL_INIT_PADDLE;
+    double bound = paddle ? sqrt(6.0 / (double)(fc->in + fc->out))
+                   : fc->in > 0 ? 1.0 / sqrt((double)fc->in) : 0;
     for (int i = 0; i < l->nparams; i++) {
         fl_rng r;
         nn_param_rng(rng, i, &r);
-        nn_fill_uniform(&l->params[i].value, &r, bound);
+        if (paddle && i > 0)
+            memset(l->params[i].value.data, 0, fl_tensor_nbytes(&l->params[i].value));
+        else
+            nn_fill_uniform(&l->params[i].value, &r, bound);
     }
 }
 

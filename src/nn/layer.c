@@ -8,6 +8,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+fl_layer *fl_layer_set_init(fl_layer *l, fl_init_scheme s) {
+    if (!l)
+        return NULL;
+    bool conv = strcmp(l->ops->type, "conv2d") == 0, fc = strcmp(l->ops->type, "fc") == 0;
+    bool ok = s == FL_INIT_TORCH || (s == FL_INIT_PADDLE && (conv || fc)) ||
+              (s == FL_INIT_KAIMING_FAN_IN && conv);
+    if (!ok) {
+        fl_fail(FL_EINVAL, "%s: a %s layer has no initialisation scheme %d", l->name,
+                l->ops->type, (int)s);
+        fl_layer_free(l);
+        return NULL;
+    }
+    l->init = (int)s;
+    return l;
+}
+
 fl_layer *fl_layer_new(const fl_layer_ops *ops, const char *name, void *impl) {
     FL_ASSERT(ops && name);
     if (strlen(name) >= sizeof ((fl_layer *)0)->name) {

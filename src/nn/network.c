@@ -33,6 +33,12 @@ void fl_net_set_backend(fl_net *net, const fl_backend *k) {
         net->layers[i]->k = net->k;
 }
 
+void fl_net_init_torch(fl_net *net) {
+    FL_ASSERT(net && !net->built);
+    for (int i = 0; i < net->nlayers; i++)
+        net->layers[i]->init = FL_INIT_TORCH;
+}
+
 void fl_net_free(fl_net *net) {
     if (!net)
         return;

@@ -135,6 +135,14 @@ void nn_net_unplan(fl_net *net);
 /* Appends l to net reading layer `from` (-2: the previous layer); its index, or -1 (l NULL or
  * refused: fl_errmsg says why). */
 int nn_put(fl_net *net, fl_layer *l, int from);
+/* A created layer with Paddle's initialisation (fl_layer_set_init): the layer's Paddle
+ * default, or KaimingNormal's fan in (PaddleClas's ConvBNLayer); NULL stays NULL. */
+static inline fl_layer *nn_paddle_init(fl_layer *l) {
+    return fl_layer_set_init(l, FL_INIT_PADDLE);
+}
+static inline fl_layer *nn_kaiming_in(fl_layer *l) {
+    return fl_layer_set_init(l, FL_INIT_KAIMING_FAN_IN);
+}
 /* "<p>.<s>" into buf; returns buf. */
 const char *nn_name(char *buf, size_t len, const char *p, const char *s);
 /* PaddleClas's make_divisible(v, 8): v rounded to the nearest multiple of 8 (at least 8), one

@@ -10,7 +10,8 @@
  * "stages.1.downsample.bn.bias", "stages.0.blocks.0.att.conv.bias"); the ReLUs are fused into
  * the batch norms (no parameters), concatenations and adds are named "<block>.concat<i>" and
  * "<block>.add". Where fleet differs: as pplcnet.c says (batch norm's buffer names, fc's weight
- * order, He init by fan_out, inverted dropout). */
+ * order, inverted dropout). Initialisation is PaddleClas's _init_weights: every convolution
+ * KaimingNormal (fan in), fc Paddle's Linear default (Xavier uniform) with a zero bias. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -66,7 +67,8 @@ static int hg_block(fl_net *net, const char *p, int in, int64_t in_ch, int64_t m
     /* ESEModule: avg_pool, conv (bias), sigmoid, multiply */
     fl_conv2d_opts e = {.in_channels = out, .out_channels = out, .kh = 1, .kw = 1, .bias = true};
     if (nn_put(net, fl_adaptive_avg_pool_create(nn_name(b, sizeof b, p, "att.avg_pool")), -2) < 0 ||
-        nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "att.conv"), &e), -2) < 0 ||
+        nn_put(net, nn_kaiming_in(fl_conv2d_create(nn_name(b, sizeof b, p, "att.conv"), &e)),
+               -2) < 0 ||
         nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "att.sigmoid"), FL_ACT_SIGMOID),
                -2) < 0)
         return -1;
@@ -121,7 +123,7 @@ fl_net *fl_model_pphgnet(fl_dtype t, const char *size, int64_t in_channels, bool
     if (cur >= 0)
         cur = nn_put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
     if (cur >= 0)
-        cur = nn_put(net, fl_conv2d_create("last_conv", &last), -2);
+        cur = nn_put(net, nn_kaiming_in(fl_conv2d_create("last_conv", &last)), -2);
     if (cur >= 0)
         cur = nn_put(net, fl_activation_create("act", FL_ACT_RELU), -2);
     if (cur >= 0 && a->dropout > 0)
@@ -129,7 +131,7 @@ fl_net *fl_model_pphgnet(fl_dtype t, const char *size, int64_t in_channels, bool
     if (cur >= 0)
         cur = nn_put(net, fl_flatten_create("flatten"), -2);
     if (cur >= 0)
-        cur = nn_put(net, fl_fc_create("fc", 2048, classes, true), -2);
+        cur = nn_put(net, nn_paddle_init(fl_fc_create("fc", 2048, classes, true)), -2);
     (void)q;
     if (cur < 0) {
         fl_fail_prefix(FL_EINVAL, "pphgnet_%s", a->name);

@@ -7,9 +7,11 @@
  * ("blocks5.3.dw_conv.conv.weight", "blocks6.0.se.conv2.bias", "last_conv.weight", "fc.bias")
  * in its order, so --print-model reads like its summary. Where fleet differs: batch norm's
  * buffers are named running_mean / running_var (Paddle: _mean / _variance), fc.weight is
- * (OUT, IN) (Paddle stores its transpose), convolutions start from fleet's He init (fan_out)
- * rather than Paddle's KaimingNormal (fan_in), and dropout is the inverted kind (Paddle's
- * downscale_in_infer scales at inference instead; the same in expectation). */
+ * (OUT, IN) (Paddle stores its transpose), and dropout is the inverted kind (Paddle's
+ * downscale_in_infer scales at inference instead; the same in expectation). Initialisation is
+ * PaddleClas's: the ConvBNLayers' convolutions KaimingNormal (fan in), the squeeze-and-
+ * excitation and last convolutions Paddle's Conv2D default, fc Paddle's Linear default
+ * (fl_layer_set_init). */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -48,9 +50,11 @@ static int se_module(fl_net *net, const char *p, int in, int64_t c) {
     fl_conv2d_opts c1 = {.in_channels = c, .out_channels = c / 4, .kh = 1, .kw = 1, .bias = true};
     fl_conv2d_opts c2 = {.in_channels = c / 4, .out_channels = c, .kh = 1, .kw = 1, .bias = true};
     if (nn_put(net, fl_adaptive_avg_pool_create(nn_name(b, sizeof b, p, "avg_pool")), in) < 0 ||
-        nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "conv1"), &c1), -2) < 0 ||
+        nn_put(net, nn_paddle_init(fl_conv2d_create(nn_name(b, sizeof b, p, "conv1"), &c1)),
+               -2) < 0 ||
         nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "relu"), FL_ACT_RELU), -2) < 0 ||
-        nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "conv2"), &c2), -2) < 0 ||
+        nn_put(net, nn_paddle_init(fl_conv2d_create(nn_name(b, sizeof b, p, "conv2"), &c2)),
+               -2) < 0 ||
         nn_put(net,
                fl_activation_create(nn_name(b, sizeof b, p, "hardsigmoid"), FL_ACT_HARDSIGMOID),
                -2) < 0)
@@ -103,7 +107,7 @@ fl_net *fl_model_pplcnet(fl_dtype t, double scale, int64_t in_channels, bool sma
     if (cur >= 0)
         cur = nn_put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
     if (cur >= 0)
-        cur = nn_put(net, fl_conv2d_create("last_conv", &last), -2);
+        cur = nn_put(net, nn_paddle_init(fl_conv2d_create("last_conv", &last)), -2);
     if (cur >= 0)
         cur = nn_put(net, fl_activation_create("hardswish", FL_ACT_HARDSWISH), -2);
     if (cur >= 0)
@@ -111,7 +115,7 @@ fl_net *fl_model_pplcnet(fl_dtype t, double scale, int64_t in_channels, bool sma
     if (cur >= 0)
         cur = nn_put(net, fl_flatten_create("flatten"), -2);
     if (cur >= 0)
-        cur = nn_put(net, fl_fc_create("fc", 1280, classes, true), -2);
+        cur = nn_put(net, nn_paddle_init(fl_fc_create("fc", 1280, classes, true)), -2);
     if (cur < 0) {
         fl_fail_prefix(FL_EINVAL, "pplcnet x%g", scale);
         fl_net_free(net);

@@ -70,10 +70,14 @@ static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int
         int x = cur;
         if (nn_put(net, fl_adaptive_avg_pool_create(nn_name(b, sizeof b, p, "se.avg_pool")), x) <
                 0 ||
-            nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "se.conv1"), &c1), -2) < 0 ||
+            nn_put(net,
+                   nn_paddle_init(fl_conv2d_create(nn_name(b, sizeof b, p, "se.conv1"), &c1)),
+                   -2) < 0 ||
             nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "se.relu"), FL_ACT_RELU), -2) <
                 0 ||
-            nn_put(net, fl_conv2d_create(nn_name(b, sizeof b, p, "se.conv2"), &c2), -2) < 0 ||
+            nn_put(net,
+                   nn_paddle_init(fl_conv2d_create(nn_name(b, sizeof b, p, "se.conv2"), &c2)),
+                   -2) < 0 ||
             nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "se.sigmoid"), FL_ACT_SIGMOID),
                    -2) < 0)
             return -1;
@@ -130,7 +134,7 @@ static fl_net *build(fl_dtype t, int64_t in_channels, bool small_input, int64_t 
     if (cur >= 0)
         cur = nn_put(net, fl_adaptive_avg_pool_create("avg_pool"), -2);
     if (cur >= 0)
-        cur = nn_put(net, fl_conv2d_create("last_conv", &last), -2);
+        cur = nn_put(net, nn_paddle_init(fl_conv2d_create("last_conv", &last)), -2);
     if (cur >= 0)
         cur = nn_put(net, fl_activation_create("act", FL_ACT_RELU), -2);
     if (cur >= 0)
@@ -138,7 +142,7 @@ static fl_net *build(fl_dtype t, int64_t in_channels, bool small_input, int64_t 
     if (cur >= 0)
         cur = nn_put(net, fl_flatten_create("flatten"), -2);
     if (cur >= 0)
-        cur = nn_put(net, fl_fc_create("fc", 1280, classes, true), -2);
+        cur = nn_put(net, nn_paddle_init(fl_fc_create("fc", 1280, classes, true)), -2);
     if (cur < 0) {
         fl_fail_prefix(FL_EINVAL, fused ? "pplcnetv2_base (fused)" : "pplcnetv2_base");
         fl_net_free(net);

@@ -47,6 +47,10 @@ static const fl_cfg_key own_keys[] = {
      "pphgnet: PPHGNet_tiny, PPHGNet_small or PPHGNet_base"},
     {"model.embed_dim", FL_CFG_INT, OFF(model.embed_dim), 0, 1, 4096, NULL, false,
      "wide_deep, deepfm: values per row of the embedding table"},
+    {"model.init", FL_CFG_ENUM, OFF(model.init), 0, 0, 0, "auto|torch", false,
+     "how parameters start: auto, each model's own (the PaddleClas models Paddle's: "
+     "KaimingNormal convolutions, Xavier fc; the others PyTorch's); torch, PyTorch's defaults "
+     "for every layer (torchvision's fan-out He convolutions)"},
     {"model.pooling", FL_CFG_ENUM, OFF(model.pooling), 0, 0, 0, "sum|mean", false,
      "wide_deep, deepfm: how a slot's ids' rows become one vector"},
 

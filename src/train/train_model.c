@@ -113,6 +113,8 @@ static fl_net *make_model(const fl_train_config *cfg, const fl_dataset *ds, bool
     fl_net *net = make_net(cfg, ds, fused);
     if (net)
         fl_net_set_backend(net, be);
+    if (net && cfg->model.init == FL_MODEL_INIT_TORCH)
+        fl_net_init_torch(net);
     return net;
 }
 

@@ -281,6 +281,68 @@ static void test_names_and_shapes(void) {
     }
 }
 
+/* sample standard deviation (mean 0 assumed) and largest magnitude of an f32 parameter */
+static void param_stats(fl_net *net, const char *name, double *std, double *maxabs) {
+    fl_param *p = fl_net_find_param(net, name);
+    *std = *maxabs = -1;
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    const float *v = p->value.data;
+    double ss = 0, m = 0;
+    for (int64_t i = 0; i < p->value.numel; i++) {
+        ss += (double)v[i] * v[i];
+        m = fabs(v[i]) > m ? fabs(v[i]) : m;
+    }
+    *std = sqrt(ss / (double)p->value.numel);
+    *maxabs = m;
+}
+
+static bool near(double got, double want, double rel) { return fabs(got - want) <= rel * want; }
+
+/* PaddleClas's initialisation (fl_layer_set_init): ConvBNLayer convolutions KaimingNormal by
+ * fan in, SE and last convolutions Paddle's Conv2D default N(0, sqrt(2 / (IN k k))), fc Xavier
+ * uniform with a zero bias; fl_net_init_torch back to PyTorch's (fan-out He, U(1/sqrt(IN))). */
+static void test_init(void) {
+    int64_t in[] = {3, 32, 32};
+    double sd, mx;
+    for (int torch = 0; torch < 2; torch++) {
+        fl_net *net = fl_model_pplcnet(FL_DTYPE_F32, 1.0, 3, true, 10);
+        CHECK(net != NULL);
+        if (!net)
+            return;
+        if (torch)
+            fl_net_init_torch(net);
+        CHECK_OK(fl_net_build(net, 3, in, 1, 1));
+        /* depthwise 5 x 5 of 256 channels: fan in 25, fan out 6400 */
+        param_stats(net, "blocks5.1.dw_conv.conv.weight", &sd, &mx);
+        CHECK(near(sd, torch ? sqrt(2.0 / 6400) : sqrt(2.0 / 25), 0.05));
+        /* pointwise 256 -> 256 */
+        param_stats(net, "blocks5.1.pw_conv.conv.weight", &sd, &mx);
+        CHECK(near(sd, sqrt(2.0 / 256), 0.05));
+        /* SE conv1 of blocks6.1, 512 -> 128 (Paddle's default: fan in 512; torchvision's: fan out 128) */
+        param_stats(net, "blocks6.1.se.conv1.weight", &sd, &mx);
+        CHECK(near(sd, torch ? sqrt(2.0 / 128) : sqrt(2.0 / 512), 0.05));
+        param_stats(net, "last_conv.weight", &sd, &mx);
+        CHECK(near(sd, torch ? sqrt(2.0 / 1280) : sqrt(2.0 / 512), 0.05));
+        /* fc 1280 -> 10: Xavier's bound sqrt(6 / 1290), a zero bias; PyTorch's 1 / sqrt(1280) */
+        double bound = torch ? 1.0 / sqrt(1280.0) : sqrt(6.0 / 1290.0);
+        param_stats(net, "fc.weight", &sd, &mx);
+        CHECK(mx <= bound && mx > 0.99 * bound);
+        param_stats(net, "fc.bias", &sd, &mx);
+        CHECK(torch ? mx > 0 && mx <= bound : mx == 0);
+        fl_net_free(net);
+    }
+    /* a scheme the layer does not have is refused, naming it */
+    CHECK(fl_layer_set_init(fl_activation_create("act9", FL_ACT_RELU), FL_INIT_PADDLE) == NULL);
+    CHECK_MSG("act9");
+    CHECK(fl_layer_set_init(fl_fc_create("fc9", 4, 2, true), FL_INIT_KAIMING_FAN_IN) == NULL);
+    CHECK_MSG("fc9");
+    fl_layer *ok = fl_layer_set_init(fl_fc_create("fc8", 4, 2, true), FL_INIT_PADDLE);
+    CHECK(ok != NULL);
+    fl_layer_free(ok);
+}
+
 /* one step of PP-LCNet x0.25 on 32 x 32 (f32) on table k against ref: logits, loss and every
  * gradient; onednn runs it in NHWC, cpu and ref in NCHW */
 static void test_step_vs_ref(const fl_backend *k) {
@@ -498,6 +560,7 @@ int main(void) {
     test_recompute_amp();
     test_param_counts();
     test_names_and_shapes();
+    test_init();
     test_step_vs_ref(fl_backend_cpu());
     if (fl_backend_onednn())
         test_step_vs_ref(fl_backend_onednn());
