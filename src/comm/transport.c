@@ -2,9 +2,9 @@
  * connects to every peer and authenticates each connection (connect.h, handshake.h), moves
  * peers on the same host to unix sockets (local.h) and attaches each peer's frame ciphers;
  * freeing says goodbye to every peer. The data path is in transport_sendrecv.c and the files
- * beside it (transport_impl.h says which does what). */
+ * beside it (transport_conn.h says which does what). */
 #define _GNU_SOURCE /* F_DUPFD_CLOEXEC */
-#include "transport_impl.h"
+#include "transport_conn.h"
 
 #include "connect.h"
 #include "handshake.h"

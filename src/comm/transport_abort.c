@@ -1,7 +1,7 @@
-/* transport_abort.c - how the transport fails (transport_impl.h): the first failure sticks, and
+/* transport_abort.c - how the transport fails (transport_conn.h): the first failure sticks, and
  * is broadcast as an ABORT frame naming the culprit, so that every surviving rank reports the
  * same one; a notice received from a peer is checked and passed on the same way. */
-#include "transport_impl.h"
+#include "transport_conn.h"
 
 #include "net.h"
 

@@ -1,9 +1,9 @@
-/* transport_keepalive.c - keepalives (transport_impl.h): while blocked, a rank tells its idle
+/* transport_keepalive.c - keepalives (transport_conn.h): while blocked, a rank tells its idle
  * peers every keepalive_s that it is alive; a rank waiting on a peer that keeps saying so
  * allows it grace_s more, because that peer is itself waiting on someone whose own waiters
  * will time out first and name the culprit to everyone. The receiving side (an encrypted
  * keepalive's counter and tag) is in transport_recv.c. */
-#include "transport_impl.h"
+#include "transport_conn.h"
 
 #include "fleet/log.h"
 

@@ -1,10 +1,10 @@
-/* transport_recv.c - the receiving half of a sendrecv (transport_impl.h): frame headers read
+/* transport_recv.c - the receiving half of a sendrecv (transport_conn.h): frame headers read
  * and checked (sequence, length), keepalives consumed on the way (an encrypted one's counter
  * and tag checked), ABORT notices read whole and turned into the failure they report, and DATA
  * payloads received straight into the caller's buffer, each frame's tag and the next header
  * riding in the same recvmsg. On an encrypted connection a frame is opened in place as soon as
  * its tag is in, before on_recv sees it. */
-#include "transport_impl.h"
+#include "transport_conn.h"
 
 #include "fleet/status.h"
 

@@ -1,9 +1,9 @@
-/* transport_send.c - the sending half of a sendrecv (transport_impl.h): DATA frames go in
+/* transport_send.c - the sending half of a sendrecv (transport_conn.h): DATA frames go in
  * batches, each frame's header riding in the same sendmsg iovec list as its payload, straight
  * from the caller's buffer. On an encrypted connection each frame is first sealed into a small
  * per-connection staging ring (the caller's buffer is const and still needed), at most STAGE
  * frames ahead of the socket, so the pipeline keeps its shape, a frame at a time. */
-#include "transport_impl.h"
+#include "transport_conn.h"
 
 #include "fleet/status.h"
 

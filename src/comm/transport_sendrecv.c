@@ -3,7 +3,7 @@
  * deadline. It busy-polls briefly before sleeping; once it stalls it also watches every other
  * peer for abort notices and sends keepalives (transport_keepalive.c); a failure is broadcast
  * (transport_abort.c) before the call returns it. */
-#include "transport_impl.h"
+#include "transport_conn.h"
 
 #include "net.h"
 

@@ -1,14 +1,14 @@
-/* transport_impl.h - private to the tcp backend's transport (transport.h), which is six files:
- * transport.c, the handle's life cycle (connecting, authenticating, the goodbye at free);
- * transport_sendrecv.c, the one poll loop that moves both directions of a sendrecv;
- * transport_send.c and transport_recv.c, its two halves (DATA frames straight between the
- * caller's buffers and the kernel, sealed through a staging ring or opened in place when the
- * connection is encrypted); transport_abort.c, failures and the ABORT frames that carry them to
- * every peer; and transport_keepalive.c, the keepalives a blocked rank sends to its idle peers
- * (transport_recv.c checks those it receives). What they share: the frame sizes, the per-peer
- * connection state, and each other's steps. */
-#ifndef FLEET_TRANSPORT_IMPL_H
-#define FLEET_TRANSPORT_IMPL_H
+/* transport_conn.h - the connection state private to the tcp backend's transport (transport.h),
+ * which is six files: transport.c, the handle's life cycle (connecting, authenticating, the
+ * goodbye at free); transport_sendrecv.c, the one poll loop that moves both directions of a
+ * sendrecv; transport_send.c and transport_recv.c, its two halves (DATA frames straight
+ * between the caller's buffers and the kernel, sealed through a staging ring or opened in place
+ * when the connection is encrypted); transport_abort.c, failures and the ABORT frames that carry
+ * them to every peer; and transport_keepalive.c, the keepalives a blocked rank sends to its idle
+ * peers (transport_recv.c checks those it receives). What they share: the frame sizes, each
+ * peer's connection, the handle, and the steps each file offers the others. */
+#ifndef FLEET_TRANSPORT_CONN_H
+#define FLEET_TRANSPORT_CONN_H
 
 #include "transport.h"
 
@@ -188,4 +188,4 @@ double transport_grace_s(const fl_transport *t);
 /* Sends a keepalive to every peer whose send queue is empty, except `to` while sending. */
 void transport_send_keepalives(fl_transport *t, int to, bool sending);
 
-#endif /* FLEET_TRANSPORT_IMPL_H */
+#endif /* FLEET_TRANSPORT_CONN_H */
