@@ -162,29 +162,40 @@ void ps_rule_str(const fl_ps_rule *r, char *buf, size_t cap);
 bool ps_rule_equal(const fl_ps_rule *a, const fl_ps_rule *b);
 bool ps_opts_equal(const fl_ps_sparse_opts *a, const fl_ps_sparse_opts *b);
 
-/* ---- server_save.c ---- */
-/* Writes this server's shards (shards paused by the caller) as step, then prunes old steps'
- * files (cfg.keep); FL_EIO naming the file. */
+/* ---- a checkpoint (its layout: server_save.c) ---- */
+#define PS_META_KEY 64  /* longest tensor or metadata name, NUL included */
+#define PS_META_VAL 192 /* longest metadata value */
+
+/* server_save.c: writes this server's shards (shards paused by the caller) as step, then the
+ * pointer, then prunes old steps' files (cfg.keep); FL_EIO naming the file. */
 int ps_save(ps_server *s, int64_t step, int mode);
-/* Removes the shards of steps the workers' checkpoints no longer keep (cfg.keep; 0: none),
- * keeping `step`'s and the current chain's (server_save.c has the rule). */
+/* server_prune.c: removes the shards of steps the workers' checkpoints no longer keep
+ * (cfg.keep; 0: none), keeping `step`'s and the current chain's (server_prune.c has the
+ * rule). */
 void ps_prune(ps_server *s, int64_t step);
-/* Reads dir's ps.server<me>.latest into *c: 0 with *have false when there is none; the
- * pointer must say "server me of *nservers" (*nservers <= 0: any count, which it receives);
- * FL_EFORMAT / FL_EIO naming the file and line. */
+/* server_pointer.c: writes chain c as this server's pointer in cfg.checkpoint_dir
+ * (atomically; FL_EIO naming the file). Reads dir's ps.server<me>.latest into *c: 0 with
+ * *have false when there is none; the pointer must say "server me of *nservers" (*nservers
+ * <= 0: any count, which it receives); FL_EFORMAT / FL_EIO naming the file and line. */
+int ps_write_pointer(ps_server *s, const ps_chain *c);
 int ps_read_pointer(const char *dir, int me, int *nservers, ps_chain *c, bool *have);
-/* The checkpoint files' metadata (also read by snapshot.c): an integer (-1 when absent,
- * FL_EFORMAT naming the file when not an integer), a rule, an initializer (FL_EFORMAT). */
+/* server_meta.c: the checkpoint files' metadata (also read by snapshot.c): an integer (-1 when
+ * absent, FL_EFORMAT naming the file when not an integer), a rule, an initializer
+ * (FL_EFORMAT). */
 int ps_meta_i64(const fl_safetensors *st, const char *key, int64_t *out);
 int ps_parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r);
 int ps_parse_init(const fl_safetensors *st, const char *key, fl_ps_init_rule *init);
 /* A sparse table's life cycle as saved ("entry count probability decay threshold nonclk
  * click unseen"); absent: the defaults (0); FL_EFORMAT naming the file. */
 int ps_parse_opts(const fl_safetensors *st, const char *key, fl_ps_sparse_opts *o);
+/* The same as text: "type nesterov momentum wd beta1 beta2 eps g2sum", "type a b seed",
+ * "entry count probability decay threshold nonclk_coeff click_coeff unseen". */
+void ps_rule_fmt(const fl_ps_rule *r, char *buf, size_t cap);
+void ps_init_fmt(const fl_ps_init_rule *init, char *buf, size_t cap);
 void ps_opts_fmt(const fl_ps_sparse_opts *o, char *buf, size_t cap);
-/* Loads cfg.resume_step's shards (-1: the chain the pointer names) from cfg.resume_dir (""
- * checkpoint_dir) before serving: 0 (nothing there and no step asked for: fresh start,
- * loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
+/* server_load.c: loads cfg.resume_step's shards (-1: the chain the pointer names) from
+ * cfg.resume_dir ("" checkpoint_dir) before serving: 0 (nothing there and no step asked for:
+ * fresh start, loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
 int ps_load(ps_server *s);
 
 /* One worker connection's receiving thread and its scratch (server.c, the request handlers). */
