@@ -31,14 +31,13 @@ bool transport_would_block(ssize_t k) {
     return k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
 }
 
-/* The header in c->hdr is a keepalive on an encrypted connection: reads its counter and tag
- * and checks them (wire.h). HDR_DATA when it is authentic, HDR_BLOCKED while its bytes are on
- * the way, else a failure naming the peer (or HDR_GOODBYE). */
-static int keepalive_tail(fl_transport *t, int p, bool watching) {
+/* Reads c->hdr up to want bytes: HDR_DATA once they are in, HDR_BLOCKED while they are on
+ * the way, HDR_GOODBYE when the peer closed between frames while we only watched, else the
+ * failure. */
+static int fill_hdr(fl_transport *t, int p, size_t want, bool watching) {
     conn *c = &t->conns[p];
-    c->in_keepalive = true;
-    while (c->hdr_got < FL_WIRE_KEEPALIVE_SEALED) {
-        ssize_t k = recv(c->fd, c->hdr + c->hdr_got, FL_WIRE_KEEPALIVE_SEALED - c->hdr_got, 0);
+    while (c->hdr_got < want) {
+        ssize_t k = recv(c->fd, c->hdr + c->hdr_got, want - c->hdr_got, 0);
         if (transport_would_block(k))
             return HDR_BLOCKED;
         if (k <= 0)
@@ -47,6 +46,18 @@ static int keepalive_tail(fl_transport *t, int p, bool watching) {
                        : HDR_GOODBYE;
         c->hdr_got += (size_t)k;
     }
+    return HDR_DATA;
+}
+
+/* The header in c->hdr is a keepalive on an encrypted connection: reads its counter and tag
+ * and checks them (wire.h). HDR_DATA when it is authentic, HDR_BLOCKED while its bytes are on
+ * the way, else a failure naming the peer (or HDR_GOODBYE). */
+static int keepalive_tail(fl_transport *t, int p, bool watching) {
+    conn *c = &t->conns[p];
+    c->in_keepalive = true;
+    int rc = fill_hdr(t, p, FL_WIRE_KEEPALIVE_SEALED, watching);
+    if (rc != HDR_DATA)
+        return rc;
     c->in_keepalive = false;
     uint64_t n = 0;
     char reason[160];
@@ -108,16 +119,9 @@ int transport_read_header(fl_transport *t, int p, uint64_t want_len, bool *alive
     conn *c = &t->conns[p];
     bool watching = want_len == FL_WIRE_LEN_ANY;
     for (;;) {
-        while (c->hdr_got < HDR) {
-            ssize_t k = recv(c->fd, c->hdr + c->hdr_got, HDR - c->hdr_got, 0);
-            if (transport_would_block(k))
-                return HDR_BLOCKED;
-            if (k <= 0)
-                return transport_read_error(t, p, k, !watching || c->hdr_got > 0) < 0
-                           ? t->fail_code
-                           : HDR_GOODBYE;
-            c->hdr_got += (size_t)k;
-        }
+        int rc = fill_hdr(t, p, HDR, watching);
+        if (rc != HDR_DATA)
+            return rc;
         fl_wire_frame f;
         char reason[160];
         int st = fl_wire_frame_parse(c->hdr, HDR, c->recv_seq, want_len, CHUNK, &f, reason,
@@ -126,11 +130,8 @@ int transport_read_header(fl_transport *t, int p, uint64_t want_len, bool *alive
             return transport_fail_local(t, FL_EPEER, p, "%s sent a malformed frame: %s",
                                         c->name, reason);
         if (f.type == FL_WIRE_KEEPALIVE) { /* does not use up a sequence number */
-            if (c->rx) {
-                int rc = keepalive_tail(t, p, watching);
-                if (rc != HDR_DATA)
-                    return rc;
-            }
+            if (c->rx && (rc = keepalive_tail(t, p, watching)) != HDR_DATA)
+                return rc;
             c->hdr_got = 0;
             *alive = true;
             continue;

@@ -152,6 +152,20 @@ static int dispatch_sparse(ps_recv *r, int op, int table, int dim, float *dst,
     return m;
 }
 
+/* Takes s->mu and, sync, waits until the steps worker r->w pushed to t are applied, so that
+ * what follows falls between the same two steps whatever the other workers' timing. 0 with
+ * s->mu held, or the refusal with s->mu released. */
+static int lock_after_own_pushes(ps_recv *r, const fl_ps_req *q, ps_sparse_table *t) {
+    ps_server *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    if (s->cfg.mode != FL_PS_SYNC)
+        return 0;
+    int rc = ps_wait_version(r, q, &t->sy, t->sy.pushes_by[r->w], "sparse");
+    if (rc < 0)
+        pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 int ps_on_sparse_pull(ps_recv *r, const fl_ps_req *q) {
     ps_server *s = r->s;
     FL_TRY(ps_need_table(r, q, false));
@@ -160,14 +174,7 @@ int ps_on_sparse_pull(ps_recv *r, const fl_ps_req *q) {
     FL_TRY(split_ids(r, q, dim));
     if (ps_out_reserve(r, (int64_t)q->n * dim) < 0)
         return ps_refuse(r, q->type, FL_ENOMEM, "server %d: %s", s->s, fl_errmsg());
-    pthread_mutex_lock(&s->mu);
-    if (s->cfg.mode == FL_PS_SYNC) {
-        int rc = ps_wait_version(r, q, &t->sy, t->sy.pushes_by[r->w], "sparse");
-        if (rc < 0) {
-            pthread_mutex_unlock(&s->mu);
-            return rc;
-        }
-    }
+    FL_TRY(lock_after_own_pushes(r, q, t));
     t->sy.last_pull[r->w] = t->sy.version;
     int n = dispatch_sparse(r, TASK_SPARSE_PULL, q->table, dim, r->out, NULL, NULL, 0, 0, 1,
                             false, false);
@@ -230,14 +237,7 @@ int ps_on_table_pass(ps_recv *r, const fl_ps_req *q) {
     ps_sparse_table *t = &s->sparse[q->table];
     memset(r->cnt, 0, (size_t)s->T * sizeof *r->cnt);
     memset(r->off, 0, (size_t)s->T * sizeof *r->off);
-    pthread_mutex_lock(&s->mu);
-    if (s->cfg.mode == FL_PS_SYNC) {
-        int rc = ps_wait_version(r, q, &t->sy, t->sy.pushes_by[r->w], "sparse");
-        if (rc < 0) {
-            pthread_mutex_unlock(&s->mu);
-            return rc;
-        }
-    }
+    FL_TRY(lock_after_own_pushes(r, q, t));
     bool shrink = q->type == FL_PS_MSG_SHRINK;
     int n = dispatch_sparse(r, shrink ? TASK_SPARSE_SHRINK : TASK_SPARSE_STATS, q->table,
                             t->dim, NULL, NULL, NULL, 0, 0, 1, false, true);
