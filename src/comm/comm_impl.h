@@ -93,8 +93,8 @@ struct fl_comm {
 fl_comm *fl_comm_new(void);
 
 /* env.c: FLEET_COMM_SPIN_US in seconds (default 50 us; a bad value is warned about and the
- * default used): how long the transports (transport.c, shm.c) busy-poll per exchange before
- * they sleep. */
+ * default used): how long the transports (transport_sendrecv.c, shm.c) busy-poll per exchange
+ * before they sleep. */
 double fl_comm_spin_budget_s(void);
 
 /* Reductions used by every backend that reduces by itself: acc[i] = acc[i] op in[i] for

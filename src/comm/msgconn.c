@@ -1,6 +1,6 @@
 /* msgconn.c - one message connection (include/fleet/msgconn.h): every message is one DATA frame
  * of wire.h (header, payload and, on an encrypted connection, the AEAD tag behind it, sealed
- * as transport.c seals its frames: the sequence number as nonce, the header as associated
+ * as transport_send.c seals its frames: the sequence number as nonce, the header as associated
  * data). Sends go whole under a send lock; receives run a state machine under a receive lock
  * whose progress outlives the call, so that a wait that times out in the middle of a message
  * loses nothing. fl_msg_close says goodbye with an empty ABORT frame, as the transport does, so

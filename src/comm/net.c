@@ -1,6 +1,6 @@
 /* net.c - socket plumbing for the tcp transport (see net.h): resolving and listening, socket
  * options, printable addresses, and deadline-bounded whole-buffer I/O for the handshake and
- * rendezvous (the data path in transport.c does its own I/O). */
+ * rendezvous (the data path, transport_send.c and transport_recv.c, does its own I/O). */
 #include "net.h"
 
 #include "wire.h"

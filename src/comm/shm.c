@@ -3,7 +3,7 @@
  * ranks. sendrecv copies into the peer's ring as space frees and out of its own as data lands,
  * both directions in one loop; a waiting rank spins briefly, then sleeps on a futex word of its
  * own that writers ring only when it said it sleeps. Liveness comes from pidfds, and the first
- * failure is written into the segment, so every rank names the same culprit (transport.c's
+ * failure is written into the segment, so every rank names the same culprit (transport_abort.c's
  * ABORT frames). The set-up that makes the segment and hands it out is shm_setup.c's. */
 #define _GNU_SOURCE
 #include "shm_impl.h"

@@ -1,5 +1,5 @@
 /* ps_impl.h - the inside of an fl_ps handle (include/fleet/ps.h), shared by the role reader
- * (ps_role.c), the worker's client (ps_client.c) and the server (server*.c). Private to
+ * (ps_role.c), the worker's client (ps_client*.c) and the server (server*.c). Private to
  * src/ps. */
 #ifndef FLEET_PS_IMPL_H
 #define FLEET_PS_IMPL_H
@@ -26,7 +26,7 @@ typedef struct {
 int fl_ps_create(const fl_ps_roles *r, fl_ps **out);
 
 struct ps_server;      /* server.h */
-struct ps_client;      /* ps_client.c */
+struct ps_client;      /* ps_client.h */
 
 struct fl_ps {
     bool   server;

@@ -80,6 +80,95 @@ int fl_ps_create(const fl_ps_roles *r, fl_ps **out) {
     return 0;
 }
 
+/* TRAINING_ROLE: *server true for PSERVER, false for TRAINER. */
+static int read_role(const char **role, bool *server) {
+    *role = env_get("TRAINING_ROLE");
+    if (!*role)
+        return fl_fail(FL_ECONFIG, "TRAINING_ROLE is not set (PSERVER or TRAINER; fleetrun "
+                       "--server_num/--worker_num sets it)");
+    if (strcmp(*role, "PSERVER") == 0)
+        *server = true;
+    else if (strcmp(*role, "TRAINER") == 0)
+        *server = false;
+    else
+        return fl_fail(FL_ECONFIG, "TRAINING_ROLE=%s: expected PSERVER or TRAINER", *role);
+    return 0;
+}
+
+/* A server's index: the entry of servers[0..ns) (PADDLE_PSERVERS_IP_PORT_LIST=slist) that
+ * POD_IP and PADDLE_PORT name. */
+static int server_index(char (*servers)[FL_ENDPOINT_MAX], int ns, const char *slist,
+                        long *index) {
+    const char *ip = env_get("POD_IP"), *port = env_get("PADDLE_PORT");
+    if (!ip || !port)
+        return fl_fail(FL_ECONFIG, "TRAINING_ROLE=PSERVER needs POD_IP and PADDLE_PORT (%s is "
+                       "not set)", ip ? "PADDLE_PORT" : "POD_IP");
+    long p;
+    FL_TRY(parse_int("PADDLE_PORT", port, 1, 65535, &p));
+    char me[FL_ENDPOINT_MAX + 16];
+    snprintf(me, sizeof me, strchr(ip, ':') && ip[0] != '[' ? "[%s]:%ld" : "%s:%ld", ip, p);
+    for (int i = 0; i < ns; i++)
+        if (fl_comm_same_endpoint(me, servers[i]))
+            *index = i;
+    if (*index < 0)
+        return fl_fail(FL_ECONFIG, "POD_IP=%s PADDLE_PORT=%s (%s) is not an entry of "
+                       "PADDLE_PSERVERS_IP_PORT_LIST=%s", ip, port, me, slist);
+    return 0;
+}
+
+/* A worker's index: PADDLE_TRAINER_ID, one of nw (PADDLE_TRAINERS_NUM=num). */
+static int worker_index(long nw, const char *num, long *index) {
+    const char *id = env_get("PADDLE_TRAINER_ID");
+    if (!id)
+        return fl_fail(FL_ECONFIG, "TRAINING_ROLE=TRAINER needs PADDLE_TRAINER_ID");
+    char what[64];
+    snprintf(what, sizeof what, "PADDLE_TRAINER_ID");
+    int rc = parse_int(what, id, 0, nw - 1, index);
+    if (rc < 0)
+        fl_fail_prefix(rc, "with PADDLE_TRAINERS_NUM=%s", num);
+    return rc;
+}
+
+/* Without FLEET_JOB_TOKEN, a token derived from the job's servers and worker count, as the
+ * collective transport does (comm/env.c): two jobs must not join by accident. */
+static void derive_token(char *token, size_t cap, const char *slist, const char *num) {
+    uint64_t a = fnv1a(14695981039346656037ull, "fleet-ps-token\n");
+    uint64_t b = fnv1a(0x6a09e667f3bcc908ull, "fleet-ps-token\n");
+    a = fnv1a(fnv1a(a, slist), num);
+    b = fnv1a(fnv1a(b, slist), num);
+    snprintf(token, cap, "derived-%016llx%016llx", (unsigned long long)a,
+             (unsigned long long)b);
+    FL_WARN("ps: FLEET_JOB_TOKEN is not set; using a token derived from "
+            "PADDLE_PSERVERS_IP_PORT_LIST (fleetrun always sets one)");
+}
+
+/* The handle for roles read from the environment (endpoints borrowed; workers may be NULL). */
+static int create_from(const fl_comm_env *env, bool server, long index,
+                       char (*servers)[FL_ENDPOINT_MAX], int ns,
+                       char (*workers)[FL_ENDPOINT_MAX], long nw, fl_ps **out) {
+    const char *sp[FL_PS_MAX_SERVERS];
+    for (int i = 0; i < ns; i++)
+        sp[i] = servers[i];
+    const char **wp = NULL;
+    if (workers) {
+        wp = calloc((size_t)nw, sizeof *wp);
+        if (!wp)
+            return fl_fail(FL_ENOMEM, "out of memory");
+        for (int i = 0; i < nw; i++)
+            wp[i] = workers[i];
+    }
+    fl_ps_roles r = {
+        .server = server, .index = (int)index, .nservers = ns, .nworkers = (int)nw,
+        .servers = sp, .workers = wp, .listen_fd = server ? env->listen_fd : -1,
+        .msg = {.world = ns + (int)nw, .round = env->round, .encrypt = env->encrypt,
+                .timeout_s = env->timeout_s},
+    };
+    memcpy(r.msg.token, env->token, sizeof r.msg.token);
+    int rc = fl_ps_create(&r, out);
+    free(wp);
+    return rc;
+}
+
 int fl_ps_init(fl_ps **out) {
     FL_ASSERT(out);
     *out = NULL;
@@ -89,19 +178,9 @@ int fl_ps_init(fl_ps **out) {
     env.listen_fd = -1;
     env.gpu = -1;
     FL_TRY(fl_comm_env_knobs(&env));
-
-    const char *role = env_get("TRAINING_ROLE");
-    if (!role)
-        return fl_fail(FL_ECONFIG, "TRAINING_ROLE is not set (PSERVER or TRAINER; fleetrun "
-                       "--server_num/--worker_num sets it)");
-    bool server;
-    if (strcmp(role, "PSERVER") == 0)
-        server = true;
-    else if (strcmp(role, "TRAINER") == 0)
-        server = false;
-    else
-        return fl_fail(FL_ECONFIG, "TRAINING_ROLE=%s: expected PSERVER or TRAINER", role);
-
+    const char *role;
+    bool server = false;
+    FL_TRY(read_role(&role, &server));
     const char *slist = env_get("PADDLE_PSERVERS_IP_PORT_LIST");
     if (!slist)
         return fl_fail(FL_ECONFIG, "PADDLE_PSERVERS_IP_PORT_LIST is not set (TRAINING_ROLE=%s "
@@ -112,7 +191,8 @@ int fl_ps_init(fl_ps **out) {
     char (*servers)[FL_ENDPOINT_MAX] = NULL, (*workers)[FL_ENDPOINT_MAX] = NULL;
     int ns = 0, nwl = 0, rc;
     long nw = 0, index = -1;
-    rc = fl_comm_endpoints_split("PADDLE_PSERVERS_IP_PORT_LIST", slist, FL_PS_MAX_SERVERS, &servers, &ns);
+    rc = fl_comm_endpoints_split("PADDLE_PSERVERS_IP_PORT_LIST", slist, FL_PS_MAX_SERVERS,
+                                 &servers, &ns);
     if (rc < 0)
         goto done;
     rc = parse_int("PADDLE_TRAINERS_NUM", num, 1, FL_COMM_MAX_RANKS - ns, &nw);
@@ -120,7 +200,8 @@ int fl_ps_init(fl_ps **out) {
         goto done;
     const char *wlist = env_get("PADDLE_TRAINER_ENDPOINTS");
     if (wlist) {
-        rc = fl_comm_endpoints_split("PADDLE_TRAINER_ENDPOINTS", wlist, FL_COMM_MAX_RANKS, &workers, &nwl);
+        rc = fl_comm_endpoints_split("PADDLE_TRAINER_ENDPOINTS", wlist, FL_COMM_MAX_RANKS,
+                                     &workers, &nwl);
         if (rc < 0)
             goto done;
         if (nwl != nw) {
@@ -129,74 +210,12 @@ int fl_ps_init(fl_ps **out) {
             goto done;
         }
     }
-    if (server) {
-        const char *ip = env_get("POD_IP"), *port = env_get("PADDLE_PORT");
-        if (!ip || !port) {
-            rc = fl_fail(FL_ECONFIG, "TRAINING_ROLE=PSERVER needs POD_IP and PADDLE_PORT (%s is "
-                         "not set)", ip ? "PADDLE_PORT" : "POD_IP");
-            goto done;
-        }
-        long p;
-        rc = parse_int("PADDLE_PORT", port, 1, 65535, &p);
-        if (rc < 0)
-            goto done;
-        char me[FL_ENDPOINT_MAX + 16];
-        snprintf(me, sizeof me, strchr(ip, ':') && ip[0] != '[' ? "[%s]:%ld" : "%s:%ld", ip, p);
-        for (int i = 0; i < ns; i++)
-            if (fl_comm_same_endpoint(me, servers[i]))
-                index = i;
-        if (index < 0) {
-            rc = fl_fail(FL_ECONFIG, "POD_IP=%s PADDLE_PORT=%s (%s) is not an entry of "
-                         "PADDLE_PSERVERS_IP_PORT_LIST=%s", ip, port, me, slist);
-            goto done;
-        }
-    } else {
-        const char *id = env_get("PADDLE_TRAINER_ID");
-        if (!id) {
-            rc = fl_fail(FL_ECONFIG, "TRAINING_ROLE=TRAINER needs PADDLE_TRAINER_ID");
-            goto done;
-        }
-        char what[64];
-        snprintf(what, sizeof what, "PADDLE_TRAINER_ID");
-        rc = parse_int(what, id, 0, nw - 1, &index);
-        if (rc < 0) {
-            fl_fail_prefix(rc, "with PADDLE_TRAINERS_NUM=%s", num);
-            goto done;
-        }
-    }
-    if (!env.token[0] && ns + nw > 1) {
-        /* as the collective transport does (comm/env.c): two jobs must not join by accident */
-        uint64_t a = fnv1a(14695981039346656037ull, "fleet-ps-token\n");
-        uint64_t b = fnv1a(0x6a09e667f3bcc908ull, "fleet-ps-token\n");
-        a = fnv1a(fnv1a(a, slist), num);
-        b = fnv1a(fnv1a(b, slist), num);
-        snprintf(env.token, sizeof env.token, "derived-%016llx%016llx", (unsigned long long)a,
-                 (unsigned long long)b);
-        FL_WARN("ps: FLEET_JOB_TOKEN is not set; using a token derived from "
-                "PADDLE_PSERVERS_IP_PORT_LIST (fleetrun always sets one)");
-    }
-    const char *sp[FL_PS_MAX_SERVERS];
-    for (int i = 0; i < ns; i++)
-        sp[i] = servers[i];
-    const char **wp = NULL;
-    if (workers) {
-        wp = calloc((size_t)nw, sizeof *wp);
-        if (!wp) {
-            rc = fl_fail(FL_ENOMEM, "out of memory");
-            goto done;
-        }
-        for (int i = 0; i < nw; i++)
-            wp[i] = workers[i];
-    }
-    fl_ps_roles r = {
-        .server = server, .index = (int)index, .nservers = ns, .nworkers = (int)nw,
-        .servers = sp, .workers = wp, .listen_fd = server ? env.listen_fd : -1,
-        .msg = {.world = ns + (int)nw, .round = env.round, .encrypt = env.encrypt,
-                .timeout_s = env.timeout_s},
-    };
-    memcpy(r.msg.token, env.token, sizeof r.msg.token);
-    rc = fl_ps_create(&r, out);
-    free(wp);
+    rc = server ? server_index(servers, ns, slist, &index) : worker_index(nw, num, &index);
+    if (rc < 0)
+        goto done;
+    if (!env.token[0] && ns + nw > 1)
+        derive_token(env.token, sizeof env.token, slist, num);
+    rc = create_from(&env, server, index, servers, ns, workers, nw, out);
 done:
     free(servers);
     free(workers);

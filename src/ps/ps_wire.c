@@ -1,6 +1,10 @@
 /* ps_wire.c - encoding and validating the parameter server's requests and replies (layouts in
  * ps_wire.h). Pure functions over byte buffers, no I/O and no library state, so that
- * tests/fuzz/fuzz_ps_wire.c can drive them with arbitrary bytes. */
+ * tests/fuzz/fuzz_ps_wire.c can drive them with arbitrary bytes; a request is parsed by its
+ * type's own parser (req_layouts). About 670 lines in one file on purpose: the fuzz target is
+ * built from this file alone (tests/fuzz/CMakeLists.txt), and every layout's encoder stands
+ * beside its parser and the byte helpers both use, so that a change to one is seen with the
+ * other. */
 #include "ps_wire.h"
 
 #include "fleet/status.h"
@@ -265,6 +269,203 @@ static int zero32(const uint8_t *p, const char *what, char *reason, size_t cap) 
     return 0;
 }
 
+/* A request being parsed: the message, what follows its fixed part, and where a refusal's
+ * reason goes. */
+typedef struct {
+    const uint8_t *b;
+    const uint8_t *body;  /* after the fixed part */
+    size_t         rest;  /* bytes after the fixed part */
+    const char    *name;  /* "SPARSE_PUSH" */
+    char          *reason;
+    size_t         cap;
+} req_in;
+
+static int parse_hello(const req_in *in, fl_ps_req *r) {
+    const uint8_t *b = in->b;
+    uint32_t w = get32(b + 8), mode = get32(b + 12), s = get32(b + 16), nw = get32(b + 20);
+    uint32_t v = get32(b + 24);
+    if (v != FL_PS_WIRE_VERSION)
+        return refuse(in->reason, in->cap, "HELLO of parameter-server protocol version %" PRIu32
+                      ", expected %d", v, FL_PS_WIRE_VERSION);
+    if (mode > FL_PS_GEO)
+        return refuse(in->reason, in->cap, "HELLO with unknown mode %" PRIu32, mode);
+    if (s < 1 || s > FL_PS_MAX_SERVERS)
+        return refuse(in->reason, in->cap, "HELLO with %" PRIu32 " servers (1..%d)", s,
+                      FL_PS_MAX_SERVERS);
+    if (nw < 1 || nw > FL_PS_MAX_WORKERS || w >= nw)
+        return refuse(in->reason, in->cap, "HELLO from worker %" PRIu32 " of %" PRIu32
+                      " workers", w, nw);
+    if (zero32(b + 28, in->name, in->reason, in->cap) < 0)
+        return -1;
+    r->worker = (int)w;
+    r->mode = (int)mode;
+    r->servers = (int)s;
+    r->workers = (int)nw;
+    r->version = (int)v;
+    return exact(in->name, in->rest, 0, in->reason, in->cap);
+}
+
+static int parse_dense_init(const req_in *in, fl_ps_req *r) {
+    const uint8_t *b = in->b;
+    r->numel = (int64_t)get64(b + 8);
+    r->step = (int64_t)get64(b + 16);
+    r->n = get64(b + 80);
+    if (r->numel < 1 || r->numel > FL_PS_MAX_NUMEL)
+        return refuse(in->reason, in->cap, "DENSE_INIT of table %d with %" PRId64 " values (1..%"
+                      PRId64 ")", r->table, r->numel, FL_PS_MAX_NUMEL);
+    if (r->step < -1)
+        return refuse(in->reason, in->cap, "DENSE_INIT with resume step %" PRId64, r->step);
+    if (rule_parse(b + 24, &r->rule, in->reason, in->cap) < 0)
+        return -1;
+    if (r->n > (uint64_t)r->numel)
+        return refuse(in->reason, in->cap, "DENSE_INIT with %" PRIu64 " initial values for a "
+                      "table of %" PRId64, r->n, r->numel);
+    if (exact(in->name, in->rest, r->n * 4, in->reason, in->cap) < 0)
+        return -1;
+    r->values = (const float *)in->body;
+    return 0;
+}
+
+static int parse_dense_pull(const req_in *in, fl_ps_req *r) {
+    r->version64 = (int64_t)get64(in->b + 8);
+    if (r->version64 < -1)
+        return refuse(in->reason, in->cap, "DENSE_PULL of version %" PRId64, r->version64);
+    return exact(in->name, in->rest, 0, in->reason, in->cap);
+}
+
+static int parse_dense_push(const req_in *in, fl_ps_req *r) {
+    const uint8_t *b = in->b;
+    r->step = (int64_t)get64(b + 8);
+    r->lr = getf64(b + 16);
+    r->n = get64(b + 24);
+    if (r->step < 0)
+        return refuse(in->reason, in->cap, "DENSE_PUSH for step %" PRId64, r->step);
+    if (!isfinite(r->lr))
+        return refuse(in->reason, in->cap, "DENSE_PUSH with learning rate %g", r->lr);
+    if (r->n > (uint64_t)FL_PS_MAX_NUMEL)
+        return refuse(in->reason, in->cap, "DENSE_PUSH of %" PRIu64 " gradients", r->n);
+    if (exact(in->name, in->rest, r->n * 4, in->reason, in->cap) < 0)
+        return -1;
+    r->values = (const float *)in->body;
+    return 0;
+}
+
+static int parse_sparse_init(const req_in *in, fl_ps_req *r) {
+    const uint8_t *b = in->b;
+    char *reason = in->reason;
+    size_t cap = in->cap;
+    uint32_t dim = get32(b + 8), it = get32(b + 12);
+    if (dim < 1 || dim > FL_PS_MAX_DIM)
+        return refuse(reason, cap, "SPARSE_INIT of table %d with rows of %" PRIu32
+                      " values (1..%d)", r->table, dim, FL_PS_MAX_DIM);
+    if (it > FL_PS_INIT_NORMAL)
+        return refuse(reason, cap, "SPARSE_INIT with unknown initializer %" PRIu32, it);
+    if (rule_parse(b + 16, &r->rule, reason, cap) < 0)
+        return -1;
+    r->dim = (int)dim;
+    r->init.type = (fl_ps_init_type)it;
+    r->init.a = getf64(b + 72);
+    r->init.b = getf64(b + 80);
+    r->init.seed = get64(b + 88);
+    if (!isfinite(r->init.a) || !isfinite(r->init.b))
+        return refuse(reason, cap, "SPARSE_INIT with initializer bounds %g, %g", r->init.a,
+                      r->init.b);
+    if ((it == FL_PS_INIT_UNIFORM && r->init.a > r->init.b) ||
+        (it == FL_PS_INIT_NORMAL && r->init.b < 0))
+        return refuse(reason, cap, "SPARSE_INIT with initializer parameters %g, %g out of "
+                      "order", r->init.a, r->init.b);
+    if (opts_parse(b + 96, &r->opts, reason, cap) < 0)
+        return -1;
+    return exact(in->name, in->rest, 0, reason, cap);
+}
+
+static int parse_sparse_pull(const req_in *in, fl_ps_req *r) {
+    r->n = get64(in->b + 8);
+    if (r->n > in->rest / 8)
+        return refuse(in->reason, in->cap, "SPARSE_PULL of %" PRIu64 " ids needs %" PRIu64
+                      " bytes after its head, got %zu", r->n,
+                      r->n > UINT64_MAX / 8 ? UINT64_MAX : r->n * 8, in->rest);
+    if (exact(in->name, in->rest, r->n * 8, in->reason, in->cap) < 0)
+        return -1;
+    r->ids = (const uint64_t *)in->body;
+    return 0;
+}
+
+static int parse_sparse_push(const req_in *in, fl_ps_req *r) {
+    const uint8_t *b = in->b;
+    char *reason = in->reason;
+    size_t cap = in->cap, rest = in->rest;
+    r->step = (int64_t)get64(b + 8);
+    r->lr = getf64(b + 16);
+    r->n = get64(b + 24);
+    uint32_t dim = get32(b + 32);
+    if (r->step < 0)
+        return refuse(reason, cap, "SPARSE_PUSH for step %" PRId64, r->step);
+    if (!isfinite(r->lr))
+        return refuse(reason, cap, "SPARSE_PUSH with learning rate %g", r->lr);
+    if (dim < 1 || dim > FL_PS_MAX_DIM)
+        return refuse(reason, cap, "SPARSE_PUSH with rows of %" PRIu32 " values (1..%d)", dim,
+                      FL_PS_MAX_DIM);
+    uint32_t flags = get32(b + 36);
+    if (flags > 1)
+        return refuse(reason, cap, "SPARSE_PUSH with unknown flags %" PRIx32, flags);
+    uint64_t per = 8 + 4 * (uint64_t)dim + (flags ? 8 : 0);
+    if (r->n > rest / per)
+        return refuse(reason, cap, "SPARSE_PUSH of %" PRIu64 " ids of dim %" PRIu32 "%s does "
+                      "not fit its %zu bytes", r->n, dim, flags ? " with counts" : "", rest);
+    if (exact(in->name, rest, r->n * per, reason, cap) < 0)
+        return -1;
+    r->dim = (int)dim;
+    r->ids = (const uint64_t *)in->body;
+    r->values = (const float *)(in->body + r->n * 8);
+    if (!flags)
+        return 0;
+    r->counts = (const float *)(in->body + r->n * (8 + 4 * (uint64_t)dim));
+    for (uint64_t i = 0; i < 2 * r->n; i++)
+        if (!(r->counts[i] >= 0 && isfinite(r->counts[i])))
+            return refuse(reason, cap, "SPARSE_PUSH with %s count %g of id %" PRIu64 " (finite, "
+                          ">= 0)", i < r->n ? "show" : "click", (double)r->counts[i],
+                          r->ids[i < r->n ? i : i - r->n]);
+    return 0;
+}
+
+static int parse_save(const req_in *in, fl_ps_req *r) {
+    const uint8_t *b = in->b;
+    r->step = (int64_t)get64(b + 8);
+    r->save_mode = (int)get32(b + 16);
+    if (r->step < 0)
+        return refuse(in->reason, in->cap, "SAVE of step %" PRId64, r->step);
+    if (get32(b + 16) > FL_PS_SAVE_DELTA)
+        return refuse(in->reason, in->cap, "SAVE with unknown mode %" PRIu32, get32(b + 16));
+    if (zero32(b + 20, in->name, in->reason, in->cap) < 0)
+        return -1;
+    return exact(in->name, in->rest, 0, in->reason, in->cap);
+}
+
+/* STOP, SHRINK, STATS: the head (and the table) alone. */
+static int parse_head_only(const req_in *in, fl_ps_req *r) {
+    (void)r;
+    return exact(in->name, in->rest, 0, in->reason, in->cap);
+}
+
+/* Each request type's fixed part (head included) and its parser. */
+static const struct {
+    size_t fixed;
+    int  (*parse)(const req_in *in, fl_ps_req *r);
+} req_layouts[FL_PS_MSG_COUNT] = {
+    [FL_PS_MSG_HELLO] = {32, parse_hello},
+    [FL_PS_MSG_DENSE_INIT] = {88, parse_dense_init},
+    [FL_PS_MSG_DENSE_PULL] = {16, parse_dense_pull},
+    [FL_PS_MSG_DENSE_PUSH] = {32, parse_dense_push},
+    [FL_PS_MSG_SPARSE_INIT] = {152, parse_sparse_init},
+    [FL_PS_MSG_SPARSE_PULL] = {16, parse_sparse_pull},
+    [FL_PS_MSG_SPARSE_PUSH] = {40, parse_sparse_push},
+    [FL_PS_MSG_SAVE] = {24, parse_save},
+    [FL_PS_MSG_STOP] = {8, parse_head_only},
+    [FL_PS_MSG_SHRINK] = {8, parse_head_only},
+    [FL_PS_MSG_STATS] = {8, parse_head_only},
+};
+
 int fl_ps_req_parse(const void *buf, size_t n, fl_ps_req *out, char *reason, size_t cap) {
     const uint8_t *b = buf;
     fl_ps_req r;
@@ -285,171 +486,13 @@ int fl_ps_req_parse(const void *buf, size_t n, fl_ps_req *out, char *reason, siz
     if (is_table_msg(r.type) ? r.table >= FL_PS_MAX_TABLES : r.table != 0)
         return refuse(reason, cap, "%s names table %d (tables are 0..%d)", name, r.table,
                       is_table_msg(r.type) ? FL_PS_MAX_TABLES - 1 : 0);
-    static const size_t fixed[FL_PS_MSG_COUNT] = {
-        [FL_PS_MSG_HELLO] = 32, [FL_PS_MSG_DENSE_INIT] = 88, [FL_PS_MSG_DENSE_PULL] = 16,
-        [FL_PS_MSG_DENSE_PUSH] = 32, [FL_PS_MSG_SPARSE_INIT] = 152, [FL_PS_MSG_SPARSE_PULL] = 16,
-        [FL_PS_MSG_SPARSE_PUSH] = 40, [FL_PS_MSG_SAVE] = 24, [FL_PS_MSG_STOP] = 8,
-        [FL_PS_MSG_SHRINK] = 8, [FL_PS_MSG_STATS] = 8,
-    };
-    size_t h = fixed[r.type];
+    size_t h = req_layouts[r.type].fixed;
     if (n < h)
         return refuse(reason, cap, "%s of %zu bytes, shorter than its %zu-byte head", name, n, h);
-    size_t rest = n - h;
-    const uint8_t *body = b + h;
-    switch (r.type) {
-    case FL_PS_MSG_HELLO: {
-        uint32_t w = get32(b + 8), mode = get32(b + 12), s = get32(b + 16), nw = get32(b + 20);
-        uint32_t v = get32(b + 24);
-        if (v != FL_PS_WIRE_VERSION)
-            return refuse(reason, cap, "HELLO of parameter-server protocol version %" PRIu32
-                          ", expected %d", v, FL_PS_WIRE_VERSION);
-        if (mode > FL_PS_GEO)
-            return refuse(reason, cap, "HELLO with unknown mode %" PRIu32, mode);
-        if (s < 1 || s > FL_PS_MAX_SERVERS)
-            return refuse(reason, cap, "HELLO with %" PRIu32 " servers (1..%d)", s,
-                          FL_PS_MAX_SERVERS);
-        if (nw < 1 || nw > FL_PS_MAX_WORKERS || w >= nw)
-            return refuse(reason, cap, "HELLO from worker %" PRIu32 " of %" PRIu32 " workers", w,
-                          nw);
-        if (zero32(b + 28, name, reason, cap) < 0)
-            return -1;
-        r.worker = (int)w;
-        r.mode = (int)mode;
-        r.servers = (int)s;
-        r.workers = (int)nw;
-        r.version = (int)v;
-        if (exact(name, rest, 0, reason, cap) < 0)
-            return -1;
-        break;
-    }
-    case FL_PS_MSG_DENSE_INIT:
-        r.numel = (int64_t)get64(b + 8);
-        r.step = (int64_t)get64(b + 16);
-        r.n = get64(b + 80);
-        if (r.numel < 1 || r.numel > FL_PS_MAX_NUMEL)
-            return refuse(reason, cap, "DENSE_INIT of table %d with %" PRId64 " values (1..%"
-                          PRId64 ")", r.table, r.numel, FL_PS_MAX_NUMEL);
-        if (r.step < -1)
-            return refuse(reason, cap, "DENSE_INIT with resume step %" PRId64, r.step);
-        if (rule_parse(b + 24, &r.rule, reason, cap) < 0)
-            return -1;
-        if (r.n > (uint64_t)r.numel)
-            return refuse(reason, cap, "DENSE_INIT with %" PRIu64 " initial values for a table of "
-                          "%" PRId64, r.n, r.numel);
-        if (exact(name, rest, r.n * 4, reason, cap) < 0)
-            return -1;
-        r.values = (const float *)body;
-        break;
-    case FL_PS_MSG_DENSE_PULL:
-        r.version64 = (int64_t)get64(b + 8);
-        if (r.version64 < -1)
-            return refuse(reason, cap, "DENSE_PULL of version %" PRId64, r.version64);
-        if (exact(name, rest, 0, reason, cap) < 0)
-            return -1;
-        break;
-    case FL_PS_MSG_DENSE_PUSH:
-        r.step = (int64_t)get64(b + 8);
-        r.lr = getf64(b + 16);
-        r.n = get64(b + 24);
-        if (r.step < 0)
-            return refuse(reason, cap, "DENSE_PUSH for step %" PRId64, r.step);
-        if (!isfinite(r.lr))
-            return refuse(reason, cap, "DENSE_PUSH with learning rate %g", r.lr);
-        if (r.n > (uint64_t)FL_PS_MAX_NUMEL)
-            return refuse(reason, cap, "DENSE_PUSH of %" PRIu64 " gradients", r.n);
-        if (exact(name, rest, r.n * 4, reason, cap) < 0)
-            return -1;
-        r.values = (const float *)body;
-        break;
-    case FL_PS_MSG_SPARSE_INIT: {
-        uint32_t dim = get32(b + 8), it = get32(b + 12);
-        if (dim < 1 || dim > FL_PS_MAX_DIM)
-            return refuse(reason, cap, "SPARSE_INIT of table %d with rows of %" PRIu32
-                          " values (1..%d)", r.table, dim, FL_PS_MAX_DIM);
-        if (it > FL_PS_INIT_NORMAL)
-            return refuse(reason, cap, "SPARSE_INIT with unknown initializer %" PRIu32, it);
-        if (rule_parse(b + 16, &r.rule, reason, cap) < 0)
-            return -1;
-        r.dim = (int)dim;
-        r.init.type = (fl_ps_init_type)it;
-        r.init.a = getf64(b + 72);
-        r.init.b = getf64(b + 80);
-        r.init.seed = get64(b + 88);
-        if (!isfinite(r.init.a) || !isfinite(r.init.b))
-            return refuse(reason, cap, "SPARSE_INIT with initializer bounds %g, %g", r.init.a,
-                          r.init.b);
-        if ((it == FL_PS_INIT_UNIFORM && r.init.a > r.init.b) ||
-            (it == FL_PS_INIT_NORMAL && r.init.b < 0))
-            return refuse(reason, cap, "SPARSE_INIT with initializer parameters %g, %g out of "
-                          "order", r.init.a, r.init.b);
-        if (opts_parse(b + 96, &r.opts, reason, cap) < 0)
-            return -1;
-        if (exact(name, rest, 0, reason, cap) < 0)
-            return -1;
-        break;
-    }
-    case FL_PS_MSG_SPARSE_PULL:
-        r.n = get64(b + 8);
-        if (r.n > rest / 8)
-            return refuse(reason, cap, "SPARSE_PULL of %" PRIu64 " ids needs %" PRIu64
-                          " bytes after its head, got %zu", r.n,
-                          r.n > UINT64_MAX / 8 ? UINT64_MAX : r.n * 8, rest);
-        if (exact(name, rest, r.n * 8, reason, cap) < 0)
-            return -1;
-        r.ids = (const uint64_t *)body;
-        break;
-    case FL_PS_MSG_SPARSE_PUSH: {
-        r.step = (int64_t)get64(b + 8);
-        r.lr = getf64(b + 16);
-        r.n = get64(b + 24);
-        uint32_t dim = get32(b + 32);
-        if (r.step < 0)
-            return refuse(reason, cap, "SPARSE_PUSH for step %" PRId64, r.step);
-        if (!isfinite(r.lr))
-            return refuse(reason, cap, "SPARSE_PUSH with learning rate %g", r.lr);
-        if (dim < 1 || dim > FL_PS_MAX_DIM)
-            return refuse(reason, cap, "SPARSE_PUSH with rows of %" PRIu32 " values (1..%d)",
-                          dim, FL_PS_MAX_DIM);
-        uint32_t flags = get32(b + 36);
-        if (flags > 1)
-            return refuse(reason, cap, "SPARSE_PUSH with unknown flags %" PRIx32, flags);
-        uint64_t per = 8 + 4 * (uint64_t)dim + (flags ? 8 : 0);
-        if (r.n > rest / per)
-            return refuse(reason, cap, "SPARSE_PUSH of %" PRIu64 " ids of dim %" PRIu32
-                          "%s does not fit its %zu bytes", r.n, dim, flags ? " with counts" : "",
-                          rest);
-        if (exact(name, rest, r.n * per, reason, cap) < 0)
-            return -1;
-        r.dim = (int)dim;
-        r.ids = (const uint64_t *)body;
-        r.values = (const float *)(body + r.n * 8);
-        if (flags) {
-            r.counts = (const float *)(body + r.n * (8 + 4 * (uint64_t)dim));
-            for (uint64_t i = 0; i < 2 * r.n; i++)
-                if (!(r.counts[i] >= 0 && isfinite(r.counts[i])))
-                    return refuse(reason, cap, "SPARSE_PUSH with %s count %g of id %" PRIu64
-                                  " (finite, >= 0)", i < r.n ? "show" : "click",
-                                  (double)r.counts[i], r.ids[i < r.n ? i : i - r.n]);
-        }
-        break;
-    }
-    case FL_PS_MSG_SAVE:
-        r.step = (int64_t)get64(b + 8);
-        r.save_mode = (int)get32(b + 16);
-        if (r.step < 0)
-            return refuse(reason, cap, "SAVE of step %" PRId64, r.step);
-        if (get32(b + 16) > FL_PS_SAVE_DELTA)
-            return refuse(reason, cap, "SAVE with unknown mode %" PRIu32, get32(b + 16));
-        if (zero32(b + 20, name, reason, cap) < 0 || exact(name, rest, 0, reason, cap) < 0)
-            return -1;
-        break;
-    case FL_PS_MSG_STOP:
-    case FL_PS_MSG_SHRINK:
-    case FL_PS_MSG_STATS:
-        if (exact(name, rest, 0, reason, cap) < 0)
-            return -1;
-        break;
-    }
+    req_in in = {.b = b, .body = b + h, .rest = n - h, .name = name, .reason = reason,
+                 .cap = cap};
+    if (req_layouts[r.type].parse(&in, &r) < 0)
+        return -1;
     if (out)
         *out = r;
     return 0;

@@ -162,32 +162,43 @@ void ps_rule_str(const fl_ps_rule *r, char *buf, size_t cap);
 bool ps_rule_equal(const fl_ps_rule *a, const fl_ps_rule *b);
 bool ps_opts_equal(const fl_ps_sparse_opts *a, const fl_ps_sparse_opts *b);
 
-/* ---- server_save.c ---- */
-/* Writes this server's shards (shards paused by the caller) as step, then prunes old steps'
- * files (cfg.keep); FL_EIO naming the file. */
+/* ---- a checkpoint (its layout: server_save.c) ---- */
+#define PS_META_KEY 64  /* longest tensor or metadata name, NUL included */
+#define PS_META_VAL 192 /* longest metadata value */
+
+/* server_save.c: writes this server's shards (shards paused by the caller) as step, then the
+ * pointer, then prunes old steps' files (cfg.keep); FL_EIO naming the file. */
 int ps_save(ps_server *s, int64_t step, int mode);
-/* Removes the shards of steps the workers' checkpoints no longer keep (cfg.keep; 0: none),
- * keeping `step`'s and the current chain's (server_save.c has the rule). */
+/* server_prune.c: removes the shards of steps the workers' checkpoints no longer keep
+ * (cfg.keep; 0: none), keeping `step`'s and the current chain's (server_prune.c has the
+ * rule). */
 void ps_prune(ps_server *s, int64_t step);
-/* Reads dir's ps.server<me>.latest into *c: 0 with *have false when there is none; the
- * pointer must say "server me of *nservers" (*nservers <= 0: any count, which it receives);
- * FL_EFORMAT / FL_EIO naming the file and line. */
+/* server_pointer.c: writes chain c as this server's pointer in cfg.checkpoint_dir
+ * (atomically; FL_EIO naming the file). Reads dir's ps.server<me>.latest into *c: 0 with
+ * *have false when there is none; the pointer must say "server me of *nservers" (*nservers
+ * <= 0: any count, which it receives); FL_EFORMAT / FL_EIO naming the file and line. */
+int ps_write_pointer(ps_server *s, const ps_chain *c);
 int ps_read_pointer(const char *dir, int me, int *nservers, ps_chain *c, bool *have);
-/* The checkpoint files' metadata (also read by snapshot.c): an integer (-1 when absent,
- * FL_EFORMAT naming the file when not an integer), a rule, an initializer (FL_EFORMAT). */
+/* server_meta.c: the checkpoint files' metadata (also read by snapshot.c): an integer (-1 when
+ * absent, FL_EFORMAT naming the file when not an integer), a rule, an initializer
+ * (FL_EFORMAT). */
 int ps_meta_i64(const fl_safetensors *st, const char *key, int64_t *out);
 int ps_parse_rule(const fl_safetensors *st, const char *key, fl_ps_rule *r);
 int ps_parse_init(const fl_safetensors *st, const char *key, fl_ps_init_rule *init);
 /* A sparse table's life cycle as saved ("entry count probability decay threshold nonclk
  * click unseen"); absent: the defaults (0); FL_EFORMAT naming the file. */
 int ps_parse_opts(const fl_safetensors *st, const char *key, fl_ps_sparse_opts *o);
+/* The same as text: "type nesterov momentum wd beta1 beta2 eps g2sum", "type a b seed",
+ * "entry count probability decay threshold nonclk_coeff click_coeff unseen". */
+void ps_rule_fmt(const fl_ps_rule *r, char *buf, size_t cap);
+void ps_init_fmt(const fl_ps_init_rule *init, char *buf, size_t cap);
 void ps_opts_fmt(const fl_ps_sparse_opts *o, char *buf, size_t cap);
-/* Loads cfg.resume_step's shards (-1: the chain the pointer names) from cfg.resume_dir (""
- * checkpoint_dir) before serving: 0 (nothing there and no step asked for: fresh start,
- * loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
+/* server_load.c: loads cfg.resume_step's shards (-1: the chain the pointer names) from
+ * cfg.resume_dir ("" checkpoint_dir) before serving: 0 (nothing there and no step asked for:
+ * fresh start, loaded_step -1) or FL_EFORMAT / FL_EIO naming the file. */
 int ps_load(ps_server *s);
 
-/* One worker connection's receiving thread and its scratch (server.c, server_requests.c). */
+/* One worker connection's receiving thread and its scratch (server.c, the request handlers). */
 typedef struct {
     ps_server   *s;
     int          w;
@@ -211,18 +222,54 @@ typedef struct {
     int64_t     *cnt, *off; /* [T] */
 } ps_recv;
 
-/* server_tables.c: the monotonic clock in seconds; a wait on s->cv (s->mu held) until deadline (false
- * once it passed); failing the server with msg (the first failure sticks; wakes every wait). */
+/* server_tables.c: the monotonic clock in seconds; a wait on s->cv (s->mu held) until deadline
+ * (false once it passed); failing the server with msg (the first failure sticks; wakes every
+ * wait). */
 double ps_now_s(void);
 bool   ps_wait_until(ps_server *s, double deadline);
 void   ps_server_fail(ps_server *s, int code, const char *msg);
 
-/* server_requests.c: one request (1 after STOP, 0 to go on, < 0: the server has failed with
- * it); a reply; the refusal of a request that found the server failed (s->mu held); whether
- * a sync merge waits for worker w (s->mu held; what it waits for into what). */
+/* ---- server_requests.c ---- */
+/* One request: 1 after STOP, 0 to go on, < 0: the server has failed with it. */
 int  ps_handle(ps_recv *r, const void *buf, size_t n, bool *hello);
+
+/* ---- server_dense.c, server_sparse.c: each request type's handler (its result as
+ * ps_handle's) ---- */
+int  ps_on_dense_init(ps_recv *r, const fl_ps_req *q);
+int  ps_on_dense_pull(ps_recv *r, const fl_ps_req *q);
+int  ps_on_dense_push(ps_recv *r, const fl_ps_req *q);
+int  ps_on_sparse_init(ps_recv *r, const fl_ps_req *q);
+int  ps_on_sparse_pull(ps_recv *r, const fl_ps_req *q);
+int  ps_on_sparse_push(ps_recv *r, const fl_ps_req *q);
+/* SHRINK and STATS */
+int  ps_on_table_pass(ps_recv *r, const fl_ps_req *q);
+
+/* ---- server_reply.c ---- */
 int  ps_send_reply(ps_recv *r, const fl_ps_rep *rep);
+/* Refuses the request: answers the worker with the message, fails the server with it, and
+ * returns code. */
+int  ps_refuse(ps_recv *r, int type, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The refusal of a request that found the server failed (s->mu held; dropped while sending). */
 int  ps_failed_reply(ps_recv *r, int type);
+/* A table request's table must exist (and, dense, be ready): 0, or the refusal. */
+int  ps_need_table(ps_recv *r, const fl_ps_req *q, bool dense);
+/* "worker 2 (...) declared" or "server 0's checkpoint (step 7) has": who declared a table. */
+void ps_describe_owner(ps_server *s, int by, char *buf, size_t cap);
+/* Grows *p of *cap entries of size bytes to hold want (at least 1024); FL_ENOMEM. */
+int  ps_grow(void **p, int64_t *cap, int64_t want, size_t size);
+/* Room for n reply values in r->out; FL_ENOMEM. */
+int  ps_out_reserve(ps_recv *r, int64_t n);
+
+/* ---- server_sync.c (s->mu held for each) ---- */
+/* sync: waits until y->version >= v; 0, or the refusal naming what the merge still lacks. */
+int  ps_wait_version(ps_recv *r, const fl_ps_req *q, ps_sync *y, int64_t v, const char *kind);
+/* sync: counts a push toward its step's merge: 1 when it completes the step, 0 when not, or
+ * the refusal (a push of another step, or twice). */
+int  ps_sync_push(ps_recv *r, const fl_ps_req *q, ps_sync *y, const char *kind);
+/* async: counts a push's staleness in the server's statistics. */
+void ps_count_staleness(ps_server *s, int64_t st);
+/* sync: whether some table's merge waits for worker w (what it waits for into what). */
 bool ps_waiting_on(ps_server *s, int w, char *what, size_t cap);
 
 #endif /* FLEET_PS_SERVER_H */

@@ -147,7 +147,7 @@ bool ps_opts_equal(const fl_ps_sparse_opts *a, const fl_ps_sparse_opts *b) {
            a->click_coeff == b->click_coeff && a->delete_after_unseen == b->delete_after_unseen;
 }
 
-/* ---- waiting and failing (server.c, server_requests.c) ---- */
+/* ---- waiting and failing (server.c and the request handlers) ---- */
 
 double ps_now_s(void) {
     struct timespec ts;
