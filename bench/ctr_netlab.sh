@@ -33,6 +33,7 @@
 # The calibration job (CAL=1, once per configuration): the same job with one step per epoch
 # (data.train_size = the global batch), so the same start-up, evaluations and final exchange:
 # its CPU and bytes are the fixed cost, subtracted above and shown as fix_cpu, fix_wire.
+# At the end, per geo k, the target: AUC within 0.005 of sync's at >= 3x its ex/s.
 #
 # Usage: bench/ctr_netlab.sh [BUILD_DIR]
 #   WORKERS=4 SERVERS=2 RATE=1gbit ROUNDS=3 SKIP=2  CONFIG=configs/ctr_wide_deep.yaml
