@@ -9,7 +9,10 @@
 #                              (default 300) seconds; then warn and go on
 #   guard_begin; JOB; guard_end   sets GUARD_OTHER_PCT: the CPU time used during JOB by anything
 #                              but this shell's waited-for descendants and the kernel's threads
-#                              (ksoftirqd), in percent of all cores over JOB's wall time
+#                              (ksoftirqd), in percent of all cores over JOB's wall time; and
+#                              GUARD_JOB_PCT: what the job (with the kernel's threads) used, the
+#                              same way (near 100: the job kept every core busy), and in CPU
+#                              seconds GUARD_JOB_CPU_S, over GUARD_WALL_S seconds of wall time
 # Linux only (/proc/stat and /proc/$$/stat, both in clock ticks).
 
 _guard_busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8; exit }' /proc/stat; }
@@ -48,8 +51,9 @@ guard_begin() { _g_pid=$BASHPID; _g_b0=$(_guard_busy); _g_m0=$(_guard_mine "$_g_
 guard_end() {
   local b1 m1 t1
   b1=$(_guard_busy); m1=$(_guard_mine "$_g_pid"); t1=$(_guard_now)
-  GUARD_OTHER_PCT=$(awk -v b=$((b1 - _g_b0)) -v m=$((m1 - _g_m0)) -v t0="$_g_t0" -v t1="$t1" \
-    -v n="$_guard_ncpu" -v hz="$_guard_hz" 'BEGIN {
+  read -r GUARD_OTHER_PCT GUARD_JOB_PCT GUARD_JOB_CPU_S GUARD_WALL_S < <(awk \
+    -v b=$((b1 - _g_b0)) -v m=$((m1 - _g_m0)) -v t0="$_g_t0" -v t1="$t1" -v n="$_guard_ncpu" \
+    -v hz="$_guard_hz" 'BEGIN {
       o = b - m; if (o < 0) o = 0; w = t1 - t0; if (w <= 0) w = 0.01
-      printf "%.0f", 100 * o / (n * hz * w) }')
+      printf "%.0f %.0f %.2f %.2f\n", 100 * o / (n * hz * w), 100 * m / (n * hz * w), m / hz, w }')
 }

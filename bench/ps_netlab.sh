@@ -41,6 +41,8 @@ async_extra=${ASYNC_EXTRA--o optimizer.momentum=0.5}
 max_other=${GUARD_MAX_OTHER:-10} retries=${GUARD_RETRIES:-3}
 # shellcheck source=dense_lib.sh
 source "$here/dense_lib.sh"
+# shellcheck source=ps_lib.sh
+source "$here/ps_lib.sh"
 unset TRAINING_ROLE PADDLE_PSERVERS_IP_PORT_LIST POD_IP PADDLE_PORT
 bench_start
 
@@ -63,48 +65,7 @@ strategy_of() { # CFG -> fleet-train overrides
   esac
 }
 
-# endpoints FIRST N PORT -> "ip:port,..." of hosts FIRST..FIRST+N-1 (loopback: ports PORT..)
-endpoints() {
-  local first=$1 n=$2 port=$3 i eps=""
-  for ((i = 0; i < n; i++)); do
-    if ((loopback)); then eps+=${eps:+,}127.0.0.1:$((port + first + i))
-    else eps+=${eps:+,}$("$netlab" addr $((first + i))):$port; fi
-  done
-  echo "$eps"
-}
-
-# ps_job PORT OUT ARGS...: the servers and workers, one per host; worker 0's output in OUT
-ps_job() {
-  local port=$1 out=$2 i pids=() rc=0 token sl wl
-  shift 2
-  token=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  if ((loopback)); then
-    FLEET_JOB_TOKEN=$token timeout 900 "$fleetrun" --server_num "$servers" \
-      --worker_num "$workers" --log_dir "$out.log" "$fleet_train" "$@" >"$out" 2>&1 || rc=$?
-  else
-    sl=$(endpoints "$workers" "$servers" "$port")
-    wl=$(endpoints 0 "$workers" "$port")
-    for ((i = 0; i < hosts; i++)); do
-      FLEET_JOB_TOKEN=$token timeout 900 "$netlab" exec "$i" "$fleetrun" --servers "$sl" \
-        --workers "$wl" --node_ip "$("$netlab" addr "$i")" --log_dir "$out.log/h$i" \
-        "$fleet_train" "$@" >"$([[ $i == 0 ]] && echo "$out" || echo "$out.h$i")" 2>&1 &
-      pids+=($!)
-    done
-    for i in "${pids[@]}"; do wait "$i" || rc=$?; done
-  fi
-  if ((rc != 0)); then
-    echo "ps_netlab.sh: PS job failed (exit $rc); worker 0 said:" >&2
-    tail -20 "$out" >&2
-    return 1
-  fi
-}
-
 last_acc() { sed -n 's/.*eval .*val_acc1 \([0-9.]*\).*/\1/p' "$1" | tail -1; }
-comm_mb() { # median MB sent per step by worker 0 (each window: its comm over its steps)
-  awk '/^worker_index: 0, .* ips / {
-      for (i = 1; i <= NF; i++) { if ($i == "step") st = $(i + 1) + 0; if ($i == "comm") mb = $(i + 1) }
-      if (st > prev) print mb / (st - prev); prev = st }' "$1" | median
-}
 
 run_cfg() { # CFG ROUND PORT -> "samples/s acc1 MB/step"
   local cfg=$1 r=$2 port=$3 out=$work/$1.$2 ms common
