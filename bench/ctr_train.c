@@ -118,10 +118,23 @@ static void dump_set(const char *dir, const char *prefix, fl_ctr_batch *const *b
 
 /* ---- training ---- */
 
+/* Each table's row slots of the last pull: the push of the same rows uses them as hints
+ * (fl_ps_sparse_push_rows_slots) and so skips the index. */
+static int64_t *slots[FL_CTR_NTABLES];
+static int64_t  slots_cap[FL_CTR_NTABLES];
+
 static void pull(fl_ctr_model *m, fl_ps_sparse *const *tables) {
     for (int t = 0; t < FL_CTR_NTABLES; t++) {
         fl_sparse_rows *r = fl_ctr_model_rows(m, t);
-        if (fl_ps_sparse_pull_rows(tables[t], r->ids, r->n, r->rows) < 0)
+        if (r->n > slots_cap[t]) {
+            free(slots[t]);
+            slots_cap[t] = 2 * r->n;
+            if (!(slots[t] = malloc((size_t)slots_cap[t] * sizeof *slots[t]))) {
+                fprintf(stderr, "ctr_train: out of memory\n");
+                exit(1);
+            }
+        }
+        if (fl_ps_sparse_pull_rows_slots(tables[t], r->ids, r->n, r->rows, slots[t]) < 0)
             die("pull");
     }
 }
@@ -240,7 +253,8 @@ int main(int argc, char **argv) {
                 die("step");
             for (int t = 0; t < FL_CTR_NTABLES; t++) {
                 fl_sparse_rows *r = fl_ctr_model_rows(m, t);
-                if (fl_ps_sparse_push_rows(tables[t], r->ids, r->n, r->grads, SPARSE_LR) < 0)
+                if (fl_ps_sparse_push_rows_slots(tables[t], r->ids, slots[t], r->n, r->grads,
+                                                 NULL, NULL, SPARSE_LR) < 0)
                     die("push");
             }
             if (fl_optim_step(opt, DENSE_LR, NULL) < 0)
@@ -262,6 +276,8 @@ int main(int argc, char **argv) {
     printf(" logloss %.4f best %.4f rows %lld\n", logloss[passes - 1], best,
            (long long)fl_ps_sparse_rows(tables[0]));
     free(dl);
+    for (int t = 0; t < FL_CTR_NTABLES; t++)
+        free(slots[t]);
     fl_optim_free(opt);
     fl_ps_sparse_free(tables[0]);
     fl_ps_sparse_free(tables[1]);

@@ -199,6 +199,21 @@ static void *big_alloc(size_t bytes, bool zero) {
     return p;
 }
 
+/* A chunk's records: on whole cache lines (a 64-byte record, dim 10 with Adagrad, is then one
+ * line, not two), and a chunk of whole huge pages (2 MiB, or more with at most 1/8 of it
+ * rounding) on huge pages, as the index (big_alloc), so that a row's record seldom costs a TLB
+ * miss besides its cache miss. */
+static void *rows_alloc(size_t bytes) {
+    void *p = NULL;
+    size_t n = (bytes + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+    if (bytes < HUGE_BYTES || n - bytes > bytes / 8)
+        return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
+    if (posix_memalign(&p, HUGE_BYTES, n) != 0)
+        return NULL;
+    (void)madvise(p, n, MADV_HUGEPAGE); /* advice only: without it, small pages */
+    return p;
+}
+
 /* ---- maps ---- */
 static int map_init(map *m, int bits) {
     m->e = big_alloc(sizeof *m->e << bits, true);
@@ -290,7 +305,7 @@ static int add_chunk(fl_ps_sparse *t) {
     size_t r = (size_t)chunk_rows(t);
     chunk *c = &t->chunks[t->nchunks];
     c->dirty = calloc(r / 64, sizeof *c->dirty);
-    c->rows = malloc(r * (size_t)t->stride * sizeof *c->rows);
+    c->rows = rows_alloc(r * (size_t)t->stride * sizeof *c->rows);
     if (!c->dirty || !c->rows) {
         free(c->dirty);
         free(c->rows);
@@ -578,7 +593,8 @@ size_t fl_ps_sparse_bytes(const fl_ps_sparse *t) {
     return b;
 }
 
-int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out) {
+int fl_ps_sparse_pull_rows_slots(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out,
+                                 int64_t *slots) {
     FL_ASSERT(t && (ids || n == 0) && (out || n == 0));
     size_t bytes = (size_t)t->dim * sizeof(float);
     bool create = t->opts.entry == FL_PS_ENTRY_NONE;
@@ -586,15 +602,23 @@ int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, floa
         prefetch_ahead(t, ids, i, n);
         uint64_t h = index_hash(ids[i]), pos;
         int64_t s = index_find(t, ids[i], h, &pos);
-        if (s < 0 && !create) {
-            memset(out + i * t->dim, 0, bytes);
-            continue;
-        }
-        if (s < 0 && (s = create_row(t, ids[i], h, &pos)) < 0)
+        if (s < 0 && create && (s = create_row(t, ids[i], h, &pos)) < 0) {
+            for (int64_t k = i; slots && k < n; k++)
+                slots[k] = -1;
             return FL_ENOMEM;
-        memcpy(out + i * t->dim, row_at(t, s), bytes);
+        }
+        if (slots)
+            slots[i] = s;
+        if (s < 0)
+            memset(out + i * t->dim, 0, bytes);
+        else
+            memcpy(out + i * t->dim, row_at(t, s), bytes);
     }
     return FL_OK;
+}
+
+int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out) {
+    return fl_ps_sparse_pull_rows_slots(t, ids, n, out, NULL);
 }
 
 /* The slot of row id for a push of `show` shows: found, or created when the entry rule admits
@@ -614,14 +638,41 @@ static int64_t push_slot(fl_ps_sparse *t, uint64_t id, float show) {
     return s;
 }
 
-int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
-                                  const float *g, const float *shows, const float *clicks,
-                                  double lr) {
+/* slots[i] (NULL: none) is a hint: the slot still holding row ids[i] (live, that id) is used
+ * as it is, any other is looked up. Prefetches as prefetch_ahead does, from the hints. */
+static inline int64_t hinted_slot(const fl_ps_sparse *t, const int64_t *slots, int64_t i,
+                                  uint64_t id) {
+    int64_t s = slots ? slots[i] : -1;
+    if (s < 0 || s >= t->slots)
+        return -1;
+    const float *rec = record_at(t, s);
+    uint64_t at;
+    memcpy(&at, rec, sizeof at);
+    return !(meta_of(rec) & META_FREE) && at == id ? s : -1;
+}
+
+static inline void prefetch_slot(const fl_ps_sparse *t, const int64_t *slots, int64_t i,
+                                 int64_t n) {
+    if (i + AHEAD / 2 < n && slots[i + AHEAD / 2] >= 0 && slots[i + AHEAD / 2] < t->slots) {
+        const float *rec = record_at(t, slots[i + AHEAD / 2]);
+        __builtin_prefetch(rec, 1);
+        __builtin_prefetch(rec + t->stride - 1, 1);
+    }
+}
+
+int fl_ps_sparse_push_rows_slots(fl_ps_sparse *t, const uint64_t *ids, const int64_t *slots,
+                                 int64_t n, const float *g, const float *shows,
+                                 const float *clicks, double lr) {
     FL_ASSERT(t && (ids || n == 0) && (g || n == 0));
     for (int64_t i = 0; i < n; i++) {
-        prefetch_ahead(t, ids, i, n);
+        if (slots)
+            prefetch_slot(t, slots, i, n);
+        else
+            prefetch_ahead(t, ids, i, n);
         float show = shows ? shows[i] : 1, click = clicks ? clicks[i] : 0;
-        int64_t s = push_slot(t, ids[i], show);
+        int64_t s = hinted_slot(t, slots, i, ids[i]);
+        if (s < 0)
+            s = push_slot(t, ids[i], show);
         if (s == -2)
             return FL_ENOMEM;
         if (s < 0)
@@ -632,6 +683,12 @@ int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t 
         set_dirty(t, s);
     }
     return FL_OK;
+}
+
+int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
+                                  const float *g, const float *shows, const float *clicks,
+                                  double lr) {
+    return fl_ps_sparse_push_rows_slots(t, ids, NULL, n, g, shows, clicks, lr);
 }
 
 int fl_ps_sparse_add_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *d) {
