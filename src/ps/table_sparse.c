@@ -16,10 +16,11 @@
  * free records' id fields, which the next rows created take first. The candidates of entry
  * COUNT sit in their own small map (cand.h). The pending sums of a sync step sit in a second,
  * small map of the index's kind, emptied by each apply. Sorting by id (visit, apply) is an LSD
- * radix sort of (id, slot) pairs. */
+ * radix sort of (id, slot) pairs (core/sort.h). */
 #include "table.h"
 
 #include "cand.h"
+#include "core/sort.h"
 
 #include "fleet/status.h"
 
@@ -452,46 +453,6 @@ static inline void prefetch_ahead(const fl_ps_sparse *t, const uint64_t *ids, in
         prefetch_row(t, ids[i + AHEAD / 2]);
 }
 
-/* ---- sorting (id, value) pairs by id ---- */
-typedef struct {
-    uint64_t id, v;
-} pair;
-
-/* LSD radix sort on the id's 8 bytes, skipping the bytes every id shares (small ids sort in
- * few passes). a and tmp hold n pairs; returns the one that ends sorted. */
-static pair *sort_pairs(pair *a, pair *tmp, int64_t n) {
-    enum { B = 8 };
-    size_t count[B][256]; /* 16 KiB */
-    memset(count, 0, sizeof count);
-    for (int64_t i = 0; i < n; i++)
-        for (int b = 0; b < B; b++)
-            count[b][(a[i].id >> (8 * b)) & 255]++;
-    pair *src = a, *dst = tmp;
-    for (int b = 0; b < B; b++) {
-        size_t *c = count[b];
-        bool trivial = false;
-        for (int d = 0; d < 256; d++)
-            if (c[d] == (size_t)n) {
-                trivial = true;
-                break;
-            }
-        if (trivial)
-            continue;
-        size_t off = 0;
-        for (int d = 0; d < 256; d++) {
-            size_t k = c[d];
-            c[d] = off;
-            off += k;
-        }
-        for (int64_t i = 0; i < n; i++)
-            dst[c[(src[i].id >> (8 * b)) & 255]++] = src[i];
-        pair *x = src;
-        src = dst;
-        dst = x;
-    }
-    return src;
-}
-
 /* ---- the API ---- */
 int fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_init_rule *init,
                         fl_ps_sparse **out) {
@@ -787,7 +748,7 @@ int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
     int64_t n = t->pending.used;
     if (n == 0)
         return FL_OK;
-    pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
+    fl_key_pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
     if (!a || !tmp) {
         free(a);
         free(tmp);
@@ -795,26 +756,26 @@ int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
                        t->table, (long long)n);
     }
     for (int64_t k = 0; k < n; k++)
-        a[k] = (pair){t->pids[k], (uint64_t)k};
-    pair *sorted = sort_pairs(a, tmp, n);
-    pair *slots = sorted == a ? tmp : a;
+        a[k] = (fl_key_pair){t->pids[k], (uint64_t)k};
+    fl_key_pair *sorted = fl_sort_key_pairs(a, tmp, n);
+    fl_key_pair *slots = sorted == a ? tmp : a;
     /* create every missing row the entry rule admits first, so that running out of memory
      * applies nothing */
     for (int64_t i = 0; i < n; i++) {
-        int64_t s = push_slot(t, sorted[i].id, t->pcnt[2 * sorted[i].v]);
+        int64_t s = push_slot(t, sorted[i].key, t->pcnt[2 * sorted[i].value]);
         if (s == -2) {
             free(a);
             free(tmp);
             return FL_ENOMEM;
         }
-        slots[i].v = (uint64_t)s; /* -1: dropped */
+        slots[i].value = (uint64_t)s; /* -1: dropped */
     }
     int dim = t->dim;
     for (int64_t i = 0; i < n; i++) {
-        int64_t s = (int64_t)slots[i].v;
+        int64_t s = (int64_t)slots[i].value;
         if (s < 0)
             continue;
-        int64_t k = (int64_t)sorted[i].v;
+        int64_t k = (int64_t)sorted[i].value;
         const float *sum = t->psum + k * dim;
         for (int j = 0; j < dim; j++)
             t->scratch[j] = (float)((double)sum[j] * scale);
@@ -878,7 +839,7 @@ int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, 
         n += only_dirty ? is_dirty(t, s) : !is_free(t, s);
     if (n == 0)
         return FL_OK;
-    pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
+    fl_key_pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
     if (!a || !tmp) {
         free(a);
         free(tmp);
@@ -888,14 +849,14 @@ int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, 
     int64_t k = 0;
     for (int64_t s = 0; s < t->slots; s++)
         if (only_dirty ? is_dirty(t, s) : !is_free(t, s))
-            a[k++] = (pair){id_at(t, s), (uint64_t)s};
-    pair *sorted = sort_pairs(a, tmp, n);
+            a[k++] = (fl_key_pair){id_at(t, s), (uint64_t)s};
+    fl_key_pair *sorted = fl_sort_key_pairs(a, tmp, n);
     int rc = 0;
     for (int64_t i = 0; i < n && rc == 0; i++) {
-        int64_t s = (int64_t)sorted[i].v;
+        int64_t s = (int64_t)sorted[i].value;
         const float *row = row_at(t, s);
         fl_ps_row_stat st = stat_at(t, s);
-        rc = fn(ctx, sorted[i].id, row, row + t->dim, &st);
+        rc = fn(ctx, sorted[i].key, row, row + t->dim, &st);
     }
     free(a);
     free(tmp);
