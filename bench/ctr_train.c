@@ -2,7 +2,8 @@
  * bench/ctr_train_torch.py, for the comparison bench/ctr_train.sh prints: examples per second of
  * whole training steps (lookup, row pull from local fl_ps_sparse tables, forward, sigmoid
  * cross-entropy, backward, row push with Paddle's sparse Adagrad, Momentum on the dense part)
- * and the validation AUC after all of them.
+ * and the validation AUC after all of them. The push finds each row by the slot its pull
+ * returned (fl_ps_sparse_pull_rows_slots / push_rows_slots), not through the table's index.
  *
  * Usage: ctr_train MODEL BATCH STEPS PASSES VOCAB [DUMP_DIR]
  *   The data are PASSES x STEPS distinct batches of BATCH samples of ctr_synth's train split
@@ -11,7 +12,9 @@
  *   line: the median examples/s (wall) of the timed passes, each pass's, the validation AUC
  *   after every pass, the median examples per CPU second (the process's CPU time, all threads:
  *   what a loaded machine distorts least), the final log loss, and the teacher's best AUC on
- *   those validation samples.
+ *   those validation samples. CTR_TRAIN_PHASES set in the environment: also prints to stderr
+ *   the CPU milliseconds a step of each phase (prepare, pull, forward and loss, backward, push,
+ *   momentum), over the timed passes.
  *   DUMP_DIR: also writes the data there for the PyTorch side (then exits without training):
  *   train_{labels.i32,dense.f32,offsets.i64,index.i64} and val_* likewise, ids replaced by dense
  *   row numbers 0.. (numbered in order of first appearance, train then validation), and
@@ -35,6 +38,7 @@
 #define EVAL_BATCH 512
 #define SPARSE_LR 2.0 /* test_ctr_model's: Paddle's sparse Adagrad on the mean loss */
 #define DENSE_LR 0.1
+#define NPHASES 6 /* CTR_TRAIN_PHASES: prepare, pull, forward+loss, backward, push, momentum */
 
 static void die(const char *what) {
     fprintf(stderr, "ctr_train: %s: %s\n", what, fl_errmsg());
@@ -118,10 +122,23 @@ static void dump_set(const char *dir, const char *prefix, fl_ctr_batch *const *b
 
 /* ---- training ---- */
 
+/* Each table's row slots of the last pull: the push of the same rows uses them as hints
+ * (fl_ps_sparse_push_rows_slots) and so skips the index. */
+static int64_t *slots[FL_CTR_NTABLES];
+static int64_t  slots_cap[FL_CTR_NTABLES];
+
 static void pull(fl_ctr_model *m, fl_ps_sparse *const *tables) {
     for (int t = 0; t < FL_CTR_NTABLES; t++) {
         fl_sparse_rows *r = fl_ctr_model_rows(m, t);
-        if (fl_ps_sparse_pull_rows(tables[t], r->ids, r->n, r->rows) < 0)
+        if (r->n > slots_cap[t]) {
+            free(slots[t]);
+            slots_cap[t] = 2 * r->n;
+            if (!(slots[t] = malloc((size_t)slots_cap[t] * sizeof *slots[t]))) {
+                fprintf(stderr, "ctr_train: out of memory\n");
+                exit(1);
+            }
+        }
+        if (fl_ps_sparse_pull_rows_slots(tables[t], r->ids, r->n, r->rows, slots[t]) < 0)
             die("pull");
     }
 }
@@ -222,29 +239,55 @@ int main(int argc, char **argv) {
                                     FL_DTYPE_F32, fl_net_backend(net));
     if (!opt)
         die("optimizer");
+    /* CTR_TRAIN_PHASES set: each phase's CPU time, summed over the timed passes */
+    bool phases = getenv("CTR_TRAIN_PHASES") != NULL, timed = false;
+    double phase_s[NPHASES] = {0}, tp = 0;
+#define PHASE_START()                                                                        \
+    do {                                                                                     \
+        if (phases)                                                                          \
+            tp = bench_cpu_s();                                                              \
+    } while (0)
+#define PHASE(k)                                                                             \
+    do {                                                                                     \
+        if (phases && timed) {                                                               \
+            double now_ = bench_cpu_s();                                                     \
+            phase_s[k] += now_ - tp;                                                         \
+            tp = now_;                                                                       \
+        }                                                                                    \
+    } while (0)
     float *dl = malloc((size_t)batch * sizeof *dl);
     double rate[64], cpu_rate[64], sorted[64], auc[64], logloss[64];
     for (int pass = 0; pass < passes; pass++) {
         double t0 = bench_wall_s(), c0 = bench_cpu_s();
+        timed = pass > 0;
         for (int s = 0; s < steps; s++) {
             const fl_ctr_batch *b = data[pass * steps + s];
             const fl_tensor *lg;
             fl_tensor dlt;
+            PHASE_START();
             if (fl_ctr_model_prepare(m, b) < 0)
                 die("prepare");
+            PHASE(0);
             pull(m, tables);
+            PHASE(1);
             fl_tensor_view(&dlt, FL_DTYPE_F32, 1, (int64_t[]){b->batch}, dl);
             if (fl_ctr_model_forward(m, true, &lg) < 0 ||
-                fl_sigmoid_xent_backward(lg, b->labels, &dlt) < 0 ||
-                fl_ctr_model_backward(m, &dlt) < 0)
+                fl_sigmoid_xent_backward(lg, b->labels, &dlt) < 0)
                 die("step");
+            PHASE(2);
+            if (fl_ctr_model_backward(m, &dlt) < 0)
+                die("step");
+            PHASE(3);
             for (int t = 0; t < FL_CTR_NTABLES; t++) {
                 fl_sparse_rows *r = fl_ctr_model_rows(m, t);
-                if (fl_ps_sparse_push_rows(tables[t], r->ids, r->n, r->grads, SPARSE_LR) < 0)
+                if (fl_ps_sparse_push_rows_slots(tables[t], r->ids, slots[t], r->n, r->grads,
+                                                 NULL, NULL, SPARSE_LR) < 0)
                     die("push");
             }
+            PHASE(4);
             if (fl_optim_step(opt, DENSE_LR, NULL) < 0)
                 die("optimizer step");
+            PHASE(5);
         }
         rate[pass] = (double)(steps * batch) / (bench_wall_s() - t0);
         cpu_rate[pass] = (double)(steps * batch) / (bench_cpu_s() - c0);
@@ -261,7 +304,17 @@ int main(int argc, char **argv) {
     printf(" cpu %.1f", bench_median(sorted, passes - 1));
     printf(" logloss %.4f best %.4f rows %lld\n", logloss[passes - 1], best,
            (long long)fl_ps_sparse_rows(tables[0]));
+    if (phases) {
+        static const char *names[NPHASES] = {"prepare", "pull", "forward+loss", "backward",
+                                             "push", "momentum"};
+        fprintf(stderr, "ctr_train: CPU ms a step over passes 1-%d:", passes - 1);
+        for (int k = 0; k < NPHASES; k++)
+            fprintf(stderr, " %s %.3f", names[k], 1e3 * phase_s[k] / ((passes - 1) * steps));
+        fprintf(stderr, "\n");
+    }
     free(dl);
+    for (int t = 0; t < FL_CTR_NTABLES; t++)
+        free(slots[t]);
     fl_optim_free(opt);
     fl_ps_sparse_free(tables[0]);
     fl_ps_sparse_free(tables[1]);

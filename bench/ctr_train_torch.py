@@ -17,7 +17,9 @@ PyTorch pays no id hashing, which fleet's tables do.
 Usage: /usr/bin/python3 ctr_train_torch.py DUMP_DIR BATCH STEPS PASSES THREADS [--opt adagrad]
 Prints the same line as ctr_train: median examples/s of passes 1.., each pass's, the AUC after
 each pass, the median examples per CPU second (time.process_time: all threads) (bucketed as Paddle's auc operator, as fleet's) and the final log loss. The median of
-an even count is the upper middle one, as bench_median takes it."""
+an even count is the upper middle one, as bench_median takes it. CTR_TRAIN_PHASES set: also
+prints to stderr the CPU milliseconds a step of forward and loss, backward, the sparse rule and
+Momentum, over the timed passes (as ctr_train's)."""
 import os
 import sys
 import time
@@ -132,16 +134,30 @@ def main():
     loss_fn = torch.nn.BCEWithLogitsLoss()
     batches = [batch_of(train, nslots, k * batch, batch) for k in range(steps * passes)]
     rates, cpu_rates, aucs, logloss = [], [], [], float("nan")
+    phases = "CTR_TRAIN_PHASES" in os.environ
+    phase_s = [0.0] * 4  # forward+loss, backward, sparse Adagrad, momentum
     for p in range(passes):
         t0, c0 = time.perf_counter(), time.process_time()
         for k in range(p * steps, (p + 1) * steps):
             y, x, off, idx = batches[k]
+            if phases:
+                q0 = time.process_time()
             sopt.zero_grad()
             dopt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x, off, idx), y)
+            if phases:
+                q1 = time.process_time()
             loss.backward()
+            if phases:
+                q2 = time.process_time()
             sopt.step()
+            if phases:
+                q3 = time.process_time()
             dopt.step()
+            if phases and p > 0:
+                q4 = time.process_time()
+                for i, d in enumerate((q1 - q0, q2 - q1, q3 - q2, q4 - q3)):
+                    phase_s[i] += d
         rates.append(steps * batch / (time.perf_counter() - t0))
         cpu_rates.append(steps * batch / (time.process_time() - c0))
         with torch.no_grad():
@@ -150,6 +166,11 @@ def main():
             pr = torch.sigmoid(z).numpy()
             logloss = loss_fn(z, y).item()
             aucs.append(auc_of(pr, y.numpy().astype(np.int32)))
+    if phases:
+        n = (passes - 1) * steps
+        print("ctr_train_torch: CPU ms a step over passes 1-%d: forward+loss %.3f backward %.3f "
+              "sparse-adagrad %.3f momentum %.3f"
+              % ((passes - 1,) + tuple(1e3 * v / n for v in phase_s)), file=sys.stderr)
     print("%.1f passes %s auc %s cpu %.1f logloss %.4f" % (
         sorted(rates[1:])[(len(rates) - 1) // 2],
         " ".join("%.1f" % r for r in rates), " ".join("%.4f" % a for a in aucs),

@@ -5,6 +5,7 @@
  * the batch's, and a counting sort by row builds the transpose backward walks. */
 #include "fleet/sparse.h"
 
+#include "core/sort.h"
 #include "fleet/status.h"
 
 #include <stdlib.h>
@@ -80,20 +81,8 @@ static uint64_t mix(uint64_t x) { /* splitmix64's finaliser: every bit of the id
     return x ^ (x >> 31);
 }
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* A distinct id and the number it got when first seen, sorted by id. */
-typedef struct {
-    uint64_t id;
-    uint64_t seen;
-} id_seen;
-
-static int cmp_id_seen(const void *a, const void *b) {
-    return cmp_u64(a, b); /* ids are distinct: the first field decides */
-}
+/* A distinct id (key) and the number it got when first seen (value), sorted by id. */
+typedef fl_key_pair id_seen;
 
 int fl_sparse_lookup_collect(fl_sparse_lookup *lk, const fl_ctr_batch *b, const int *slots,
                              int nslots) {
@@ -160,20 +149,22 @@ int fl_sparse_lookup_collect(fl_sparse_lookup *lk, const fl_ctr_batch *b, const 
                 if (lk->hash_pos[h] < 0) {
                     lk->hash_ids[h] = id;
                     lk->hash_pos[h] = (int32_t)n;
-                    pairs[n].id = id;
-                    pairs[n].seen = (uint64_t)n;
+                    pairs[n].key = id;
+                    pairs[n].value = (uint64_t)n;
                     n++;
                 }
                 lk->index[o++] = lk->hash_pos[h];
             }
             lk->offsets[i * S + j + 1] = o;
         }
-    /* 2. sort the distinct ids; rank[first-seen number] = position in ascending order */
-    qsort(pairs, (size_t)n, sizeof *pairs, cmp_id_seen);
+    /* 2. sort the distinct ids (a radix sort, the hash table's ids as scratch: hcap >= 2 n
+     * words); rank[first-seen number] = position in ascending order */
+    id_seen *sorted = fl_sort_key_pairs(pairs, (id_seen *)lk->hash_ids, n);
     for (int64_t r = 0; r < n; r++)
-        lk->rank[pairs[r].seen] = (int32_t)r;
-    for (int64_t r = 0; r < n; r++) /* in place: entry r's id moves to ids[r] (r <= 2r) */
-        lk->ids[r] = pairs[r].id;
+        lk->rank[sorted[r].value] = (int32_t)r;
+    for (int64_t r = 0; r < n; r++) /* in place when sorted is pairs: entry r's id moves to
+                                     * ids[r] (r <= 2r) */
+        lk->ids[r] = sorted[r].key;
     for (int64_t q = 0; q < nocc; q++)
         lk->index[q] = lk->rank[lk->index[q]];
     /* 3. the transpose: a counting sort of the occurrences by row, stable (bags ascending) */

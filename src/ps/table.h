@@ -89,6 +89,11 @@ size_t  fl_ps_sparse_bytes(const fl_ps_sparse *t);
  * created. FL_ENOMEM (the rows before the failing one were served). Named _rows because ps.h's
  * worker call owns fl_ps_sparse_pull. */
 int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out);
+/* fl_ps_sparse_pull_rows, and slots[i] gets the slot of row ids[i] (-1: no row; all n set,
+ * -1 from the failing id on, on FL_ENOMEM): a hint for fl_ps_sparse_push_rows_slots, which
+ * then finds the rows without their index (a step's push of the rows it pulled). */
+int fl_ps_sparse_pull_rows_slots(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out,
+                                 int64_t *slots);
 /* Applies the rule to each row ids[i] with gradient g[i * dim] and counts shows[i] shows
  * and clicks[i] clicks (shows NULL: one each; clicks NULL: none), its unseen passes back to 0;
  * a repeated id is updated once per occurrence, in order. A missing row is created when the
@@ -98,6 +103,13 @@ int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, floa
 int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
                                   const float *g, const float *shows, const float *clicks,
                                   double lr);
+/* fl_ps_sparse_push_rows_counts with slots[i] (NULL: none) a hint for row ids[i], as
+ * fl_ps_sparse_pull_rows_slots gives: a slot that still holds that id's row is used without a
+ * lookup, any other (-1, out of range, a row removed since, its slot reused) is looked up. The
+ * result is push_rows_counts' whatever the hints. FL_ENOMEM. */
+int fl_ps_sparse_push_rows_slots(fl_ps_sparse *t, const uint64_t *ids, const int64_t *slots,
+                                 int64_t n, const float *g, const float *shows,
+                                 const float *clicks, double lr);
 /* fl_ps_sparse_push_rows_counts(t, ids, n, g, NULL, NULL, lr). */
 int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g,
                            double lr);

@@ -16,10 +16,11 @@
  * free records' id fields, which the next rows created take first. The candidates of entry
  * COUNT sit in their own small map (cand.h). The pending sums of a sync step sit in a second,
  * small map of the index's kind, emptied by each apply. Sorting by id (visit, apply) is an LSD
- * radix sort of (id, slot) pairs. */
+ * radix sort of (id, slot) pairs (core/sort.h). */
 #include "table.h"
 
 #include "cand.h"
+#include "core/sort.h"
 
 #include "fleet/status.h"
 
@@ -199,6 +200,21 @@ static void *big_alloc(size_t bytes, bool zero) {
     return p;
 }
 
+/* A chunk's records: on whole cache lines (a 64-byte record, dim 10 with Adagrad, is then one
+ * line, not two), and a chunk of whole huge pages (2 MiB, or more with at most 1/8 of it
+ * rounding) on huge pages, as the index (big_alloc), so that a row's record seldom costs a TLB
+ * miss besides its cache miss. */
+static void *rows_alloc(size_t bytes) {
+    void *p = NULL;
+    size_t n = (bytes + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+    if (bytes < HUGE_BYTES || n - bytes > bytes / 8)
+        return posix_memalign(&p, 64, bytes) == 0 ? p : NULL;
+    if (posix_memalign(&p, HUGE_BYTES, n) != 0)
+        return NULL;
+    (void)madvise(p, n, MADV_HUGEPAGE); /* advice only: without it, small pages */
+    return p;
+}
+
 /* ---- maps ---- */
 static int map_init(map *m, int bits) {
     m->e = big_alloc(sizeof *m->e << bits, true);
@@ -290,7 +306,7 @@ static int add_chunk(fl_ps_sparse *t) {
     size_t r = (size_t)chunk_rows(t);
     chunk *c = &t->chunks[t->nchunks];
     c->dirty = calloc(r / 64, sizeof *c->dirty);
-    c->rows = malloc(r * (size_t)t->stride * sizeof *c->rows);
+    c->rows = rows_alloc(r * (size_t)t->stride * sizeof *c->rows);
     if (!c->dirty || !c->rows) {
         free(c->dirty);
         free(c->rows);
@@ -437,46 +453,6 @@ static inline void prefetch_ahead(const fl_ps_sparse *t, const uint64_t *ids, in
         prefetch_row(t, ids[i + AHEAD / 2]);
 }
 
-/* ---- sorting (id, value) pairs by id ---- */
-typedef struct {
-    uint64_t id, v;
-} pair;
-
-/* LSD radix sort on the id's 8 bytes, skipping the bytes every id shares (small ids sort in
- * few passes). a and tmp hold n pairs; returns the one that ends sorted. */
-static pair *sort_pairs(pair *a, pair *tmp, int64_t n) {
-    enum { B = 8 };
-    size_t count[B][256]; /* 16 KiB */
-    memset(count, 0, sizeof count);
-    for (int64_t i = 0; i < n; i++)
-        for (int b = 0; b < B; b++)
-            count[b][(a[i].id >> (8 * b)) & 255]++;
-    pair *src = a, *dst = tmp;
-    for (int b = 0; b < B; b++) {
-        size_t *c = count[b];
-        bool trivial = false;
-        for (int d = 0; d < 256; d++)
-            if (c[d] == (size_t)n) {
-                trivial = true;
-                break;
-            }
-        if (trivial)
-            continue;
-        size_t off = 0;
-        for (int d = 0; d < 256; d++) {
-            size_t k = c[d];
-            c[d] = off;
-            off += k;
-        }
-        for (int64_t i = 0; i < n; i++)
-            dst[c[(src[i].id >> (8 * b)) & 255]++] = src[i];
-        pair *x = src;
-        src = dst;
-        dst = x;
-    }
-    return src;
-}
-
 /* ---- the API ---- */
 int fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_init_rule *init,
                         fl_ps_sparse **out) {
@@ -578,7 +554,8 @@ size_t fl_ps_sparse_bytes(const fl_ps_sparse *t) {
     return b;
 }
 
-int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out) {
+int fl_ps_sparse_pull_rows_slots(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out,
+                                 int64_t *slots) {
     FL_ASSERT(t && (ids || n == 0) && (out || n == 0));
     size_t bytes = (size_t)t->dim * sizeof(float);
     bool create = t->opts.entry == FL_PS_ENTRY_NONE;
@@ -586,15 +563,23 @@ int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, floa
         prefetch_ahead(t, ids, i, n);
         uint64_t h = index_hash(ids[i]), pos;
         int64_t s = index_find(t, ids[i], h, &pos);
-        if (s < 0 && !create) {
-            memset(out + i * t->dim, 0, bytes);
-            continue;
-        }
-        if (s < 0 && (s = create_row(t, ids[i], h, &pos)) < 0)
+        if (s < 0 && create && (s = create_row(t, ids[i], h, &pos)) < 0) {
+            for (int64_t k = i; slots && k < n; k++)
+                slots[k] = -1;
             return FL_ENOMEM;
-        memcpy(out + i * t->dim, row_at(t, s), bytes);
+        }
+        if (slots)
+            slots[i] = s;
+        if (s < 0)
+            memset(out + i * t->dim, 0, bytes);
+        else
+            memcpy(out + i * t->dim, row_at(t, s), bytes);
     }
     return FL_OK;
+}
+
+int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, float *out) {
+    return fl_ps_sparse_pull_rows_slots(t, ids, n, out, NULL);
 }
 
 /* The slot of row id for a push of `show` shows: found, or created when the entry rule admits
@@ -614,14 +599,41 @@ static int64_t push_slot(fl_ps_sparse *t, uint64_t id, float show) {
     return s;
 }
 
-int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
-                                  const float *g, const float *shows, const float *clicks,
-                                  double lr) {
+/* slots[i] (NULL: none) is a hint: the slot still holding row ids[i] (live, that id) is used
+ * as it is, any other is looked up. Prefetches as prefetch_ahead does, from the hints. */
+static inline int64_t hinted_slot(const fl_ps_sparse *t, const int64_t *slots, int64_t i,
+                                  uint64_t id) {
+    int64_t s = slots ? slots[i] : -1;
+    if (s < 0 || s >= t->slots)
+        return -1;
+    const float *rec = record_at(t, s);
+    uint64_t at;
+    memcpy(&at, rec, sizeof at);
+    return !(meta_of(rec) & META_FREE) && at == id ? s : -1;
+}
+
+static inline void prefetch_slot(const fl_ps_sparse *t, const int64_t *slots, int64_t i,
+                                 int64_t n) {
+    if (i + AHEAD / 2 < n && slots[i + AHEAD / 2] >= 0 && slots[i + AHEAD / 2] < t->slots) {
+        const float *rec = record_at(t, slots[i + AHEAD / 2]);
+        __builtin_prefetch(rec, 1);
+        __builtin_prefetch(rec + t->stride - 1, 1);
+    }
+}
+
+int fl_ps_sparse_push_rows_slots(fl_ps_sparse *t, const uint64_t *ids, const int64_t *slots,
+                                 int64_t n, const float *g, const float *shows,
+                                 const float *clicks, double lr) {
     FL_ASSERT(t && (ids || n == 0) && (g || n == 0));
     for (int64_t i = 0; i < n; i++) {
-        prefetch_ahead(t, ids, i, n);
+        if (slots)
+            prefetch_slot(t, slots, i, n);
+        else
+            prefetch_ahead(t, ids, i, n);
         float show = shows ? shows[i] : 1, click = clicks ? clicks[i] : 0;
-        int64_t s = push_slot(t, ids[i], show);
+        int64_t s = hinted_slot(t, slots, i, ids[i]);
+        if (s < 0)
+            s = push_slot(t, ids[i], show);
         if (s == -2)
             return FL_ENOMEM;
         if (s < 0)
@@ -632,6 +644,12 @@ int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t 
         set_dirty(t, s);
     }
     return FL_OK;
+}
+
+int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
+                                  const float *g, const float *shows, const float *clicks,
+                                  double lr) {
+    return fl_ps_sparse_push_rows_slots(t, ids, NULL, n, g, shows, clicks, lr);
 }
 
 int fl_ps_sparse_add_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *d) {
@@ -730,7 +748,7 @@ int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
     int64_t n = t->pending.used;
     if (n == 0)
         return FL_OK;
-    pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
+    fl_key_pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
     if (!a || !tmp) {
         free(a);
         free(tmp);
@@ -738,26 +756,26 @@ int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
                        t->table, (long long)n);
     }
     for (int64_t k = 0; k < n; k++)
-        a[k] = (pair){t->pids[k], (uint64_t)k};
-    pair *sorted = sort_pairs(a, tmp, n);
-    pair *slots = sorted == a ? tmp : a;
+        a[k] = (fl_key_pair){t->pids[k], (uint64_t)k};
+    fl_key_pair *sorted = fl_sort_key_pairs(a, tmp, n);
+    fl_key_pair *slots = sorted == a ? tmp : a;
     /* create every missing row the entry rule admits first, so that running out of memory
      * applies nothing */
     for (int64_t i = 0; i < n; i++) {
-        int64_t s = push_slot(t, sorted[i].id, t->pcnt[2 * sorted[i].v]);
+        int64_t s = push_slot(t, sorted[i].key, t->pcnt[2 * sorted[i].value]);
         if (s == -2) {
             free(a);
             free(tmp);
             return FL_ENOMEM;
         }
-        slots[i].v = (uint64_t)s; /* -1: dropped */
+        slots[i].value = (uint64_t)s; /* -1: dropped */
     }
     int dim = t->dim;
     for (int64_t i = 0; i < n; i++) {
-        int64_t s = (int64_t)slots[i].v;
+        int64_t s = (int64_t)slots[i].value;
         if (s < 0)
             continue;
-        int64_t k = (int64_t)sorted[i].v;
+        int64_t k = (int64_t)sorted[i].value;
         const float *sum = t->psum + k * dim;
         for (int j = 0; j < dim; j++)
             t->scratch[j] = (float)((double)sum[j] * scale);
@@ -821,7 +839,7 @@ int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, 
         n += only_dirty ? is_dirty(t, s) : !is_free(t, s);
     if (n == 0)
         return FL_OK;
-    pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
+    fl_key_pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
     if (!a || !tmp) {
         free(a);
         free(tmp);
@@ -831,14 +849,14 @@ int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, 
     int64_t k = 0;
     for (int64_t s = 0; s < t->slots; s++)
         if (only_dirty ? is_dirty(t, s) : !is_free(t, s))
-            a[k++] = (pair){id_at(t, s), (uint64_t)s};
-    pair *sorted = sort_pairs(a, tmp, n);
+            a[k++] = (fl_key_pair){id_at(t, s), (uint64_t)s};
+    fl_key_pair *sorted = fl_sort_key_pairs(a, tmp, n);
     int rc = 0;
     for (int64_t i = 0; i < n && rc == 0; i++) {
-        int64_t s = (int64_t)sorted[i].v;
+        int64_t s = (int64_t)sorted[i].value;
         const float *row = row_at(t, s);
         fl_ps_row_stat st = stat_at(t, s);
-        rc = fn(ctx, sorted[i].id, row, row + t->dim, &st);
+        rc = fn(ctx, sorted[i].key, row, row + t->dim, &st);
     }
     free(a);
     free(tmp);

@@ -4,7 +4,8 @@
  * creation, repeated ids, pending sums, growth through rehashes, id order, dirty rows, put,
  * bytes per row at 10^6 rows (counters included); the life cycle on hand-built sequences
  * (show and click counts, entry count and probability, shrink by score and by unseen passes,
- * slots and bytes reused); and the refusals of bad rules and tables, naming the field. */
+ * slots and bytes reused; pushes with slot hints, fresh or stale, as pushes without); and
+ * the refusals of bad rules and tables, naming the field. */
 #include "ps/table.h"
 
 #include "fleet/backend.h"
@@ -957,6 +958,117 @@ static void test_life_shrink_unseen(void) {
     fl_ps_sparse_free(t);
 }
 
+/* A dump of a table's rows (id, values, state, counters) in id order, for comparing tables. */
+typedef struct {
+    float  *buf; /* [cap * (2 + dim + 1 + 3)] */
+    int64_t n, cap;
+    int     dim;
+} dump_ctx;
+
+static int dump_row(void *ctx, uint64_t id, const float *values, const float *state,
+                    const fl_ps_row_stat *rs) {
+    dump_ctx *d = ctx;
+    if (d->n == d->cap)
+        return 1;
+    float *o = d->buf + d->n++ * (d->dim + 6);
+    memcpy(o, &id, sizeof id);
+    memcpy(o + 2, values, (size_t)d->dim * sizeof *o);
+    o[2 + d->dim] = state[0]; /* Adagrad's g2sum */
+    o[3 + d->dim] = rs->show;
+    o[4 + d->dim] = rs->click;
+    o[5 + d->dim] = (float)rs->unseen;
+    return 0;
+}
+
+/* Pushes with slot hints (fl_ps_sparse_push_rows_slots) leave a table as pushes without them,
+ * whatever the hints: fresh ones from pull_rows_slots (repeats included), none (-1), out of
+ * range, and stale ones after a pass removed rows: slots now free (their id field holds the
+ * free list: ids are chosen so that a stale hint's free record reads as its id), then reused by
+ * other ids. The pull gives pull_rows' values and each id's slot. */
+static void test_sparse_slots(void) {
+    enum { N = 4000, DIM = 3, W = DIM + 6 };
+    fl_ps_sparse_opts o;
+    fl_ps_sparse_opts_defaults(&o);
+    o.delete_after_unseen = 1;
+    /* Adagrad: a state a row to compare */
+    fl_ps_sparse *t = make_table(0, DIM, FL_PS_RULE_ADAGRAD, FL_PS_INIT_UNIFORM, -1, 1, 8);
+    fl_ps_sparse *ref = make_table(0, DIM, FL_PS_RULE_ADAGRAD, FL_PS_INIT_UNIFORM, -1, 1, 8);
+    if (t && ref) {
+        CHECK_OK(fl_ps_sparse_set_opts(t, &o));
+        CHECK_OK(fl_ps_sparse_set_opts(ref, &o));
+    }
+    uint64_t *ids = malloc(2 * N * sizeof *ids);
+    int64_t *slots = malloc(2 * N * sizeof *slots), *none = malloc(N * sizeof *none);
+    float *g = malloc((size_t)N * DIM * sizeof *g), *out = malloc((size_t)N * DIM * sizeof *out);
+    float *want = malloc((size_t)N * DIM * sizeof *want), *shows = malloc(N * sizeof *shows);
+    dump_ctx a = {.cap = 2 * N, .dim = DIM}, b = {.cap = 2 * N, .dim = DIM};
+    a.buf = malloc((size_t)a.cap * W * sizeof(float));
+    b.buf = malloc((size_t)b.cap * W * sizeof(float));
+    if (!t || !ref || !ids || !slots || !none || !g || !out || !want || !shows || !a.buf ||
+        !b.buf)
+        return;
+    /* id k + 1 in slot k + 1 after a first id in slot 0: when a pass frees slots in ascending
+     * order, a freed slot's id field (the previous free slot + 1) can equal its old id */
+    ids[0] = 1u << 30;
+    for (int i = 1; i < N; i++)
+        ids[i] = (uint64_t)i - 1;
+    ids[N - 1] = ids[5]; /* a repeat */
+    for (int i = 0; i < N; i++) {
+        none[i] = i % 3 ? -1 : (int64_t)1 << 40; /* no hint, or out of range */
+        shows[i] = (float)(i % 4);
+    }
+    for (int i = 0; i < N * DIM; i++)
+        g[i] = (float)(i % 11) - 5;
+    CHECK_OK(fl_ps_sparse_pull_rows_slots(t, ids, N, out, slots));
+    CHECK_OK(fl_ps_sparse_pull_rows(ref, ids, N, want));
+    CHECK(memcmp(out, want, (size_t)N * DIM * sizeof *out) == 0);
+    CHECK(slots[N - 1] == slots[5] && slots[0] >= 0 && slots[1] != slots[2]);
+    int rounds_ok = 1;
+    for (int round = 0; round < 4; round++) {
+        /* 0: fresh hints, then a pass; 1: the odd entries pushed, then a pass removes the
+         * even rows; 2: the first half pushed with stale hints to free slots, then new ids
+         * pulled into the slots still free; 3: all pushed, stale hints to slots other ids
+         * took */
+        int step = round == 1 ? 2 : 1, from = round == 1 ? 1 : 0, to = round == 2 ? N / 2 : N;
+        for (int i = from; i < to; i += step) {
+            const int64_t *h = round == 0 && i % 5 == 0 ? none + i : slots + i;
+            CHECK_OK(fl_ps_sparse_push_rows_slots(t, &ids[i], h, 1, g + (int64_t)i * DIM,
+                                                  shows + i, NULL, 0.5));
+            CHECK_OK(fl_ps_sparse_push_rows_counts(ref, &ids[i], 1, g + (int64_t)i * DIM,
+                                                   shows + i, NULL, 0.5));
+        }
+        if (round < 2) {
+            int64_t gone = fl_ps_sparse_pass(t);
+            CHECK(gone == fl_ps_sparse_pass(ref) && gone == (round ? N / 2 : 0));
+        }
+        if (round == 2) {
+            for (int i = 0; i < N; i++)
+                ids[N + i] = ((uint64_t)1 << 32) + (uint64_t)i;
+            CHECK_OK(fl_ps_sparse_pull_rows_slots(t, ids + N, N, out, slots + N));
+            CHECK_OK(fl_ps_sparse_pull_rows(ref, ids + N, N, want));
+        }
+        a.n = b.n = 0;
+        CHECK_OK(fl_ps_sparse_visit(t, false, dump_row, &a));
+        CHECK_OK(fl_ps_sparse_visit(ref, false, dump_row, &b));
+        if (a.n != b.n || memcmp(a.buf, b.buf, (size_t)a.n * W * sizeof(float)) != 0)
+            rounds_ok = 0;
+        CHECK(a.n == b.n);
+        CHECK(memcmp(a.buf, b.buf, (size_t)(a.n < b.n ? a.n : b.n) * W * sizeof(float)) == 0);
+    }
+    CHECK(rounds_ok);
+    free(ids);
+    free(slots);
+    free(none);
+    free(g);
+    free(out);
+    free(want);
+    free(shows);
+    free(a.buf);
+    free(b.buf);
+    fl_ps_sparse_free(t);
+    fl_ps_sparse_free(ref);
+}
+
 /* Removed rows' memory is reused: after half the rows go, as many new ids take their slots
  * and index entries and the bytes stay the same; every row left reads what it held, every new
  * row its initial values (the index after many backward-shift deletions finds them all). */
@@ -1059,6 +1171,7 @@ int main(void) {
     test_life_shrink_threshold();
     test_life_shrink_unseen();
     test_life_reuse();
+    test_sparse_slots();
     test_shard_of();
     if (test_failures)
         fprintf(stderr, "test_ps_table: %d failures\n", test_failures);

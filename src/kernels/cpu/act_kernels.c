@@ -159,7 +159,9 @@ static void act_forward_f64(fl_act act, const double *x, double *y, int64_t n) {
             if (dx != dy && n > 0)                                                           \
                 memcpy(dx, dy, (size_t)n * sizeof(T));                                       \
             return;                                                                          \
-        case FL_ACT_RELU: ELEMENTWISE(n, i, dx[i] = x[i] > 0 ? dy[i] : (T)0); return;        \
+        case FL_ACT_RELU: /* dy read unconditionally: a select, which vectorises */        \
+            ELEMENTWISE(n, i, T d = dy[i]; dx[i] = x[i] > 0 ? d : (T)0);                     \
+            return;                                                                          \
         case FL_ACT_TANH: ELEMENTWISE(n, i, dx[i] = dy[i] * ((T)1 - y[i] * y[i])); return;   \
         case FL_ACT_SIGMOID: ELEMENTWISE(n, i, dx[i] = dy[i] * y[i] * ((T)1 - y[i])); return; \
         case FL_ACT_HARDSWISH:                                                               \
