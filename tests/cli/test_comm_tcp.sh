@@ -40,21 +40,21 @@ summary "$tmp/out5" | grep -q "counts $large:" || { echo "FAIL: 5 ranks did not 
 
 # repeated run (tcp), shared memory and the encrypted paths: bit-identical results; the four
 # jobs are independent (fleetrun binds its own ports), so they run two at a time
-cc() { timeout 300 "$run" --nproc_per_node 3 --log_dir "$tmp/$1.log" "$check_prog" --counts "$large" >"$tmp/$1" 2>&1; }
-FLEET_COMM_LOCAL=0 cc again &
-FLEET_COMM_LOCAL=1 cc unix &
+run3() { timeout 300 "$run" --nproc_per_node 3 --log_dir "$tmp/$1.log" "$check_prog" --counts "$large" >"$tmp/$1" 2>&1; }
+FLEET_COMM_LOCAL=0 run3 again &
+FLEET_COMM_LOCAL=1 run3 shm &
 wait
-FLEET_COMM_ENCRYPT=1 FLEET_COMM_LOCAL=0 cc enc &
-FLEET_COMM_ENCRYPT=1 FLEET_COMM_SHM=0 cc encu &
+FLEET_COMM_ENCRYPT=1 FLEET_COMM_LOCAL=0 run3 enc &
+FLEET_COMM_ENCRYPT=1 FLEET_COMM_SHM=0 run3 encu &
 wait
-h1=$(hash_of "$tmp/out3") h2=$(hash_of "$tmp/again") h3=$(hash_of "$tmp/unix")
+h1=$(hash_of "$tmp/out3") h2=$(hash_of "$tmp/again") h3=$(hash_of "$tmp/shm")
 h4=$(hash_of "$tmp/enc") h5=$(hash_of "$tmp/encu")
 echo "3 ranks: hashes $h1 (tcp), $h2 (tcp again), $h3 (shared memory), $h4 (tcp encrypted), $h5 (unix encrypted)"
 [ -n "$h1" ] && [ "$h1" = "$h2" ] || { echo "FAIL: repeated run differs"; fail=1; }
 [ "$h1" = "$h3" ] || { echo "FAIL: same-host (shared memory) path differs from tcp"; fail=1; }
 [ "$h1" = "$h4" ] || { echo "FAIL: encrypted tcp differs from tcp"; tail -5 "$tmp/enc"; fail=1; }
 [ "$h1" = "$h5" ] || { echo "FAIL: encrypted unix sockets differ from tcp"; tail -5 "$tmp/encu"; fail=1; }
-for f in again unix enc encu; do
+for f in again shm enc encu; do
   summary "$tmp/$f" | grep -q ' 0 failures' || { echo "FAIL: $f: $(summary "$tmp/$f")"; tail -5 "$tmp/$f"; fail=1; }
 done
 exit $fail
