@@ -6,10 +6,13 @@
 # (ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell); on an AVX2 one SSE4.1
 # (ONEDNN_MAX_CPU_ISA=SSE41, OPENBLAS_CORETYPE=Nehalem); older CPUs skip it.
 # FLEET_TEST_ISA="ONEDNN_ISA CORETYPE" chooses by hand, e.g. FLEET_TEST_ISA="AVX Sandybridge".
-# make test runs it.
+# make test-isa runs it; make test runs it for the numeric tests that are not unit tests and
+# runs the unit tests (the numeric ones among them) under the sanitizers with `--env`'s
+# variables (scripts/run-tests.sh).
 #   scripts/test-isa.sh BUILD_DIR [ctest options...]
+#   scripts/test-isa.sh --env    prints the variables (NAME=VALUE ...; nothing where skipped)
 set -euo pipefail
-dir=${1:?usage: test-isa.sh BUILD_DIR [ctest options...]}
+dir=${1:?usage: test-isa.sh BUILD_DIR [ctest options...] | --env}
 shift
 if [ -n "${FLEET_TEST_ISA:-}" ]; then
   read -r isa core <<<"$FLEET_TEST_ISA"
@@ -18,11 +21,16 @@ elif grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
 elif grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
   isa=SSE41 core=Nehalem
 else
+  [ "$dir" = --env ] && exit 0
   echo "test-isa: this CPU has no AVX2: pass 1 ran the older kernels already; skipped"
+  exit 0
+fi
+# DNNL_MAX_CPU_ISA: the name oneDNN 2.x read before ONEDNN_MAX_CPU_ISA
+vars=(ONEDNN_MAX_CPU_ISA=$isa DNNL_MAX_CPU_ISA=$isa OPENBLAS_CORETYPE=$core)
+if [ "$dir" = --env ]; then
+  echo "${vars[*]}"
   exit 0
 fi
 echo "test-isa: the numeric tests again with ONEDNN_MAX_CPU_ISA=$isa OPENBLAS_CORETYPE=$core"
 cd "$dir"
-# DNNL_MAX_CPU_ISA: the name oneDNN 2.x read before ONEDNN_MAX_CPU_ISA
-ONEDNN_MAX_CPU_ISA=$isa DNNL_MAX_CPU_ISA=$isa OPENBLAS_CORETYPE=$core \
-  ctest --output-on-failure -L numeric "$@"
+env "${vars[@]}" ctest --output-on-failure -L numeric "$@"

@@ -21,9 +21,9 @@ cleanup() {
 }
 trap '[ -n "${KEEP_TMP:-}" ] || cleanup' EXIT
 fail=0
-check() { # check DESCRIPTION COMMAND...
+check() { # check DESCRIPTION COMMAND...: returns the command's success
   local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; return 1; fi
 }
 for b in fleet-train fleetrun; do
   [ -x "$bin/$b" ] || { echo "SKIPPED: $b not built"; exit 77; }

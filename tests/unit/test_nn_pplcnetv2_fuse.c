@@ -235,10 +235,12 @@ int main(void) {
     test_count_and_names();
     test_same_outputs(fl_backend_cpu(), FL_DTYPE_F32, 1, 28, 4, 1e-4);
     test_same_outputs(fl_backend_cpu(), FL_DTYPE_F64, 1, 28, 4, 1e-10);
-    test_same_outputs(fl_backend_cpu(), FL_DTYPE_F32, 3, 224, 2, 1e-4);
+    /* one image at 224: the batch's own handling is the 28 x 28 runs' (batch 4); in
+     * inference the images do not meet, and the 224 runs were most of this test's time */
+    test_same_outputs(fl_backend_cpu(), FL_DTYPE_F32, 3, 224, 1, 1e-4);
     if (fl_backend_onednn()) {
         test_same_outputs(fl_backend_onednn(), FL_DTYPE_F32, 1, 28, 4, 1e-4);
-        test_same_outputs(fl_backend_onednn(), FL_DTYPE_F32, 3, 224, 2, 1e-4);
+        test_same_outputs(fl_backend_onednn(), FL_DTYPE_F32, 3, 224, 1, 1e-4);
     }
     test_errors();
     TEST_DONE();
