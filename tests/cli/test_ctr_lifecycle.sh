@@ -30,15 +30,13 @@ for b in "$run" "$bin"; do
 done
 unset FLAGS_START_PORT FLEET_JOB_TOKEN FLEET_LISTEN_FD TRAINING_ROLE
 export FLEET_COMM_TIMEOUT=30
+. "$(dirname "$0")/ctr_lib.sh"
 small=(-o data.vocab=5000 -o model.hidden=[32,32] -o model.embed_dim=4 -o data.val_size=2048
        -o train.log_interval=16 -o sparse_optimizer.lr=1.0 -o train.threads=1
        -o data.train_size=8192 -o train.epochs=2)
 life=(-o sparse_table.entry=count -o sparse_table.entry_count=3
       -o sparse_table.show_click_decay_rate=0.5 -o sparse_table.delete_threshold=0.3)
 
-losses() { # the step losses of worker 0's progress lines
-  grep '^worker_index: 0, epoch .*, step .*, loss' "$1" | sed -E 's/.*, loss ([0-9.]+),.*/\1/'
-}
 losses_at() { # losses_at FILE STEP...: worker 0's loss at those steps
   local f=$1; shift
   for s in "$@"; do
@@ -57,20 +55,6 @@ close_lists() { # close_lists A B TOL: as many losses, each within TOL
                    END { exit (bad || n == 0) }'
 }
 less() { awk -v a="${1:-x}" -v b="${2:-x}" 'BEGIN { exit !(a + 0 < b + 0 && a != "x" && b != "x") }'; }
-one() { # one NAME ARGS...: a single process
-  local name=$1; shift
-  timeout 120 "$bin" -c "$cfg" "${small[@]}" "$@" >"$tmp/$name.out" 2>&1
-}
-coll() { # coll NAME ARGS...: 2 collective workers
-  local name=$1; shift
-  timeout 120 "$run" --nproc_per_node 2 --log_dir "$tmp/log_$name" "$bin" -c "$cfg" \
-    "${small[@]}" "$@" >"$tmp/$name.out" 2>&1 </dev/null
-}
-ps_job() { # ps_job NAME ARGS...: 2 servers, 2 workers
-  local name=$1; shift
-  timeout 120 "$run" --server_num 2 --worker_num 2 --log_dir "$tmp/log_$name" "$bin" -c "$cfg" \
-    "${small[@]}" "$@" >"$tmp/$name.out" 2>&1 </dev/null
-}
 
 # 1. one process: entry and passes
 one none -o train.batch_size=128

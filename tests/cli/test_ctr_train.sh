@@ -35,12 +35,10 @@ for b in "$run" "$bin" "$gen"; do
 done
 unset FLAGS_START_PORT FLEET_JOB_TOKEN FLEET_LISTEN_FD TRAINING_ROLE
 export FLEET_COMM_TIMEOUT=30
+. "$(dirname "$0")/ctr_lib.sh"
 small=(-o data.vocab=100 -o model.hidden=[32,32] -o model.embed_dim=4 -o data.val_size=4096
        -o train.log_interval=16 -o sparse_optimizer.lr=1.0 -o train.threads=1)
 
-losses() { # the step losses of worker 0's progress lines
-  grep '^worker_index: 0, epoch .*, step .*, loss' "$1" | sed -E 's/.*, loss ([0-9.]+),.*/\1/'
-}
 final_auc() { # worker 0's last eval AUC
   grep '^worker_index: 0, .*eval: auc' "$1" | tail -1 | sed -E 's/.*eval: auc ([0-9.]+),.*/\1/'
 }
@@ -55,20 +53,6 @@ close_lists() { # close_lists A B TOL [LAST]: same count (or the last LAST), eac
                    END { exit (bad || n == 0) }'
 }
 above() { awk -v a="${1:-0}" -v b="$2" 'BEGIN { exit !(a > b) }'; }
-one() { # one NAME ARGS...: a single process
-  local name=$1; shift
-  timeout 120 "$bin" -c "$cfg" "${small[@]}" "$@" >"$tmp/$name.out" 2>&1
-}
-coll() { # coll NAME ARGS...: 2 collective workers
-  local name=$1; shift
-  timeout 120 "$run" --nproc_per_node 2 --log_dir "$tmp/log_$name" "$bin" -c "$cfg" \
-    "${small[@]}" "$@" >"$tmp/$name.out" 2>&1 </dev/null
-}
-ps_job() { # ps_job NAME ARGS...: 2 servers, 2 workers
-  local name=$1; shift
-  timeout 120 "$run" --server_num 2 --worker_num 2 --log_dir "$tmp/log_$name" "$bin" -c "$cfg" \
-    "${small[@]}" "$@" >"$tmp/$name.out" 2>&1 </dev/null
-}
 
 # 1. one process learns
 one single -o data.train_size=16384 -o train.batch_size=128 -o train.epochs=2 \
