@@ -9,12 +9,27 @@
 # knobs (PRECISIONS, BATCHES, ROUNDS, REPEATS, ITERS) pass through; its defaults here fit the
 # whole command in about 8 minutes on an H100.
 #   scripts/gpu-check.sh DEBS OUT [--bench]      (DEBS: scripts/gpu-deps.sh download DEBS)
+# --profile adds bench/gpu_profile.sh's table of a TF32 step at batch 64 (ncu) after the bench.
+# GPU_CHECK_BUDGET=SECONDS (default 560) fits the whole command in a lease: each step's limit
+# is cut to what is left of it, and a step that would start with less than 20 s left is
+# skipped and said so ("skipped (time)"), its log naming why; GPU_CHECK_TRAIN=0 leaves out the
+# training test.
 # Prints one line per step with its exit status (77: skipped, no GPU); exits non-zero when a
 # test failed.
 set -uo pipefail
-[[ $# -ge 2 ]] || { echo "usage: $0 DEBS OUT [--bench]" >&2; exit 2; }
+[[ $# -ge 2 ]] || { echo "usage: $0 DEBS OUT [--bench] [--profile]" >&2; exit 2; }
 src=$(cd "$(dirname "$0")/.." && pwd)
-debs=$1 out=$2 bench=${3:-}
+debs=$1 out=$2
+shift 2
+bench="" profile=""
+for a in "$@"; do
+  case $a in
+    --bench) bench=--bench ;;
+    --profile) profile=--profile ;;
+    *) echo "$0: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+budget=${GPU_CHECK_BUDGET:-560}
 build=${FLEET_GPU_BUILD:-/tmp/fleet-gpu-build}
 mkdir -p "$out"
 if ! pkg-config --exists yaml-0.1 libjpeg 2>/dev/null; then
@@ -26,8 +41,14 @@ done
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
 command -v nvidia-smi >/dev/null && nvidia-smi -L | head -1
 step() { # step NAME TIMEOUT COMMAND...: runs it with its log in OUT/NAME.log
-  local name=$1 limit=$2 t0=$SECONDS
+  local name=$1 limit=$2 t0=$SECONDS left=$((budget - SECONDS))
   shift 2
+  if ((left < 20)); then
+    echo "skipped: ${left} s of GPU_CHECK_BUDGET=$budget left" >"$out/$name.log"
+    echo "$name: skipped (time)"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "$name: exit $rc ($((SECONDS - t0)) s)"
@@ -53,8 +74,14 @@ if [[ $bench == --bench ]]; then
     step gpu_step 420 bash "$src/bench/gpu_step.sh" "$build"
   cat "$out/gpu_step.log"
 fi
-FLEET_BIN=$build/tools FLEET_BUILD=$build FLEET_SRC=$src OMP_NUM_THREADS=4 \
-  step test_fleet_train_gpu 300 bash "$src/tests/cli/test_fleet_train_gpu.sh"
-verdict $?
+if [[ $profile == --profile ]]; then
+  step gpu_profile 150 bash "$src/bench/gpu_profile.sh" "$build" 64 tf32
+  cat "$out/gpu_profile.log"
+fi
+if [[ ${GPU_CHECK_TRAIN:-1} != 0 ]]; then
+  FLEET_BIN=$build/tools FLEET_BUILD=$build FLEET_SRC=$src OMP_NUM_THREADS=4 \
+    step test_fleet_train_gpu 300 bash "$src/tests/cli/test_fleet_train_gpu.sh"
+  verdict $?
+fi
 grep -hE '^FAIL|FAILED' "$out"/test_*.log | head -20
 exit $fail

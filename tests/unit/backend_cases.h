@@ -138,7 +138,7 @@ typedef struct bn_case {
 
 static const bn_case bn_cases[] CASES_UNUSED = {
     {1, 3, 49}, {4, 5, 9}, {2, 7, 1}, {3, 16, 64}, {2, 64, 56 * 56}, {2, 256, 28 * 28},
-    {1, 2048, 7 * 7},
+    {1, 2048, 7 * 7}, {3, 5, 1525},
 };
 #define N_BN_CASES (sizeof bn_cases / sizeof bn_cases[0])
 

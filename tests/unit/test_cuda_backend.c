@@ -421,6 +421,16 @@ static void test_axpy_scale_updates(fl_dtype t) {
         snprintf(what, sizeof what, "axpy + scale n=%lld", (long long)n);
         near("axpy, scale", what, t, h, yr, n, 2 * tol(t), 2 * tol(t));
         same_bits("axpy, scale (cpu bits)", what, h, yc, nb);
+        if (n > 1) { /* one element off 16-byte alignment: the element-at-a-time path's bits */
+            size_t e = esz(t);
+            G->copy(gy, y, nb, FL_COPY_H2D, NULL);
+            G->axpy(t, n - 1, -0.37, (char *)gx + e, (char *)gy + e);
+            G->scale(t, n - 1, 1.7, (char *)gy + e);
+            void *h3 = dget((char *)gy + e, nb - e);
+            same_bits("axpy, scale (cpu bits)", "arrays not 16-byte aligned", h3, (char *)yc + e,
+                      nb - e);
+            free(h3);
+        }
         G->free(gx), G->free(gy), free(x), free(y), free(yr), free(yc), free(h);
 
         for (int wd = 0; wd < 2; wd++) {
@@ -600,6 +610,18 @@ static void test_layer_ops(fl_dtype t) {
             void *hy2 = dget(ga, nb);
             same_bits("add_forward", "in place", hy2, y, nb);
             G->copy(ga, a, nb, FL_COPY_H2D, NULL);
+            if (n > 1) { /* arrays one element off 16-byte alignment: the bits of the rest */
+                size_t e = esz(t), mb = nb - e;
+                G->add_forward(t, (char *)ga + e, (char *)gb + e, (char *)gy + e, n - 1, relu);
+                void *hy3 = dget((char *)gy + e, mb);
+                same_bits("add_forward", "arrays not 16-byte aligned", hy3, (char *)y + e, mb);
+                G->add_backward(t, (char *)gy + e, (char *)gdy + e, (char *)gda + e,
+                                (char *)gdb + e, n - 1, relu);
+                void *hda3 = dget((char *)gda + e, mb), *hdb3 = dget((char *)gdb + e, mb);
+                same_bits("add_backward", "arrays not 16-byte aligned", hda3, (char *)da + e, mb);
+                same_bits("add_backward", "arrays not 16-byte aligned", hdb3, (char *)db + e, mb);
+                free(hy3), free(hda3), free(hdb3);
+            }
             free(y), free(da), free(db), free(hy), free(hda), free(hdb), free(hy2);
         }
         /* dropout: the cpu table's masks, bit for bit */
@@ -1010,6 +1032,18 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                 G->bn_forward(t, l, n, c, hw, gx, gg, gbeta, eps, training, gm, gv, relu, gx);
                 void *hy2 = dget(gx, xb);
                 same_bits(opf, "again, in place", hy2, hy, xb);
+                /* the same bits from arrays one element off 16-byte alignment (the kernels'
+                 * element-at-a-time loads instead of 4 at once) */
+                char *ux = G->alloc(xb + e), *uy = G->alloc(xb + e), *udy = G->alloc(xb + e);
+                char *ury = G->alloc(xb + e), *udx = G->alloc(xb + e);
+                G->copy(ux + e, xl, xb, FL_COPY_H2D, NULL);
+                G->bn_forward(t, l, n, c, hw, ux + e, gg, gbeta, eps, training, gm, gv, relu,
+                              uy + e);
+                void *hy3 = dget(uy + e, xb);
+                same_bits(opf, "arrays not 16-byte aligned", hy3, hy, xb);
+                double *hm3 = dget(gm, db), *hv3 = dget(gv, db);
+                same_bits(opf, "arrays not 16-byte aligned: mean", hm3, hm, db);
+                same_bits(opf, "arrays not 16-byte aligned: var", hv3, hv, db);
                 /* backward with the ref's statistics */
                 G->copy(gm, sm, db, FL_COPY_H2D, NULL);
                 G->copy(gv, sv, db, FL_COPY_H2D, NULL);
@@ -1028,6 +1062,17 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                                training, gdx, gdg, gdb, false);
                 void *hdx2 = dget(gdx, xb);
                 same_bits(opb, "run twice", hdx2, hdx, xb);
+                G->copy(ux + e, xl, xb, FL_COPY_H2D, NULL);
+                G->copy(udy + e, dyl, xb, FL_COPY_H2D, NULL);
+                G->copy(ury + e, ryl, xb, FL_COPY_H2D, NULL);
+                G->bn_backward(t, l, n, c, hw, ux + e, relu ? ury + e : NULL, udy + e, gg, gm, gv,
+                               eps, training, udx + e, gdg, gdb, false);
+                void *hdx3 = dget(udx + e, xb), *hdg3 = dget(gdg, cb), *hdb3 = dget(gdb, cb);
+                same_bits(opb, "arrays not 16-byte aligned: dx", hdx3, hdx, xb);
+                same_bits(opb, "arrays not 16-byte aligned: dgamma", hdg3, hdg, cb);
+                same_bits(opb, "arrays not 16-byte aligned: dbeta", hdb3, hdb, cb);
+                G->free(ux), G->free(uy), G->free(udy), G->free(ury), G->free(udx);
+                free(hy3), free(hm3), free(hv3), free(hdx3), free(hdg3), free(hdb3);
                 for (int with_dx = 0; with_dx < 2; with_dx++) { /* accumulating */
                     G->copy(gdg, dg0, cb, FL_COPY_H2D, NULL);
                     G->copy(gdb, db0, cb, FL_COPY_H2D, NULL);

@@ -2,10 +2,12 @@
  * NHWC, forward (training: the batch's mean and biased variance, in double, into the caller's
  * device arrays; inference: those arrays read) with the fused ReLU, and backward with relu_y.
  * fleet's own kernels, not cuDNN's: cuDNN keeps a float inverse variance and updates running
- * statistics itself, where fleet's contract is double statistics returned to the layer. Sums are
- * reduce.cuh's per-channel fixed-order reductions in double; the per-channel coefficients are
- * computed in double and rounded once, as the cpu table does, and the elementwise passes apply
- * them. The statistics take one pass over x (shifted sums of d and d^2), and every kernel finds
+ * statistics itself, where fleet's contract is double statistics returned to the layer. The
+ * per-channel sums are this file's fixed-order reductions in double (bn_sums: NCHW planes a
+ * block per channel and split, NHWC rows 4 channels a thread), the statistics one pass over x
+ * (shifted sums of d and d^2); the per-channel coefficients are computed in double and rounded
+ * once, as the cpu table does, and the elementwise passes apply them, 4 elements a thread with
+ * 16-byte loads where shape and alignment allow (the same bits either way). Every kernel finds
  * an element's channel with fastdiv.h's multiply-and-shift where the call's indices fit in 31
  * bits. */
 #include "fastdiv.h"
@@ -59,26 +61,179 @@ template <bool SMALL> __device__ __forceinline__ int64_t bn_channel(const bn_sha
         }                                                                                     \
     } while (0)
 
+/* Whether a call can move 4 elements at a time: 4 consecutive elements share a channel (NCHW,
+ * HW % 4 == 0) or are 4 consecutive channels (NHWC, C % 4 == 0), and every array is 16-byte
+ * aligned. The sums' order does not depend on it (below), only the loads' width. */
+static bool vec_ok(bool nhwc, int64_t c, int64_t hw, const void *a, const void *b, const void *d,
+                   const void *e) {
+    bool shape = nhwc ? c % 4 == 0 : hw % 4 == 0;
+    return shape && aligned16(a) && (!b || aligned16(b)) && (!d || aligned16(d)) &&
+           (!e || aligned16(e));
+}
+
+/* --- per-channel sums of two quantities in one pass over the rows (the N HW pixels) ---
+ * A functor F gives a channel's constants (F::ch, from channel(c)), loads the arrays it reads
+ * at one element (load1) or four (load4) into F::vals, and adds element j of them to a
+ * channel's double2 (add). Each split of rows is summed in an order fixed by the shape alone:
+ * NCHW, a block per (channel, split), thread t taking rows r0 + 4t .. r0 + 4t + 3, then
+ * r0 + 4t + 4 THREADS ..., each added in row order, the threads' sums by a fixed shuffle tree;
+ * NHWC, a block per (128 channels, split), 4 channels a thread, thread row y taking rows
+ * r0 + y, r0 + y + 8, ..., the 8 rows' sums added in order. The splits are then added in
+ * order (reduce.cuh's colsum_finish_k). Bit-repeatable, and the same bits whether 4 elements
+ * came in one load or four. */
+
+/* The sum of v over the block (blockDim.x = THREADS), valid in thread 0; every thread calls. */
+__device__ __forceinline__ double2 block_sum2(double2 v, double2 *sh) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v.x += __shfl_down_sync(0xffffffffu, v.x, o);
+        v.y += __shfl_down_sync(0xffffffffu, v.y, o);
+    }
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    if (l == 0)
+        sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = l < THREADS / 32 ? sh[l] : make_double2(0, 0);
+        for (int o = 16; o > 0; o >>= 1) {
+            v.x += __shfl_down_sync(0xffffffffu, v.x, o);
+            v.y += __shfl_down_sync(0xffffffffu, v.y, o);
+        }
+    }
+    return v;
+}
+
+template <class F, bool SMALL, bool VEC>
+__global__ void bn_sum_planes_k(F f, bn_shape s, int64_t R, int64_t rps, double2 *part) {
+    __shared__ double2 sh[THREADS / 32];
+    int64_t c = blockIdx.x, sp = blockIdx.y;
+    int64_t r0 = sp * rps, r1 = r0 + rps < R ? r0 + rps : R;
+    typename F::ch h{};
+    if (r0 < r1) /* no rows (N HW = 0): nothing to read */
+        h = f.channel(c);
+    double2 acc = make_double2(0, 0);
+    for (int64_t r = r0 + 4 * (int64_t)threadIdx.x; r < r1; r += 4 * THREADS) {
+        typename F::vals v;
+        if (VEC) { /* HW % 4 == 0 and r % 4 == 0: the 4 rows lie in one plane, together */
+            f.load4(bn_at<SMALL>(s, r, c), v);
+            for (int j = 0; j < 4; j++)
+                f.add(h, v, j, acc);
+        } else {
+            for (int j = 0; j < 4 && r + j < r1; j++) {
+                f.load1(bn_at<SMALL>(s, r + j, c), v, j);
+                f.add(h, v, j, acc);
+            }
+        }
+    }
+    acc = block_sum2(acc, sh);
+    if (threadIdx.x == 0)
+        part[sp * s.C + c] = acc;
+}
+
+template <class F, bool VEC>
+__global__ void bn_sum_rows_k(F f, bn_shape s, int64_t R, int64_t rps, double2 *part) {
+    __shared__ double2 sh[8][4][33];
+    int64_t C = s.C, c0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * 4, sp = blockIdx.y;
+    int64_t r0 = sp * rps, r1 = r0 + rps < R ? r0 + rps : R;
+    int m = C - c0 < 0 ? 0 : C - c0 < 4 ? (int)(C - c0) : 4;
+    typename F::ch h[4];
+    double2 acc[4];
+    for (int j = 0; j < 4; j++) {
+        acc[j] = make_double2(0, 0);
+        if (j < m && r0 < r1)
+            h[j] = f.channel(c0 + j);
+    }
+    if (m > 0)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            typename F::vals v;
+            int64_t i = r * C + c0;
+            if (VEC) { /* C % 4 == 0: m == 4 */
+                f.load4(i, v);
+            } else {
+                for (int j = 0; j < m; j++)
+                    f.load1(i + j, v, j);
+            }
+            for (int j = 0; j < m; j++)
+                f.add(h[j], v, j, acc[j]);
+        }
+    for (int j = 0; j < 4; j++)
+        sh[threadIdx.y][j][threadIdx.x] = acc[j];
+    __syncthreads();
+    if (threadIdx.y == 0)
+        for (int j = 0; j < m; j++) {
+            double2 t = sh[0][j][threadIdx.x];
+            for (int y = 1; y < 8; y++)
+                t.x += sh[y][j][threadIdx.x].x, t.y += sh[y][j][threadIdx.x].y;
+            part[sp * C + c0 + j] = t;
+        }
+}
+
+/* Calls g(c, the sums of f over channel c) for every channel. Rows per split: NCHW at least
+ * 4096 and at most 64 splits (a block's threads take 16 or more elements each), a multiple of
+ * 4 THREADS; NHWC as reduce.cuh's colsum (at most 256 splits of at least 1024 rows, so that a
+ * few channels still make enough blocks). */
+template <class F, class G>
+static void bn_sums(bool small, bool vec, const bn_shape &s, F f, G g, int64_t R,
+                    const char *op) {
+    int64_t C = s.C, rps;
+    if (s.nhwc) {
+        rps = (R + 255) / 256;
+        rps = rps < 1024 ? 1024 : rps;
+    } else {
+        const int64_t q = 4 * THREADS;
+        rps = (R + 63) / 64;
+        rps = rps < 4096 ? 4096 : (rps + q - 1) / q * q;
+    }
+    int64_t S = R > 0 ? (R + rps - 1) / rps : 1;
+    double2 *part = (double2 *)cuda_get((size_t)(S * C) * sizeof(double2), op);
+    DISPATCH_VEC(vec, {
+        if (s.nhwc) {
+            dim3 grid((unsigned)((C + 127) / 128), (unsigned)S);
+            bn_sum_rows_k<F, V><<<grid, dim3(32, 8), 0, cuda_stream()>>>(f, s, R, rps, part);
+        } else if (small) {
+            bn_sum_planes_k<F, true, V>
+                <<<dim3((unsigned)C, (unsigned)S), THREADS, 0, cuda_stream()>>>(f, s, R, rps, part);
+        } else {
+            bn_sum_planes_k<F, false, V>
+                <<<dim3((unsigned)C, (unsigned)S), THREADS, 0, cuda_stream()>>>(f, s, R, rps, part);
+        }
+    });
+    CU_LAUNCHED(op);
+    colsum_finish_k<<<blocks_for(C), THREADS, 0, cuda_stream()>>>(part, S, C, g);
+    CU_LAUNCHED(op);
+    cuda_put(part);
+}
+
 /* --- statistics in one pass: sums of d and d^2 with d = x - K, K the channel's first value
  * (shifted data: with K near the mean, E[d^2] - E[d]^2 loses no more than the two-pass
  * formula, where E[x^2] - E[x]^2 would cancel when |mean| >> std) --- */
 
-template <class T, bool SMALL> struct stat_f {
+template <class T> struct stat_f {
     const T *x;
     bn_shape s;
-    __device__ double2 operator()(int64_t r, int64_t c) const {
-        double d = (double)x[bn_at<SMALL>(s, r, c)] - (double)x[bn_at<SMALL>(s, 0, c)];
-        return make_double2(d, d * d);
+    struct ch {
+        double k;
+    };
+    struct vals {
+        T x[4];
+    };
+    __device__ ch channel(int64_t c) const {
+        return ch{(double)x[s.nhwc ? c : c * s.hw]}; /* element (0, c) */
+    }
+    __device__ void load1(int64_t i, vals &v, int j) const { v.x[j] = x[i]; }
+    __device__ void load4(int64_t i, vals &v) const { ::load4(x + i, v.x); }
+    __device__ void add(const ch &h, const vals &v, int j, double2 &acc) const {
+        double d = (double)v.x[j] - h.k;
+        acc.x += d, acc.y += d * d;
     }
 };
 
-template <class T, bool SMALL> struct stat_store {
+template <class T> struct stat_store {
     const T *x;
     bn_shape s;
     double  *mean, *var;
     double   cnt;
     __device__ void operator()(int64_t c, double2 t) const {
-        double k = cnt > 0 ? (double)x[bn_at<SMALL>(s, 0, c)] : 0, m = t.x / cnt;
+        double k = cnt > 0 ? (double)x[s.nhwc ? c : c * s.hw] : 0, m = t.x / cnt;
         double v = t.y / cnt - m * m;
         mean[c] = k + m;
         var[c] = v > 0 ? v : 0 * v; /* rounding can leave -1e-17; NaN stays NaN */
@@ -97,18 +252,38 @@ __global__ void bn_coef_k(const T *gamma, const T *beta, const double *mean, con
     }
 }
 
-template <class T, bool SMALL>
+template <class T> __device__ __forceinline__ T bn_affine(T x, T a, T b, bool relu) {
+    T v = x * a + b;
+    return relu ? (v > (T)0 ? v : (T)0) : v;
+}
+
+/* VEC: element i = 4 q and the next three, one channel (NCHW) or channels c .. c + 3 (NHWC) */
+template <class T, bool SMALL, bool VEC>
 __global__ void bn_apply_k(bn_shape s, int64_t total, const T *x, const T *ab, bool relu, T *y) {
-    GRID_STRIDE(i, total) {
-        int64_t c = bn_channel<SMALL>(s, i);
-        T v = x[i] * ab[c] + ab[s.C + c];
-        y[i] = relu ? (v > (T)0 ? v : (T)0) : v;
+    if (VEC) {
+        GRID_STRIDE(q, total / 4) {
+            int64_t i = 4 * q, c = bn_channel<SMALL>(s, i), d = s.nhwc ? 1 : 0;
+            T v[4];
+            load4(x + i, v);
+            for (int j = 0; j < 4; j++)
+                v[j] = bn_affine(v[j], ab[c + d * j], ab[s.C + c + d * j], relu);
+            store4(y + i, v);
+        }
+    } else {
+        GRID_STRIDE(i, total) {
+            int64_t c = bn_channel<SMALL>(s, i);
+            y[i] = bn_affine(x[i], ab[c], ab[s.C + c], relu);
+        }
     }
 }
 
 static void check_layout(const char *op, fl_layout layout) {
     if (layout != FL_LAYOUT_NCHW && layout != FL_LAYOUT_NHWC)
         cuda_fatal(op, "the layout check", "unknown layout", __FILE__, __LINE__);
+}
+
+static unsigned blocks_for_vec(int64_t total, bool vec) {
+    return blocks_for(vec ? total / 4 : total);
 }
 
 extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
@@ -121,36 +296,54 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
     bool nhwc = layout == FL_LAYOUT_NHWC;
     int64_t R = n * hw, total = R * c;
     bool small = total < INT32_MAX && hw >= 1;
+    bool vec = vec_ok(nhwc, c, hw, x, y, NULL, NULL);
     bn_shape s = shape_of(nhwc, c, hw, small);
-    DISPATCH_T(op, t, DISPATCH_SMALL(small, {
+    DISPATCH_T(op, t, {
         const T *xt = (const T *)x;
         if (training)
-            colsum(!nhwc, stat_f<T, S>{xt, s}, stat_store<T, S>{xt, s, mean, var, (double)R}, R,
-                   c, op);
+            bn_sums(small, vec, s, stat_f<T>{xt, s}, stat_store<T>{xt, s, mean, var, (double)R},
+                    R, op);
         T *ab = (T *)cuda_get((size_t)(2 * c) * sizeof(T), op);
         bn_coef_k<T><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
             (const T *)gamma, (const T *)beta, mean, var, eps, c, ab);
         CU_LAUNCHED(op);
         if (total > 0) {
-            bn_apply_k<T, S><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(s, total, xt, ab,
-                                                                              relu, (T *)y);
+            DISPATCH_SMALL(small, DISPATCH_VEC(vec, {
+                bn_apply_k<T, S, V><<<blocks_for_vec(total, V), THREADS, 0, cuda_stream()>>>(
+                    s, total, xt, ab, relu, (T *)y);
+            }));
             CU_LAUNCHED(op);
         }
         cuda_put(ab);
-    }));
+    });
 }
 
 /* --- backward --- */
 
 /* (d, d (x - mean)) with d = dy masked by relu_y > 0; x - mean in T as the cpu table */
-template <class T, bool SMALL> struct grad_f {
+template <class T> struct grad_f {
     const T      *x, *ry, *dy;
     const double *mean;
-    bn_shape      s;
-    __device__ double2 operator()(int64_t r, int64_t c) const {
-        int64_t i = bn_at<SMALL>(s, r, c);
-        T d = ry ? relu_keep(ry[i], dy[i]) : dy[i];
-        return make_double2((double)d, (double)(d * (x[i] - (T)mean[c])));
+    struct ch {
+        T m;
+    };
+    struct vals {
+        T x[4], ry[4], dy[4];
+    };
+    __device__ ch channel(int64_t c) const { return ch{(T)mean[c]}; }
+    __device__ void load1(int64_t i, vals &v, int j) const {
+        v.x[j] = x[i], v.dy[j] = dy[i];
+        if (ry)
+            v.ry[j] = ry[i];
+    }
+    __device__ void load4(int64_t i, vals &v) const {
+        ::load4(x + i, v.x), ::load4(dy + i, v.dy);
+        if (ry)
+            ::load4(ry + i, v.ry);
+    }
+    __device__ void add(const ch &h, const vals &v, int j, double2 &acc) const {
+        T d = ry ? relu_keep(v.ry[j], v.dy[j]) : v.dy[j];
+        acc.x += (double)d, acc.y += (double)(d * (v.x[j] - h.m));
     }
 };
 
@@ -175,14 +368,33 @@ template <class T> struct grad_store {
     }
 };
 
-template <class T, bool SMALL>
+template <class T>
+__device__ __forceinline__ T bn_dx(const T *coef, int64_t C, int64_t c, const double *mean, T x,
+                                   T ry, T dy, bool has_ry) {
+    T d = has_ry ? relu_keep(ry, dy) : dy;
+    return coef[c] * d + coef[C + c] * (x - (T)mean[c]) + coef[2 * C + c];
+}
+
+template <class T, bool SMALL, bool VEC>
 __global__ void bn_dx_k(bn_shape s, int64_t total, const T *x, const T *ry, const T *dy,
                         const double *mean, const T *coef, T *dx) {
     int64_t C = s.C;
-    GRID_STRIDE(i, total) {
-        int64_t c = bn_channel<SMALL>(s, i);
-        T d = ry ? relu_keep(ry[i], dy[i]) : dy[i];
-        dx[i] = coef[c] * d + coef[C + c] * (x[i] - (T)mean[c]) + coef[2 * C + c];
+    if (VEC) {
+        GRID_STRIDE(q, total / 4) {
+            int64_t i = 4 * q, c = bn_channel<SMALL>(s, i), d = s.nhwc ? 1 : 0;
+            T xv[4], rv[4] = {}, dv[4];
+            load4(x + i, xv), load4(dy + i, dv);
+            if (ry)
+                load4(ry + i, rv);
+            for (int j = 0; j < 4; j++)
+                xv[j] = bn_dx(coef, C, c + d * j, mean, xv[j], rv[j], dv[j], ry != NULL);
+            store4(dx + i, xv);
+        }
+    } else {
+        GRID_STRIDE(i, total) {
+            int64_t c = bn_channel<SMALL>(s, i);
+            dx[i] = bn_dx(coef, C, c, mean, x[i], ry ? ry[i] : (T)0, dy[i], ry != NULL);
+        }
     }
 }
 
@@ -198,18 +410,21 @@ extern "C" void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_
     bool nhwc = layout == FL_LAYOUT_NHWC;
     int64_t R = n * hw, total = R * c;
     bool small = total < INT32_MAX && hw >= 1;
+    bool vec = vec_ok(nhwc, c, hw, x, relu_y, dy, dx);
     bn_shape s = shape_of(nhwc, c, hw, small);
-    DISPATCH_T(op, t, DISPATCH_SMALL(small, {
+    DISPATCH_T(op, t, {
         const T *xt = (const T *)x, *ry = (const T *)relu_y, *dyt = (const T *)dy;
         T *coef = (T *)cuda_get((size_t)(3 * c) * sizeof(T), op);
         grad_store<T> st = {(const T *)gamma, mean, var, eps, (double)R, training, accumulate,
                             (T *)dgamma, (T *)dbeta, coef, c};
-        colsum(!nhwc, grad_f<T, S>{xt, ry, dyt, mean, s}, st, R, c, op);
+        bn_sums(small, vec, s, grad_f<T>{xt, ry, dyt, mean}, st, R, op);
         if (dx && total > 0) {
-            bn_dx_k<T, S><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                s, total, xt, ry, dyt, mean, coef, (T *)dx);
+            DISPATCH_SMALL(small, DISPATCH_VEC(vec, {
+                bn_dx_k<T, S, V><<<blocks_for_vec(total, V), THREADS, 0, cuda_stream()>>>(
+                    s, total, xt, ry, dyt, mean, coef, (T *)dx);
+            }));
             CU_LAUNCHED(op);
         }
         cuda_put(coef);
-    }));
+    });
 }

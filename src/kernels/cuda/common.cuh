@@ -1,6 +1,7 @@
 /* common.cuh - what the cuda backend's kernels share: launch sizes, the f32/f64 dispatch, the
- * fused ReLU's mask, and a fixed-order block reduction in double (a tree over shared memory
- * whose shape depends on the block size only, so sums are bit-repeatable run to run). */
+ * fused ReLU's mask, 4-element vector loads and stores, and a fixed-order block reduction in
+ * double (a tree over shared memory whose shape depends on the block size only, so sums are
+ * bit-repeatable run to run). */
 #ifndef FLEET_KERNELS_CUDA_COMMON_CUH
 #define FLEET_KERNELS_CUDA_COMMON_CUH
 
@@ -108,5 +109,41 @@ __host__ __device__ __forceinline__ I index_of(bool nhwc, I n, typename same_as<
                                                typename same_as<I>::type w) {
     return nhwc ? ((n * h + y) * w + x) * c + ch : ((n * c + ch) * h + y) * w + x;
 }
+
+/* Vector access: 4 elements at once (one 16-byte load or store for float, where the caller
+ * checked the alignment with aligned16), the same values as 4 single ones. */
+
+template <class T> __device__ __forceinline__ void load4(const T *p, T *v) {
+    for (int j = 0; j < 4; j++)
+        v[j] = p[j];
+}
+template <> __device__ __forceinline__ void load4<float>(const float *p, float *v) {
+    float4 q = *reinterpret_cast<const float4 *>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+template <class T> __device__ __forceinline__ void store4(T *p, const T *v) {
+    for (int j = 0; j < 4; j++)
+        p[j] = v[j];
+}
+template <> __device__ __forceinline__ void store4<float>(float *p, const float *v) {
+    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+static inline bool aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
+
+/* Runs BODY with the constant V = vec (the kernels' VEC). */
+#define DISPATCH_VEC(vec, ...)                                                                \
+    do {                                                                                      \
+        if (vec) {                                                                            \
+            constexpr bool V = true;                                                          \
+            __VA_ARGS__;                                                                      \
+        } else {                                                                              \
+            constexpr bool V = false;                                                         \
+            __VA_ARGS__;                                                                      \
+        }                                                                                     \
+    } while (0)
 
 #endif /* FLEET_KERNELS_CUDA_COMMON_CUH */

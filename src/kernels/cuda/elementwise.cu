@@ -158,8 +158,28 @@ extern "C" void cuda_act_backward(fl_dtype t, fl_act act, const void *x, const v
 
 /* --- axpy, scale, optimizer updates (scalars rounded to T first, as the CPU table does) --- */
 
-template <class T> __global__ void axpy_k(int64_t n, T a, const T *x, T *y) {
-    GRID_STRIDE(i, n) y[i] += a * x[i];
+/* The elementwise kernels below take 4 elements a thread where every array is 16-byte aligned
+ * (VEC): quads q < n / 4, then the n % 4 left one by one; the same values either way. */
+static bool all_aligned(const void *a, const void *b, const void *c) {
+    return aligned16(a) && (!b || aligned16(b)) && (!c || aligned16(c));
+}
+static unsigned blocks_vec(int64_t n, bool vec) {
+    return blocks_for(vec ? n / 4 : n);
+}
+
+template <class T, bool VEC> __global__ void axpy_k(int64_t n, T a, const T *x, T *y) {
+    int64_t done = 0;
+    if (VEC) {
+        GRID_STRIDE(q, n / 4) {
+            T xv[4], yv[4];
+            load4(x + 4 * q, xv), load4(y + 4 * q, yv);
+            for (int j = 0; j < 4; j++)
+                yv[j] += a * xv[j];
+            store4(y + 4 * q, yv);
+        }
+        done = n / 4 * 4;
+    }
+    GRID_STRIDE(i, n - done) y[done + i] += a * x[done + i];
 }
 template <class T> __global__ void scale_k(int64_t n, T a, T *x) {
     GRID_STRIDE(i, n) x[i] *= a;
@@ -168,9 +188,14 @@ template <class T> __global__ void scale_k(int64_t n, T a, T *x) {
 extern "C" void cuda_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y) {
     if (n <= 0)
         return;
-    DISPATCH_T("axpy", t,
-               axpy_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (T)a, (const T *)x,
-                                                                       (T *)y));
+    if (all_aligned(x, y, NULL))
+        DISPATCH_T("axpy", t,
+                   axpy_k<T, true><<<blocks_vec(n, true), THREADS, 0, cuda_stream()>>>(
+                       n, (T)a, (const T *)x, (T *)y));
+    else
+        DISPATCH_T("axpy", t,
+                   axpy_k<T, false><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
+                       n, (T)a, (const T *)x, (T *)y));
     CU_LAUNCHED("axpy");
 }
 
@@ -257,16 +282,48 @@ extern "C" void cuda_momentum_update(fl_dtype t, int64_t n, void *w, const void 
 
 /* --- the residual add --- */
 
-template <class T> __global__ void add_fwd_k(const T *a, const T *b, T *y, int64_t n, bool relu) {
-    GRID_STRIDE(i, n) {
-        T v = a[i] + b[i];
-        y[i] = relu ? (v > (T)0 ? v : (T)0) : v;
-    }
+template <class T> __device__ __forceinline__ T add_relu(T a, T b, bool relu) {
+    T v = a + b;
+    return relu ? (v > (T)0 ? v : (T)0) : v;
 }
 
-template <class T>
+template <class T, bool VEC>
+__global__ void add_fwd_k(const T *a, const T *b, T *y, int64_t n, bool relu) {
+    int64_t done = 0;
+    if (VEC) {
+        GRID_STRIDE(q, n / 4) {
+            T av[4], bv[4];
+            load4(a + 4 * q, av), load4(b + 4 * q, bv);
+            for (int j = 0; j < 4; j++)
+                av[j] = add_relu(av[j], bv[j], relu);
+            store4(y + 4 * q, av);
+        }
+        done = n / 4 * 4;
+    }
+    GRID_STRIDE(i, n - done) y[done + i] = add_relu(a[done + i], b[done + i], relu);
+}
+
+template <class T, bool VEC>
 __global__ void add_bwd_k(const T *y, const T *dy, T *da, T *db, int64_t n, bool relu) {
-    GRID_STRIDE(i, n) {
+    int64_t done = 0;
+    if (VEC) {
+        GRID_STRIDE(q, n / 4) {
+            T v[4], yv[4];
+            load4(dy + 4 * q, v);
+            if (relu) {
+                load4(y + 4 * q, yv);
+                for (int j = 0; j < 4; j++)
+                    v[j] = relu_keep(yv[j], v[j]);
+            }
+            if (da)
+                store4(da + 4 * q, v);
+            if (db)
+                store4(db + 4 * q, v);
+        }
+        done = n / 4 * 4;
+    }
+    GRID_STRIDE(k, n - done) {
+        int64_t i = done + k;
         T v = relu ? relu_keep(y[i], dy[i]) : dy[i];
         if (da)
             da[i] = v;
@@ -279,9 +336,11 @@ extern "C" void cuda_add_forward(fl_dtype t, const void *a, const void *b, void 
                                  bool relu) {
     if (n <= 0)
         return;
-    DISPATCH_T("add_forward", t,
-               add_fwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
-                   (const T *)a, (const T *)b, (T *)y, n, relu));
+    bool vec = all_aligned(a, b, y);
+    DISPATCH_T("add_forward", t, DISPATCH_VEC(vec, {
+                   add_fwd_k<T, V><<<blocks_vec(n, V), THREADS, 0, cuda_stream()>>>(
+                       (const T *)a, (const T *)b, (T *)y, n, relu);
+               }));
     CU_LAUNCHED("add_forward");
 }
 
@@ -289,9 +348,11 @@ extern "C" void cuda_add_backward(fl_dtype t, const void *y, const void *dy, voi
                                   int64_t n, bool relu) {
     if (n <= 0 || (!da && !db))
         return;
-    DISPATCH_T("add_backward", t,
-               add_bwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
-                   (const T *)y, (const T *)dy, (T *)da, (T *)db, n, relu));
+    bool vec = all_aligned(dy, relu ? y : NULL, da) && (!db || aligned16(db));
+    DISPATCH_T("add_backward", t, DISPATCH_VEC(vec, {
+                   add_bwd_k<T, V><<<blocks_vec(n, V), THREADS, 0, cuda_stream()>>>(
+                       (const T *)y, (const T *)dy, (T *)da, (T *)db, n, relu);
+               }));
     CU_LAUNCHED("add_backward");
 }
 

@@ -70,16 +70,43 @@ __global__ void pool_argmax_k(pool_geom<I> g, bool nhwc, I total, const T *x, I 
     }
 }
 
+/* The outputs oy whose window holds input row y without dilation: y = oy S - P + i with
+ * 0 <= i < K, that is oy from ceil((y + P - K + 1) / S) to floor((y + P) / S), within
+ * [0, O). Ascending oy is descending i, the dilated loop's order below. */
+template <class I>
+__device__ __forceinline__ void undilated_range(I y, I P, I K, I S, I O, I *lo, I *hi) {
+    I t = y + P - K + 1, u = (y + P) / S; /* y + P >= 0 */
+    *lo = t <= 0 ? 0 : (t + S - 1) / S;
+    *hi = u < O - 1 ? u : O - 1;
+}
+
 /* the outputs whose window holds input row iy: oy = (iy + PH - i DH) / SH for the taps i that
  * divide, visited with i descending (oy ascending); max pool takes a window's gradient where
- * at (pool_argmax_k) names this pixel */
+ * at (pool_argmax_k) names this pixel. Without dilation (every pooling of the zoo) the
+ * outputs' range is computed once instead of testing each tap for divisibility. */
 template <class T, class I>
 __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, const I *at, I total, const T *dy, T *dx) {
     T inv = (T)(1.0 / (double)(g.KH * g.KW));
+    bool plain = g.DH == 1 && g.DW == 1;
     GRID_STRIDE(q, total) {
         I p = (I)q;
         coord4<I> k = coord_of(nhwc, p, g.C, g.H, g.W);
         T acc = 0;
+        if (plain) {
+            I ylo, yhi, xlo, xhi;
+            undilated_range(k.y, g.PH, g.KH, g.SH, g.OH, &ylo, &yhi);
+            undilated_range(k.x, g.PW, g.KW, g.SW, g.OW, &xlo, &xhi);
+            for (I oy = ylo; oy <= yhi; oy++)
+                for (I ox = xlo; ox <= xhi; ox++) {
+                    I o = index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW);
+                    if (!at)
+                        acc += dy[o] * inv;
+                    else if (at[o] == p)
+                        acc += dy[o];
+                }
+            dx[p] = acc;
+            continue;
+        }
         for (I i = g.KH - 1; i >= 0; i--) {
             I ty = k.y + g.PH - i * g.DH;
             if (ty < 0 || ty % g.SH)
