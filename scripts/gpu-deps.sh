@@ -4,8 +4,9 @@
 # and no network, such as a rented machine with only PyTorch's image. Two steps:
 #
 #   scripts/gpu-deps.sh download DIR        on a Debian 12 machine with apt: the .debs of
-#                                           OpenBLAS (OpenMP), libyaml, libjpeg-turbo, zlib and
-#                                           pkgconf into DIR (about 14 MB); copy DIR over
+#                                           OpenBLAS (OpenMP), libyaml, libjpeg-turbo, zlib,
+#                                           OpenSSL's libcrypto and pkgconf into DIR (about
+#                                           17 MB); copy DIR over
 #   eval "$(scripts/gpu-deps.sh unpack DIR ROOT)"
 #                                           on the GPU machine: unpacks them under ROOT (never
 #                                           under /, whose own libraries stay as they are) and
@@ -17,7 +18,8 @@
 set -euo pipefail
 
 debs=(libopenblas0-openmp libopenblas-openmp-dev libyaml-0-2 libyaml-dev libjpeg62-turbo
-      libjpeg62-turbo-dev zlib1g-dev libgfortran5 pkgconf pkgconf-bin libpkgconf3)
+      libjpeg62-turbo-dev zlib1g-dev libssl-dev libssl3 libgfortran5 pkgconf pkgconf-bin
+      libpkgconf3)
 arch=x86_64-linux-gnu
 
 usage() {
@@ -47,13 +49,14 @@ unpack)
     # machine's own libz.so.1 serves (every system has one)
     sysz=$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/ && !f {print $NF; f = 1}')
     [[ -n "$sysz" ]] && ln -sf "$sysz" "$lib/libz.so"
-    # libgfortran.so.5 (OpenBLAS needs it) only where the machine has none: a private folder,
-    # so that the loader path brings nothing else of Debian's in front of the system's
+    # libgfortran.so.5 (OpenBLAS needs it) and libcrypto.so.3 (the AEAD frames) only where the
+    # machine has none: a private folder, so that the loader path brings nothing else of
+    # Debian's in front of the system's
     runtime=$root/runtime
     mkdir -p "$runtime"
-    if ! ldconfig -p | grep 'libgfortran\.so\.5 ' >/dev/null; then
-        ln -sf "$lib/libgfortran.so.5" "$runtime/libgfortran.so.5"
-    fi
+    for so in libgfortran.so.5 libcrypto.so.3; do
+        ldconfig -p | grep "${so//./\\.} " >/dev/null || ln -sf "$lib/$so" "$runtime/$so"
+    done
     echo "export PKG_CONFIG_LIBDIR='$lib/pkgconfig:$root/usr/share/pkgconfig'"
     echo "export PKG_CONFIG_SYSROOT_DIR='$root' PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1"
     echo "export CPATH='$root/usr/include:$root/usr/include/$arch'\${CPATH:+:\$CPATH}"
