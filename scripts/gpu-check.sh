@@ -9,7 +9,8 @@
 # knobs (PRECISIONS, BATCHES, ROUNDS, REPEATS, ITERS) pass through; its defaults here fit the
 # whole command in about 8 minutes on an H100.
 #   scripts/gpu-check.sh DEBS OUT [--bench]      (DEBS: scripts/gpu-deps.sh download DEBS)
-# --profile adds bench/gpu_profile.sh's table of a TF32 step at batch 64 (ncu) after the bench.
+# --profile adds bench/gpu_profile.sh's table of a step at batch 64 (ncu) after the bench, for
+# each of PROFILE (default tf32; also f32, tf32nhwc).
 # GPU_CHECK_BUDGET=SECONDS (default 560) fits the whole command in a lease: each step's limit
 # is cut to what is left of it, and a step that would start with less than 20 s left is
 # skipped and said so ("skipped (time)"), its log naming why; GPU_CHECK_TRAIN=0 leaves out the
@@ -75,8 +76,10 @@ if [[ $bench == --bench ]]; then
   cat "$out/gpu_step.log"
 fi
 if [[ $profile == --profile ]]; then
-  step gpu_profile 150 bash "$src/bench/gpu_profile.sh" "$build" 64 tf32
-  cat "$out/gpu_profile.log"
+  for p in ${PROFILE:-tf32}; do
+    step "gpu_profile_$p" 150 bash "$src/bench/gpu_profile.sh" "$build" 64 "$p"
+    cat "$out/gpu_profile_$p.log"
+  done
 fi
 if [[ ${GPU_CHECK_TRAIN:-1} != 0 ]]; then
   FLEET_BIN=$build/tools FLEET_BUILD=$build FLEET_SRC=$src OMP_NUM_THREADS=4 \

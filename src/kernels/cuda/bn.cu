@@ -77,10 +77,10 @@ static bool vec_ok(bool nhwc, int64_t c, int64_t hw, const void *a, const void *
  * channel's double2 (add). Each split of rows is summed in an order fixed by the shape alone:
  * NCHW, a block per (channel, split), thread t taking rows r0 + 4t .. r0 + 4t + 3, then
  * r0 + 4t + 4 THREADS ..., each added in row order, the threads' sums by a fixed shuffle tree;
- * NHWC, a block per (128 channels, split), 4 channels a thread, thread row y taking rows
- * r0 + y, r0 + y + 8, ..., the 8 rows' sums added in order. The splits are then added in
- * order (reduce.cuh's colsum_finish_k). Bit-repeatable, and the same bits whether 4 elements
- * came in one load or four. */
+ * NHWC, a block per (4 TX channels, split), 4 channels a thread, thread row y taking rows
+ * r0 + y, r0 + y + TY, ..., the TY rows' sums added in order. The splits are then added in a
+ * fixed order too (bn_finish_k). Bit-repeatable, and the same bits whether 4 elements came in
+ * one load or four. */
 
 /* The sum of v over the block (blockDim.x = THREADS), valid in thread 0; every thread calls. */
 __device__ __forceinline__ double2 block_sum2(double2 v, double2 *sh) {
@@ -129,10 +129,16 @@ __global__ void bn_sum_planes_k(F f, bn_shape s, int64_t R, int64_t rps, double2
         part[sp * s.C + c] = acc;
 }
 
+/* NHWC: a block of TX x TY threads (TX TY = THREADS) takes 4 TX channels and a split of rows,
+ * thread (x, y) channels 4 (blockIdx.x TX + x) .. + 3 and rows r0 + y, r0 + y + TY, ...; the
+ * TY rows' sums of a channel are then added in order of y. TX is the power of two that covers
+ * the channels' quads (at most 32), so that a few channels keep every thread busy. Dynamic
+ * shared memory: TY x 4 x (TX + 1) double2. */
 template <class F, bool VEC>
 __global__ void bn_sum_rows_k(F f, bn_shape s, int64_t R, int64_t rps, double2 *part) {
-    __shared__ double2 sh[8][4][33];
-    int64_t C = s.C, c0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * 4, sp = blockIdx.y;
+    extern __shared__ double2 rows_sh[];
+    int tx = blockDim.x, ty = blockDim.y, x = threadIdx.x, y = threadIdx.y;
+    int64_t C = s.C, c0 = ((int64_t)blockIdx.x * tx + x) * 4, sp = blockIdx.y;
     int64_t r0 = sp * rps, r1 = r0 + rps < R ? r0 + rps : R;
     int m = C - c0 < 0 ? 0 : C - c0 < 4 ? (int)(C - c0) : 4;
     typename F::ch h[4];
@@ -143,7 +149,7 @@ __global__ void bn_sum_rows_k(F f, bn_shape s, int64_t R, int64_t rps, double2 *
             h[j] = f.channel(c0 + j);
     }
     if (m > 0)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+        for (int64_t r = r0 + y; r < r1; r += ty) {
             typename F::vals v;
             int64_t i = r * C + c0;
             if (VEC) { /* C % 4 == 0: m == 4 */
@@ -156,39 +162,73 @@ __global__ void bn_sum_rows_k(F f, bn_shape s, int64_t R, int64_t rps, double2 *
                 f.add(h[j], v, j, acc[j]);
         }
     for (int j = 0; j < 4; j++)
-        sh[threadIdx.y][j][threadIdx.x] = acc[j];
+        rows_sh[(y * 4 + j) * (tx + 1) + x] = acc[j];
     __syncthreads();
-    if (threadIdx.y == 0)
+    if (y == 0)
         for (int j = 0; j < m; j++) {
-            double2 t = sh[0][j][threadIdx.x];
-            for (int y = 1; y < 8; y++)
-                t.x += sh[y][j][threadIdx.x].x, t.y += sh[y][j][threadIdx.x].y;
+            double2 t = rows_sh[j * (tx + 1) + x];
+            for (int k = 1; k < ty; k++) {
+                double2 u = rows_sh[(k * 4 + j) * (tx + 1) + x];
+                t.x += u.x, t.y += u.y;
+            }
             part[sp * C + c0 + j] = t;
         }
 }
 
-/* Calls g(c, the sums of f over channel c) for every channel. Rows per split: NCHW at least
- * 4096 and at most 64 splits (a block's threads take 16 or more elements each), a multiple of
- * 4 THREADS; NHWC as reduce.cuh's colsum (at most 256 splits of at least 1024 rows, so that a
- * few channels still make enough blocks). */
+/* g(c, the S splits' sums of channel c): a block of 32 x 8 threads per 32 channels, thread
+ * (x, y) adding splits y, y + 8, ... in order, then the 8 in order of y */
+template <class G>
+__global__ void bn_finish_k(const double2 *part, int64_t S, int64_t C, G g) {
+    __shared__ double2 sh[8][33];
+    int x = threadIdx.x, y = threadIdx.y;
+    int64_t c = (int64_t)blockIdx.x * 32 + x;
+    double2 t = make_double2(0, 0);
+    if (c < C)
+        for (int64_t k = y; k < S; k += 8)
+            t.x += part[k * C + c].x, t.y += part[k * C + c].y;
+    sh[y][x] = t;
+    __syncthreads();
+    if (y == 0 && c < C) {
+        for (int k = 1; k < 8; k++)
+            t.x += sh[k][x].x, t.y += sh[k][x].y;
+        g(c, t);
+    }
+}
+
+/* Calls g(c, the sums of f over channel c) for every channel. Splits of rows, fixed by the
+ * shape: NCHW at least 4096 rows and at most 64 splits (a block's threads take 16 or more
+ * elements each), a multiple of 4 THREADS; NHWC enough splits for about 2048 blocks, at most
+ * 512. */
 template <class F, class G>
 static void bn_sums(bool small, bool vec, const bn_shape &s, F f, G g, int64_t R,
                     const char *op) {
-    int64_t C = s.C, rps;
+    int64_t C = s.C, rps, S;
+    unsigned tx = 1, gx = 1;
     if (s.nhwc) {
-        rps = (R + 255) / 256;
-        rps = rps < 1024 ? 1024 : rps;
+        int64_t quads = (C + 3) / 4;
+        while (tx < 32 && tx < quads)
+            tx *= 2;
+        gx = (unsigned)((quads + tx - 1) / tx);
+        S = (2048 + gx - 1) / gx;
+        S = S > 512 ? 512 : S;
+        int64_t most = (R + THREADS / tx - 1) / (THREADS / tx); /* a row for each thread row */
+        S = S > most ? most : S;
+        S = S < 1 ? 1 : S;
+        rps = (R + S - 1) / S;
+        rps = rps < 1 ? 1 : rps;
     } else {
         const int64_t q = 4 * THREADS;
         rps = (R + 63) / 64;
         rps = rps < 4096 ? 4096 : (rps + q - 1) / q * q;
     }
-    int64_t S = R > 0 ? (R + rps - 1) / rps : 1;
+    S = R > 0 ? (R + rps - 1) / rps : 1;
     double2 *part = (double2 *)cuda_get((size_t)(S * C) * sizeof(double2), op);
     DISPATCH_VEC(vec, {
         if (s.nhwc) {
-            dim3 grid((unsigned)((C + 127) / 128), (unsigned)S);
-            bn_sum_rows_k<F, V><<<grid, dim3(32, 8), 0, cuda_stream()>>>(f, s, R, rps, part);
+            unsigned ty = THREADS / tx;
+            size_t shb = (size_t)ty * 4 * (tx + 1) * sizeof(double2);
+            bn_sum_rows_k<F, V><<<dim3(gx, (unsigned)S), dim3(tx, ty), shb, cuda_stream()>>>(
+                f, s, R, rps, part);
         } else if (small) {
             bn_sum_planes_k<F, true, V>
                 <<<dim3((unsigned)C, (unsigned)S), THREADS, 0, cuda_stream()>>>(f, s, R, rps, part);
@@ -198,7 +238,7 @@ static void bn_sums(bool small, bool vec, const bn_shape &s, F f, G g, int64_t R
         }
     });
     CU_LAUNCHED(op);
-    colsum_finish_k<<<blocks_for(C), THREADS, 0, cuda_stream()>>>(part, S, C, g);
+    bn_finish_k<<<(unsigned)((C + 31) / 32), dim3(32, 8), 0, cuda_stream()>>>(part, S, C, g);
     CU_LAUNCHED(op);
     cuda_put(part);
 }
