@@ -143,11 +143,14 @@ __global__ void bn_sum_rows_k(F f, bn_shape s, int64_t R, int64_t rps, double2 *
     int m = C - c0 < 0 ? 0 : C - c0 < 4 ? (int)(C - c0) : 4;
     typename F::ch h[4];
     double2 acc[4];
+#pragma unroll
     for (int j = 0; j < 4; j++) {
         acc[j] = make_double2(0, 0);
         if (j < m && r0 < r1)
             h[j] = f.channel(c0 + j);
     }
+    /* the loops over j run to 4 with m tested inside, so that they unroll and the arrays stay
+     * in registers (a loop to m indexes them at run time: local memory) */
     if (m > 0)
         for (int64_t r = r0 + y; r < r1; r += ty) {
             typename F::vals v;
@@ -155,12 +158,17 @@ __global__ void bn_sum_rows_k(F f, bn_shape s, int64_t R, int64_t rps, double2 *
             if (VEC) { /* C % 4 == 0: m == 4 */
                 f.load4(i, v);
             } else {
-                for (int j = 0; j < m; j++)
-                    f.load1(i + j, v, j);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (j < m)
+                        f.load1(i + j, v, j);
             }
-            for (int j = 0; j < m; j++)
-                f.add(h[j], v, j, acc[j]);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < m)
+                    f.add(h[j], v, j, acc[j]);
         }
+#pragma unroll
     for (int j = 0; j < 4; j++)
         rows_sh[(y * 4 + j) * (tx + 1) + x] = acc[j];
     __syncthreads();
