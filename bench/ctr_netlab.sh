@@ -9,7 +9,10 @@
 #   sync         PS, a_sync false: rows pulled and row gradients pushed every step, merged
 #   async        PS, a_sync true, k_steps -1: the same, applied on arrival (ASYNC_EXTRA added)
 #   geoK         PS geo with k_steps K (CFGS "geo4 geo16 geo64"): local copies, an exchange of
-#                the touched rows' differences (and the dense part's) every K steps
+#                the touched rows' differences (and the dense part's) every K steps, the sparse
+#                one from a communicator thread, the workers staggered (geo_background)
+#   geofgK       the same with a_sync_configs.geo_background false: the sparse exchange on the
+#                training thread, every worker at the same step (before the communicator)
 # and, once, a single process (no network, batch WORKERS x batch: the same global batches and
 # updates as collective and sync) for the reference AUC.
 # Per configuration, medians over ROUNDS rounds:
@@ -84,6 +87,8 @@ strategy_of() { # CFG -> fleet-train overrides
   case $1 in
   sync) echo "-o strategy.a_sync=false" ;;
   async) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=-1 ${async_extra[*]}" ;;
+  geofg*) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=${1#geofg}" \
+    "-o strategy.a_sync_configs.geo_background=false" ;;
   geo*) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=${1#geo}" ;;
   esac
 }
