@@ -78,7 +78,7 @@ static void *communicator(void *arg) {
     for (;;) {
         while (g->state != GEO_QUEUED && !g->stop)
             pthread_cond_wait(&g->cv, &g->mu);
-        if (g->state != GEO_QUEUED) /* stopping, nothing handed off */
+        if (g->stop) /* teardown: what is queued is not sent */
             break;
         g->state = GEO_RUNNING;
         pthread_mutex_unlock(&g->mu);
@@ -95,11 +95,11 @@ static void *communicator(void *arg) {
     return NULL;
 }
 
-/* Folds a finished exchange into the copies (training thread; the thread is idle): copy +=
- * fresh - base, snapshot = fresh. The thread's error, if it failed, with its message. */
+/* Folds a finished exchange into the copies (training thread; the thread idle, its state
+ * already back to IDLE): copy += fresh - base, snapshot = fresh. The thread's error, if it
+ * failed, with its message. */
 static int fold(ctr_trainer *c) {
     ctr_geo *g = c->geo;
-    g->state = GEO_IDLE;
     if (g->err)
         return fl_fail(g->err, "%s", g->errmsg);
     for (int t = 0; t < FL_CTR_NTABLES; t++) {
@@ -121,7 +121,7 @@ static int fold(ctr_trainer *c) {
 static int drain(ctr_trainer *c) {
     ctr_geo *g = c->geo;
     if (!g->started)
-        return g->state == GEO_DONE ? fold(c) : FL_OK;
+        return FL_OK; /* the exchanges ran and were folded at their hand-off */
     pthread_mutex_lock(&g->mu);
     if (g->state == GEO_QUEUED || g->state == GEO_RUNNING) {
         double t0 = fl_now();
@@ -130,6 +130,8 @@ static int drain(ctr_trainer *c) {
         g->wait_s += fl_now() - t0;
     }
     bool done = g->state == GEO_DONE;
+    if (done)
+        g->state = GEO_IDLE;
     pthread_mutex_unlock(&g->mu);
     return done ? fold(c) : FL_OK;
 }
@@ -181,11 +183,8 @@ static int hand_off(ctr_trainer *c, int64_t step, bool here) {
     g->since = 0;
     if (g->exchanges++ == 0)
         g->first_step = step + 1;
-    if (here || !g->started) {
-        int rc = send_and_receive(g);
-        if (rc < 0)
-            return rc;
-        g->state = GEO_DONE;
+    if (here || !g->started) { /* the thread, if any, idle */
+        FL_TRY(send_and_receive(g));
         return fold(c);
     }
     pthread_mutex_lock(&g->mu);
@@ -232,7 +231,8 @@ void ctr_geo_free(ctr_trainer *c) {
     if (!g)
         return;
     if (g->started) {
-        /* an exchange in flight ends first (at worst by the client's timeout) */
+        /* an exchange in flight ends first (at worst by the client's timeout); one queued is
+         * dropped (ctr_geo_finish sends everything on a run that ends well) */
         pthread_mutex_lock(&g->mu);
         g->stop = true;
         pthread_cond_broadcast(&g->cv);
@@ -261,6 +261,8 @@ int ctr_geo_poll(ctr_trainer *c) {
         return FL_OK;
     pthread_mutex_lock(&g->mu);
     bool done = g->state == GEO_DONE;
+    if (done)
+        g->state = GEO_IDLE;
     pthread_mutex_unlock(&g->mu);
     return done ? fold(c) : FL_OK;
 }
