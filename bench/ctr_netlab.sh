@@ -9,13 +9,18 @@
 #   sync         PS, a_sync false: rows pulled and row gradients pushed every step, merged
 #   async        PS, a_sync true, k_steps -1: the same, applied on arrival (ASYNC_EXTRA added)
 #   geoK         PS geo with k_steps K (CFGS "geo4 geo16 geo64"): local copies, an exchange of
-#                the touched rows' differences (and the dense part's) every K steps
+#                the touched rows' differences (and the dense part's) every K steps, the sparse
+#                one from a communicator thread, the workers staggered (geo_background)
+#   geofgK       the same with a_sync_configs.geo_background false: the sparse exchange on the
+#                training thread, every worker at the same step (before the communicator)
 # and, once, a single process (no network, batch WORKERS x batch: the same global batches and
 # updates as collective and sync) for the reference AUC.
 # Per configuration, medians over ROUNDS rounds:
-#   ex/s       global batch / median step time of worker 0's progress windows after the first
+#   ex/s       global batch / mean step time of worker 0's progress windows after the first
 #              SKIP (ips of the progress lines: every worker's samples over worker 0's window;
-#              the evaluations are outside the windows)
+#              the evaluations are outside the windows). The mean, not the median: with geo at
+#              k >= 2 windows most windows hold no exchange, and a median of the windows would
+#              leave the exchanges' time out (this script used the median before 2026-11-26 22:15)
 #   wire       MB per training step on the wire: the sum over all hosts of eth0's tx bytes
 #              (/sys/class/net/eth0/statistics inside each host's namespace, read before and
 #              after the job), less those of a calibration job (below), over the steps
@@ -84,6 +89,8 @@ strategy_of() { # CFG -> fleet-train overrides
   case $1 in
   sync) echo "-o strategy.a_sync=false" ;;
   async) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=-1 ${async_extra[*]}" ;;
+  geofg*) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=${1#geofg}" \
+    "-o strategy.a_sync_configs.geo_background=false" ;;
   geo*) echo "-o strategy.a_sync=true -o strategy.a_sync_configs.k_steps=${1#geo}" ;;
   esac
 }
@@ -105,7 +112,8 @@ comm_total() { # MB worker 0 sent over all its progress windows
   awk '/^worker_index: 0, .* ips / { for (i = 1; i <= NF; i++) if ($i == "comm") s += $(i + 1) }
        END { printf "%.3f\n", s }' "$1"
 }
-ex_s() { window_ms "$skip" "$gb" "$1" | median | awk -v gb="$gb" '{ printf "%.1f\n", ($1 > 0) ? 1000 * gb / $1 : 0 }'; }
+mean() { awk '{ s += $1 } END { if (NR) printf "%.3f\n", s / NR; else print "nan" }'; }
+ex_s() { window_ms "$skip" "$gb" "$1" | mean | awk -v gb="$gb" '{ printf "%.1f\n", ($1 > 0) ? 1000 * gb / $1 : 0 }'; }
 
 # run_cfg CFG TAG PORT [ARGS...] -> "ex/s auc w0comm_MB step_ms teacher steps" and every host's
 # eth0 tx and rx bytes during the job
@@ -123,7 +131,7 @@ run_cfg() {
   esac
   b1=$(wire_bytes)
   steps=$(last_step "$out")
-  ms=$(window_ms "$skip" "$gb" "$out" | median)
+  ms=$(window_ms "$skip" "$gb" "$out" | mean)
   exs=$(ex_s "$out") auc=$(eval_auc "$out") comm=$(comm_total "$out") tea=$(teacher_auc "$out")
   echo "${exs:--} ${auc:--} ${comm:--} ${ms:--} ${tea:--} ${steps:-0}" \
     "$(awk -v a="$b0" -v b="$b1" 'BEGIN { n = split(a, x); split(b, y)
@@ -195,7 +203,7 @@ col() { derive "$1" | awk -v f="$2" '$f != "-" { print $f }' | median; }
 fix() { awk -v c="$1" -v f="$2" '$1 == c && $2 == "cal" { if (f == "cpu") print $11
     else { s = 0; for (i = 13; i <= NF; i += 2) s += $i; printf "%.1f\n", s / 1e6 } }' "$raw"; }
 echo
-echo "# ex/s: global batch / median step time; wire: all hosts' eth0 tx MB per training step;"
+echo "# ex/s: global batch / mean step time; wire: all hosts' eth0 tx MB per training step;"
 echo "# busiest: the busiest link direction's MB/step, link_ms its time at $rate, link its share of"
 echo "# step_ms; cpu_ms: the job's CPU ms per training step ($_guard_ncpu cores); w0comm: worker 0's own"
 echo "# MB/step (progress lines); cpu/other: % of the cores the job / everything else used; auc:"

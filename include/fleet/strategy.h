@@ -134,6 +134,10 @@ typedef struct fl_strategy {
         int64_t k_steps;            /* default -1 (Paddle's): async; > 0: geo */
         int64_t max_merge_var_num;  /* async: the most queued gradients merged into one push
                                        (Paddle's; default 20) */
+        bool    geo_background;     /* geo, the CTR trainer's sparse tables: exchanged by a
+                                       communicator thread, the workers' exchange steps
+                                       staggered (default true); false: on the training
+                                       thread, every worker at the same step */
     } a_sync_configs;
     /* recompute (fl_net_set_recompute): keep the outputs of the checkpoint layers only */
     bool recompute;

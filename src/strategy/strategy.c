@@ -140,6 +140,9 @@ static const fl_cfg_key keys[] = {
      "geo: local steps between pushes of the difference; <= 0: async"},
     {"a_sync_configs.max_merge_var_num", FL_CFG_INT, OFF(a_sync_configs.max_merge_var_num), 0,
      1, 1e6, NULL, false, "async: the most queued gradients merged into one push"},
+    {"a_sync_configs.geo_background", FL_CFG_BOOL, OFF(a_sync_configs.geo_background), 0, 0, 0,
+     NULL, false, "geo, CTR sparse tables: exchanged by a communicator thread, the workers "
+     "staggered (false: on the training thread, all at the same step)"},
 
     {"recompute", FL_CFG_BOOL, OFF(recompute), 0, 0, 0, NULL, false,
      "keep only the checkpoint layers' outputs, recompute the rest in backward"},
@@ -174,6 +177,7 @@ void fl_strategy_defaults(fl_strategy *s) {
     s->localsgd_configs.k_steps = 1;
     s->a_sync_configs.k_steps = -1;
     s->a_sync_configs.max_merge_var_num = 20;
+    s->a_sync_configs.geo_background = true;
     s->localsgd_configs.begin_step = 1;
     s->adaptive_localsgd_configs.init_k_steps = 1;
     s->adaptive_localsgd_configs.begin_step = 1;

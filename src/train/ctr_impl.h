@@ -50,7 +50,7 @@ int  ctr_source_seek(ctr_source *s, int64_t skip);
  * reader's error ("file:line: what"). */
 int  ctr_source_next(ctr_source *s, const fl_ctr_batch **b);
 
-/* A set of ids (geo: the rows touched since the last exchange). */
+/* A set of ids (geo: the rows touched since the last hand-off). */
 typedef struct {
     uint64_t *keys; /* open addressing; 0 marks a free slot, id 0 kept aside */
     int64_t   cap, n;
@@ -72,13 +72,13 @@ typedef struct {
     float         *shows, *clicks; /* the prepared batch's counts per distinct id */
     int64_t        counts_cap;
     fl_ps_sparse  *rep[FL_CTR_NTABLES];  /* collective: replicas; geo: the local copies */
-    fl_ps_sparse  *snap[FL_CTR_NTABLES]; /* geo: the values at the last exchange */
-    ctr_idset      touched[FL_CTR_NTABLES];
-    int64_t        geo_k, since_exchange;
+    int64_t       *slots[FL_CTR_NTABLES]; /* geo: the prepared batch's rows' slots in rep */
+    int64_t        slots_cap[FL_CTR_NTABLES];
+    struct ctr_geo *geo;     /* geo: snapshots, touched ids, the communicator (ctr_geo.c) */
+    int64_t        geo_k;
+    bool           geo_background; /* strategy.a_sync_configs.geo_background */
     char          *xbuf;     /* collective: this worker's ids and gradients, then everyone's */
     size_t         xcap;
-    float         *scratch[3]; /* geo: rows of the exchange */
-    int64_t        scratch_cap;
     double         best_auc; /* ctr_synth: the teacher's AUC on the validation samples; NAN */
 } ctr_trainer;
 
@@ -107,7 +107,9 @@ int  ctr_tables_fill(ctr_trainer *c);
 /* Applies the prepared batch's row gradients (after the model's backward) as update `step`;
  * with the life cycle also its shows and clicks (labels: the batch's, B). */
 int  ctr_tables_update(ctr_trainer *c, int64_t step, const int32_t *labels);
-/* Geo: the last exchange (every worker calls it at the end). Else a no-op. */
+/* Geo: the last exchange, complete and on this thread, after the one in flight; then every
+ * worker's (a barrier), and the evaluation reads the servers' tables (every worker calls it at
+ * the end). Else a no-op. */
 int  ctr_tables_finish(ctr_trainer *c, int64_t step);
 /* Rows and bytes of the tables: those this worker holds (replicas, geo copies), or in PS sync
  * and async the servers' (worker 0 asks them; the other workers get -1). */
@@ -131,6 +133,23 @@ int64_t ctr_ckpt_resume_step(const fl_train_config *cfg);
 int  ctr_evaluate(ctr_trainer *c, fl_ctr_metrics *met);
 /* fleet-train's entry for CTR data (fl_train_run dispatches here). */
 int  fl_train_run_ctr(const fl_train_config *cfg, fl_train_result *res);
+
+/* ctr_geo.c: geo mode's exchanges (c->rep[] are the local copies). init: the snapshots and,
+ * with background, the communicator thread (worker r's first exchange after k + r*k/W steps);
+ * free joins the thread (an exchange in flight ends first) and frees everything (NULL geo: a
+ * no-op). poll: at a safe point of the training thread (before the copies are read), folds an
+ * exchange the thread finished, or returns its error (its message names the table, server
+ * and endpoint). update: the prepared batch's row gradients into the copies (slots[t]: the
+ * hints fl_ps_sparse_pull_rows_slots gave, or NULL), and every k steps the hand-off, after
+ * waiting for and folding the exchange before. finish: waits for the exchange in flight, runs
+ * the last one on this thread, waits for every worker's (collective: a barrier); from then on
+ * ctr_geo_final is true and reads go to the servers. */
+int  ctr_geo_init(ctr_trainer *c, bool background);
+void ctr_geo_free(ctr_trainer *c);
+int  ctr_geo_poll(ctr_trainer *c);
+int  ctr_geo_update(ctr_trainer *c, int64_t step, int64_t *const slots[FL_CTR_NTABLES]);
+int  ctr_geo_finish(ctr_trainer *c, int64_t step);
+bool ctr_geo_final(const ctr_trainer *c);
 
 /* ctr_sparse.c: the id set. */
 int  ctr_idset_add(ctr_idset *s, const uint64_t *ids, int64_t n);

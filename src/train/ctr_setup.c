@@ -97,6 +97,7 @@ int ctr_setup(ctr_trainer *c, const fl_train_config *cfg) {
               : !s->a_sync ? CTR_PS_SYNC
               : s->a_sync_configs.k_steps > 0 ? CTR_PS_GEO : CTR_PS_ASYNC;
     c->geo_k = s->a_sync_configs.k_steps;
+    c->geo_background = s->a_sync_configs.geo_background;
     if (!t->ps && s->a_sync)
         return fl_fail(FL_ECONFIG, "strategy.a_sync: parameter-server training, but no role in "
                                    "the environment (TRAINING_ROLE): start the job with "

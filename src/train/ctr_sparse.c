@@ -11,7 +11,8 @@
  *     for them; async: applied on arrival);
  *   PS geo: a local copy trained with the rule alone; every k steps the touched rows'
  *     differences since the last exchange, / W, are pushed (the servers' rule is SUM) and the
- *     servers' sums pulled back into the copy (its rule state kept), as GEO-SGD does for dense. */
+ *     servers' sums pulled back into the copy (its rule state kept), as GEO-SGD does for dense:
+ *     ctr_geo.c, from a communicator thread. */
 #include "train/ctr_impl.h"
 
 #include <stdlib.h>
@@ -124,20 +125,20 @@ int ctr_tables_init(ctr_trainer *c) {
             if (c->mode == CTR_COLLECTIVE)
                 FL_TRY(fl_ps_sparse_set_opts(c->rep[t], &c->opts));
         }
-        if (c->mode == CTR_PS_GEO)
-            FL_TRY(fl_ps_sparse_create(CTR_PS_TABLE(t), dim, &server_rule, &c->init[t],
-                                       &c->snap[t]));
     }
-    c->since_exchange = 0;
+    if (c->mode == CTR_PS_GEO)
+        FL_TRY(ctr_geo_init(c, c->geo_background));
     return FL_OK;
 }
 
 void ctr_tables_free(ctr_trainer *c) {
+    ctr_geo_free(c); /* its thread first */
     for (int t = 0; t < FL_CTR_NTABLES; t++) {
         fl_ps_sparse_free(c->rep[t]);
-        fl_ps_sparse_free(c->snap[t]);
-        ctr_idset_free(&c->touched[t]);
-        c->rep[t] = c->snap[t] = NULL;
+        free(c->slots[t]);
+        c->rep[t] = NULL;
+        c->slots[t] = NULL;
+        c->slots_cap[t] = 0;
     }
     free(c->xbuf);
     free(c->shows);
@@ -146,19 +147,36 @@ void ctr_tables_free(ctr_trainer *c) {
     c->counts_cap = 0;
     c->xbuf = NULL;
     c->xcap = 0;
-    for (int i = 0; i < 3; i++) {
-        free(c->scratch[i]);
-        c->scratch[i] = NULL;
-    }
-    c->scratch_cap = 0;
+}
+
+/* Room for the slots of n rows of table t (geo). */
+static int slots_reserve(ctr_trainer *c, int t, int64_t n) {
+    if (n <= c->slots_cap[t])
+        return FL_OK;
+    int64_t cap = n > 1024 ? n * 2 : 2048;
+    int64_t *p = realloc(c->slots[t], (size_t)cap * sizeof *p);
+    if (!p)
+        return fl_fail(FL_ENOMEM, "ctr: out of memory for the slots of %lld rows", (long long)n);
+    c->slots[t] = p;
+    c->slots_cap[t] = cap;
+    return FL_OK;
 }
 
 int ctr_tables_fill(ctr_trainer *c) {
+    /* geo: an exchange the communicator finished is folded in first; after the last one the
+     * tables are the servers' */
+    bool geo = c->mode == CTR_PS_GEO && !ctr_geo_final(c);
+    if (geo)
+        FL_TRY(ctr_geo_poll(c));
     for (int t = 0; t < FL_CTR_NTABLES; t++) {
         fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
-        int rc = c->rep[t] ? fl_ps_sparse_pull_rows(c->rep[t], r->ids, r->n, r->rows)
-                           : fl_ps_sparse_pull(c->base.ps, CTR_PS_TABLE(t), r->ids, r->n,
-                                               r->rows);
+        bool local = c->rep[t] && (c->mode == CTR_COLLECTIVE || geo);
+        int rc = geo ? slots_reserve(c, t, r->n) : FL_OK;
+        if (rc >= 0)
+            rc = !local ? fl_ps_sparse_pull(c->base.ps, CTR_PS_TABLE(t), r->ids, r->n, r->rows)
+                 : geo  ? fl_ps_sparse_pull_rows_slots(c->rep[t], r->ids, r->n, r->rows,
+                                                       c->slots[t])
+                        : fl_ps_sparse_pull_rows(c->rep[t], r->ids, r->n, r->rows);
         if (rc < 0)
             return fl_fail_prefix(rc, "pulling %lld rows of sparse table '%s'", (long long)r->n,
                                   fl_ctr_model_table_name(t));
@@ -270,59 +288,6 @@ static int exchange_collective(ctr_trainer *c) {
     return rc < 0 ? fl_fail_prefix(rc, "updating the sparse replicas") : FL_OK;
 }
 
-static int scratch_reserve(ctr_trainer *c, int64_t floats) {
-    if (floats <= c->scratch_cap)
-        return FL_OK;
-    for (int i = 0; i < 3; i++) {
-        float *p = realloc(c->scratch[i], (size_t)floats * sizeof *p);
-        if (!p)
-            return fl_fail(FL_ENOMEM, "ctr: out of memory for %lld rows' values",
-                           (long long)floats);
-        c->scratch[i] = p;
-    }
-    c->scratch_cap = floats;
-    return FL_OK;
-}
-
-/* Geo: pushes (copy - snapshot) / W of every touched row, pulls the servers' sums, folds them
- * into the copy (keeping its rule state) and takes them as the new snapshot. */
-static int geo_exchange(ctr_trainer *c, int64_t step) {
-    int W = c->base.world;
-    for (int t = 0; t < FL_CTR_NTABLES; t++) {
-        uint64_t *ids;
-        int64_t n;
-        FL_TRY(ctr_idset_sorted(&c->touched[t], &ids, &n));
-        int dim = fl_ps_sparse_dim(c->rep[t]);
-        int rc = scratch_reserve(c, n * dim);
-        float *local = c->scratch[0], *snap = c->scratch[1], *fresh = c->scratch[2];
-        if (rc >= 0)
-            rc = fl_ps_sparse_pull_rows(c->rep[t], ids, n, local);
-        if (rc >= 0)
-            rc = fl_ps_sparse_pull_rows(c->snap[t], ids, n, snap);
-        if (rc >= 0) {
-            for (int64_t i = 0; i < n * dim; i++)
-                snap[i] = (local[i] - snap[i]) / (float)W;
-            rc = fl_ps_sparse_push(c->base.ps, CTR_PS_TABLE(t), step, 0.0, ids, n, snap);
-        }
-        if (rc >= 0)
-            rc = fl_ps_sparse_pull(c->base.ps, CTR_PS_TABLE(t), ids, n, fresh);
-        if (rc >= 0) {
-            for (int64_t i = 0; i < n * dim; i++)
-                local[i] = fresh[i] - local[i];
-            rc = fl_ps_sparse_add_rows(c->rep[t], ids, n, local);
-        }
-        for (int64_t i = 0; i < n && rc >= 0; i++)
-            rc = fl_ps_sparse_put(c->snap[t], ids[i], fresh + i * dim, NULL, NULL);
-        free(ids);
-        if (rc < 0)
-            return fl_fail_prefix(rc, "geo exchange of sparse table '%s'",
-                                  fl_ctr_model_table_name(t));
-        ctr_idset_clear(&c->touched[t]);
-    }
-    c->since_exchange = 0;
-    return FL_OK;
-}
-
 /* The life cycle's shows and clicks of the prepared batch's distinct ids (both tables hold the
  * same ids). */
 static int count_batch(ctr_trainer *c, const int32_t *labels) {
@@ -365,22 +330,13 @@ int ctr_tables_update(ctr_trainer *c, int64_t step, const int32_t *labels) {
         }
         return FL_OK;
     case CTR_PS_GEO:
-        for (int t = 0; t < FL_CTR_NTABLES; t++) {
-            fl_sparse_rows *r = fl_ctr_model_rows(c->model, t);
-            FL_TRY(fl_ps_sparse_push_rows(c->rep[t], r->ids, r->n, r->grads, c->sparse_lr));
-            FL_TRY(ctr_idset_add(&c->touched[t], r->ids, r->n));
-        }
-        if (++c->since_exchange >= c->geo_k)
-            return geo_exchange(c, step);
-        return FL_OK;
+        return ctr_geo_update(c, step, c->slots);
     }
     return FL_OK;
 }
 
 int ctr_tables_finish(ctr_trainer *c, int64_t step) {
-    if (c->mode != CTR_PS_GEO || c->since_exchange == 0)
-        return FL_OK;
-    return geo_exchange(c, step);
+    return c->mode == CTR_PS_GEO ? ctr_geo_finish(c, step) : FL_OK;
 }
 
 int ctr_tables_size(ctr_trainer *c, int64_t *rows, int64_t *bytes) {

@@ -136,7 +136,8 @@ static void test_schema(void) {
                           "strategy.amp_configs.dtype", "strategy.amp_configs.custom_white_list",
                           "strategy.amp_configs.custom_black_list", "strategy.a_sync",
                           "strategy.a_sync_configs.k_steps",
-                          "strategy.a_sync_configs.max_merge_var_num", "strategy.recompute",
+                          "strategy.a_sync_configs.max_merge_var_num",
+                          "strategy.a_sync_configs.geo_background", "strategy.recompute",
                           "strategy.recompute_configs.checkpoints"};
     CHECK(n == (int)(sizeof want / sizeof want[0]));
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
