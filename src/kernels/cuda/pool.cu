@@ -80,6 +80,16 @@ __device__ __forceinline__ void undilated_range(I y, I P, I K, I S, I O, I *lo, 
     *hi = u < O - 1 ? u : O - 1;
 }
 
+/* window o's share of input pixel p's gradient: average pool's dy / (KH KW), max pool's dy
+ * where o's largest is p */
+template <class T, class I>
+__device__ __forceinline__ void take_window(const T *dy, const I *at, I o, I p, T inv, T *acc) {
+    if (!at)
+        *acc += dy[o] * inv;
+    else if (at[o] == p)
+        *acc += dy[o];
+}
+
 /* the outputs whose window holds input row iy: oy = (iy + PH - i DH) / SH for the taps i that
  * divide, visited with i descending (oy ascending); max pool takes a window's gradient where
  * at (pool_argmax_k) names this pixel. Without dilation (every pooling of the zoo) the
@@ -97,13 +107,9 @@ __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, const I *at, I total, cons
             undilated_range(k.y, g.PH, g.KH, g.SH, g.OH, &ylo, &yhi);
             undilated_range(k.x, g.PW, g.KW, g.SW, g.OW, &xlo, &xhi);
             for (I oy = ylo; oy <= yhi; oy++)
-                for (I ox = xlo; ox <= xhi; ox++) {
-                    I o = index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW);
-                    if (!at)
-                        acc += dy[o] * inv;
-                    else if (at[o] == p)
-                        acc += dy[o];
-                }
+                for (I ox = xlo; ox <= xhi; ox++)
+                    take_window(dy, at, index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW), p,
+                                inv, &acc);
             dx[p] = acc;
             continue;
         }
@@ -121,11 +127,8 @@ __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, const I *at, I total, cons
                 I ox = tx / g.SW;
                 if (ox >= g.OW)
                     continue;
-                I o = index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW);
-                if (!at)
-                    acc += dy[o] * inv;
-                else if (at[o] == p)
-                    acc += dy[o];
+                take_window(dy, at, index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW), p, inv,
+                            &acc);
             }
         }
         dx[p] = acc;
