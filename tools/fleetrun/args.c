@@ -218,6 +218,124 @@ static int check_ps_args(options *o) {
     return 0;
 }
 
+/* Takes option id's value v into o (--ips into *ips). Returns 0 or fr_arg_error's status. */
+static int apply_option(options *o, int id, const char *v, const char **ips) {
+    int rc = 0;
+    switch (id) {
+    case OPT_IPS: *ips = v; o->ips_given = true; break;
+    case OPT_SERVER_NUM:
+        if (parse_int(v, 1, PS_MAX_SERVERS, &o->server_num))
+            rc = fr_arg_error("--server_num: '%s' is not a number from 1 to %d", v,
+                              PS_MAX_SERVERS);
+        break;
+    case OPT_WORKER_NUM:
+        if (parse_int(v, 1, PS_MAX_WORKERS, &o->worker_num))
+            rc = fr_arg_error("--worker_num: '%s' is not a number from 1 to %d", v,
+                              PS_MAX_WORKERS);
+        break;
+    case OPT_SERVERS:
+    case OPT_WORKERS:
+        if (!*v)
+            rc = fr_arg_error("%s: empty list", id == OPT_SERVERS ? "--servers" : "--workers");
+        if (id == OPT_SERVERS)
+            o->servers_arg = v;
+        else
+            o->workers_arg = v;
+        break;
+    case OPT_NPROC:
+        if (parse_int(v, 1, MAX_NPROC, &o->nproc))
+            rc = fr_arg_error("--nproc_per_node: '%s' is not a number from 1 to %d", v,
+                           MAX_NPROC);
+        break;
+    case OPT_GPUS: rc = parse_gpus(o, v); break;
+    case OPT_LOG_DIR: {
+        size_t len = strlen(v);
+        while (len > 1 && v[len - 1] == '/') /* "log/" names files log/workerlog.i */
+            len--;
+        if (!*v || len >= sizeof o->log_dir_buf)
+            rc = fr_arg_error("--log_dir: empty or too long path '%s'", v);
+        else
+            snprintf(o->log_dir_buf, sizeof o->log_dir_buf, "%.*s", (int)len, v);
+        o->log_dir = o->log_dir_buf;
+        break;
+    }
+    case OPT_PORT:
+        if (parse_int(v, 1, 65535, &o->port))
+            rc = fr_arg_error("--started_port: '%s' is not a port number (1..65535)", v);
+        o->port_given = true;
+        break;
+    case OPT_NODE_IP:
+        if (!fr_parse_ip(v).family)
+            rc = fr_arg_error("--node_ip: '%s' is not an IPv4 or IPv6 address", v);
+        o->node_ip = v;
+        break;
+    case OPT_RESTARTS:
+        if (parse_int(v, 0, 1000, &o->max_restarts))
+            rc = fr_arg_error("--max_restarts: '%s' is not a number from 0 to 1000", v);
+        break;
+    case OPT_NNODES: rc = parse_nnodes(o, v); break;
+    case OPT_BIND:
+        if (strcmp(v, "core") && strcmp(v, "none"))
+            rc = fr_arg_error("--bind_to: '%s' is not core or none", v);
+        o->bind_core = !strcmp(v, "core");
+        break;
+    case OPT_COORD_PORT:
+        if (parse_int(v, 1, 65535, &o->coord_port))
+            rc = fr_arg_error("--coord_port: '%s' is not a port number (1..65535)", v);
+        break;
+    case OPT_NODE_TIMEOUT: {
+        char *end;
+        o->node_timeout = strtod(v, &end);
+        if (end == v || *end || !(o->node_timeout >= 0.1 && o->node_timeout <= 86400))
+            rc = fr_arg_error("--node_timeout: '%s' is not a number of seconds from 0.1 to "
+                              "86400", v);
+        break;
+    }
+    case OPT_GRACE: {
+        char *end;
+        o->grace = strtod(v, &end);
+        if (end == v || *end || !(o->grace >= 0 && o->grace <= 3600))
+            rc = fr_arg_error("--grace: '%s' is not a number of seconds from 0 to 3600", v);
+        break;
+    }
+    }
+    return rc;
+}
+
+/* A collective job's checks and defaults once every option is read: ranks, ports, the
+ * coordinator of several nodes. Returns 0 or fr_arg_error's status. */
+static int finish_collective(options *o) {
+    if (o->ngpus && o->nproc && o->ngpus != o->nproc)
+        return fr_arg_error("--nproc_per_node %d but --gpus lists %d devices", o->nproc, o->ngpus);
+    if (!o->nproc)
+        o->nproc = o->ngpus ? o->ngpus : 1;
+    if ((long)o->nproc * o->nnodes > MAX_RANKS)
+        return fr_arg_error("%d nodes x %d workers is more than %d ranks", o->nnodes, o->nproc,
+                         MAX_RANKS);
+    if (!o->port) {
+        const char *env = getenv("FLAGS_START_PORT");
+        if (env && *env && parse_int(env, 1, 65535, &o->port))
+            return fr_arg_error("FLAGS_START_PORT='%s' is not a port number (1..65535)", env);
+    }
+    if (o->port && o->port + o->nproc - 1 > 65535)
+        return fr_arg_error("ports %d..%d: past 65535", o->port, o->port + o->nproc - 1);
+    if (o->max_nodes && o->max_nodes != o->nnodes)
+        return fr_arg_error("--nnodes %d:%d, but --ips lists %d node(s): MAX is the number of "
+                            "--ips", o->min_nodes, o->max_nodes, o->nnodes);
+    /* several nodes that restart or name --nnodes: node 0's fleetrun coordinates the rounds */
+    o->coordinated = o->nnodes > 1 && (o->max_restarts > 0 || o->max_nodes > 0);
+    if (!o->max_nodes)
+        o->min_nodes = o->max_nodes = o->nnodes;
+    if (o->coordinated && !o->coord_port) {
+        int first = o->port ? o->port : FR_DEFAULT_PORT;
+        if (first < 2)
+            return fr_arg_error("--started_port %d leaves no port below it for the "
+                                "coordinator: give --coord_port", first);
+        o->coord_port = first - 1;
+    }
+    return 0;
+}
+
 /* Returns 0, or the status to exit with (2: bad arguments; -1: --help printed, exit 0). */
 int fr_parse_args(int argc, char **argv, options *o) {
     int i;
@@ -252,85 +370,7 @@ int fr_parse_args(int argc, char **argv, options *o) {
             v = argv[++i];
         else
             return fr_arg_error("option '%s' needs a value", a);
-        int rc = 0;
-        switch (id) {
-        case OPT_IPS: ips = v; o->ips_given = true; break;
-        case OPT_SERVER_NUM:
-            if (parse_int(v, 1, PS_MAX_SERVERS, &o->server_num))
-                rc = fr_arg_error("--server_num: '%s' is not a number from 1 to %d", v,
-                                  PS_MAX_SERVERS);
-            break;
-        case OPT_WORKER_NUM:
-            if (parse_int(v, 1, PS_MAX_WORKERS, &o->worker_num))
-                rc = fr_arg_error("--worker_num: '%s' is not a number from 1 to %d", v,
-                                  PS_MAX_WORKERS);
-            break;
-        case OPT_SERVERS:
-        case OPT_WORKERS:
-            if (!*v)
-                rc = fr_arg_error("%s: empty list", id == OPT_SERVERS ? "--servers" : "--workers");
-            if (id == OPT_SERVERS)
-                o->servers_arg = v;
-            else
-                o->workers_arg = v;
-            break;
-        case OPT_NPROC:
-            if (parse_int(v, 1, MAX_NPROC, &o->nproc))
-                rc = fr_arg_error("--nproc_per_node: '%s' is not a number from 1 to %d", v,
-                               MAX_NPROC);
-            break;
-        case OPT_GPUS: rc = parse_gpus(o, v); break;
-        case OPT_LOG_DIR: {
-            size_t len = strlen(v);
-            while (len > 1 && v[len - 1] == '/') /* "log/" names files log/workerlog.i */
-                len--;
-            if (!*v || len >= sizeof o->log_dir_buf)
-                rc = fr_arg_error("--log_dir: empty or too long path '%s'", v);
-            else
-                snprintf(o->log_dir_buf, sizeof o->log_dir_buf, "%.*s", (int)len, v);
-            o->log_dir = o->log_dir_buf;
-            break;
-        }
-        case OPT_PORT:
-            if (parse_int(v, 1, 65535, &o->port))
-                rc = fr_arg_error("--started_port: '%s' is not a port number (1..65535)", v);
-            o->port_given = true;
-            break;
-        case OPT_NODE_IP:
-            if (!fr_parse_ip(v).family)
-                rc = fr_arg_error("--node_ip: '%s' is not an IPv4 or IPv6 address", v);
-            o->node_ip = v;
-            break;
-        case OPT_RESTARTS:
-            if (parse_int(v, 0, 1000, &o->max_restarts))
-                rc = fr_arg_error("--max_restarts: '%s' is not a number from 0 to 1000", v);
-            break;
-        case OPT_NNODES: rc = parse_nnodes(o, v); break;
-        case OPT_BIND:
-            if (strcmp(v, "core") && strcmp(v, "none"))
-                rc = fr_arg_error("--bind_to: '%s' is not core or none", v);
-            o->bind_core = !strcmp(v, "core");
-            break;
-        case OPT_COORD_PORT:
-            if (parse_int(v, 1, 65535, &o->coord_port))
-                rc = fr_arg_error("--coord_port: '%s' is not a port number (1..65535)", v);
-            break;
-        case OPT_NODE_TIMEOUT: {
-            char *end;
-            o->node_timeout = strtod(v, &end);
-            if (end == v || *end || !(o->node_timeout >= 0.1 && o->node_timeout <= 86400))
-                rc = fr_arg_error("--node_timeout: '%s' is not a number of seconds from 0.1 to "
-                                  "86400", v);
-            break;
-        }
-        case OPT_GRACE: {
-            char *end;
-            o->grace = strtod(v, &end);
-            if (end == v || *end || !(o->grace >= 0 && o->grace <= 3600))
-                rc = fr_arg_error("--grace: '%s' is not a number of seconds from 0 to 3600", v);
-            break;
-        }
-        }
+        int rc = apply_option(o, id, v, &ips);
         if (rc)
             return rc;
     }
@@ -353,35 +393,7 @@ int fr_parse_args(int argc, char **argv, options *o) {
         o->min_nodes = o->max_nodes = 1;
         return 0;
     }
-    if (o->ngpus && o->nproc && o->ngpus != o->nproc)
-        return fr_arg_error("--nproc_per_node %d but --gpus lists %d devices", o->nproc, o->ngpus);
-    if (!o->nproc)
-        o->nproc = o->ngpus ? o->ngpus : 1;
-    if ((long)o->nproc * o->nnodes > MAX_RANKS)
-        return fr_arg_error("%d nodes x %d workers is more than %d ranks", o->nnodes, o->nproc,
-                         MAX_RANKS);
-    if (!o->port) {
-        const char *env = getenv("FLAGS_START_PORT");
-        if (env && *env && parse_int(env, 1, 65535, &o->port))
-            return fr_arg_error("FLAGS_START_PORT='%s' is not a port number (1..65535)", env);
-    }
-    if (o->port && o->port + o->nproc - 1 > 65535)
-        return fr_arg_error("ports %d..%d: past 65535", o->port, o->port + o->nproc - 1);
-    if (o->max_nodes && o->max_nodes != o->nnodes)
-        return fr_arg_error("--nnodes %d:%d, but --ips lists %d node(s): MAX is the number of "
-                            "--ips", o->min_nodes, o->max_nodes, o->nnodes);
-    /* several nodes that restart or name --nnodes: node 0's fleetrun coordinates the rounds */
-    o->coordinated = o->nnodes > 1 && (o->max_restarts > 0 || o->max_nodes > 0);
-    if (!o->max_nodes)
-        o->min_nodes = o->max_nodes = o->nnodes;
-    if (o->coordinated && !o->coord_port) {
-        int first = o->port ? o->port : FR_DEFAULT_PORT;
-        if (first < 2)
-            return fr_arg_error("--started_port %d leaves no port below it for the "
-                                "coordinator: give --coord_port", first);
-        o->coord_port = first - 1;
-    }
-    return 0;
+    return finish_collective(o);
 }
 
 /* Program lookup before anything starts, with execvp's rules: 127 not found, 126 not runnable. */
