@@ -59,6 +59,42 @@ static int boundary(const int64_t *hist, int64_t budget, int64_t *above) {
     return -1;
 }
 
+/* Step 3 of fl_comm_sparse_allreduce: with U distinct summed pairs in tr here, keeps the
+ * pairs above a threshold common to every rank so that at most max_keep are kept over all
+ * ranks, moving them to the front of tr in order; *K gets how many. The count of distinct
+ * indices travels with the exponent histogram (one allreduce, not two: the histogram is cheap
+ * to make and 2 KiB to send, a message round is not); the threshold's mantissa bits take a
+ * second histogram only when the budget binds. 0 or the failed collective's status. */
+static int keep_within_budget(fl_comm *c, triple *tr, int64_t U, int64_t max_keep, int64_t *K) {
+    int64_t h1[257] = {0}, hist[256] = {0}, above = 0;
+    int rc;
+    h1[256] = U;
+    for (int64_t i = 0; i < U; i++)
+        h1[mag_bits(tr[i].val) >> 23]++;
+    if ((rc = fl_comm_allreduce(c, h1, 257, FL_DTYPE_I64, FL_REDOP_SUM)) < 0)
+        return rc;
+    int b1 = -1, b2 = -1;
+    if (h1[256] > max_keep) {
+        b1 = boundary(h1, max_keep, &above);
+        for (int64_t i = 0; i < U; i++)
+            if ((int)(mag_bits(tr[i].val) >> 23) == b1)
+                hist[(mag_bits(tr[i].val) >> 15) & 0xff]++;
+        if ((rc = fl_comm_allreduce(c, hist, 256, FL_DTYPE_I64, FL_REDOP_SUM)) < 0)
+            return rc;
+        int64_t above2 = 0;
+        b2 = boundary(hist, max_keep - above, &above2);
+    }
+    int64_t k = 0;
+    for (int64_t i = 0; i < U; i++) {
+        uint32_t mb = mag_bits(tr[i].val);
+        int e = (int)(mb >> 23), f = (int)((mb >> 15) & 0xff);
+        if (b1 < 0 || e > b1 || (e == b1 && f > b2))
+            tr[k++] = tr[i];
+    }
+    *K = k;
+    return 0;
+}
+
 int fl_comm_sparse_allreduce(fl_comm *c, int64_t n, const int32_t *idx, const float *val,
                              int64_t m, int64_t max_keep, int32_t *out_idx, float *out_val,
                              int64_t *out_count, uint8_t *kept) {
@@ -124,33 +160,10 @@ int fl_comm_sparse_allreduce(fl_comm *c, int64_t n, const int32_t *idx, const fl
         else
             tr[U++] = tr[i];
     }
-    /* 3. the budget: a global threshold when the distinct indices exceed it. The count of
-     * distinct indices travels with the exponent histogram (one allreduce, not two: the
-     * histogram is cheap to make and 2 KiB to send, a message round is not). */
-    int64_t h1[257] = {0}, hist[256] = {0}, above = 0;
-    h1[256] = U;
-    for (int64_t i = 0; i < U; i++)
-        h1[mag_bits(tr[i].val) >> 23]++;
-    if ((rc = fl_comm_allreduce(c, h1, 257, FL_DTYPE_I64, FL_REDOP_SUM)) < 0)
-        goto done;
-    int b1 = -1, b2 = -1;
-    if (h1[256] > max_keep) {
-        b1 = boundary(h1, max_keep, &above);
-        for (int64_t i = 0; i < U; i++)
-            if ((int)(mag_bits(tr[i].val) >> 23) == b1)
-                hist[(mag_bits(tr[i].val) >> 15) & 0xff]++;
-        if ((rc = fl_comm_allreduce(c, hist, 256, FL_DTYPE_I64, FL_REDOP_SUM)) < 0)
-            goto done;
-        int64_t above2 = 0;
-        b2 = boundary(hist, max_keep - above, &above2);
-    }
+    /* 3. the budget: a global threshold when the distinct indices exceed it */
     int64_t K = 0; /* kept here, moved to the front of tr */
-    for (int64_t i = 0; i < U; i++) {
-        uint32_t mb = mag_bits(tr[i].val);
-        int e = (int)(mb >> 23), f = (int)((mb >> 15) & 0xff);
-        if (b1 < 0 || e > b1 || (e == b1 && f > b2))
-            tr[K++] = tr[i];
-    }
+    if ((rc = keep_within_budget(c, tr, U, max_keep, &K)) < 0)
+        goto done;
     /* 4. the kept sums to every rank, in range (= index) order */
     int64_t kk = K;
     if ((rc = fl_comm_allgather(c, &kk, cnt + 2 * N, 1, FL_DTYPE_I64)) < 0)
