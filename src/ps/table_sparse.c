@@ -16,10 +16,11 @@
  * free records' id fields, which the next rows created take first. The candidates of entry
  * COUNT sit in their own small map (cand.h). The pending sums of a sync step sit in a second,
  * small map of the index's kind, emptied by each apply. Sorting by id (visit, apply) is an LSD
- * radix sort of (id, slot) pairs (core/sort.h). */
-#include "table.h"
+ * radix sort of (id, slot) pairs (core/sort.h). This file: memory, the index, rows, pulls and
+ * pushes; a sync step's pending sums and the pass in table_sparse_sync.c, visiting and loading
+ * in table_sparse_visit.c (table_sparse_impl.h between them). */
+#include "table_sparse_impl.h"
 
-#include "cand.h"
 #include "core/sort.h"
 
 #include "fleet/status.h"
@@ -29,61 +30,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define MAX_DIM        4096
-#define CHUNK_BYTES    (2u << 20) /* a chunk's target size */
-#define MIN_CHUNK_SHIFT 6         /* 64 rows: whole words of dirty bits */
-#define MAX_CHUNK_SHIFT 16
-#define INDEX_MIN_BITS 10
-#define MAX_ROWS       ((int64_t)UINT32_MAX - 1) /* slot + 1 fits an entry's 32 bits */
-#define GOLDEN         0x9e3779b97f4a7c15ull
-#define ID_FLOATS      2 /* a record's id: 8 bytes, then its counters, then its row */
-#define SHOW_AT        2 /* floats into a record: show, click, meta */
-#define CLICK_AT       3
-#define META_AT        4
-#define HEAD_FLOATS    5
-#define META_UNSEEN    0xffffu   /* meta: passes unseen (saturating) */
-#define META_FREE      0x10000u  /* meta: a free slot; its id field holds the next free + 1 */
-
-typedef struct {
-    uint32_t tag;   /* low 32 bits of the id's hash */
-    uint32_t slot1; /* row slot + 1 (index) or pending entry + 1 (pending map); 0: empty */
-} entry;
-
-typedef struct {
-    uint64_t *dirty; /* [R / 64] */
-    float    *rows;  /* [R * stride]: each [id (8 bytes) | values (dim) | state] */
-} chunk;
-
-typedef struct { /* an open-addressing map of 2^bits entries */
-    entry   *e;
-    int      bits;
-    int64_t  used;
-} map;
-
-struct fl_ps_sparse {
-    int             table, dim, stride; /* stride: floats a record, HEAD_FLOATS + dim + state */
-    fl_ps_rule      rule;
-    fl_ps_init_rule init;
-    fl_ps_sparse_opts opts;
-    int             chunk_shift;        /* rows a chunk: 1 << chunk_shift */
-    chunk          *chunks;
-    int64_t         nchunks, chunks_cap;
-    int64_t         rows;               /* live rows */
-    int64_t         slots;              /* slots handed out, live or free */
-    int64_t         free1;              /* first free slot + 1, 0: none */
-    int64_t         passes;             /* shrink passes run */
-    bool            passed;             /* a pass ran since mark_clean */
-    map             index;              /* id -> row slot */
-    ps_cand         cand;               /* entry COUNT: ids without a row yet */
-    /* pending sums (sync): id -> entry of pids / psum / pcnt */
-    map             pending;
-    uint64_t       *pids;               /* [pcap] */
-    float          *psum;               /* [pcap * dim] */
-    float          *pcnt;               /* [pcap * 2]: shows, clicks */
-    int64_t         pcap;
-    float          *scratch;            /* [dim]: a scaled gradient */
-};
-
 /* ---- hashing ---- */
 /* The splitmix64 output function (Steele, Lea & Flood, OOPSLA 2014): the initializer's draws. */
 static inline uint64_t mix64(uint64_t z) {
@@ -92,58 +38,7 @@ static inline uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-/* MurmurHash3's fmix64 (Appleby): the index's hash, another mixer than fl_ps_shard_of's, so the
- * ids one server or thread owns still spread over its index. */
-static inline uint64_t index_hash(uint64_t id) {
-    uint64_t z = id ^ 0x2545f4914f6cdd1dull;
-    z = (z ^ (z >> 33)) * 0xff51afd7ed558ccdull;
-    z = (z ^ (z >> 33)) * 0xc4ceb9fe1a85ec53ull;
-    return z ^ (z >> 33);
-}
-
 /* ---- rows ---- */
-static inline int64_t chunk_rows(const fl_ps_sparse *t) { return (int64_t)1 << t->chunk_shift; }
-
-static inline chunk *chunk_of(const fl_ps_sparse *t, int64_t slot) {
-    return &t->chunks[slot >> t->chunk_shift];
-}
-static inline int64_t in_chunk(const fl_ps_sparse *t, int64_t slot) {
-    return slot & (chunk_rows(t) - 1);
-}
-/* A row's record: its id and counters, then the row (values, state) that row_at points to. */
-static inline float *record_at(const fl_ps_sparse *t, int64_t slot) {
-    return chunk_of(t, slot)->rows + in_chunk(t, slot) * t->stride;
-}
-static inline float *row_at(const fl_ps_sparse *t, int64_t slot) {
-    return record_at(t, slot) + HEAD_FLOATS;
-}
-static inline uint32_t meta_of(const float *rec) {
-    uint32_t m;
-    memcpy(&m, rec + META_AT, sizeof m);
-    return m;
-}
-static inline void set_meta(float *rec, uint32_t m) { memcpy(rec + META_AT, &m, sizeof m); }
-static inline bool is_free(const fl_ps_sparse *t, int64_t slot) {
-    return meta_of(record_at(t, slot)) & META_FREE;
-}
-static inline uint64_t id_at(const fl_ps_sparse *t, int64_t slot) {
-    uint64_t id;
-    memcpy(&id, record_at(t, slot), sizeof id); /* 4-byte aligned when the stride is odd */
-    return id;
-}
-static inline void set_dirty(fl_ps_sparse *t, int64_t slot) {
-    int64_t k = in_chunk(t, slot);
-    chunk_of(t, slot)->dirty[k >> 6] |= 1ull << (k & 63);
-}
-static inline bool is_dirty(const fl_ps_sparse *t, int64_t slot) {
-    int64_t k = in_chunk(t, slot);
-    return chunk_of(t, slot)->dirty[k >> 6] >> (k & 63) & 1;
-}
-static inline void clear_dirty(fl_ps_sparse *t, int64_t slot) {
-    int64_t k = in_chunk(t, slot);
-    chunk_of(t, slot)->dirty[k >> 6] &= ~(1ull << (k & 63));
-}
-
 static size_t chunk_bytes(const fl_ps_sparse *t) {
     size_t r = (size_t)chunk_rows(t);
     return r / 64 * sizeof(uint64_t) + r * (size_t)t->stride * sizeof(float);
@@ -216,21 +111,15 @@ static void *rows_alloc(size_t bytes) {
 }
 
 /* ---- maps ---- */
-static int map_init(map *m, int bits) {
+int ps_map_init(map *m, int bits) {
     m->e = big_alloc(sizeof *m->e << bits, true);
     m->bits = bits;
     m->used = 0;
     return m->e ? FL_OK : FL_ENOMEM;
 }
 
-static inline uint64_t map_mask(const map *m) { return ((uint64_t)1 << m->bits) - 1; }
-static inline uint64_t map_home(const map *m, uint64_t h) { return h >> (64 - m->bits); }
-static inline bool map_full(const map *m) {
-    return m->used + 1 > (int64_t)(((uint64_t)3 << m->bits) / 4);
-}
-
 /* Places (h, value + 1) at the first free entry from its home; the key is known to be absent. */
-static void map_place(map *m, uint64_t h, uint32_t slot1) {
+void ps_map_place(map *m, uint64_t h, uint32_t slot1) {
     uint64_t mask = map_mask(m), p = map_home(m, h);
     while (m->e[p].slot1)
         p = (p + 1) & mask;
@@ -260,13 +149,13 @@ static inline int64_t index_find(const fl_ps_sparse *t, uint64_t id, uint64_t h,
 /* Doubles the index and places every row again, reading the records' ids in order. */
 static int index_grow(fl_ps_sparse *t) {
     map bigger;
-    if (map_init(&bigger, t->index.bits + 1) < 0)
+    if (ps_map_init(&bigger, t->index.bits + 1) < 0)
         return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory growing its index to %llu "
                        "entries (%lld rows)", t->table, 1ull << (t->index.bits + 1),
                        (long long)t->rows);
     for (int64_t s = 0; s < t->slots; s++)
         if (!is_free(t, s))
-            map_place(&bigger, index_hash(id_at(t, s)), (uint32_t)(s + 1));
+            ps_map_place(&bigger, index_hash(id_at(t, s)), (uint32_t)(s + 1));
     free(t->index.e);
     t->index = bigger;
     return FL_OK;
@@ -361,14 +250,14 @@ static int64_t create_row(fl_ps_sparse *t, uint64_t id, uint64_t h, uint64_t *po
 
 /* The slot of row id, created when missing whatever the entry rule; -1 and the error set
  * when memory runs out. */
-static int64_t find_or_create(fl_ps_sparse *t, uint64_t id) {
+int64_t ps_sparse_find_or_create(fl_ps_sparse *t, uint64_t id) {
     uint64_t h = index_hash(id), pos;
     int64_t s = index_find(t, id, h, &pos);
     return s >= 0 ? s : create_row(t, id, h, &pos);
 }
 
 /* Removes the row in slot s (a pass): out of the index, its slot onto the free list. */
-static void remove_row(fl_ps_sparse *t, int64_t s) {
+void ps_sparse_remove_row(fl_ps_sparse *t, int64_t s) {
     uint64_t id = id_at(t, s), pos;
     int64_t found = index_find(t, id, index_hash(id), &pos);
     FL_ASSERT(found == s);
@@ -415,14 +304,6 @@ static int admit(fl_ps_sparse *t, uint64_t id, float show, float *carry) {
     }
     }
     return 1;
-}
-
-/* Adds a push's counts to the row in slot s: shows, clicks, and a fresh unseen count. */
-static inline void count_push(fl_ps_sparse *t, int64_t s, float show, float click) {
-    float *rec = record_at(t, s);
-    rec[SHOW_AT] += show;
-    rec[CLICK_AT] += click;
-    set_meta(rec, meta_of(rec) & ~META_UNSEEN);
 }
 
 /* Batches hide the memory latency of random ids with a two-stage software pipeline: AHEAD
@@ -499,7 +380,7 @@ int fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_ini
            ((size_t)2 << t->chunk_shift) * row_bytes <= CHUNK_BYTES)
         t->chunk_shift++;
     t->scratch = malloc((size_t)dim * sizeof *t->scratch);
-    if (!t->scratch || map_init(&t->index, INDEX_MIN_BITS) < 0) {
+    if (!t->scratch || ps_map_init(&t->index, INDEX_MIN_BITS) < 0) {
         fl_ps_sparse_free(t);
         return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory", table);
     }
@@ -584,7 +465,7 @@ int fl_ps_sparse_pull_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, floa
 
 /* The slot of row id for a push of `show` shows: found, or created when the entry rule admits
  * it; -1 when it does not (dropped); -2 out of memory (error set). */
-static int64_t push_slot(fl_ps_sparse *t, uint64_t id, float show) {
+int64_t ps_sparse_push_slot(fl_ps_sparse *t, uint64_t id, float show) {
     uint64_t h = index_hash(id), pos;
     int64_t s = index_find(t, id, h, &pos);
     if (s >= 0)
@@ -633,7 +514,7 @@ int fl_ps_sparse_push_rows_slots(fl_ps_sparse *t, const uint64_t *ids, const int
         float show = shows ? shows[i] : 1, click = clicks ? clicks[i] : 0;
         int64_t s = hinted_slot(t, slots, i, ids[i]);
         if (s < 0)
-            s = push_slot(t, ids[i], show);
+            s = ps_sparse_push_slot(t, ids[i], show);
         if (s == -2)
             return FL_ENOMEM;
         if (s < 0)
@@ -655,7 +536,7 @@ int fl_ps_sparse_push_rows_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t 
 int fl_ps_sparse_add_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *d) {
     FL_ASSERT(t && (ids || n == 0) && (d || n == 0));
     for (int64_t i = 0; i < n; i++) {
-        int64_t s = find_or_create(t, ids[i]);
+        int64_t s = ps_sparse_find_or_create(t, ids[i]);
         if (s < 0)
             return FL_ENOMEM;
         float *row = row_at(t, s);
@@ -671,253 +552,3 @@ int fl_ps_sparse_push_rows(fl_ps_sparse *t, const uint64_t *ids, int64_t n, cons
     return fl_ps_sparse_push_rows_counts(t, ids, n, g, NULL, NULL, lr);
 }
 
-/* ---- pending sums (sync) ---- */
-static int pending_grow(fl_ps_sparse *t) {
-    map bigger;
-    if (map_init(&bigger, t->pending.e ? t->pending.bits + 1 : INDEX_MIN_BITS) < 0)
-        return FL_ENOMEM;
-    for (int64_t k = 0; k < t->pending.used; k++)
-        map_place(&bigger, index_hash(t->pids[k]), (uint32_t)(k + 1));
-    free(t->pending.e);
-    t->pending = bigger;
-    /* pids / psum / pcnt hold up to 3/4 of the map's entries */
-    int64_t cap = (int64_t)(((uint64_t)3 << bigger.bits) / 4);
-    uint64_t *ids = realloc(t->pids, (size_t)cap * sizeof *ids);
-    if (!ids)
-        return FL_ENOMEM;
-    t->pids = ids;
-    float *sum = realloc(t->psum, (size_t)cap * (size_t)t->dim * sizeof *sum);
-    if (!sum)
-        return FL_ENOMEM;
-    t->psum = sum;
-    float *cnt = realloc(t->pcnt, (size_t)cap * 2 * sizeof *cnt);
-    if (!cnt)
-        return FL_ENOMEM;
-    t->pcnt = cnt;
-    t->pcap = cap;
-    return FL_OK;
-}
-
-int fl_ps_sparse_accumulate_counts(fl_ps_sparse *t, const uint64_t *ids, int64_t n,
-                                   const float *g, const float *shows, const float *clicks) {
-    FL_ASSERT(t && (ids || n == 0) && (g || n == 0));
-    int dim = t->dim;
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t id = ids[i], h = index_hash(id);
-        map *m = &t->pending;
-        int64_t k = -1;
-        uint64_t p = 0;
-        if (m->e) {
-            uint64_t mask = map_mask(m);
-            uint32_t tag = (uint32_t)h;
-            for (p = map_home(m, h); m->e[p].slot1; p = (p + 1) & mask)
-                if (m->e[p].tag == tag && t->pids[m->e[p].slot1 - 1] == id) {
-                    k = (int64_t)m->e[p].slot1 - 1;
-                    break;
-                }
-        }
-        if (k < 0) {
-            if (!m->e || m->used >= t->pcap) {
-                if (pending_grow(t) < 0)
-                    return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory for the "
-                                   "pending sums of %lld rows", t->table,
-                                   (long long)t->pending.used + 1);
-            }
-            k = m->used;
-            t->pids[k] = id;
-            memset(t->psum + k * dim, 0, (size_t)dim * sizeof(float));
-            t->pcnt[2 * k] = t->pcnt[2 * k + 1] = 0;
-            map_place(m, h, (uint32_t)(k + 1));
-        }
-        float *restrict s = t->psum + k * dim;
-        const float *gi = g + i * dim;
-        for (int j = 0; j < dim; j++)
-            s[j] += gi[j];
-        t->pcnt[2 * k] += shows ? shows[i] : 1;
-        t->pcnt[2 * k + 1] += clicks ? clicks[i] : 0;
-    }
-    return FL_OK;
-}
-
-int fl_ps_sparse_accumulate(fl_ps_sparse *t, const uint64_t *ids, int64_t n, const float *g) {
-    return fl_ps_sparse_accumulate_counts(t, ids, n, g, NULL, NULL);
-}
-
-int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
-    FL_ASSERT(t);
-    int64_t n = t->pending.used;
-    if (n == 0)
-        return FL_OK;
-    fl_key_pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
-    if (!a || !tmp) {
-        free(a);
-        free(tmp);
-        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory sorting %lld pending rows",
-                       t->table, (long long)n);
-    }
-    for (int64_t k = 0; k < n; k++)
-        a[k] = (fl_key_pair){t->pids[k], (uint64_t)k};
-    fl_key_pair *sorted = fl_sort_key_pairs(a, tmp, n);
-    fl_key_pair *slots = sorted == a ? tmp : a;
-    /* create every missing row the entry rule admits first, so that running out of memory
-     * applies nothing */
-    for (int64_t i = 0; i < n; i++) {
-        int64_t s = push_slot(t, sorted[i].key, t->pcnt[2 * sorted[i].value]);
-        if (s == -2) {
-            free(a);
-            free(tmp);
-            return FL_ENOMEM;
-        }
-        slots[i].value = (uint64_t)s; /* -1: dropped */
-    }
-    int dim = t->dim;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t s = (int64_t)slots[i].value;
-        if (s < 0)
-            continue;
-        int64_t k = (int64_t)sorted[i].value;
-        const float *sum = t->psum + k * dim;
-        for (int j = 0; j < dim; j++)
-            t->scratch[j] = (float)((double)sum[j] * scale);
-        count_push(t, s, t->pcnt[2 * k], t->pcnt[2 * k + 1]);
-        float *row = row_at(t, s);
-        fl_ps_rule_apply(&t->rule, lr, row, t->scratch, row + dim, dim);
-        set_dirty(t, s);
-    }
-    free(a);
-    free(tmp);
-    memset(t->pending.e, 0, sizeof(entry) << t->pending.bits);
-    t->pending.used = 0;
-    return FL_OK;
-}
-
-/* ---- the life cycle ---- */
-int64_t fl_ps_sparse_pass(fl_ps_sparse *t) {
-    FL_ASSERT(t);
-    const fl_ps_sparse_opts *o = &t->opts;
-    int max_unseen = o->delete_after_unseen;
-    /* candidates first: the only step that allocates, so a failure changes nothing */
-    if (ps_cand_pass(&t->cand, max_unseen) < 0)
-        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory pruning %lld entry "
-                       "candidates", t->table, (long long)t->cand.used);
-    float decay = (float)o->show_click_decay;
-    int64_t removed = 0;
-    for (int64_t s = 0; s < t->slots; s++) {
-        float *rec = record_at(t, s);
-        uint32_t m = meta_of(rec);
-        if (m & META_FREE)
-            continue;
-        if (decay != 1) { /* Paddle's CtrCommonAccessor::Shrink: decay, then judge */
-            rec[SHOW_AT] *= decay;
-            rec[CLICK_AT] *= decay;
-        }
-        double show = rec[SHOW_AT], click = rec[CLICK_AT];
-        double score = (show - click) * o->nonclk_coeff + click * o->click_coeff;
-        uint32_t unseen = m & META_UNSEEN;
-        if (score < o->delete_threshold || (max_unseen > 0 && unseen >= (uint32_t)max_unseen)) {
-            remove_row(t, s);
-            removed++;
-        } else if (unseen < META_UNSEEN) {
-            set_meta(rec, m + 1);
-        }
-    }
-    t->passes++;
-    t->passed = true;
-    return removed;
-}
-
-/* ---- visiting, saving, loading ---- */
-static inline fl_ps_row_stat stat_at(const fl_ps_sparse *t, int64_t s) {
-    const float *rec = record_at(t, s);
-    return (fl_ps_row_stat){rec[SHOW_AT], rec[CLICK_AT], (int)(meta_of(rec) & META_UNSEEN)};
-}
-
-int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, void *ctx) {
-    FL_ASSERT(t && fn);
-    int64_t n = 0;
-    for (int64_t s = 0; s < t->slots; s++)
-        n += only_dirty ? is_dirty(t, s) : !is_free(t, s);
-    if (n == 0)
-        return FL_OK;
-    fl_key_pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
-    if (!a || !tmp) {
-        free(a);
-        free(tmp);
-        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory sorting %lld rows by id",
-                       t->table, (long long)n);
-    }
-    int64_t k = 0;
-    for (int64_t s = 0; s < t->slots; s++)
-        if (only_dirty ? is_dirty(t, s) : !is_free(t, s))
-            a[k++] = (fl_key_pair){id_at(t, s), (uint64_t)s};
-    fl_key_pair *sorted = fl_sort_key_pairs(a, tmp, n);
-    int rc = 0;
-    for (int64_t i = 0; i < n && rc == 0; i++) {
-        int64_t s = (int64_t)sorted[i].value;
-        const float *row = row_at(t, s);
-        fl_ps_row_stat st = stat_at(t, s);
-        rc = fn(ctx, sorted[i].key, row, row + t->dim, &st);
-    }
-    free(a);
-    free(tmp);
-    return rc;
-}
-
-void fl_ps_sparse_mark_clean(fl_ps_sparse *t) {
-    FL_ASSERT(t);
-    for (int64_t i = 0; i < t->nchunks; i++)
-        memset(t->chunks[i].dirty, 0, (size_t)chunk_rows(t) / 64 * sizeof(uint64_t));
-    t->passed = false;
-}
-
-int fl_ps_sparse_put(fl_ps_sparse *t, uint64_t id, const float *values, const float *state,
-                     const fl_ps_row_stat *st) {
-    FL_ASSERT(t && values);
-    int64_t s = find_or_create(t, id);
-    if (s < 0)
-        return FL_ENOMEM;
-    float *rec = record_at(t, s), *row = rec + HEAD_FLOATS;
-    memcpy(row, values, (size_t)t->dim * sizeof *row);
-    if (state)
-        memcpy(row + t->dim, state, (size_t)(t->stride - HEAD_FLOATS - t->dim) * sizeof *row);
-    else
-        fl_ps_rule_state_init(&t->rule, row + t->dim, t->dim);
-    rec[SHOW_AT] = st ? st->show : 0;
-    rec[CLICK_AT] = st ? st->click : 0;
-    int unseen = st ? st->unseen : 0;
-    set_meta(rec, unseen < 0 ? 0u : unseen > (int)META_UNSEEN ? META_UNSEEN : (uint32_t)unseen);
-    set_dirty(t, s);
-    return FL_OK;
-}
-
-typedef struct {
-    fl_ps_cand_fn fn;
-    void         *ctx;
-} cand_visit;
-
-static int visit_one(void *ctx, const ps_cand_entry *e) {
-    cand_visit *v = ctx;
-    return v->fn(v->ctx, e->id, e->seen, e->unseen);
-}
-
-int fl_ps_sparse_visit_candidates(const fl_ps_sparse *t, fl_ps_cand_fn fn, void *ctx) {
-    FL_ASSERT(t && fn);
-    cand_visit v = {fn, ctx};
-    return ps_cand_visit(&t->cand, visit_one, &v);
-}
-
-int fl_ps_sparse_put_candidate(fl_ps_sparse *t, uint64_t id, float seen, int unseen) {
-    FL_ASSERT(t);
-    ps_cand_entry *e = ps_cand_get(&t->cand, id, true);
-    if (!e)
-        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory for %lld entry candidates",
-                       t->table, (long long)t->cand.used + 1);
-    e->seen = seen;
-    e->unseen = (uint16_t)(unseen < 0 ? 0 : unseen > UINT16_MAX ? UINT16_MAX : unseen);
-    return FL_OK;
-}
-
-void fl_ps_sparse_clear_candidates(fl_ps_sparse *t) {
-    FL_ASSERT(t);
-    ps_cand_clear(&t->cand);
-}
