@@ -14,10 +14,9 @@ check_prog="${FLEET_BUILD:?}/tests/comm/comm_check"
 py=$(command -v /usr/bin/python3 python3 | head -1)
 tmp=$(mktemp -d)
 marker="fleet_fault_test_$$"
+. "${FLEET_SRC:?}/tests/cli/marker_lib.sh" # kill_marked
 cleanup() {
-  for p in $(pgrep -f "$check_prog" || true); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "FLEET_TEST_MARKER=$marker" && kill -9 "$p"
-  done
+  kill_marked "$check_prog"
   rm -rf "$tmp"
 }
 trap cleanup EXIT

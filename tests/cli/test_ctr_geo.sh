@@ -22,11 +22,9 @@ run="${FLEET_BIN:?}/fleetrun"
 cfg="${FLEET_SRC:?}/configs/ctr_wide_deep.yaml"
 tmp=$(mktemp -d)
 marker="ctr_geo_$$"
+. "${FLEET_SRC:?}/tests/cli/marker_lib.sh" # kill_marked
 cleanup() {
-  for p in $(pgrep -f "$bin" || true); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "FLEET_TEST_MARKER=$marker" &&
-      kill -9 "$p" 2>/dev/null
-  done
+  kill_marked "$bin"
   rm -rf "$tmp"
 }
 trap '[ -n "${KEEP_TMP:-}" ] || cleanup' EXIT

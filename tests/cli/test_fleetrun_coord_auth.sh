@@ -26,12 +26,10 @@ token="coordauth-$$-$RANDOM$RANDOM-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 export FLEET_JOB_TOKEN=$token
 unset FLAGS_START_PORT FLEET_LISTEN_FD FLEET_RESTART_COUNT
 relay_pid=""
+. "${FLEET_SRC:?}/tests/cli/marker_lib.sh" # kill_marked
 cleanup() {
   [ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null
-  for p in $(pgrep -f "$run" || true); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "FLEET_TEST_MARKER=$marker" &&
-      kill -9 "$p" 2>/dev/null
-  done
+  kill_marked "$run"
   rm -rf "$tmp"
 }
 trap cleanup EXIT

@@ -27,11 +27,9 @@ marker="fleetrun_nodes_$$"
 export FLEET_TEST_MARKER=$marker OMP_NUM_THREADS=1 FLEET_COMM_TIMEOUT=30
 export FLEET_JOB_TOKEN="nodes$$$RANDOM"
 unset FLAGS_START_PORT FLEET_LISTEN_FD FLEET_RESTART_COUNT FLEET_BENCH_SLOW
+. "${FLEET_SRC:?}/tests/cli/marker_lib.sh" # kill_marked
 cleanup() {
-  for p in $(pgrep -f "$run|$bin" || true); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "FLEET_TEST_MARKER=$marker" &&
-      kill -9 "$p" 2>/dev/null
-  done
+  kill_marked "$run|$bin"
   rm -rf "$tmp"
 }
 trap cleanup EXIT

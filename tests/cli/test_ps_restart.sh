@@ -15,11 +15,9 @@ bin="${FLEET_BIN:?}"
 cfg="${FLEET_SRC:?}/configs/mlp_ps.yaml"
 tmp=$(mktemp -d)
 marker="ps_restart_$$"
+. "${FLEET_SRC:?}/tests/cli/marker_lib.sh" # kill_marked
 cleanup() {
-  for p in $(pgrep -f "$bin/fleet-train" || true); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "FLEET_TEST_MARKER=$marker" &&
-      kill -9 "$p" 2>/dev/null
-  done
+  kill_marked "$bin/fleet-train"
   rm -rf "$tmp"
 }
 trap cleanup EXIT
