@@ -10,8 +10,9 @@
  * "stages.1.downsample.bn.bias", "stages.0.blocks.0.att.conv.bias"); the ReLUs are fused into
  * the batch norms (no parameters), a block's concatenation (one layer of layer_num + 1 inputs)
  * and add are named "<block>.concat" and "<block>.add". Where fleet differs: as pplcnet.c says
- * (batch norm's buffer names, fc's weight order, inverted dropout). Initialisation is PaddleClas's _init_weights: every convolution
- * KaimingNormal (fan in), fc Paddle's Linear default (Xavier uniform) with a zero bias. */
+ * (batch norm's buffer names, fc's weight order, inverted dropout). Initialisation is
+ * PaddleClas's _init_weights: every convolution KaimingNormal (fan in), fc Paddle's Linear
+ * default (Xavier uniform) with a zero bias. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
