@@ -30,8 +30,10 @@
  * communicating a bucket while backward is still running (as PyTorch DDP does).
  *
  * Graphs (residual networks): a layer reads the previous layer's output unless it is added with
- * fl_net_add_from (any earlier layer's output, or the network input) or, for two-input layers
- * such as fl_add_create, fl_net_add2. The network is then a small DAG kept in insertion order:
+ * fl_net_add_from (any earlier layer's output, or the network input), for two-input layers
+ * such as fl_add_create with fl_net_add2, or for N-input layers (fl_concat_create) with
+ * fl_net_add_n (up to FL_NET_MAX_INPUTS inputs). The network is then a small DAG kept in
+ * insertion order:
  * forward runs the layers in that order, backward in reverse, and where an output feeds several
  * layers their input gradients are summed (the first consumer in reverse order writes the
  * output's gradient buffer, later ones write a planned scratch that is added to it). Every
@@ -63,6 +65,9 @@ extern "C" {
 
 typedef struct fl_layer fl_layer;
 
+/* The most inputs one layer reads (fl_net_add_n): PP-HGNet-base's aggregation concatenates 8. */
+#define FL_NET_MAX_INPUTS 16
+
 typedef struct fl_layer_ops {
     const char *type; /* "fc", "relu", ... */
     /* Output sample shape (no batch dimension) for an input sample shape; FL_ESHAPE with a
@@ -90,7 +95,9 @@ typedef struct fl_layer_ops {
      * not kept between calls) during forward and backward. NULL: none. SIZE_MAX: the layer
      * cannot run (fl_errmsg says why); fl_net_build fails naming it. */
     size_t (*scratch_bytes)(fl_layer *l, int64_t max_batch);
-    /* Two-input layers (fl_net_add2) set these instead of forward/backward; both inputs have
+    /* Layers read one input (forward/backward, above), two (forward2/backward2) or any number
+     * from 1 to FL_NET_MAX_INPUTS (forwardn/backwardn): a layer sets one of the three pairs.
+     * Two-input layers (fl_net_add2) set these instead of forward/backward; both inputs have
      * the same shape, which infer_shape receives. da, db are written (not added to); either
      * may be NULL when not needed. */
     int (*forward2)(fl_layer *l, const fl_tensor *a, const fl_tensor *b, fl_tensor *y,
@@ -102,6 +109,20 @@ typedef struct fl_layer_ops {
      * receives both sample shapes, a's and b's. NULL: both inputs must have one shape. */
     int (*infer_shape2)(fl_layer *l, int a_ndim, const int64_t *a_shape, int b_ndim,
                         const int64_t *b_shape, int *out_ndim, int64_t *out_shape);
+    /* N-input layers (concatenation) set these instead of forward/backward: added with any of
+     * fl_net_add (n = 1), fl_net_add_from (1), fl_net_add2 (2) or fl_net_add_n (1 to
+     * FL_NET_MAX_INPUTS), they receive their n inputs in the order added, x[0] .. x[n - 1]
+     * (one tensor may come several times when an output is read twice). infer_shapen receives
+     * every input's sample shape (ndim[k], shape[k]) and checks that they fit (the network does
+     * not compare them, nor calls infer_shape); NULL: every input must have one shape, which
+     * infer_shape receives. backwardn writes dx[k] (not added to; the network sums the
+     * gradients of an output read by several layers, or twice by one); any dx[k] may be NULL
+     * when not needed. */
+    int (*infer_shapen)(fl_layer *l, int n, const int *ndim, const int64_t *const *shape,
+                        int *out_ndim, int64_t *out_shape);
+    int (*forwardn)(fl_layer *l, int n, const fl_tensor *const *x, fl_tensor *y, bool training);
+    int (*backwardn)(fl_layer *l, int n, const fl_tensor *const *x, const fl_tensor *y,
+                     const fl_tensor *dy, fl_tensor *const *dx, bool accumulate);
     /* The layer runs on spatial (C, H, W) activations in either layout (l->layout); a network
      * uses its backend's NHWC layout only when every layer reading a spatial input sets this
      * (elementwise layers, convolution, batch norm, pooling; not fc, which would flatten in
@@ -119,8 +140,10 @@ struct fl_layer {
     int                  nparams;
     fl_param            *params;   /* declared at create; memory placed by fl_net_build */
     void                *impl;
-    int                  ninputs;  /* set by fl_net_add*: 1, or 2 for forward2 layers */
-    int                  inputs[2];/* layer indices read, FL_NET_INPUT for the network input */
+    int                  ninputs;  /* set by fl_net_add*: 1, 2 for forward2 layers, 1 to
+                                    * FL_NET_MAX_INPUTS for forwardn layers */
+    int                  inputs[FL_NET_MAX_INPUTS]; /* layer indices read (inputs[0 ..
+                                    * ninputs)), FL_NET_INPUT for the network input */
     void                *scratch;  /* lent by the network (see scratch_bytes) */
     /* Set by the network while it recomputes this layer's output for backward (recompute):
      * forward must then give the output of the last training forward again and change no
@@ -209,9 +232,13 @@ fl_layer *fl_add_create(const char *name, bool relu);
  * sample and channel broadcast over the pixels (paddle.multiply(x, y) with y (N, C, 1, 1));
  * backward gives both inputs' gradients. No parameters. */
 fl_layer *fl_channel_mul_create(const char *name);
-/* Concatenation along channels, for fl_net_add2: a (B, CA, H, W) and b (B, CB, H, W) ->
- * (B, CA + CB, H, W), a's channels first (paddle.concat(axis=1), PP-HGNet's aggregation); also
- * (B, CA) and (B, CB). Backward hands each input its channels of dy. No parameters. */
+/* Concatenation along channels of n inputs in one layer (forwardn; fl_net_add_n, or fl_net_add2
+ * / fl_net_add / fl_net_add_from for 2 or 1): x_k (B, C_k, H, W), k = 0 .. n - 1, ->
+ * (B, C_0 + .. + C_{n-1}, H, W), x_0's channels first (paddle.concat(axis=1), PP-HGNet's
+ * aggregation); also (B, C_k) inputs. The inputs' H and W (and their number of dimensions)
+ * must agree: FL_ESHAPE naming the layer and the input that differs at build. Forward copies
+ * each input once into its channels (the backend's channel_slice, either layout); backward
+ * hands each input its channels of dy. No parameters. */
 fl_layer *fl_concat_create(const char *name);
 /* Columns [start, start + count) of a (B, F) input -> (B, count), paddle.slice(x, axes=[1],
  * starts=[start], ends=[start + count]) (a wide&deep model's dense features out of its input);
@@ -252,8 +279,15 @@ int fl_net_add(fl_net *net, fl_layer *layer);
 /* Appends a layer reading the output of layer `from` (0 .. layers - 1, or FL_NET_INPUT).
  * Returns the new layer's index (>= 0) or a negative status; owns layer as fl_net_add. */
 int fl_net_add_from(fl_net *net, fl_layer *layer, int from);
-/* Appends a two-input layer (ops->forward2) reading layers a and b. Returns its index. */
+/* Appends a two-input layer (ops->forward2, or an N-input one: forwardn) reading layers a and
+ * b. Returns its index. */
 int fl_net_add2(fl_net *net, fl_layer *layer, int a, int b);
+/* Appends an N-input layer (ops->forwardn) reading inputs[0 .. n) in that order (each 0 ..
+ * layers - 1 or FL_NET_INPUT; one may come several times), 1 <= n <= FL_NET_MAX_INPUTS; a
+ * two-input layer (forward2) for n = 2, a one-input layer for n = 1. Returns the new layer's
+ * index or a negative status: FL_EINVAL naming the layer for n out of range, an input that is
+ * not an earlier layer or a count the layer does not take. Owns layer as fl_net_add. */
+int fl_net_add_n(fl_net *net, fl_layer *layer, int n, const int *inputs);
 /* Infers every shape from the input sample shape, places parameters and gradients in flat
  * blocks, allocates activations for up to max_batch samples, and initialises the parameters
  * from seed. Fails with FL_ESHAPE naming the layer when shapes do not fit. */
@@ -276,8 +310,8 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
  * backward recomputes the others segment by segment (a segment: the layers after one
  * checkpoint up to the next), just before running back through it, in one arena of the
  * largest segment's size. checkpoints: comma-separated layer names, "auto" (every residual
- * block's output, i.e. every two-input layer after which nothing earlier is read; in a
- * network without such layers every ceil(sqrt(n))-th layer), or NULL / "" (off). Gradients are
+ * block's output, i.e. every layer of two or more inputs after which nothing earlier is read;
+ * in a network without such layers every ceil(sqrt(n))-th layer), or NULL / "" (off). Gradients are
  * bit-identical to those without recompute (the same kernels run on the same inputs); batch
  * norm's running statistics are updated once per step and dropout replays its mask. The last
  * segment is not recomputed: its outputs are still in place after forward. FL_EINVAL naming

@@ -20,8 +20,10 @@ bool nn_amp_rounds_params(const fl_layer *l) {
     return strcmp(l->ops->type, "batch_norm") != 0;
 }
 
-int nn_amp_create(const fl_backend *k, fl_dtype low, int nlayers, size_t in_bytes,
-                  int64_t wnumel, int maxparams, size_t dout_bytes, nn_amp **out) {
+int nn_amp_create(const fl_backend *k, fl_dtype low, int nlayers, int nin,
+                  const size_t *in_bytes, int64_t wnumel, int maxparams, size_t dout_bytes,
+                  nn_amp **out) {
+    FL_ASSERT(nin >= 0 && nin <= FL_NET_MAX_INPUTS);
     nn_amp *a = calloc(1, sizeof *a);
     if (!a)
         return fl_fail(FL_ENOMEM, "net: amp: out of memory");
@@ -30,15 +32,18 @@ int nn_amp_create(const fl_backend *k, fl_dtype low, int nlayers, size_t in_byte
     a->white = calloc((size_t)(nlayers > 0 ? nlayers : 1), sizeof *a->white);
     a->saved = calloc((size_t)(maxparams > 0 ? maxparams : 1), sizeof *a->saved);
     size_t wbytes = (size_t)wnumel * sizeof(float);
-    a->in[0] = k->alloc(in_bytes);
-    a->in[1] = k->alloc(in_bytes);
+    size_t all = 2 * wbytes + dout_bytes;
+    bool ins = true;
+    for (int i = 0; i < nin; i++) {
+        ins &= (a->in[i] = k->alloc(in_bytes[i])) != NULL;
+        all += in_bytes[i];
+    }
     a->w = k->alloc(wbytes);
     a->g = k->alloc(wbytes);
     a->dout = k->alloc(dout_bytes);
-    if (!a->white || !a->saved || !a->in[0] || !a->in[1] || !a->w || !a->g || !a->dout) {
+    if (!a->white || !a->saved || !ins || !a->w || !a->g || !a->dout) {
         nn_amp_free(k, a);
-        return fl_fail(FL_ENOMEM, "net: amp: cannot allocate %zu bytes of rounded copies",
-                       2 * in_bytes + 2 * wbytes + dout_bytes);
+        return fl_fail(FL_ENOMEM, "net: amp: cannot allocate %zu bytes of rounded copies", all);
     }
     *out = a;
     return FL_OK;
@@ -47,8 +52,8 @@ int nn_amp_create(const fl_backend *k, fl_dtype low, int nlayers, size_t in_byte
 void nn_amp_free(const fl_backend *k, nn_amp *a) {
     if (!a)
         return;
-    k->free(a->in[0]);
-    k->free(a->in[1]);
+    for (int i = 0; i < FL_NET_MAX_INPUTS; i++)
+        k->free(a->in[i]);
     k->free(a->w);
     k->free(a->g);
     k->free(a->dout);
@@ -63,6 +68,7 @@ void nn_amp_round(const nn_amp *a, const fl_backend *k, fl_tensor *t) {
 
 const fl_tensor *nn_amp_input(nn_amp *a, const fl_backend *k, int slot, const fl_tensor *x,
                               fl_tensor *view) {
+    FL_ASSERT(slot >= 0 && slot < FL_NET_MAX_INPUTS && a->in[slot]);
     *view = *x;
     view->data = a->in[slot];
     k->copy(view->data, x->data, fl_tensor_nbytes(x), FL_COPY_D2D, NULL);
@@ -152,8 +158,10 @@ int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
         if (ntypes < 64)
             types[ntypes++] = tok;
     }
-    /* the buffers: the largest white layer's inputs and parameters, the last output */
-    size_t in_bytes = 0;
+    /* the buffers: the largest white layer's inputs (slot k: the largest input k) and
+     * parameters, the last output */
+    size_t in_bytes[FL_NET_MAX_INPUTS] = {0};
+    int nin = 0;
     int64_t wnumel = 0;
     int maxparams = 0;
     bool *is_white = calloc((size_t)net->nlayers, sizeof *is_white);
@@ -170,8 +178,9 @@ int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
             int64_t sample = from < 0 ? fl_shape_numel(net->in_ndim, net->in_shape)
                                       : sample_numel(&net->out[from]);
             size_t nb = (size_t)(net->max_batch * sample) * sizeof(float);
-            in_bytes = nb > in_bytes ? nb : in_bytes;
+            in_bytes[k] = nb > in_bytes[k] ? nb : in_bytes[k];
         }
+        nin = l->ninputs > nin ? l->ninputs : nin;
         int64_t n = 0;
         for (int p = 0; p < l->nparams; p++)
             if (l->params[p].trainable)
@@ -181,8 +190,8 @@ int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
     }
     const fl_tensor *last = &net->out[net->nlayers - 1];
     size_t dout_bytes = (size_t)(sample_numel(last) * net->max_batch) * sizeof(float);
-    int rc = nn_amp_create(net->k, low, net->nlayers, in_bytes, wnumel, maxparams, dout_bytes,
-                           &net->amp);
+    int rc = nn_amp_create(net->k, low, net->nlayers, nin, in_bytes, wnumel, maxparams,
+                           dout_bytes, &net->amp);
     if (rc == FL_OK)
         memcpy(net->amp->white, is_white, (size_t)net->nlayers * sizeof *is_white);
     free(is_white);

@@ -1,8 +1,9 @@
-/* concat.c - concatenation along channels, a two-input layer (fl_net_add2): a (C_A, H, W) and
- * b (C_B, H, W) -> (C_A + C_B, H, W), paddle.concat(axis=1), PP-HGNet's aggregation of its
- * blocks' outputs (Paddle's PP-HGNet; a chain of these joins more than two). Forward copies each
- * input into its run of channels, backward copies each run of dy back: the backend's
- * channel_slice, in either layout. */
+/* concat.c - concatenation along channels of N inputs in one layer (forwardn: fl_net_add_n):
+ * x_k (C_k, H, W), k = 0 .. n - 1, -> (C_0 + .. + C_{n-1}, H, W), paddle.concat(axis=1),
+ * PP-HGNet's aggregation of a block's input and its layers' outputs (Paddle's PP-HGNet). Forward
+ * copies each input once into its run of channels, backward copies each run of dy back: the
+ * backend's channel_slice, in either layout. One layer of n inputs copies each value once each
+ * way, where a chain of two-input concatenations copied the growing tensor again at every link. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -10,58 +11,75 @@
 #include <stdlib.h>
 
 typedef struct {
-    int64_t ca, cb, hw; /* channels of a and b, pixels of a sample */
+    int     n;                    /* inputs */
+    int64_t c[FL_NET_MAX_INPUTS]; /* channels of each */
+    int64_t oc, hw;               /* channels of the output, pixels of a sample */
 } cat_impl;
 
-static int cat_infer_shape2(fl_layer *l, int a_ndim, const int64_t *a_shape, int b_ndim,
-                            const int64_t *b_shape, int *out_ndim, int64_t *out_shape) {
+static int cat_infer_shapen(fl_layer *l, int n, const int *ndim, const int64_t *const *shape,
+                            int *out_ndim, int64_t *out_shape) {
     cat_impl *c = l->impl;
     char a[96], b[96];
-    bool ok = a_ndim == b_ndim && (a_ndim == 1 || a_ndim == 3);
-    for (int i = 1; ok && i < a_ndim; i++)
-        ok = a_shape[i] == b_shape[i];
-    if (!ok)
-        return fl_fail(FL_ESHAPE, "%s: inputs %s and %s are not (C, H, W) (or (C)) of one size",
-                       l->name, fl_shape_str(a_ndim, a_shape, a, sizeof a),
-                       fl_shape_str(b_ndim, b_shape, b, sizeof b));
-    c->ca = a_shape[0];
-    c->cb = b_shape[0];
-    c->hw = a_ndim == 3 ? a_shape[1] * a_shape[2] : 1;
-    *out_ndim = a_ndim;
-    for (int i = 0; i < a_ndim; i++)
-        out_shape[i] = a_shape[i];
-    out_shape[0] = c->ca + c->cb;
+    if (n < 1 || n > FL_NET_MAX_INPUTS)
+        return fl_fail(FL_EINVAL, "%s: %d inputs (1 to %d)", l->name, n, FL_NET_MAX_INPUTS);
+    if (ndim[0] != 1 && ndim[0] != 3)
+        return fl_fail(FL_ESHAPE, "%s: input 0 %s is not (C, H, W) or (C)", l->name,
+                       fl_shape_str(ndim[0], shape[0], a, sizeof a));
+    c->n = n;
+    c->oc = 0;
+    for (int k = 0; k < n; k++) {
+        bool ok = ndim[k] == ndim[0];
+        for (int i = 1; ok && i < ndim[0]; i++)
+            ok = shape[k][i] == shape[0][i];
+        if (!ok)
+            return fl_fail(FL_ESHAPE, "%s: input %d %s does not fit input 0 %s (the same H and "
+                           "W, or both (C))", l->name, k,
+                           fl_shape_str(ndim[k], shape[k], b, sizeof b),
+                           fl_shape_str(ndim[0], shape[0], a, sizeof a));
+        c->c[k] = shape[k][0];
+        c->oc += shape[k][0];
+    }
+    c->hw = ndim[0] == 3 ? shape[0][1] * shape[0][2] : 1;
+    *out_ndim = ndim[0];
+    for (int i = 0; i < ndim[0]; i++)
+        out_shape[i] = shape[0][i];
+    out_shape[0] = c->oc;
     return FL_OK;
 }
 
+/* one input: the network does not call it (infer_shapen is set); a copy */
 static int cat_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int *out_ndim,
                            int64_t *out_shape) {
-    return cat_infer_shape2(l, in_ndim, in_shape, in_ndim, in_shape, out_ndim, out_shape);
+    return cat_infer_shapen(l, 1, &in_ndim, &in_shape, out_ndim, out_shape);
 }
 
-static int cat_forward(fl_layer *l, const fl_tensor *a, const fl_tensor *b, fl_tensor *y,
+static int cat_forward(fl_layer *l, int n, const fl_tensor *const *x, fl_tensor *y,
                        bool training) {
     (void)training;
     const cat_impl *c = l->impl;
-    int64_t n = a->shape[0], oc = c->ca + c->cb;
-    l->k->channel_slice(l->dtype, l->layout, n, c->hw, c->ca, a->data, oc, 0, y->data, true);
-    l->k->channel_slice(l->dtype, l->layout, n, c->hw, c->cb, b->data, oc, c->ca, y->data, true);
+    FL_ASSERT(n == c->n);
+    int64_t b = x[0]->shape[0], off = 0;
+    for (int k = 0; k < n; k++) {
+        l->k->channel_slice(l->dtype, l->layout, b, c->hw, c->c[k], x[k]->data, c->oc, off,
+                            y->data, true);
+        off += c->c[k];
+    }
     return FL_OK;
 }
 
-static int cat_backward(fl_layer *l, const fl_tensor *a, const fl_tensor *b, const fl_tensor *y,
-                        const fl_tensor *dy, fl_tensor *da, fl_tensor *db, bool accumulate) {
-    (void)b;
+static int cat_backward(fl_layer *l, int n, const fl_tensor *const *x, const fl_tensor *y,
+                        const fl_tensor *dy, fl_tensor *const *dx, bool accumulate) {
     (void)y;
-    (void)accumulate;
+    (void)accumulate; /* no parameters */
     const cat_impl *c = l->impl;
-    int64_t n = a->shape[0], oc = c->ca + c->cb;
-    if (da)
-        l->k->channel_slice(l->dtype, l->layout, n, c->hw, c->ca, da->data, oc, 0, dy->data,
-                            false);
-    if (db)
-        l->k->channel_slice(l->dtype, l->layout, n, c->hw, c->cb, db->data, oc, c->ca, dy->data,
-                            false);
+    FL_ASSERT(n == c->n);
+    int64_t b = x[0]->shape[0], off = 0;
+    for (int k = 0; k < n; k++) {
+        if (dx[k])
+            l->k->channel_slice(l->dtype, l->layout, b, c->hw, c->c[k], dx[k]->data, c->oc,
+                                off, dy->data, false);
+        off += c->c[k];
+    }
     return FL_OK;
 }
 
@@ -70,9 +88,9 @@ static void cat_destroy(fl_layer *l) { free(l->impl); }
 static const fl_layer_ops cat_ops = {
     .type = "concat",
     .infer_shape = cat_infer_shape,
-    .infer_shape2 = cat_infer_shape2,
-    .forward2 = cat_forward,
-    .backward2 = cat_backward,
+    .infer_shapen = cat_infer_shapen,
+    .forwardn = cat_forward,
+    .backwardn = cat_backward,
     .destroy = cat_destroy,
     .nhwc = true,
 };

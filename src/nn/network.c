@@ -59,12 +59,17 @@ void fl_net_free(fl_net *net) {
 static int add_layer(fl_net *net, fl_layer *layer, int ninputs, const int *inputs) {
     FL_ASSERT(net && layer);
     int rc;
-    bool two = ninputs == 2;
-    if (two ? !layer->ops->forward2 || !layer->ops->backward2
-            : !layer->ops->forward || !layer->ops->backward) {
-        rc = fl_fail(FL_EINVAL, "%s: a %s layer takes %s input%s (use %s)", layer->name,
-                     layer->ops->type, two ? "one" : "two", two ? "" : "s",
-                     two ? "fl_net_add or fl_net_add_from" : "fl_net_add2");
+    const fl_layer_ops *o = layer->ops;
+    bool many = o->forwardn && o->backwardn, two = o->forward2 && o->backward2;
+    if (ninputs < 1 || ninputs > FL_NET_MAX_INPUTS) {
+        rc = fl_fail(FL_EINVAL, "%s: %d inputs (a layer reads 1 to FL_NET_MAX_INPUTS = %d)",
+                     layer->name, ninputs, FL_NET_MAX_INPUTS);
+        goto fail;
+    }
+    if (!many && (two ? ninputs != 2 : ninputs != 1 || !o->forward || !o->backward)) {
+        rc = fl_fail(FL_EINVAL, "%s: a %s layer takes %s input%s, not %d (use %s)", layer->name,
+                     o->type, two ? "two" : "one", two ? "s" : "", ninputs,
+                     two ? "fl_net_add2" : "fl_net_add or fl_net_add_from");
         goto fail;
     }
     for (int i = 0; i < ninputs; i++) {
@@ -146,6 +151,11 @@ int fl_net_add2(fl_net *net, fl_layer *layer, int a, int b) {
     return add_layer(net, layer, 2, (int[]){a, b});
 }
 
+int fl_net_add_n(fl_net *net, fl_layer *layer, int n, const int *inputs) {
+    FL_ASSERT(net && (inputs || n < 1));
+    return add_layer(net, layer, n, inputs);
+}
+
 static void set_batch(fl_tensor *t, int64_t b) {
     t->shape[0] = b;
     t->numel = fl_shape_numel(t->ndim, t->shape);
@@ -156,20 +166,19 @@ static void set_batch(fl_tensor *t, int64_t b) {
  * parameters, and its output is rounded after. */
 static int layer_forward(fl_net *net, int i, const fl_tensor *x, bool training) {
     fl_layer *l = net->layers[i];
-    const fl_tensor *a = l->inputs[0] < 0 ? x : &net->out[l->inputs[0]];
-    const fl_tensor *bx = NULL;
-    if (l->ninputs == 2)
-        bx = l->inputs[1] < 0 ? x : &net->out[l->inputs[1]];
+    const fl_tensor *in[FL_NET_MAX_INPUTS];
     bool amp = net->amp && net->amp->white[i];
-    fl_tensor ra, rb;
-    if (amp) {
-        a = nn_amp_input(net->amp, net->k, 0, a, &ra);
-        if (bx)
-            bx = nn_amp_input(net->amp, net->k, 1, bx, &rb);
-        nn_amp_params(net->amp, net->k, l, true);
+    fl_tensor rin[FL_NET_MAX_INPUTS];
+    for (int k = 0; k < l->ninputs; k++) {
+        in[k] = l->inputs[k] < 0 ? x : &net->out[l->inputs[k]];
+        if (amp)
+            in[k] = nn_amp_input(net->amp, net->k, k, in[k], &rin[k]);
     }
-    int rc = bx ? l->ops->forward2(l, a, bx, &net->out[i], training)
-                : l->ops->forward(l, a, &net->out[i], training);
+    if (amp)
+        nn_amp_params(net->amp, net->k, l, true);
+    int rc = l->ops->forwardn ? l->ops->forwardn(l, l->ninputs, in, &net->out[i], training)
+             : l->ninputs == 2 ? l->ops->forward2(l, in[0], in[1], &net->out[i], training)
+                               : l->ops->forward(l, in[0], &net->out[i], training);
     if (amp) {
         nn_amp_params(net->amp, net->k, l, false);
         nn_amp_round(net->amp, net->k, &net->out[i]);
@@ -274,15 +283,16 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
          * to (gradient merge) are kept aside, so that only this backward's are rounded */
         bool amp = net->amp && net->amp->white[i];
         bool aside = amp && net->accumulate && nn_amp_rounds_params(l);
-        fl_tensor rin[2];
+        fl_tensor rin[FL_NET_MAX_INPUTS];
         if (amp) {
             nn_amp_round(net->amp, net->k, i == net->nlayers - 1 ? &scaled : &net->dout[i]);
             if (aside)
                 nn_amp_grads_save(net->amp, net->k, l);
             nn_amp_params(net->amp, net->k, l, true);
         }
-        const fl_tensor *in[2];
-        fl_tensor *din[2], sum[2];
+        const fl_tensor *in[FL_NET_MAX_INPUTS];
+        fl_tensor *din[FL_NET_MAX_INPUTS], sum[FL_NET_MAX_INPUTS];
+        size_t sum_off = 0; /* where the next scratch starts in sum_mem */
         for (int k = 0; k < l->ninputs; k++) {
             int from = l->inputs[k];
             in[k] = from < 0 ? &net->x : &net->out[from];
@@ -298,14 +308,18 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
                 *set = true;
             } else { // later ones write a scratch that is added to it below
                 sum[k] = *target;
-                sum[k].data = net->sum_mem[k];
+                sum[k].data = (char *)net->sum_mem + sum_off;
+                sum_off += nn_round64(fl_tensor_nbytes(target));
+                FL_ASSERT(sum_off <= net->sum_bytes); /* as plan_sums (network_build.c) found */
                 din[k] = &sum[k];
             }
         }
         bool acc = net->accumulate && !aside;
-        int rc = l->ninputs == 2 ? l->ops->backward2(l, in[0], in[1], &net->out[i], dy, din[0],
-                                                     din[1], acc)
-                                 : l->ops->backward(l, in[0], &net->out[i], dy, din[0], acc);
+        int rc = l->ops->forwardn
+                     ? l->ops->backwardn(l, l->ninputs, in, &net->out[i], dy, din, acc)
+                 : l->ninputs == 2
+                     ? l->ops->backward2(l, in[0], in[1], &net->out[i], dy, din[0], din[1], acc)
+                     : l->ops->backward(l, in[0], &net->out[i], dy, din[0], acc);
         if (amp) {
             nn_amp_params(net->amp, net->k, l, false);
             if (rc < 0)

@@ -2,9 +2,9 @@
  * steps: the shapes (and the activation layout), activation placement (per-layer output
  * buffers, or recompute's arena; output-gradient buffers shared where their lifetimes in
  * backward do not overlap, plan_output_grads; one scratch block lent to the layers; the
- * buffers that sum gradients of outputs read twice), parameter placement (flat parameter and
- * gradient blocks in one order: a run of parameters is one range, as gradient buckets need),
- * and initialisation. */
+ * block where gradients of outputs read several times are summed, plan_sums), parameter
+ * placement (flat parameter and gradient blocks in one order: a run of parameters is one
+ * range, as gradient buckets need), and initialisation. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -13,8 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
-
 void nn_net_unplan(fl_net *net) {
     nn_amp_free(net->k, net->amp);
     net->amp = NULL;
@@ -22,8 +20,7 @@ void nn_net_unplan(fl_net *net) {
     net->k->free(net->flat_grads);
     net->k->free(net->act_mem);
     net->k->free(net->scratch);
-    net->k->free(net->sum_mem[0]);
-    net->k->free(net->sum_mem[1]);
+    net->k->free(net->sum_mem);
     net->k->free(net->x_nhwc);
     net->x_nhwc = NULL;
     net->k->free(net->dx.data);
@@ -36,8 +33,8 @@ void nn_net_unplan(fl_net *net) {
     free(net->consumers);
     free(net->dout_set);
     net->flat_params = net->flat_grads = net->act_mem = NULL;
-    net->scratch = net->sum_mem[0] = net->sum_mem[1] = NULL;
-    net->scratch_size = 0;
+    net->scratch = net->sum_mem = NULL;
+    net->scratch_size = net->sum_bytes = 0;
     net->out = net->dout = NULL;
     net->consumers = NULL;
     net->dout_set = NULL;
@@ -82,7 +79,7 @@ static size_t plan_output_grads(fl_net *net, size_t *off) {
         for (int i = 0; i < n; i++) {
             if (net->nlayers - 1 - last[i] != t)
                 continue;
-            size_t need = round64(fl_tensor_nbytes(&net->dout[i]));
+            size_t need = nn_round64(fl_tensor_nbytes(&net->dout[i]));
             int best = -1;
             for (int s = 0; s < nslots; s++) {
                 if (slots[s].busy_until >= t)
@@ -121,8 +118,9 @@ static void shape_of(const fl_net *net, int from, int *ndim, const int64_t **sha
 }
 
 /* The input sample shape of layer l (*ndim, *shape): the network's input or an earlier
- * layer's output, the same for each of its inputs unless the layer has infer_shape2 (which
- * receives both); count: add l to its producers' consumers. */
+ * layer's output (its first input's), the same for each of its inputs unless the layer has
+ * infer_shape2 or infer_shapen (which receive them all); count: add l to its producers'
+ * consumers. */
 static int layer_input_shape(fl_net *net, const fl_layer *l, bool count, int *ndim,
                              const int64_t **shape) {
     char buf[96], other[96];
@@ -139,7 +137,7 @@ static int layer_input_shape(fl_net *net, const fl_layer *l, bool count, int *nd
         if (k == 0) {
             *ndim = kndim;
             *shape = kshape;
-        } else if (!l->ops->infer_shape2 &&
+        } else if (!l->ops->infer_shape2 && !l->ops->infer_shapen &&
                    (kndim != *ndim || memcmp(kshape, *shape, (size_t)*ndim * sizeof **shape))) {
             return fl_fail(FL_ESHAPE, "%s: inputs %s and %s differ in shape", l->name,
                            fl_shape_str(*ndim, *shape, buf, sizeof buf),
@@ -149,9 +147,35 @@ static int layer_input_shape(fl_net *net, const fl_layer *l, bool count, int *nd
     return FL_OK;
 }
 
+/* The most bytes of gradient sums one layer's backward needs, as network.c's backward takes
+ * them: layers run back in reverse order, the first to reach an output (or the network input,
+ * when its gradient is on) writes its gradient, and each later input reading it writes a
+ * scratch of its own in sum_mem (64-byte aligned, one after the other), added in after the
+ * layer's backward. Sizes at max_batch. */
+static size_t plan_sums(fl_net *net) {
+    bool *set = net->dout_set, dx_set = false; /* unused until backward: reset below */
+    size_t most = 0;
+    for (int i = net->nlayers - 1; i >= 0; i--) {
+        const fl_layer *l = net->layers[i];
+        size_t need = 0;
+        for (int k = 0; k < l->ninputs; k++) {
+            int from = l->inputs[k];
+            if (from < 0 && !net->input_grad)
+                continue;
+            bool *s = from < 0 ? &dx_set : &set[from];
+            if (*s)
+                need += nn_round64(fl_tensor_nbytes(from < 0 ? &net->dx : &net->out[from]));
+            *s = true;
+        }
+        most = need > most ? need : most;
+    }
+    memset(set, 0, (size_t)net->nlayers * sizeof *set);
+    return most;
+}
+
 /* Shapes: out[i] and dout[i] become (max_batch, sample shape of layer i) views until forward
  * sets B; net->layout is settled; every output but the last must feed a layer. Returns in
- * *scratch the most scratch a layer asks for, in *sum_bytes the largest output read twice. */
+ * *scratch the most scratch a layer asks for, in *sum_bytes the gradient sums' (plan_sums). */
 static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
     char buf[96];
     int rc;
@@ -181,7 +205,13 @@ static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
             best = FL_LAYOUT_NCHW; // it would read a spatial activation in NCHW order
         int ondim = 0;
         int64_t oshape[FL_MAX_DIMS];
-        if (l->ninputs == 2 && l->ops->infer_shape2) {
+        if (l->ops->forwardn && l->ops->infer_shapen) {
+            int ndims[FL_NET_MAX_INPUTS];
+            const int64_t *shapes[FL_NET_MAX_INPUTS];
+            for (int k = 0; k < l->ninputs; k++)
+                shape_of(net, l->inputs[k], &ndims[k], &shapes[k]);
+            rc = l->ops->infer_shapen(l, l->ninputs, ndims, shapes, &ondim, oshape);
+        } else if (l->ninputs == 2 && l->ops->infer_shape2) {
             int ndim2;
             const int64_t *shape2;
             shape_of(net, l->inputs[1], &ndim2, &shape2);
@@ -218,8 +248,6 @@ static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
         if (net->consumers[i] == 0)
             return fl_fail(FL_ESHAPE, "%s: its output feeds no layer (only the last layer's "
                            "output may be unused)", net->layers[i]->name);
-        if (net->consumers[i] > 1 && fl_tensor_nbytes(&net->out[i]) > *sum_bytes)
-            *sum_bytes = fl_tensor_nbytes(&net->out[i]);
     }
     if (net->input_grad) {
         if (net->layout == FL_LAYOUT_NHWC && net->in_ndim == 3)
@@ -228,15 +256,14 @@ static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
         int64_t full[FL_MAX_DIMS] = {max_batch};
         memcpy(full + 1, net->in_shape, (size_t)net->in_ndim * sizeof *full);
         fl_tensor_view(&net->dx, net->dtype, net->in_ndim + 1, full, NULL);
-        if (net->in_consumers > 1 && fl_tensor_nbytes(&net->dx) > *sum_bytes)
-            *sum_bytes = fl_tensor_nbytes(&net->dx);
     }
+    *sum_bytes = plan_sums(net);
     return FL_OK;
 }
 
 /* The backend memory of the activations: one block of act_bytes (outputs, then output
  * gradients), the NHWC copy of the input where the network runs in NHWC, the layers' scratch
- * and the two gradient-sum buffers. */
+ * and the gradient sums' block. */
 static int alloc_activations(fl_net *net, size_t act_bytes, size_t scratch, size_t sum_bytes) {
     size_t esize = fl_dtype_size(net->dtype);
     if (net->layout == FL_LAYOUT_NHWC && net->in_ndim == 3 &&
@@ -252,10 +279,9 @@ static int alloc_activations(fl_net *net, size_t act_bytes, size_t scratch, size
     net->scratch_size = scratch;
     if (net->input_grad && !(net->dx.data = net->k->alloc(fl_tensor_nbytes(&net->dx))))
         return fl_fail(FL_ENOMEM, "net: cannot allocate the input gradient");
-    for (int k = 0; k < 2 && sum_bytes > 0; k++)
-        if (!(net->sum_mem[k] = net->k->alloc(sum_bytes)))
-            return fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of gradient sums",
-                           sum_bytes);
+    if (sum_bytes > 0 && !(net->sum_mem = net->k->alloc(sum_bytes)))
+        return fl_fail(FL_ENOMEM, "net: cannot allocate %zu bytes of gradient sums", sum_bytes);
+    net->sum_bytes = sum_bytes;
     for (int i = 0; i < net->nlayers; i++)
         net->layers[i]->scratch = net->scratch;
     return FL_OK;
@@ -270,7 +296,7 @@ static int place_activations(fl_net *net, size_t scratch, size_t sum_bytes) {
     if (!out_sizes)
         return fl_fail(FL_ENOMEM, "net: out of memory");
     for (int i = 0; i < net->nlayers; i++)
-        out_sizes[i] = round64(fl_tensor_nbytes(&net->out[i]));
+        out_sizes[i] = nn_round64(fl_tensor_nbytes(&net->out[i]));
     rc = nn_recompute_plan_make(net->layers, net->nlayers, net->recompute_spec, out_sizes,
                                 &net->plan);
     size_t kept_bytes = 0, arena_bytes = 0;
@@ -291,7 +317,7 @@ static int place_activations(fl_net *net, size_t scratch, size_t sum_bytes) {
         goto done;
     char *p = net->act_mem, *arena = p + kept_bytes, *q = arena;
     for (int i = 0; i < net->nlayers; i++) {
-        size_t nb = round64(fl_tensor_nbytes(&net->out[i]));
+        size_t nb = nn_round64(fl_tensor_nbytes(&net->out[i]));
         if (i > 0 && net->plan.segment[i] != net->plan.segment[i - 1])
             q = arena;
         if (net->plan.kept[i]) {

@@ -19,6 +19,9 @@ static inline void nn_param_rng(const fl_rng *layer_rng, int i, fl_rng *out) {
     out->used = 4;
 }
 
+/* n rounded up to a multiple of 64 (where planned buffers start). */
+static inline size_t nn_round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
 /* Which outputs a network keeps from forward to backward (recompute.c). Segments are runs of
  * layers in insertion order, each ending after a checkpoint (the last ends with the network);
  * an output is kept when it is a checkpoint, the last layer's, or read by a layer of a later
@@ -50,21 +53,25 @@ typedef struct {
     fl_dtype low;        /* FL_DTYPE_F16 or FL_DTYPE_BF16 */
     bool    *white;      /* [nlayers] the layer computes in low */
     float    loss_scale; /* multiplies the output gradient at the start of backward */
-    void    *in[2];      /* a white layer's inputs, rounded (the largest input, max batch) */
+    void    *in[FL_NET_MAX_INPUTS]; /* a white layer's inputs, rounded: slot k the largest
+                                     * input k of a white layer, max batch (NULL: none) */
     void    *w;          /* its trainable parameters' values, rounded */
     void    *g;          /* accumulate mode: its gradients before its backward */
     void    *dout;       /* the last output's gradient times loss_scale (max batch) */
     void   **saved;      /* [most parameters of a layer] the values' own pointers */
 } nn_amp;
 
-int  nn_amp_create(const fl_backend *k, fl_dtype low, int nlayers, size_t in_bytes,
-                   int64_t wnumel, int maxparams, size_t dout_bytes, nn_amp **out);
+/* in_bytes[0 .. nin): the input slots' sizes (nin <= FL_NET_MAX_INPUTS). */
+int  nn_amp_create(const fl_backend *k, fl_dtype low, int nlayers, int nin,
+                   const size_t *in_bytes, int64_t wnumel, int maxparams, size_t dout_bytes,
+                   nn_amp **out);
 void nn_amp_free(const fl_backend *k, nn_amp *a); /* NULL: no-op */
 /* Whether a white layer's parameters are rounded (all but batch norm's). */
 bool nn_amp_rounds_params(const fl_layer *l);
 /* t's values rounded in place. */
 void nn_amp_round(const nn_amp *a, const fl_backend *k, fl_tensor *t);
-/* x rounded into input buffer slot (0, 1): *view, which it returns, describes the copy. */
+/* x rounded into input buffer slot k (the layer's input k): *view, which it returns,
+ * describes the copy. */
 const fl_tensor *nn_amp_input(nn_amp *a, const fl_backend *k, int slot, const fl_tensor *x,
                               fl_tensor *view);
 /* on: l's trainable parameter values point at rounded copies; off: back at the masters. */
@@ -102,7 +109,11 @@ struct fl_net {
     bool      *dout_set; /* [nlayers] backward: dout[i] already holds a consumer's gradient */
     void      *scratch;  /* lent to layers (ops->scratch_bytes), scratch_size bytes */
     size_t     scratch_size;
-    void      *sum_mem[2]; /* input gradients of outputs read twice, summed into dout */
+    /* backward: a layer's input gradients for outputs whose gradient another consumer wrote
+     * already (read by several layers, or twice by one), added to it after the layer's
+     * backward; sum_bytes is the most one layer needs (plan_sums, network_build.c) */
+    void      *sum_mem;
+    size_t     sum_bytes;
     /* activation layout: the backend's preferred one where every layer reading a spatial
      * (C, H, W) activation runs on it (ops->nhwc), else NCHW; an NHWC network reorders its
      * NCHW input into x_nhwc, its only edge (a network whose output is spatial stays NCHW) */

@@ -8,10 +8,11 @@
  * stride-2 ConvBN, then pooling, a 1x1 convolution to 2048 without bias, ReLU, dropout (base
  * only), flatten, fc. Names and order are PaddleClas's ("stages.2.blocks.1.layers.4.conv.weight",
  * "stages.1.downsample.bn.bias", "stages.0.blocks.0.att.conv.bias"); the ReLUs are fused into
- * the batch norms (no parameters), concatenations and adds are named "<block>.concat<i>" and
- * "<block>.add". Where fleet differs: as pplcnet.c says (batch norm's buffer names, fc's weight
- * order, inverted dropout). Initialisation is PaddleClas's _init_weights: every convolution
- * KaimingNormal (fan in), fc Paddle's Linear default (Xavier uniform) with a zero bias. */
+ * the batch norms (no parameters), a block's concatenation (one layer of layer_num + 1 inputs)
+ * and add are named "<block>.concat" and "<block>.add". Where fleet differs: as pplcnet.c says
+ * (batch norm's buffer names, fc's weight order, inverted dropout). Initialisation is
+ * PaddleClas's _init_weights: every convolution KaimingNormal (fan in), fc Paddle's Linear
+ * default (Xavier uniform) with a zero bias. */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -45,21 +46,18 @@ static const hg_arch archs[] = {
 static int hg_block(fl_net *net, const char *p, int in, int64_t in_ch, int64_t mid, int64_t out,
                     int layer_num, bool identity) {
     char q[96], b[256];
-    int outs[8], cur = in;
+    int outs[FL_NET_MAX_INPUTS] = {in}, cur = in;
+    FL_ASSERT(layer_num + 1 <= FL_NET_MAX_INPUTS);
     for (int i = 0; i < layer_num; i++) {
         snprintf(q, sizeof q, "%s.layers.%d", p, i);
         if ((cur = nn_conv_bn(net, q, cur, i ? mid : in_ch, mid, 3, 1, 1, true)) < 0)
             return -1;
-        outs[i] = cur;
+        outs[i + 1] = cur;
     }
-    /* paddle.concat([x, l0, .., l(n-1)], axis=1) as a chain of two-input concatenations */
-    int cat = in;
-    for (int i = 0; i < layer_num; i++) {
-        snprintf(q, sizeof q, "concat%d", i + 1);
-        fl_layer *l = fl_concat_create(nn_name(b, sizeof b, p, q));
-        if (!l || (cat = fl_net_add2(net, l, cat, outs[i])) < 0)
-            return -1;
-    }
+    /* paddle.concat([x, l0, .., l(n-1)], axis=1): one layer of layer_num + 1 inputs */
+    fl_layer *cat = fl_concat_create(nn_name(b, sizeof b, p, "concat"));
+    if (!cat || fl_net_add_n(net, cat, layer_num + 1, outs) < 0)
+        return -1;
     snprintf(q, sizeof q, "%s.aggregation_conv", p);
     int agg = nn_conv_bn(net, q, -2, in_ch + layer_num * mid, out, 1, 1, 1, true);
     if (agg < 0)

@@ -25,17 +25,18 @@ static bool is_cut(fl_layer *const *layers, int nlayers, int i) {
     return true;
 }
 
-/* The simple rules: in residual networks every block's output (a two-input layer after which
- * the network can be cut); in chains every ceil(sqrt(n))-th layer (Chen et al. sec. 4.1). */
+/* The simple rules: in residual networks every block's output (a layer of two or more inputs
+ * after which the network can be cut: an add, a multiply, a concatenation); in chains every
+ * ceil(sqrt(n))-th layer (Chen et al. sec. 4.1). */
 static void choose_simple(fl_layer *const *layers, int n, bool *cp) {
     bool residual = false;
     for (int i = 0; i < n; i++)
-        residual |= layers[i]->ninputs == 2;
+        residual |= layers[i]->ninputs >= 2;
     int stride = (int)ceil(sqrt((double)n)), last = -1;
     for (int i = 0; i < n - 1; i++) {
         if (!is_cut(layers, n, i))
             continue;
-        if (residual ? layers[i]->ninputs == 2 : i - last >= stride) {
+        if (residual ? layers[i]->ninputs >= 2 : i - last >= stride) {
             cp[i] = true;
             last = i;
         }

@@ -1,7 +1,7 @@
 /* test_nn_pphgnet.c - the zoo's PP-HGNet: parameter counts at 1000 classes against the
  * architecture and PaddleClas's published sizes (which count batch norm's buffers), PaddleClas's
- * names, the shapes at 224 and at the small inputs, and one training step of PPHGNet_tiny on
- * 32 x 32 against ref (NCHW): cpu in f64 (every gradient to 1e-9 of the largest), onednn in
+ * names, each HG block's aggregation as one concat of 6 inputs, the shapes at 224 and at the
+ * small inputs, and one training step of PPHGNet_tiny on 32 x 32 against ref (NCHW): cpu in f64 (every gradient to 1e-9 of the largest), onednn in
  * f32 on NHWC (logits to 1e-4; gradients to 5e-2 of the largest: stage 4 runs at 2 x 2, so
  * its batch norms normalise 16 values a channel (batch 4) and amplify f32 rounding, 1.6% seen).
  * The step itself is model_check.h's, shared with test_nn_pplcnetv2.c. */
@@ -78,6 +78,26 @@ static void test_names_and_shapes(void) {
     CHECK(agg && agg->value.shape[0] == 224 && agg->value.shape[1] == 96 + 5 * 96);
     fl_param *ds = fl_net_find_param(net, "stages.3.downsample.conv.weight");
     CHECK(ds && ds->value.shape[0] == 512 && ds->value.shape[1] == 1);
+    /* each block's aggregation is one concat of its input and its 5 layers' outputs, in
+     * PaddleClas's order, read by the aggregation conv */
+    int cats = 0;
+    for (int i = 0; i < fl_net_num_layers(net); i++) {
+        fl_layer *l = fl_net_layer(net, i);
+        if (strcmp(l->ops->type, "concat") != 0)
+            continue;
+        cats++;
+        CHECK(l->ninputs == 6 && strstr(l->name, ".concat") && !strstr(l->name, "concat1"));
+        CHECK(l->inputs[0] < l->inputs[1]); /* the block's input first */
+        for (int k = 1; l->ninputs == 6 && k < 6; k++) {
+            char want[96];
+            snprintf(want, sizeof want, "%.*s.layers.%d.bn",
+                     (int)(strstr(l->name, ".concat") - l->name), l->name, k - 1);
+            CHECK(l->inputs[k] >= 0 && strcmp(fl_net_layer(net, l->inputs[k])->name, want) == 0);
+        }
+        CHECK(i + 1 < fl_net_num_layers(net) &&
+              strstr(fl_net_layer(net, i + 1)->name, "aggregation_conv.conv"));
+    }
+    CHECK(cats == 5); /* tiny's blocks: 1 + 1 + 2 + 1 */
     int64_t s224[] = {3, 224, 224}, out[FL_MAX_DIMS];
     CHECK_OK(fl_net_build(net, 3, s224, 1, 1));
     CHECK(fl_net_out_shape(net, out) == 1 && out[0] == 1000);
