@@ -1,6 +1,6 @@
 /* ref.c - the fl_backend_ref() table: the plainest loops that implement kernels.h, single-
- * threaded, naive triple-loop gemm, sums in double. Slow on purpose; it is what the tests
- * hold the fast table to, so every line should be obviously right. */
+ * threaded, sums in double (gemm: each element one sum, in order). Slow on purpose; it is what
+ * the tests hold the fast table to, so every line should be obviously right. */
 #include "backend_private.h"
 #include "fleet/backend.h"
 #include "fleet/status.h"
