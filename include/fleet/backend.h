@@ -392,7 +392,7 @@ typedef struct fl_backend {
 
 /* The OpenBLAS + OpenMP table. */
 const fl_backend *fl_backend_cpu(void);
-/* The plain reference table (single-threaded loops; naive gemm). */
+/* The plain reference table (single-threaded loops; plain-loop gemm). */
 const fl_backend *fl_backend_ref(void);
 /* oneDNN's convolution and pooling and a channels-last batch norm (f32; f64 falls back to the
  * cpu table's), the rest the cpu table's; NULL when fleet was built without oneDNN (configure

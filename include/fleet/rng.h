@@ -37,6 +37,9 @@ double   fl_rng_uniform_f64(fl_rng *r);
 uint64_t fl_rng_below(fl_rng *r, uint64_t n);
 /* Standard normal (Box-Muller; uses libm log/cos/sin). */
 double   fl_rng_normal(fl_rng *r);
+/* out[0..n) = n calls of fl_rng_normal(r) in order, bit for bit, and r where they leave it;
+ * faster for large n (the Philox blocks of several draws at once). n >= 0. */
+void     fl_rng_normals(fl_rng *r, double *out, int64_t n);
 /* In-place Fisher-Yates shuffle of idx[0..n). */
 void     fl_rng_shuffle(fl_rng *r, int64_t *idx, int64_t n);
 

@@ -76,12 +76,73 @@ uint64_t fl_rng_below(fl_rng *r, uint64_t n) {
     return x % n;
 }
 
-double fl_rng_normal(fl_rng *r) {
-    double u1 = fl_rng_uniform_f64(r);
-    double u2 = fl_rng_uniform_f64(r);
+/* Box-Muller (Box and Muller 1958), the cosine branch only: u1, u2 uniform in [0, 1). */
+static inline double box_muller(double u1, double u2) {
     if (u1 < 1e-300)
         u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* fl_rng_uniform_f64 of the words hi, lo (drawn in that order) */
+static inline double u53(uint32_t hi, uint32_t lo) {
+    return (double)((((uint64_t)hi << 32) | lo) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+double fl_rng_normal(fl_rng *r) {
+    double u1 = fl_rng_uniform_f64(r);
+    double u2 = fl_rng_uniform_f64(r);
+    return box_muller(u1, u2);
+}
+
+/* Philox4x32-10 of LANES consecutive blocks, position .. position + LANES - 1 of a stream, as
+ * fl_philox4x32 computes each: w[word][lane]. The lanes are arrays side by side, so that the
+ * compiler runs them in vector registers (one block's rounds alone are a chain of dependent
+ * multiplies). */
+enum { LANES = 8 };
+static void philox_lanes(const fl_rng *r, uint32_t w[4][LANES]) {
+    uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
+    for (int i = 0; i < LANES; i++) {
+        uint64_t pos = r->position + (uint64_t)i;
+        c0[i] = (uint32_t)pos;
+        c1[i] = (uint32_t)(pos >> 32);
+        c2[i] = (uint32_t)r->stream;
+        c3[i] = (uint32_t)(r->stream >> 32);
+    }
+    uint32_t k0 = r->key[0], k1 = r->key[1];
+    for (int round = 0; round < 10; round++) {
+        for (int i = 0; i < LANES; i++) {
+            uint64_t p0 = (uint64_t)PHILOX_M0 * c0[i];
+            uint64_t p1 = (uint64_t)PHILOX_M1 * c2[i];
+            uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1[i] ^ k0;
+            uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3[i] ^ k1;
+            c0[i] = n0;
+            c1[i] = (uint32_t)p1;
+            c2[i] = n2;
+            c3[i] = (uint32_t)p0;
+        }
+        k0 += PHILOX_W0;
+        k1 += PHILOX_W1;
+    }
+    for (int i = 0; i < LANES; i++) {
+        w[0][i] = c0[i];
+        w[1][i] = c1[i];
+        w[2][i] = c2[i];
+        w[3][i] = c3[i];
+    }
+}
+
+/* A normal draw takes four words: from a block boundary (used == 4), draw i is block i's. */
+void fl_rng_normals(fl_rng *r, double *out, int64_t n) {
+    int64_t i = 0;
+    for (; r->used == 4 && i + LANES <= n; i += LANES) {
+        uint32_t w[4][LANES];
+        philox_lanes(r, w);
+        r->position += LANES;
+        for (int j = 0; j < LANES; j++)
+            out[i + j] = box_muller(u53(w[0][j], w[1][j]), u53(w[2][j], w[3][j]));
+    }
+    for (; i < n; i++)
+        out[i] = fl_rng_normal(r);
 }
 
 void fl_rng_shuffle(fl_rng *r, int64_t *idx, int64_t n) {

@@ -67,12 +67,17 @@ static void conv_init(fl_layer *l, fl_rng *rng) {
                                                      : (double)c->o.out_channels * k;
     double std = sqrt(2.0 / fan);
     fl_tensor *w = &l->params[0].value;
-    for (int64_t i = 0; i < w->numel; i++) {
-        double v = std * fl_rng_normal(&r);
-        if (l->dtype == FL_DTYPE_F32)
-            ((float *)w->data)[i] = (float)v;
-        else
-            ((double *)w->data)[i] = v;
+    double z[256]; /* fl_rng_normal's draws, a batch at a time (fl_rng_normals: the same draws) */
+    for (int64_t i0 = 0; i0 < w->numel; i0 += 256) {
+        int64_t nb = w->numel - i0 < 256 ? w->numel - i0 : 256;
+        fl_rng_normals(&r, z, nb);
+        for (int64_t i = 0; i < nb; i++) {
+            double v = std * z[i];
+            if (l->dtype == FL_DTYPE_F32)
+                ((float *)w->data)[i0 + i] = (float)v;
+            else
+                ((double *)w->data)[i0 + i] = v;
+        }
     }
     /* init writes host memory (fl_net_build moves it to a device): no table function here */
     if (c->o.bias)

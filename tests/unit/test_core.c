@@ -241,6 +241,28 @@ static void test_rng(void) {
     CHECK_NEAR(s / n, 0.0, 0.01);
     CHECK_NEAR(s2 / n, 1.0, 0.02);
 
+    /* fl_rng_normals is fl_rng_normal called n times, bit for bit, and leaves r where they do:
+     * from a block boundary and from inside a block (a u32 drawn first), for counts around its
+     * batch of blocks, across the 2^32 step of the position counter, with a large seed and
+     * stream (every counter and key word non-zero) */
+    static const int64_t counts_n[] = {0, 1, 7, 8, 9, 17, 1000};
+    for (int skew = 0; skew < 2; skew++)
+        for (size_t ci = 0; ci < sizeof counts_n / sizeof counts_n[0]; ci++) {
+            int64_t nn = counts_n[ci];
+            double want[1000], got[1000];
+            fl_rng_init(&a, 0x123456789abcdefull, 0xfedcba9876543210ull);
+            a.position = 0xfffffffcull;
+            if (skew)
+                (void)fl_rng_u32(&a);
+            b = a;
+            for (int64_t i = 0; i < nn; i++)
+                want[i] = fl_rng_normal(&a);
+            fl_rng_normals(&b, got, nn);
+            CHECK(memcmp(want, got, (size_t)nn * sizeof *got) == 0);
+            CHECK(a.position == b.position && a.used == b.used);
+            CHECK(fl_rng_u32(&a) == fl_rng_u32(&b) && fl_rng_normal(&a) == fl_rng_normal(&b));
+        }
+
     /* shuffle is a permutation, deterministic under the seed */
     int64_t p1[100], p2[100];
     for (int i = 0; i < 100; i++)

@@ -1,6 +1,6 @@
 /* ref.c - the fl_backend_ref() table: the plainest loops that implement kernels.h, single-
- * threaded, naive triple-loop gemm, sums in double. Slow on purpose; it is what the tests
- * hold the fast table to, so every line should be obviously right. */
+ * threaded, sums in double (gemm: each element one sum, in order). Slow on purpose; it is what
+ * the tests hold the fast table to, so every line should be obviously right. */
 #include "backend_private.h"
 #include "fleet/backend.h"
 #include "fleet/status.h"
@@ -20,20 +20,66 @@ static inline void put(fl_dtype t, void *p, int64_t i, double v) {
         ((double *)p)[i] = v;
 }
 
+/* s[j] += aip * b[p * ldb + j0 + j] for j < nj, in double: row p of b (K, N) times a(i, p), into
+ * the running sums of nj elements of c's row i (ref_gemm, below). */
+static inline void acc_row(double *s, int64_t nj, double aip, fl_dtype t, const void *b,
+                           int64_t off) {
+    if (t == FL_DTYPE_F32) {
+        const float *bf = (const float *)b + off;
+#pragma omp simd
+        for (int64_t j = 0; j < nj; j++)
+            s[j] += aip * (double)bf[j];
+    } else {
+        const double *bd = (const double *)b + off;
+#pragma omp simd
+        for (int64_t j = 0; j < nj; j++)
+            s[j] += aip * bd[j];
+    }
+}
+
+/* c (M, N) = alpha op(a) op(b) + beta c, each element's sum over p in ascending order in double,
+ * as a dot product per element would give it, and so the same bits however the loops are
+ * ordered around that sum. They are ordered for speed (a dot product per element, one chain of
+ * dependent adds walking down b's columns, made most of the ref-backend tests' time): with b
+ * (K, N), a row of c is summed JT columns at a time with p outermost (acc_row: JT independent
+ * sums along b's rows, in vector registers); with b transposed (N, K), four dot products along
+ * b's rows at a time. */
 static void ref_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                      double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                      double beta, void *c, int64_t ldc) {
     ASSERT_FLOAT(t);
+    enum { JT = 64 };
+    double s[JT];
     for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < n; j++) {
-            double s = 0;
+        for (int64_t j0 = 0; j0 < n; j0 += JT) {
+            int64_t nj = n - j0 < JT ? n - j0 : JT;
+            for (int64_t j = 0; j < nj; j++)
+                s[j] = 0;
             for (int64_t p = 0; p < k; p++) {
                 double aip = trans_a ? get(t, a, p * lda + i) : get(t, a, i * lda + p);
-                double bpj = trans_b ? get(t, b, j * ldb + p) : get(t, b, p * ldb + j);
-                s += aip * bpj;
+                if (!trans_b)
+                    acc_row(s, nj, aip, t, b, p * ldb + j0);
             }
-            double old = beta == 0 ? 0 : beta * get(t, c, i * ldc + j);
-            put(t, c, i * ldc + j, alpha * s + old);
+            for (int64_t j = 0; trans_b && j < nj; j += 4) {
+                int64_t nq = nj - j < 4 ? nj - j : 4, r[4];
+                for (int q = 0; q < 4; q++) /* rows of b; past nj, the last again */
+                    r[q] = (j0 + j + (q < nq ? q : nq - 1)) * ldb;
+                double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                for (int64_t p = 0; p < k; p++) {
+                    double aip = trans_a ? get(t, a, p * lda + i) : get(t, a, i * lda + p);
+                    s0 += aip * get(t, b, r[0] + p);
+                    s1 += aip * get(t, b, r[1] + p);
+                    s2 += aip * get(t, b, r[2] + p);
+                    s3 += aip * get(t, b, r[3] + p);
+                }
+                double four[4] = {s0, s1, s2, s3};
+                for (int q = 0; q < nq; q++)
+                    s[j + q] = four[q];
+            }
+            for (int64_t j = 0; j < nj; j++) {
+                double old = beta == 0 ? 0 : beta * get(t, c, i * ldc + j0 + j);
+                put(t, c, i * ldc + j0 + j, alpha * s[j] + old);
+            }
         }
     }
 }

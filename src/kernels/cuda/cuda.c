@@ -2,6 +2,7 @@
  * made once by device_bind, into context.c's context), and streams and events as real
  * cudaStream_t / cudaEvent_t. The ops live in the files beside it (backend_private.h). */
 #include "backend_private.h"
+#include "cublas_load.h"
 
 #include <cublas_v2.h>
 #include <cudnn.h>
@@ -17,7 +18,7 @@ static void release(cudaStream_t st, cublasHandle_t blas, cudnnHandle_t dnn, voi
     if (dnn)
         cudnnDestroy(dnn);
     if (blas)
-        cublasDestroy(blas);
+        cuda_cublas.cublasDestroy(blas);
     if (ws)
         cuda_free(ws);
     if (st)
@@ -74,12 +75,18 @@ static int cuda_device_bind(int ordinal) {
     cuda_g.find = find && find[0] == '1';
     const char *det = getenv("FLEET_CUDNN_DETERMINISTIC");
     cuda_g.det = !(det && det[0] == '0');
+    if (cuda_cublas_load() != FL_OK) {
+        call = "cuBLAS", snprintf(why, sizeof why, "%s", fl_errmsg());
+        goto fail;
+    }
+    const cuda_cublas_api *cb = &cuda_cublas;
     cublasStatus_t bs;
-    if ((bs = cublasCreate(&blas)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cublasSetStream(blas, st)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cublasSetMathMode(blas, cuda_g.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                  : CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
-        call = "cuBLAS set-up", snprintf(why, sizeof why, "%s", cublasGetStatusString(bs));
+    if ((bs = cb->cublasCreate(&blas)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cb->cublasSetStream(blas, st)) != CUBLAS_STATUS_SUCCESS ||
+        (bs = cb->cublasSetMathMode(blas, cuda_g.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                      : CUBLAS_DEFAULT_MATH)) !=
+            CUBLAS_STATUS_SUCCESS) {
+        call = "cuBLAS set-up", snprintf(why, sizeof why, "%s", cb->cublasGetStatusString(bs));
         goto fail;
     }
     ws = cuda_alloc(CUBLAS_WORKSPACE);
@@ -87,8 +94,9 @@ static int cuda_device_bind(int ordinal) {
         call = "the cuBLAS workspace", snprintf(why, sizeof why, "%s", fl_errmsg());
         goto fail;
     }
-    if ((bs = cublasSetWorkspace(blas, ws, CUBLAS_WORKSPACE)) != CUBLAS_STATUS_SUCCESS) {
-        call = "cublasSetWorkspace", snprintf(why, sizeof why, "%s", cublasGetStatusString(bs));
+    if ((bs = cb->cublasSetWorkspace(blas, ws, CUBLAS_WORKSPACE)) != CUBLAS_STATUS_SUCCESS) {
+        call = "cublasSetWorkspace",
+        snprintf(why, sizeof why, "%s", cb->cublasGetStatusString(bs));
         goto fail;
     }
     cudnnStatus_t ds;

@@ -2,13 +2,14 @@
  * operand swap (row-major C = A B is column-major C^T = B^T A^T). TF32 is off unless
  * FLEET_CUDA_TF32=1 (device_bind sets the handle's math mode); k = 0 is C = beta C. */
 #include "backend_private.h"
+#include "cublas_load.h" /* device_bind opened cuBLAS */
 
 #include <cublas_v2.h>
 #include <limits.h>
 
 static void check(cublasStatus_t s, const char *call) {
     if (s != CUBLAS_STATUS_SUCCESS)
-        cuda_fatal("gemm", call, cublasGetStatusString(s), __FILE__, __LINE__);
+        cuda_fatal("gemm", call, cuda_cublas.cublasGetStatusString(s), __FILE__, __LINE__);
 }
 
 static int as_int(int64_t v) {
@@ -43,10 +44,11 @@ void cuda_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int
     int ilda = as_int(lda), ildb = as_int(ldb), ildc = as_int(ldc);
     if (t == FL_DTYPE_F32) {
         float al = (float)alpha, be = (float)beta;
-        check(cublasSgemm(h, ob, oa, in, im, ik, &al, b, ildb, a, ilda, &be, c, ildc),
+        check(cuda_cublas.cublasSgemm(h, ob, oa, in, im, ik, &al, b, ildb, a, ilda, &be, c, ildc),
               "cublasSgemm");
     } else if (t == FL_DTYPE_F64) {
-        check(cublasDgemm(h, ob, oa, in, im, ik, &alpha, b, ildb, a, ilda, &beta, c, ildc),
+        check(cuda_cublas.cublasDgemm(h, ob, oa, in, im, ik, &alpha, b, ildb, a, ilda, &beta, c,
+                                      ildc),
               "cublasDgemm");
     } else {
         cuda_bad_dtype("gemm", t);
