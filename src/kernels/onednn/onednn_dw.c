@@ -3,11 +3,11 @@
  * has no depthwise kernel for it at 5x5 (it falls back to its generic jit convolution, which
  * ran PP-LCNet x1.0's 5x5 layers at 4 GFLOP/s: 15% of a training step, batch 8, 1 thread), and
  * its 3x3 kernel needs the batch cut in slots whose partials are reordered and added. Here a
- * channel of x and dy is a vector lane: a block of 16 channels (64 bytes, a cache line) runs
- * over each image's pixels, every tap's product summed in float over an output row, the rows
- * in float over one image, the images in double. Work pieces are (channel block, range of
- * images), fixed by the shape and the batch, the ranges' partials added in range order: the
- * bits do not depend on the thread count. */
+ * channel of x and dy is a vector lane: blocks of 16 channels (64 bytes, a cache line) run
+ * over each output row, every tap's product summed in float over the row, the rows in float
+ * over one image, the images in double. Work pieces are (range of images, group of channel
+ * blocks; groups only when the images are few), fixed by the shape and the batch, the ranges'
+ * partials added in range order: the bits do not depend on the thread count. */
 #include "onednn_impl.h"
 
 #include <string.h>
@@ -20,9 +20,10 @@
 
 /* channels per block: two AVX2 vectors */
 #define CW 16
-/* pieces a call aims at, at least (channel blocks times image ranges), so that two to eight
- * threads all have work when the channels are few */
-#define MIN_PIECES 8
+/* Pieces a call aims at, at least: MAX_RANGES ranges of images, each cut into channel groups
+ * (whole blocks of CW channels) only when there are fewer images than that, so that two to
+ * eight threads all have work. */
+#define MAX_RANGES 8
 
 /* 8 floats, loaded and stored at any 4-byte alignment (GCC's vector extension: two SSE
  * registers in the baseline clone, one AVX register in the x86-64-v3 one) */
@@ -32,15 +33,34 @@ bool onednn_dw_supported(const fl_conv_geom *g) {
     return g->kh * g->kw <= ONEDNN_DW_MAX_TAPS;
 }
 
-/* the image ranges of a call over n images with ncb channel blocks */
-static int64_t ranges_of(int64_t n, int64_t ncb) {
-    int64_t r = (MIN_PIECES + ncb - 1) / ncb;
-    return r < n ? r : n;
+/* A call's pieces over n images: nr ranges of images times ng groups of gb channel blocks
+ * (of ncb); scratch: nr per-range partials of (ncb, KK + 1, CW) doubles (a range's groups
+ * write disjoint blocks of it), then nr ng per-piece float sums of one image, gb blocks each. */
+typedef struct dw_pieces {
+    int64_t ncb, nr, ng, gb, kk1;
+    size_t part_doubles, bytes;
+} dw_pieces;
+
+static dw_pieces pieces_of(const fl_conv_geom *g, int64_t n) {
+    dw_pieces k = {.ncb = (g->c + CW - 1) / CW, .kk1 = g->kh * g->kw + 1};
+    k.nr = n < MAX_RANGES ? n : MAX_RANGES;
+    k.ng = (MAX_RANGES + k.nr - 1) / k.nr;
+    k.ng = k.ng < k.ncb ? k.ng : k.ncb;
+    k.gb = (k.ncb + k.ng - 1) / k.ng;
+    k.ng = (k.ncb + k.gb - 1) / k.gb; /* no empty group */
+    k.part_doubles = (size_t)(k.nr * k.ncb * k.kk1 * CW);
+    k.bytes = k.part_doubles * sizeof(double) +
+              (size_t)(k.nr * k.ng * k.gb * k.kk1 * CW) * sizeof(float);
+    return k;
 }
 
 size_t onednn_dw_scratch_bytes(const fl_conv_geom *g, int64_t max_batch) {
-    int64_t ncb = (g->c + CW - 1) / CW, kk = g->kh * g->kw + 1; /* + 1: dbias */
-    return (size_t)(ncb * ranges_of(max_batch, ncb) * kk * CW) * sizeof(double);
+    size_t most = 0;
+    for (int64_t n = 1; n <= max_batch; n++) {
+        size_t b = pieces_of(g, n).bytes;
+        most = b > most ? b : most;
+    }
+    return most;
 }
 
 /* The output columns [*lo, *hi) whose input column ox s - p + j d lies in [0, w). */
@@ -102,90 +122,101 @@ static inline __attribute__((always_inline)) void tap_cols(int64_t a, int64_t e,
     }
 }
 
-/* One piece: channels [c0, c0 + cw) of images [b0, b1); part (KK + 1, CW) doubles gets each
- * tap's sums and, last, dy's (the bias gradient, when bias). A full block (cw = CW) runs on
- * vectors: the output columns where every tap of a kernel row lies in the image all taps at
- * once (taps_row, for KW 3, 5 and 7), the others a tap at a time; a narrower block lane by
- * lane. */
-MULTIVERSION static void dw_piece(const fl_conv_geom *g, int64_t b0, int64_t b1, int64_t c0,
-                                  int64_t cw, const float *x, const float *dy, bool bias,
-                                  double *part) {
-    int64_t C = g->c, kk = g->kh * g->kw, xs = g->sw * C, xd = g->dw * C;
-    float f[(ONEDNN_DW_MAX_TAPS + 1) * CW];
+/* One piece: channel blocks [cb0, cb1) of images [b0, b1). part (NCB, KK + 1, CW) doubles
+ * (its blocks written) gets each tap's sums and, last, dy's (the bias gradient, when bias);
+ * f ((cb1 - cb0) (KK + 1) CW floats) holds one image's. Each output row runs over all the
+ * piece's channel blocks, so that the rows of x and dy it reads are read whole, once, from
+ * memory. A full block (CW channels) runs on vectors: the output columns where every tap of a
+ * kernel row lies in the image all taps at once (taps_row, for KW 3, 5 and 7), the others a
+ * tap at a time; a narrower last block lane by lane. */
+MULTIVERSION static void dw_piece(const fl_conv_geom *g, int64_t b0, int64_t b1, int64_t cb0,
+                                  int64_t cb1, const float *x, const float *dy, bool bias,
+                                  double *part, float *f) {
+    int64_t C = g->c, kk = g->kh * g->kw, xs = g->sw * C, xd = g->dw * C, kk1 = kk + 1;
     int64_t lo[ONEDNN_DW_MAX_TAPS], hi[ONEDNN_DW_MAX_TAPS];
     for (int64_t j = 0; j < g->kw; j++)
         valid_cols(g->ow, g->w, g->sw, g->pw, j, g->dw, &lo[j], &hi[j]);
     /* the columns every tap covers: [lo[0], hi[KW - 1]) (tap 0 starts last, tap KW - 1 ends
      * first); empty where that is not a range or no all-taps kernel exists */
-    bool all = cw == CW && (g->kw == 3 || g->kw == 5 || g->kw == 7);
+    bool all = g->kw == 3 || g->kw == 5 || g->kw == 7;
     int64_t in0 = lo[0], in1 = all && hi[g->kw - 1] > lo[0] ? hi[g->kw - 1] : lo[0];
-    memset(part, 0, (size_t)((kk + 1) * CW) * sizeof(double));
+    size_t fn = (size_t)((cb1 - cb0) * kk1 * CW);
+    double *pp = part + cb0 * kk1 * CW;
+    memset(pp, 0, fn * sizeof(double));
     for (int64_t b = b0; b < b1; b++) {
-        memset(f, 0, (size_t)((kk + 1) * CW) * sizeof(float));
+        memset(f, 0, fn * sizeof(float));
         for (int64_t oy = 0; oy < g->oh; oy++) {
-            const float *yr = dy + ((b * g->oh + oy) * g->ow) * C + c0;
-            for (int64_t i = 0; i < g->kh; i++) {
-                int64_t iy = oy * g->sh - g->ph + i * g->dh;
-                if (iy < 0 || iy >= g->h)
-                    continue;
-                /* x's row iy, from its column 0 */
-                const float *xr = x + (b * g->h + iy) * g->w * C + c0;
-                float *fi = f + i * g->kw * CW;
-                if (in1 > in0) {
-                    const float *py = yr + in0 * C, *px = xr + (in0 * g->sw - g->pw) * C;
-                    if (g->kw == 3)
-                        taps_row(3, in0, in1, py, px, C, xs, xd, fi);
-                    else if (g->kw == 5)
-                        taps_row(5, in0, in1, py, px, C, xs, xd, fi);
-                    else
-                        taps_row(7, in0, in1, py, px, C, xs, xd, fi);
+            for (int64_t cb = cb0; cb < cb1; cb++) {
+                int64_t c0 = cb * CW, cw = C - c0 < CW ? C - c0 : CW;
+                bool vec = cw == CW && in1 > in0;
+                const float *yr = dy + ((b * g->oh + oy) * g->ow) * C + c0;
+                float *fc = f + (cb - cb0) * kk1 * CW;
+                for (int64_t i = 0; i < g->kh; i++) {
+                    int64_t iy = oy * g->sh - g->ph + i * g->dh;
+                    if (iy < 0 || iy >= g->h)
+                        continue;
+                    /* x's row iy, from its column 0 */
+                    const float *xr = x + (b * g->h + iy) * g->w * C + c0;
+                    float *fi = fc + i * g->kw * CW;
+                    if (vec) {
+                        const float *py = yr + in0 * C, *px = xr + (in0 * g->sw - g->pw) * C;
+                        if (g->kw == 3)
+                            taps_row(3, in0, in1, py, px, C, xs, xd, fi);
+                        else if (g->kw == 5)
+                            taps_row(5, in0, in1, py, px, C, xs, xd, fi);
+                        else
+                            taps_row(7, in0, in1, py, px, C, xs, xd, fi);
+                    }
+                    for (int64_t j = 0; j < g->kw; j++) {
+                        /* tap j's columns outside [in0, in1) (all of them when !vec): before,
+                         * then after */
+                        int64_t ra[2] = {lo[j], in1 > lo[j] ? in1 : lo[j]};
+                        int64_t re[2] = {vec && in0 < hi[j] ? in0 : hi[j], hi[j]};
+                        for (int k = 0; k < (vec ? 2 : 1); k++)
+                            tap_cols(ra[k], re[k], yr + ra[k] * C,
+                                     xr + (ra[k] * g->sw + j * g->dw - g->pw) * C, C, xs, cw,
+                                     fi + j * CW);
+                    }
                 }
-                for (int64_t j = 0; j < g->kw; j++) {
-                    /* tap j's columns outside [in0, in1): before, then after */
-                    int64_t ra[2] = {lo[j], in1 > lo[j] ? in1 : lo[j]};
-                    int64_t re[2] = {in1 > in0 && in0 < hi[j] ? in0 : hi[j], hi[j]};
-                    for (int k = 0; k < (in1 > in0 ? 2 : 1); k++)
-                        tap_cols(ra[k], re[k], yr + ra[k] * C,
-                                 xr + (ra[k] * g->sw + j * g->dw - g->pw) * C, C, xs, cw,
-                                 fi + j * CW);
+                if (bias) { /* dy's row */
+                    float *fb = fc + kk * CW;
+                    for (int64_t ox = 0; ox < g->ow; ox++)
+                        for (int64_t c = 0; c < cw; c++)
+                            fb[c] += yr[ox * C + c];
                 }
-            }
-            if (bias) { /* dy's row */
-                float *fb = f + kk * CW;
-                for (int64_t ox = 0; ox < g->ow; ox++)
-                    for (int64_t c = 0; c < cw; c++)
-                        fb[c] += yr[ox * C + c];
             }
         }
-        for (int64_t t = 0; t < (kk + 1) * CW; t++)
-            part[t] += f[t];
+        for (size_t t = 0; t < fn; t++)
+            pp[t] += f[t];
     }
 }
 
 void onednn_dw_backward_filter(const fl_conv_geom *g, int64_t n, const float *x,
                                const float *dy, float *dw, float *db, bool accumulate,
                                double *scratch) {
-    int64_t C = g->c, kk = g->kh * g->kw, ncb = (C + CW - 1) / CW, nr = ranges_of(n, ncb);
-    int64_t np = ncb * nr, stride = (kk + 1) * CW;
     FL_ASSERT(onednn_dw_supported(g) && n >= 1);
-    /* piece p: channel block p / nr, images [n r / nr, n (r + 1) / nr), r = p % nr */
+    dw_pieces k = pieces_of(g, n);
+    int64_t C = g->c, kk = k.kk1 - 1, np = k.nr * k.ng, fstride = k.gb * k.kk1 * CW;
+    int64_t rstride = k.ncb * k.kk1 * CW;
+    float *f0 = (float *)(scratch + k.part_doubles);
+    /* piece p: images [n r / nr, n (r + 1) / nr) of range r = p / ng, blocks of group p % ng */
 #pragma omp parallel for schedule(dynamic, 1) if (np > 1 && n * C * g->oh * g->ow * kk >= 65536)
     for (int64_t p = 0; p < np; p++) {
-        int64_t cb = p / nr, r = p % nr, c0 = cb * CW;
-        dw_piece(g, n * r / nr, n * (r + 1) / nr, c0, C - c0 < CW ? C - c0 : CW, x, dy,
-                 db != NULL, scratch + p * stride);
+        int64_t r = p / k.ng, cb0 = p % k.ng * k.gb;
+        int64_t cb1 = cb0 + k.gb < k.ncb ? cb0 + k.gb : k.ncb;
+        dw_piece(g, n * r / k.nr, n * (r + 1) / k.nr, cb0, cb1, x, dy, db != NULL,
+                 scratch + r * rstride, f0 + p * fstride);
     }
     /* the ranges' partials, in range order; (C, 1, KH, KW) weights */
     for (int64_t c = 0; c < C; c++) {
-        int64_t cb = c / CW, lane = c % CW;
-        const double *q = scratch + cb * nr * stride + lane;
+        const double *q = scratch + c / CW * k.kk1 * CW + c % CW;
         for (int64_t t = 0; t <= kk; t++) {
             if (t == kk && !db)
                 break;
             float *o = t < kk ? dw + c * kk + t : db + c;
             double s = accumulate ? (double)*o : 0;
-            for (int64_t r = 0; r < nr; r++)
-                s += q[r * stride + t * CW];
+            for (int64_t r = 0; r < k.nr; r++)
+                s += q[r * rstride + t * CW];
             *o = (float)s;
         }
     }
