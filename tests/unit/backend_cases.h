@@ -67,6 +67,15 @@ static const conv_case conv_cases[] CASES_UNUSED = {
     {"depthwise 5x5 s2, 64", 3, 64, 14, 14, 64, 5, 5, 2, 2, 2, 2, 1, 1, 64, false, 0},
     {"pplcnet dw 3x3 on 56x56, 64", 1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 64, false, 0},
     {"groups 4 3x3, 16 -> 32", 2, 16, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 4, true, 1},
+    /* onednn's channels-last depthwise weight gradient (onednn_dw.c): blocks of 16 channels
+     * and a narrower last one, image ranges, all-taps rows of 3, 5 and 7 taps and the columns
+     * outside them, windows wider than the image, dilation, bias, one-row and one-column
+     * kernels */
+    {"depthwise 3x3 d2 bias, 40 ch, 10 images", 10, 40, 9, 10, 40, 3, 3, 1, 1, 2, 2, 2, 2, 40,
+     true, 0},
+    {"depthwise 5x5 on 3x3, 16", 2, 16, 3, 3, 16, 5, 5, 1, 1, 2, 2, 1, 1, 16, false, 0},
+    {"depthwise 1x7 s2 p1, 32", 2, 32, 5, 17, 32, 1, 7, 1, 2, 0, 1, 1, 1, 32, true, 1},
+    {"depthwise 7x1 s2, 24", 3, 24, 12, 9, 24, 7, 1, 2, 1, 3, 0, 1, 1, 24, false, 1},
     {"resnet-20 3x3, 16 -> 16", 4, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, false, 1},
     /* the onednn weight gradient's pieces: batch slots of two sizes (10 images in 8 slots),
      * and output-channel blocks (a large kernel on a small image) */

@@ -9,6 +9,8 @@
  *   kernels: ResNet's later stages), in blocks of output channels, each block's dw rows its
  *   own, nothing to add (dy copied into a dense block each);
  * - the NCHW forward in batch slots (no sums between images).
+ * The channels-last depthwise weight gradient is onednn_dw.c's instead (no slots: its pieces are
+ * its own).
  * The NHWC forward and both layouts' backward data compute each output on one thread in an
  * order that does not depend on the thread count (the test checks 1-4 threads), so they keep
  * oneDNN's own threading; except where oneDNN runs one of them as a gemm (no direct kernel for
@@ -79,6 +81,7 @@ struct fl_conv_plan {
     fl_conv_desc d;
     fl_conv_plan *cpu; /* non-NULL: every call goes to this cpu-table plan */
     bool slot_fwd;     /* the forward runs in batch slots (NCHW) */
+    bool dw_own;       /* NHWC depthwise: the weight gradient is onednn_dw.c's */
     dnnl_memory_desc_t w_md, b_md; /* user weights (OC, IC/G, KH, KW) or (G, OC/G, ...); bias */
     conv_entry e[MAX_ENTRIES];
     int ne, evict;
@@ -696,11 +699,12 @@ fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
     }
     p->b_md = onednn_vec_md(d->oc);
     p->slot_fwd = d->layout == FL_LAYOUT_NCHW;
+    p->dw_own = d->layout == FL_LAYOUT_NHWC && G == g->c && G == d->oc && onednn_dw_supported(g);
     /* the max batch's primitives now (the pieces of its weight gradient, and of its forward
      * where that runs in slots), so that a shape oneDNN cannot run fails here */
     int64_t b = d->max_batch, ns = b < SLOTS ? b : SLOTS, nb = oc_blocks(p, b);
     int64_t m[4] = {b / ns, b % ns ? b / ns + 1 : b / ns, 0, 0}, moc[4] = {d->oc, d->oc};
-    int nm = m[1] != m[0] ? 2 : 1;
+    int nm = p->dw_own ? 0 : m[1] != m[0] ? 2 : 1;
     if (nb > 1) { /* blocks for the weight gradient, slots for a slotted forward */
         if (!p->slot_fwd)
             nm = 0;
@@ -725,8 +729,14 @@ fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
     }
     p->ne = 1;
     piece_plan pw, pf;
-    piece_plan_for(p, b, false, &pw);
-    p->lent = p->e[0].bytes > pw.bytes ? p->e[0].bytes : pw.bytes;
+    p->lent = p->e[0].bytes;
+    if (p->dw_own) {
+        size_t dwb = onednn_dw_scratch_bytes(g, b);
+        p->lent = dwb > p->lent ? dwb : p->lent;
+    } else {
+        piece_plan_for(p, b, false, &pw);
+        p->lent = pw.bytes > p->lent ? pw.bytes : p->lent;
+    }
     if (p->slot_fwd) {
         piece_plan_for(p, b, true, &pf);
         p->lent = pf.bytes > p->lent ? pf.bytes : p->lent;
@@ -870,6 +880,11 @@ void onednn_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, cons
             if (dbias)
                 memset(dbias, 0, (size_t)p->d.oc * sizeof(float));
         }
+        return;
+    }
+    if (p->dw_own) {
+        double *s = (double *)scratch_for(p, onednn_dw_scratch_bytes(&p->d.g, n), scratch);
+        onednn_dw_backward_filter(&p->d.g, n, x, dy, dw, dbias, accumulate, s);
         return;
     }
     piece_plan pp;

@@ -78,6 +78,20 @@ void onednn_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const
 void onednn_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
                                  void *dw, void *dbias, bool accumulate, void *scratch);
 
+/* onednn_dw.c: the weight gradient of an NHWC f32 depthwise convolution (groups = C = OC) */
+/* Taps (KH KW) at most. */
+#define ONEDNN_DW_MAX_TAPS 49
+/* Whether onednn_dw_backward_filter runs geometry g (its window has at most the taps above). */
+bool onednn_dw_supported(const fl_conv_geom *g);
+/* The scratch onednn_dw_backward_filter needs for up to max_batch images. */
+size_t onednn_dw_scratch_bytes(const fl_conv_geom *g, int64_t max_batch);
+/* dw (C, 1, KH, KW) and db (C; NULL: none) = the gradient of n images' x (N, H, W, C) and dy
+ * (N, OH, OW, C), added to dw's and db's values when accumulate; the same bits for any thread
+ * count. scratch: onednn_dw_scratch_bytes(g, >= n), 8-byte aligned. */
+void onednn_dw_backward_filter(const fl_conv_geom *g, int64_t n, const float *x,
+                               const float *dy, float *dw, float *db, bool accumulate,
+                               double *scratch);
+
 /* onednn_pool.c */
 void onednn_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
                          const fl_conv_geom *g, const void *x, void *y);
