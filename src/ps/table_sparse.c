@@ -334,6 +334,19 @@ static inline void prefetch_ahead(const fl_ps_sparse *t, const uint64_t *ids, in
         prefetch_row(t, ids[i + AHEAD / 2]);
 }
 
+int ps_sparse_sort_arrays(const fl_ps_sparse *t, int64_t n, const char *what, fl_key_pair **a,
+                          fl_key_pair **tmp) {
+    *a = malloc((size_t)n * sizeof **a);
+    *tmp = malloc((size_t)n * sizeof **tmp);
+    if (*a && *tmp)
+        return FL_OK;
+    free(*a);
+    free(*tmp);
+    *a = *tmp = NULL;
+    return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory sorting %lld %s", t->table,
+                   (long long)n, what);
+}
+
 /* ---- the API ---- */
 int fl_ps_sparse_create(int table, int dim, const fl_ps_rule *r, const fl_ps_init_rule *init,
                         fl_ps_sparse **out) {

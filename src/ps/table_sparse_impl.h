@@ -9,6 +9,7 @@
 #include "table.h"
 
 #include "cand.h"
+#include "core/sort.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -150,5 +151,10 @@ void ps_sparse_remove_row(fl_ps_sparse *t, int64_t s);
 /* The slot of row id for a push of `show` shows: found, or created when the entry rule admits
  * it; -1 when it does not (dropped); -2 out of memory (error set). */
 int64_t ps_sparse_push_slot(fl_ps_sparse *t, uint64_t id, float show);
+
+/* The two arrays of n (id, slot) pairs a sort by id takes (core/sort.h: input and scratch):
+ * FL_OK, or FL_ENOMEM naming the table and `what` was sorted (both NULL then). */
+int ps_sparse_sort_arrays(const fl_ps_sparse *t, int64_t n, const char *what, fl_key_pair **a,
+                          fl_key_pair **tmp);
 
 #endif /* FLEET_PS_TABLE_SPARSE_IMPL_H */

@@ -90,13 +90,8 @@ int fl_ps_sparse_apply_pending(fl_ps_sparse *t, double lr, double scale) {
     int64_t n = t->pending.used;
     if (n == 0)
         return FL_OK;
-    fl_key_pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
-    if (!a || !tmp) {
-        free(a);
-        free(tmp);
-        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory sorting %lld pending rows",
-                       t->table, (long long)n);
-    }
+    fl_key_pair *a, *tmp;
+    FL_TRY(ps_sparse_sort_arrays(t, n, "pending rows", &a, &tmp));
     for (int64_t k = 0; k < n; k++)
         a[k] = (fl_key_pair){t->pids[k], (uint64_t)k};
     fl_key_pair *sorted = fl_sort_key_pairs(a, tmp, n);

@@ -22,13 +22,8 @@ int fl_ps_sparse_visit(const fl_ps_sparse *t, bool only_dirty, fl_ps_row_fn fn, 
         n += only_dirty ? is_dirty(t, s) : !is_free(t, s);
     if (n == 0)
         return FL_OK;
-    fl_key_pair *a = malloc((size_t)n * sizeof *a), *tmp = malloc((size_t)n * sizeof *tmp);
-    if (!a || !tmp) {
-        free(a);
-        free(tmp);
-        return fl_fail(FL_ENOMEM, "ps sparse table %d: out of memory sorting %lld rows by id",
-                       t->table, (long long)n);
-    }
+    fl_key_pair *a, *tmp;
+    FL_TRY(ps_sparse_sort_arrays(t, n, "rows by id", &a, &tmp));
     int64_t k = 0;
     for (int64_t s = 0; s < t->slots; s++)
         if (only_dirty ? is_dirty(t, s) : !is_free(t, s))
