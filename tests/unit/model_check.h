@@ -1,5 +1,6 @@
-/* model_check.h - what the model tests (test_nn_pphgnet.c, test_nn_pplcnetv2.c) share: one
- * training step of a zoo model on a backend against the same step on the ref backend. Header
+/* model_check.h - what the model tests share: one training step of a zoo model on a backend
+ * against the same step on the ref backend (test_nn_pphgnet.c, test_nn_pplcnetv2.c), and a
+ * network's gradients by central differences (test_nn_pplcnet.c, test_nn_concat.c). Header
  * only, included by one test file each. */
 #ifndef FLEET_TEST_MODEL_CHECK_H
 #define FLEET_TEST_MODEL_CHECK_H
@@ -17,8 +18,9 @@
  * largest gradient difference under gtol times the largest gradient. name labels the checks;
  * rng draws the input. */
 typedef fl_net *(*model_make_fn)(fl_dtype t, const void *arg);
-static void model_step_vs_ref(const char *name, model_make_fn make, const void *arg,
-                              const fl_backend *k, fl_dtype t, double gtol, fl_rng *rng) {
+static inline void model_step_vs_ref(const char *name, model_make_fn make, const void *arg,
+                                     const fl_backend *k, fl_dtype t, double gtol,
+                                     fl_rng *rng) {
     enum { B = 4, CLS = 10, NX = B * 3 * 32 * 32 };
     int64_t shape[] = {3, 32, 32}, xs[] = {B, 3, 32, 32};
     const fl_backend *be[2] = {fl_backend_ref(), k};
@@ -76,6 +78,34 @@ static void model_step_vs_ref(const char *name, model_make_fn make, const void *
     free(xd);
     free(grads[0]);
     free(grads[1]);
+}
+
+/* L = sum(r * net(x)), the network's output in f32 or f64 */
+static inline double net_proj(fl_net *net, const fl_tensor *x, const double *r) {
+    const fl_tensor *y = NULL;
+    CHECK_OK(fl_net_forward(net, x, true, &y));
+    if (!y)
+        return NAN;
+    double s = 0;
+    for (int64_t i = 0; i < y->numel; i++)
+        s += r[i] * (fl_net_dtype(net) == FL_DTYPE_F64 ? ((const double *)y->data)[i]
+                                                       : ((const float *)y->data)[i]);
+    return s;
+}
+
+/* out[i] = dL/dv[i] for the n doubles at v (parameters or input values the network reads), by
+ * central differences with step eps; v is left as it was */
+static inline void fd_grads(fl_net *net, const fl_tensor *x, const double *r, double *v,
+                            int64_t n, double eps, double *out) {
+    for (int64_t i = 0; i < n; i++) {
+        double keep = v[i];
+        v[i] = keep + eps;
+        double lp = net_proj(net, x, r);
+        v[i] = keep - eps;
+        double lm = net_proj(net, x, r);
+        v[i] = keep;
+        out[i] = (lp - lm) / (2 * eps);
+    }
 }
 
 #endif /* FLEET_TEST_MODEL_CHECK_H */

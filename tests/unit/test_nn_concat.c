@@ -14,6 +14,7 @@
 #include "fleet/rng.h"
 #include "fleet/status.h"
 #include "test.h"
+#include "model_check.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -337,19 +338,6 @@ static fl_net *branchy_net(fl_dtype t, const fl_backend *k, bool input_grad,
     return net;
 }
 
-/* L = sum(r * net(x)) */
-static double net_proj(fl_net *net, const fl_tensor *x, const double *r) {
-    const fl_tensor *y = NULL;
-    CHECK_OK(fl_net_forward(net, x, true, &y));
-    if (!y)
-        return NAN;
-    double s = 0;
-    for (int64_t i = 0; i < y->numel; i++)
-        s += r[i] * (fl_net_dtype(net) == FL_DTYPE_F64 ? ((const double *)y->data)[i]
-                                                       : ((const float *)y->data)[i]);
-    return s;
-}
-
 /* f64: every parameter's and the input's gradient against central differences */
 static void test_net_gradcheck(const fl_backend *k) {
     fl_net *net = branchy_net(FL_DTYPE_F64, k, true, NULL);
@@ -377,24 +365,8 @@ static void test_net_gradcheck(const fl_backend *k) {
     double *gx = malloc((size_t)nx * sizeof *gx), *gxn = malloc((size_t)nx * sizeof *gxn);
     memcpy(g, fl_net_flat_grads(net), (size_t)np * sizeof *g);
     memcpy(gx, fl_net_input_grad(net)->data, (size_t)nx * sizeof *gx);
-    for (int64_t i = 0; i < np; i++) {
-        double keep = w[i];
-        w[i] = keep + EPS;
-        double lp = net_proj(net, &x, r);
-        w[i] = keep - EPS;
-        double lm = net_proj(net, &x, r);
-        w[i] = keep;
-        gn[i] = (lp - lm) / (2 * EPS);
-    }
-    for (int64_t i = 0; i < nx; i++) {
-        double keep = xd[i];
-        xd[i] = keep + EPS;
-        double lp = net_proj(net, &x, r);
-        xd[i] = keep - EPS;
-        double lm = net_proj(net, &x, r);
-        xd[i] = keep;
-        gxn[i] = (lp - lm) / (2 * EPS);
-    }
+    fd_grads(net, &x, r, w, np, EPS, gn);
+    fd_grads(net, &x, r, xd, nx, EPS, gxn);
     char label[96];
     snprintf(label, sizeof label, "concat network [%s] d/dparams", k->name);
     CHECK_CLOSE(label, g, gn, np, 1e-7, 1e-5);

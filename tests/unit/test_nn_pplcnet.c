@@ -12,6 +12,7 @@
 #include "fleet/rng.h"
 #include "fleet/status.h"
 #include "test.h"
+#include "model_check.h"
 #include "unit/backend_cases.h"
 
 #include <math.h>
@@ -122,18 +123,6 @@ static void test_two_input_layers(void) {
     fl_layer_free(m);
 }
 
-/* L = sum(r * net(x)) */
-static double net_proj(fl_net *net, const fl_tensor *x, const double *r) {
-    const fl_tensor *y = NULL;
-    CHECK_OK(fl_net_forward(net, x, true, &y));
-    if (!y)
-        return NAN;
-    double s = 0;
-    for (int64_t i = 0; i < y->numel; i++)
-        s += r[i] * ((const double *)y->data)[i];
-    return s;
-}
-
 /* depthwise conv -> SE (pool, 1x1 conv, relu, 1x1 conv, hardsigmoid, multiply) -> concat with
  * the depthwise output -> flatten -> fc, in f64: every parameter by finite differences */
 static void test_se_block(const fl_backend *k) {
@@ -175,15 +164,7 @@ static void test_se_block(const fl_backend *k) {
     CHECK_OK(fl_net_backward(net, &dy, NULL, NULL));
     double *g = malloc((size_t)np * sizeof *g), *gn = malloc((size_t)np * sizeof *gn);
     memcpy(g, fl_net_flat_grads(net), (size_t)np * sizeof *g);
-    for (int64_t i = 0; i < np; i++) {
-        double keep = w[i];
-        w[i] = keep + EPS;
-        double lp = net_proj(net, &x, r);
-        w[i] = keep - EPS;
-        double lm = net_proj(net, &x, r);
-        w[i] = keep;
-        gn[i] = (lp - lm) / (2 * EPS);
-    }
+    fd_grads(net, &x, r, w, np, EPS, gn);
     char label[96];
     snprintf(label, sizeof label, "SE block + concat [%s] d/dparams", k->name);
     CHECK_CLOSE(label, g, gn, np, ATOL, RTOL);
