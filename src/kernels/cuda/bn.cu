@@ -49,26 +49,13 @@ template <bool SMALL> __device__ __forceinline__ int64_t bn_channel(const bn_sha
     return s.nhwc ? i % s.C : (i / s.hw) % s.C;
 }
 
-/* Runs BODY with the constant S = small (the templates' SMALL). */
-#define DISPATCH_SMALL(small, ...)                                                            \
-    do {                                                                                      \
-        if (small) {                                                                          \
-            constexpr bool S = true;                                                          \
-            __VA_ARGS__;                                                                      \
-        } else {                                                                              \
-            constexpr bool S = false;                                                         \
-            __VA_ARGS__;                                                                      \
-        }                                                                                     \
-    } while (0)
-
 /* Whether a call can move 4 elements at a time: 4 consecutive elements share a channel (NCHW,
  * HW % 4 == 0) or are 4 consecutive channels (NHWC, C % 4 == 0), and every array is 16-byte
  * aligned. The sums' order does not depend on it (below), only the loads' width. */
 static bool vec_ok(bool nhwc, int64_t c, int64_t hw, const void *a, const void *b, const void *d,
                    const void *e) {
     bool shape = nhwc ? c % 4 == 0 : hw % 4 == 0;
-    return shape && aligned16(a) && (!b || aligned16(b)) && (!d || aligned16(d)) &&
-           (!e || aligned16(e));
+    return shape && all_aligned16(a, b, d, e);
 }
 
 /* --- per-channel sums of two quantities in one pass over the rows (the N HW pixels) ---
@@ -231,7 +218,7 @@ static void bn_sums(bool small, bool vec, const bn_shape &s, F f, G g, int64_t R
     }
     S = R > 0 ? (R + rps - 1) / rps : 1;
     double2 *part = (double2 *)cuda_get((size_t)(S * C) * sizeof(double2), op);
-    DISPATCH_VEC(vec, {
+    DISPATCH_BOOL(V, vec, {
         if (s.nhwc) {
             unsigned ty = THREADS / tx;
             size_t shb = (size_t)ty * 4 * (tx + 1) * sizeof(double2);
@@ -330,10 +317,6 @@ static void check_layout(const char *op, fl_layout layout) {
         cuda_fatal(op, "the layout check", "unknown layout", __FILE__, __LINE__);
 }
 
-static unsigned blocks_for_vec(int64_t total, bool vec) {
-    return blocks_for(vec ? total / 4 : total);
-}
-
 extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                                 const void *x, const void *gamma, const void *beta, double eps,
                                 bool training, double *mean, double *var, bool relu, void *y) {
@@ -356,7 +339,7 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
             (const T *)gamma, (const T *)beta, mean, var, eps, c, ab);
         CU_LAUNCHED(op);
         if (total > 0) {
-            DISPATCH_SMALL(small, DISPATCH_VEC(vec, {
+            DISPATCH_BOOL(S, small, DISPATCH_BOOL(V, vec, {
                 bn_apply_k<T, S, V><<<blocks_for_vec(total, V), THREADS, 0, cuda_stream()>>>(
                     s, total, xt, ab, relu, (T *)y);
             }));
@@ -467,7 +450,7 @@ extern "C" void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_
                             (T *)dgamma, (T *)dbeta, coef, c};
         bn_sums(small, vec, s, grad_f<T>{xt, ry, dyt, mean}, st, R, op);
         if (dx && total > 0) {
-            DISPATCH_SMALL(small, DISPATCH_VEC(vec, {
+            DISPATCH_BOOL(S, small, DISPATCH_BOOL(V, vec, {
                 bn_dx_k<T, S, V><<<blocks_for_vec(total, V), THREADS, 0, cuda_stream()>>>(
                     s, total, xt, ry, dyt, mean, coef, (T *)dx);
             }));

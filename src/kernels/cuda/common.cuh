@@ -18,6 +18,11 @@ static inline unsigned blocks_for(int64_t n) {
     return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
 }
 
+/* blocks for a grid-stride loop over n items taken 4 at a time when vec */
+static inline unsigned blocks_for_vec(int64_t n, bool vec) {
+    return blocks_for(vec ? n / 4 : n);
+}
+
 #define GRID_STRIDE(i, n)                                                                     \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
          i += (int64_t)gridDim.x * blockDim.x)
@@ -132,16 +137,22 @@ template <> __device__ __forceinline__ void store4<float>(float *p, const float 
 static inline bool aligned16(const void *p) {
     return ((uintptr_t)p & 15) == 0;
 }
+/* Whether every array given is 16-byte aligned (NULL, an array not passed, counts as aligned). */
+static inline bool all_aligned16(const void *a, const void *b = NULL, const void *c = NULL,
+                                 const void *d = NULL) {
+    return aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
+}
 
 
-/* Runs BODY with the constant V = vec (the kernels' VEC). */
-#define DISPATCH_VEC(vec, ...)                                                                \
+/* Runs BODY with NAME a constexpr bool equal to flag: a run-time choice made a template
+ * argument (DISPATCH_BOOL(V, vec, kernel<T, V><<<...>>>(...))). */
+#define DISPATCH_BOOL(NAME, flag, ...)                                                        \
     do {                                                                                      \
-        if (vec) {                                                                            \
-            constexpr bool V = true;                                                          \
+        if (flag) {                                                                           \
+            constexpr bool NAME = true;                                                       \
             __VA_ARGS__;                                                                      \
         } else {                                                                              \
-            constexpr bool V = false;                                                         \
+            constexpr bool NAME = false;                                                      \
             __VA_ARGS__;                                                                      \
         }                                                                                     \
     } while (0)

@@ -160,12 +160,6 @@ extern "C" void cuda_act_backward(fl_dtype t, fl_act act, const void *x, const v
 
 /* The elementwise kernels below take 4 elements a thread where every array is 16-byte aligned
  * (VEC): quads q < n / 4, then the n % 4 left one by one; the same values either way. */
-static bool all_aligned(const void *a, const void *b, const void *c) {
-    return aligned16(a) && (!b || aligned16(b)) && (!c || aligned16(c));
-}
-static unsigned blocks_vec(int64_t n, bool vec) {
-    return blocks_for(vec ? n / 4 : n);
-}
 
 template <class T, bool VEC> __global__ void axpy_k(int64_t n, T a, const T *x, T *y) {
     int64_t done = 0;
@@ -188,14 +182,11 @@ template <class T> __global__ void scale_k(int64_t n, T a, T *x) {
 extern "C" void cuda_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y) {
     if (n <= 0)
         return;
-    if (all_aligned(x, y, NULL))
-        DISPATCH_T("axpy", t,
-                   axpy_k<T, true><<<blocks_vec(n, true), THREADS, 0, cuda_stream()>>>(
-                       n, (T)a, (const T *)x, (T *)y));
-    else
-        DISPATCH_T("axpy", t,
-                   axpy_k<T, false><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
-                       n, (T)a, (const T *)x, (T *)y));
+    bool vec = all_aligned16(x, y);
+    DISPATCH_T("axpy", t, DISPATCH_BOOL(V, vec, {
+                   axpy_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
+                       n, (T)a, (const T *)x, (T *)y);
+               }));
     CU_LAUNCHED("axpy");
 }
 
@@ -336,9 +327,9 @@ extern "C" void cuda_add_forward(fl_dtype t, const void *a, const void *b, void 
                                  bool relu) {
     if (n <= 0)
         return;
-    bool vec = all_aligned(a, b, y);
-    DISPATCH_T("add_forward", t, DISPATCH_VEC(vec, {
-                   add_fwd_k<T, V><<<blocks_vec(n, V), THREADS, 0, cuda_stream()>>>(
+    bool vec = all_aligned16(a, b, y);
+    DISPATCH_T("add_forward", t, DISPATCH_BOOL(V, vec, {
+                   add_fwd_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
                        (const T *)a, (const T *)b, (T *)y, n, relu);
                }));
     CU_LAUNCHED("add_forward");
@@ -348,9 +339,9 @@ extern "C" void cuda_add_backward(fl_dtype t, const void *y, const void *dy, voi
                                   int64_t n, bool relu) {
     if (n <= 0 || (!da && !db))
         return;
-    bool vec = all_aligned(dy, relu ? y : NULL, da) && (!db || aligned16(db));
-    DISPATCH_T("add_backward", t, DISPATCH_VEC(vec, {
-                   add_bwd_k<T, V><<<blocks_vec(n, V), THREADS, 0, cuda_stream()>>>(
+    bool vec = all_aligned16(dy, relu ? y : NULL, da, db);
+    DISPATCH_T("add_backward", t, DISPATCH_BOOL(V, vec, {
+                   add_bwd_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
                        (const T *)y, (const T *)dy, (T *)da, (T *)db, n, relu);
                }));
     CU_LAUNCHED("add_backward");
