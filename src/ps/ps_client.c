@@ -18,6 +18,15 @@
 #include <string.h>
 
 #define REPLY_SLACK_S 2.0 /* a server's own verdict on a silent worker comes first */
+/* After one server's refusal, how long the others owing a reply of the same operation may
+ * take: the servers of an operation get its requests at once and give up on a missing worker
+ * at the same moment, so a healthy one answers within milliseconds of the first */
+#define REFUSAL_GRACE_S 1.0
+
+int ps_client_sendv(fl_ps *ps, int s, const fl_msg_part *parts, int nparts) {
+    ps->cli->pending[s] = 1;
+    return fl_msg_sendv(ps->cli->conns[s], parts, nparts);
+}
 
 int ps_client_send(fl_ps *ps, int s, const fl_ps_req *q) {
     uint8_t head[FL_PS_HEAD_MAX];
@@ -26,12 +35,35 @@ int ps_client_send(fl_ps *ps, int s, const fl_ps_req *q) {
     fl_msg_part parts[FL_PS_REQ_PARTS];
     for (int i = 0; i < np; i++)
         parts[i] = (fl_msg_part){sp[i].p, sp[i].n};
-    return fl_msg_sendv(ps->cli->conns[s], parts, np);
+    return ps_client_sendv(ps, s, parts, np);
+}
+
+/* Server s refused a `type` request with `refusal`: a server still owing this operation its
+ * reply that closed, or stays silent for REFUSAL_GRACE_S more, is the likelier cause and is
+ * named first (its reply, if one comes, is dropped: the operation fails either way). */
+static int refused(fl_ps *ps, int s, int type, const char *refusal) {
+    ps_client *c = ps->cli;
+    for (int t = 0; t < ps->nservers; t++) {
+        if (t == s || !c->pending[t] || !c->conns[t])
+            continue;
+        c->pending[t] = 0;
+        size_t n = 0;
+        int rc = fl_msg_recv(c->conns[t], &c->rbuf[t], &c->rcap[t], &n, REFUSAL_GRACE_S);
+        if (rc == 0 || rc == FL_EPEER)
+            return fl_fail(FL_EPEER, "%s closed the connection (waiting for its %s reply); "
+                           "besides, %s", c->names[t], fl_ps_msg_name(type), refusal);
+        if (rc == FL_ETIMEOUT)
+            return fl_fail(FL_EPEER, "%s is silent: no %s reply %.1f s after %s; besides, %s",
+                           c->names[t], fl_ps_msg_name(type), REFUSAL_GRACE_S,
+                           c->names[s], refusal);
+    }
+    return fl_fail(FL_EPEER, "%s", refusal);
 }
 
 int ps_client_recv(fl_ps *ps, int s, int type, fl_ps_rep *rep) {
     ps_client *c = ps->cli;
     size_t n = 0;
+    c->pending[s] = 0;
     int rc = fl_msg_recv(c->conns[s], &c->rbuf[s], &c->rcap[s], &n,
                          ps->msg.timeout_s + REPLY_SLACK_S);
     if (rc == 0)
@@ -43,9 +75,12 @@ int ps_client_recv(fl_ps *ps, int s, int type, fl_ps_rep *rep) {
     char why[256];
     if (fl_ps_rep_parse(c->rbuf[s], n, type, rep, why, sizeof why) < 0)
         return fl_fail(FL_EPEER, "%s sent a malformed reply: %s", c->names[s], why);
-    if (rep->status)
-        return fl_fail(FL_EPEER, "%s refused %s: %.*s", c->names[s], fl_ps_msg_name(type),
-                       (int)rep->err_len, rep->err);
+    if (rep->status) {
+        char refusal[FL_PS_ERR_MAX + 128];
+        snprintf(refusal, sizeof refusal, "%s refused %s: %.*s", c->names[s],
+                 fl_ps_msg_name(type), (int)rep->err_len, rep->err);
+        return refused(ps, s, type, refusal);
+    }
     return 0;
 }
 
@@ -89,7 +124,8 @@ int fl_ps_init_worker(fl_ps *ps, fl_ps_mode mode) {
     c->rcap = calloc((size_t)S, sizeof *c->rcap);
     c->cnt = calloc((size_t)S, sizeof *c->cnt);
     c->off = calloc((size_t)S + 1, sizeof *c->off);
-    if (!c->conns || !c->names || !c->rbuf || !c->rcap || !c->cnt || !c->off)
+    c->pending = calloc((size_t)S, sizeof *c->pending);
+    if (!c->conns || !c->names || !c->rbuf || !c->rcap || !c->cnt || !c->off || !c->pending)
         return fl_fail(FL_ENOMEM, "out of memory");
     for (int s = 0; s < S; s++) {
         snprintf(c->names[s], sizeof c->names[s], "server %d (%s)", s, ps->servers[s]);
@@ -143,6 +179,7 @@ void fl_ps_client_free(ps_client *c) {
     free(c->ucounts);
     free(c->cnt);
     free(c->off);
+    free(c->pending);
     pthread_mutex_destroy(&c->call);
     free(c);
 }

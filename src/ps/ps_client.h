@@ -32,6 +32,7 @@ typedef struct ps_client {
     float        *ucounts;    /* per server: its distinct ids' shows, then their clicks */
     int64_t       ucap, mapcap, rowcap, countcap;
     int64_t      *cnt, *off;  /* [S] */
+    uint8_t      *pending;    /* [S] 1: a request sent whose reply is not read yet */
     fl_ps_stats   st;
     double        stale_sum;
     pthread_mutex_t call;     /* held for each whole operation (recursive) */
@@ -39,8 +40,13 @@ typedef struct ps_client {
 
 /* Sends q to server s. 0 or the connection's failure. */
 int ps_client_send(fl_ps *ps, int s, const fl_ps_req *q);
+/* Sends a request already encoded as parts to server s (marks its reply pending). */
+int ps_client_sendv(fl_ps *ps, int s, const fl_msg_part *parts, int nparts);
 /* The reply of server s to a `type` request; FL_EPEER carrying the server's message, naming
- * the server, when it refused, closed or sent garbage. */
+ * the server, when it refused, closed or sent garbage. A refusal is often another process's
+ * failure seen from afar (a server gives up on a worker that died because a second server
+ * went silent): before it is passed on, the other servers still owing this operation a reply
+ * get REFUSAL_GRACE_S to answer, and one that stays silent or has closed is named first. */
 int ps_client_recv(fl_ps *ps, int s, int type, fl_ps_rep *rep);
 /* Sends q to every server and collects the replies (*last: the last one). */
 int ps_client_all(fl_ps *ps, const fl_ps_req *q, fl_ps_rep *last);

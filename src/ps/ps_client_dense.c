@@ -45,7 +45,7 @@ static int send_dense(fl_ps *ps, int s, fl_ps_req *q, int64_t numel, const float
         int64_t n = numel - off < FL_PS_DENSE_BLOCK ? numel - off : FL_PS_DENSE_BLOCK;
         c->parts[k++] = (fl_msg_part){values + off, (size_t)n * sizeof(float)};
     }
-    return fl_msg_sendv(c->conns[s], c->parts, k);
+    return ps_client_sendv(ps, s, c->parts, k);
 }
 
 static int dense_init_locked(fl_ps *ps, int table, int64_t numel, const fl_ps_rule *r,
