@@ -112,8 +112,12 @@ typedef struct fl_conv_desc {
 
 /* The checks every backend's conv_plan_create makes first: dtype f32 or f64, sizes >= 1, groups
  * dividing both channel counts, the output size fl_conv_geom_out gives, a known layout. 0, or
- * FL_EINVAL / FL_ESHAPE with a message that begins with `who` ("onednn conv"). */
+ * FL_EUNSUPPORTED (dtype f16 or bf16: this backend's convolutions need f32 or f64), FL_EINVAL
+ * or FL_ESHAPE, with a message that begins with `who` ("onednn conv"). */
 int fl_conv_desc_check(const fl_conv_desc *d, const char *who);
+/* The same for a backend that also plans f16 / bf16 convolutions (the low dtypes, above): f16
+ * and bf16 pass too. */
+int fl_conv_desc_check_low(const fl_conv_desc *d, const char *who);
 
 /* A backend's prepared convolution (algorithm, tiles, primitives); opaque, owned by the layer
  * that created it, used from one thread at a time. */

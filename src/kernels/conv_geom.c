@@ -16,11 +16,18 @@ bool fl_conv_geom_out(fl_conv_geom *g) {
     return true;
 }
 
-int fl_conv_desc_check(const fl_conv_desc *d, const char *who) {
+/* low: f16 and bf16 are the backend's too */
+static int desc_check(const fl_conv_desc *d, const char *who, bool low) {
     const fl_conv_geom *g = &d->g;
-    if (d->dtype != FL_DTYPE_F32 && d->dtype != FL_DTYPE_F64)
-        return fl_fail(FL_EINVAL, "%s: dtype %s: need f32 or f64", who,
-                       fl_dtype_name(d->dtype));
+    bool is_low = d->dtype == FL_DTYPE_F16 || d->dtype == FL_DTYPE_BF16;
+    if (is_low && !low)
+        return fl_fail(FL_EUNSUPPORTED,
+                       "%s: dtype %s: this backend's convolutions need f32 or f64 (f16 / bf16 "
+                       "plans: the ref backend's, docs/amp.md)",
+                       who, fl_dtype_name(d->dtype));
+    if (d->dtype != FL_DTYPE_F32 && d->dtype != FL_DTYPE_F64 && !is_low)
+        return fl_fail(FL_EINVAL, "%s: dtype %s: need f32 or f64%s", who,
+                       fl_dtype_name(d->dtype), low ? ", f16 or bf16" : "");
     fl_conv_geom chk = *g;
     if (d->max_batch < 1 || d->oc < 1 || d->groups < 1 || g->c % d->groups ||
         d->oc % d->groups || !fl_conv_geom_out(&chk) || chk.oh != g->oh || chk.ow != g->ow)
@@ -33,4 +40,12 @@ int fl_conv_desc_check(const fl_conv_desc *d, const char *who) {
     if (d->layout != FL_LAYOUT_NCHW && d->layout != FL_LAYOUT_NHWC)
         return fl_fail(FL_EINVAL, "%s: unknown layout %d", who, (int)d->layout);
     return FL_OK;
+}
+
+int fl_conv_desc_check(const fl_conv_desc *d, const char *who) {
+    return desc_check(d, who, false);
+}
+
+int fl_conv_desc_check_low(const fl_conv_desc *d, const char *who) {
+    return desc_check(d, who, true);
 }

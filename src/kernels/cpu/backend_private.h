@@ -110,6 +110,12 @@ void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t
 fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc *d,
                                         bool direct_depthwise);
 void cpu_conv_plan_free(fl_conv_plan *p);
+/* A plan that only holds d, which the caller has checked (no scratch: cpu_conv_scratch_bytes
+ * gives 0; cpu_conv_forward and the backwards must not be called on it): the ref table's f16 /
+ * bf16 convolutions, which ref_lowp.c runs from the descriptor. NULL on out of memory. */
+fl_conv_plan *cpu_conv_plan_hold(const fl_conv_desc *d);
+/* The descriptor a plan was made for. */
+const fl_conv_desc *cpu_conv_plan_desc(const fl_conv_plan *p);
 size_t cpu_conv_scratch_bytes(const fl_conv_plan *p);
 void cpu_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
                       const void *bias, void *y, void *scratch);
@@ -167,18 +173,16 @@ void cpu_event_sync(fl_event *e);
 /* NCHW, the only layout of the cpu and ref tables' convolution */
 fl_layout cpu_nchw_only(fl_dtype t);
 
-/* The fields the cpu and ref tables share: NCHW, host memory, token streams, the small
- * layers' loops, DGC's kernels. */
+/* The fields the cpu and ref tables share: NCHW, host memory, token streams, label
+ * smoothing, DGC's kernels. (fill, reorder and the small layers' loops are each table's own:
+ * the ref table's also take f16 / bf16, ref_lowp.h.) */
 #define CPU_BACKEND_SHARED                                                                    \
     .preferred_layout = cpu_nchw_only, .host_memory = true, .alloc = cpu_alloc,               \
-    .free = cpu_free, .copy = cpu_copy, .fill = cpu_fill, .reorder = cpu_reorder,             \
+    .free = cpu_free, .copy = cpu_copy,                                                       \
     .stream_create = cpu_stream_create, .stream_free = cpu_stream_free,                       \
     .stream_sync = cpu_stream_sync, .event_create = cpu_event_create,                         \
     .event_free = cpu_event_free, .event_record = cpu_event_record,                           \
     .event_wait = cpu_event_wait, .event_sync = cpu_event_sync,                               \
-    .add_forward = cpu_add_forward, .add_backward = cpu_add_backward,                         \
-    .dropout_mask = cpu_dropout_mask, .channel_pad = cpu_channel_pad,                         \
-    .channel_slice = cpu_channel_slice,                                                       \
     .xent_smooth_term = cpu_xent_smooth_term,                                                 \
     .xent_smooth_backward = cpu_xent_smooth_backward, .dgc_accumulate = dgc_accumulate,       \
     .dgc_select_exact = dgc_select_exact, .dgc_accumulate_select = dgc_accumulate_select,     \

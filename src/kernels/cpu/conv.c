@@ -71,8 +71,10 @@ fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc
                                         bool direct_depthwise) {
     const fl_conv_geom *g = &d->g;
     if (d->dtype != FL_DTYPE_F32 && d->dtype != FL_DTYPE_F64) {
-        fl_fail(FL_EINVAL, "conv: the %s backend computes in f32 or f64, not %s", be->name,
-                fl_dtype_name(d->dtype));
+        bool low = d->dtype == FL_DTYPE_F16 || d->dtype == FL_DTYPE_BF16;
+        fl_fail(low ? FL_EUNSUPPORTED : FL_EINVAL,
+                "conv: the %s backend computes in f32 or f64, not %s%s", be->name,
+                fl_dtype_name(d->dtype), low ? " (f16 / bf16 plans: the ref backend's)" : "");
         return NULL;
     }
     if (d->layout != FL_LAYOUT_NCHW) {
@@ -124,6 +126,19 @@ fl_conv_plan *cpu_conv_plan_create_with(const fl_backend *be, const fl_conv_desc
 }
 
 void cpu_conv_plan_free(fl_conv_plan *p) { free(p); }
+
+fl_conv_plan *cpu_conv_plan_hold(const fl_conv_desc *d) {
+    fl_conv_plan *p = calloc(1, sizeof *p);
+    if (!p) {
+        fl_fail(FL_ENOMEM, "conv: out of memory");
+        return NULL;
+    }
+    p->d = *d;
+    p->ic = d->g.c;
+    return p;
+}
+
+const fl_conv_desc *cpu_conv_plan_desc(const fl_conv_plan *p) { return &p->d; }
 
 /* slots, then the flipped kernel (transposed) */
 size_t cpu_conv_scratch_bytes(const fl_conv_plan *p) {

@@ -10,6 +10,13 @@ static fl_conv_plan *cpu_conv_plan_create(const fl_conv_desc *d) {
 static const fl_backend cpu_ops = {
     .name = "cpu",
     CPU_BACKEND_SHARED,
+    .fill = cpu_fill,
+    .reorder = cpu_reorder,
+    .add_forward = cpu_add_forward,
+    .add_backward = cpu_add_backward,
+    .dropout_mask = cpu_dropout_mask,
+    .channel_pad = cpu_channel_pad,
+    .channel_slice = cpu_channel_slice,
     .gemm = cpu_gemm,
     .add_bias = cpu_add_bias,
     .sum_rows = cpu_sum_rows,

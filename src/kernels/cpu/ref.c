@@ -1,24 +1,40 @@
 /* ref.c - the fl_backend_ref() table: the plainest loops that implement kernels.h, single-
  * threaded, sums in double (gemm: each element one sum, in order). Slow on purpose; it is what
- * the tests hold the fast table to, so every line should be obviously right. */
+ * the tests hold the fast table to, so every line should be obviously right. The ops over
+ * activations also take f16 / bf16 (backend.h, "Low dtypes"): this file's loops read and write
+ * them through get / put, the ops it borrows from the cpu table go to ref_lowp.c instead. */
 #include "backend_private.h"
 #include "fleet/backend.h"
 #include "fleet/status.h"
+#include "ref_lowp.h"
 
 #include <math.h>
 
 #define ASSERT_FLOAT(t) FL_ASSERT((t) == FL_DTYPE_F32 || (t) == FL_DTYPE_F64)
+/* the ops over activations: f32, f64, f16, bf16 */
+#define ASSERT_ACT(t) FL_ASSERT((t) == FL_DTYPE_F32 || (t) == FL_DTYPE_F64 || ref_lowp_is(t))
 
-/* Element i of a float or double array, as a double; and a store back in the array's dtype. */
+/* Element i of a float, double, f16 or bf16 array, as a double (exact); and a store back in the
+ * array's dtype, one rounding of v. */
 static inline double get(fl_dtype t, const void *p, int64_t i) {
-    return t == FL_DTYPE_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+    if (t == FL_DTYPE_F32)
+        return (double)((const float *)p)[i];
+    if (t == FL_DTYPE_F64)
+        return ((const double *)p)[i];
+    return ref_lowp_get(t, p, i);
 }
 static inline void put(fl_dtype t, void *p, int64_t i, double v) {
     if (t == FL_DTYPE_F32)
         ((float *)p)[i] = (float)v;
-    else
+    else if (t == FL_DTYPE_F64)
         ((double *)p)[i] = v;
+    else
+        ref_lowp_put(t, p, i, v);
 }
+
+/* The dtype of what stays f32 beside low activations (biases, their gradients): t itself when
+ * t is f32 or f64. */
+static inline fl_dtype param_dtype(fl_dtype t) { return ref_lowp_is(t) ? FL_DTYPE_F32 : t; }
 
 /* s[j] += aip * b[p * ldb + j0 + j] for j < nj, in double: row p of b (K, N) times a(i, p), into
  * the running sums of nj elements of c's row i (ref_gemm, below). */
@@ -29,11 +45,14 @@ static inline void acc_row(double *s, int64_t nj, double aip, fl_dtype t, const 
 #pragma omp simd
         for (int64_t j = 0; j < nj; j++)
             s[j] += aip * (double)bf[j];
-    } else {
+    } else if (t == FL_DTYPE_F64) {
         const double *bd = (const double *)b + off;
 #pragma omp simd
         for (int64_t j = 0; j < nj; j++)
             s[j] += aip * bd[j];
+    } else {
+        for (int64_t j = 0; j < nj; j++)
+            s[j] += aip * ref_lowp_get(t, b, off + j);
     }
 }
 
@@ -47,7 +66,7 @@ static inline void acc_row(double *s, int64_t nj, double aip, fl_dtype t, const 
 static void ref_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                      double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                      double beta, void *c, int64_t ldc) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     enum { JT = 64 };
     double s[JT];
     for (int64_t i = 0; i < m; i++) {
@@ -84,21 +103,24 @@ static void ref_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t 
     }
 }
 
+/* low t: bias f32 */
 static void ref_add_bias(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cols; j++)
-            put(t, y, r * cols + j, get(t, y, r * cols + j) + get(t, bias, j));
+            put(t, y, r * cols + j, get(t, y, r * cols + j) + get(param_dtype(t), bias, j));
 }
 
+/* low t: db f32 */
 static void ref_sum_rows(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t cols,
                          bool accumulate) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
+    fl_dtype bt = param_dtype(t);
     for (int64_t j = 0; j < cols; j++) {
         double s = 0;
         for (int64_t r = 0; r < rows; r++)
             s += get(t, dy, r * cols + j);
-        put(t, db, j, (accumulate ? get(t, db, j) : 0) + s);
+        put(bt, db, j, (accumulate ? get(bt, db, j) : 0) + s);
     }
 }
 
@@ -133,14 +155,14 @@ static double act_grad(fl_act a, double x, double y) {
 }
 
 static void ref_act_forward(fl_dtype t, fl_act a, const void *x, void *y, int64_t n) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     for (int64_t i = 0; i < n; i++)
         put(t, y, i, act(a, get(t, x, i)));
 }
 
 static void ref_act_backward(fl_dtype t, fl_act a, const void *x, const void *y, const void *dy,
                              void *dx, int64_t n) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     for (int64_t i = 0; i < n; i++) {
         bool from_x = a == FL_ACT_RELU || a == FL_ACT_HARDSWISH || a == FL_ACT_HARDSIGMOID;
         double xi = from_x ? get(t, x, i) : 0;
@@ -150,19 +172,19 @@ static void ref_act_backward(fl_dtype t, fl_act a, const void *x, const void *y,
 }
 
 static void ref_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     for (int64_t i = 0; i < n; i++)
         put(t, y, i, get(t, y, i) + a * get(t, x, i));
 }
 
 static void ref_scale(fl_dtype t, int64_t n, double a, void *x) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     for (int64_t i = 0; i < n; i++)
         put(t, x, i, a * get(t, x, i));
 }
 
 static double ref_sum(fl_dtype t, const void *x, int64_t n) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     double s = 0;
     for (int64_t i = 0; i < n; i++)
         s += get(t, x, i);
@@ -170,7 +192,7 @@ static double ref_sum(fl_dtype t, const void *x, int64_t n) {
 }
 
 static double ref_sumsq(fl_dtype t, const void *x, int64_t n) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     double s = 0;
     for (int64_t i = 0; i < n; i++)
         s += get(t, x, i) * get(t, x, i);
@@ -246,7 +268,7 @@ static inline int64_t at(fl_layout l, int64_t c, int64_t hw, int64_t i, int64_t 
 
 static void ref_channel_mul_forward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
                                     const void *x, const void *s, void *y) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     for (int64_t i = 0; i < n; i++)
         for (int64_t ch = 0; ch < c; ch++)
             for (int64_t p = 0; p < hw; p++) {
@@ -258,7 +280,7 @@ static void ref_channel_mul_forward(fl_dtype t, fl_layout l, int64_t n, int64_t 
 static void ref_channel_mul_backward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
                                      const void *x, const void *s, const void *dy, void *dx,
                                      void *ds) {
-    ASSERT_FLOAT(t);
+    ASSERT_ACT(t);
     for (int64_t i = 0; i < n; i++)
         for (int64_t ch = 0; ch < c; ch++) {
             double acc = 0;
@@ -273,13 +295,147 @@ static void ref_channel_mul_backward(fl_dtype t, fl_layout l, int64_t n, int64_t
         }
 }
 
+/* --- what the cpu table's loops do for f32 / f64 and ref_lowp.c for f16 / bf16 --- */
+
+static void ref_fill(fl_dtype t, void *x, int64_t n, double v) {
+    if (ref_lowp_is(t))
+        ref_lowp_fill(t, x, n, v);
+    else
+        cpu_fill(t, x, n, v);
+}
+
+static void ref_reorder(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int64_t hw,
+                        const void *src, void *dst) {
+    if (ref_lowp_is(t))
+        ref_lowp_reorder(t, to_nhwc, n, c, hw, src, dst);
+    else
+        cpu_reorder(t, to_nhwc, n, c, hw, src, dst);
+}
+
+static void ref_add_forward(fl_dtype t, const void *a, const void *b, void *y, int64_t n,
+                            bool relu) {
+    if (ref_lowp_is(t))
+        ref_lowp_add_forward(t, a, b, y, n, relu);
+    else
+        cpu_add_forward(t, a, b, y, n, relu);
+}
+
+static void ref_add_backward(fl_dtype t, const void *y, const void *dy, void *da, void *db,
+                             int64_t n, bool relu) {
+    if (ref_lowp_is(t))
+        ref_lowp_add_backward(t, y, dy, da, db, n, relu);
+    else
+        cpu_add_backward(t, y, dy, da, db, n, relu);
+}
+
+static void ref_dropout_mask(fl_dtype t, uint64_t seed, uint64_t step, double p, const void *in,
+                             void *out, int64_t n) {
+    if (ref_lowp_is(t))
+        ref_lowp_dropout_mask(t, seed, step, p, in, out, n);
+    else
+        cpu_dropout_mask(t, seed, step, p, in, out, n);
+}
+
+static void ref_channel_pad(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t h, int64_t w,
+                            int64_t stride, int64_t oc, void *x, void *y, bool forward) {
+    if (ref_lowp_is(t))
+        ref_lowp_channel_pad(t, l, n, c, h, w, stride, oc, x, y, forward);
+    else
+        cpu_channel_pad(t, l, n, c, h, w, stride, oc, x, y, forward);
+}
+
+static void ref_channel_slice(fl_dtype t, fl_layout l, int64_t n, int64_t hw, int64_t c, void *x,
+                              int64_t oc, int64_t off, void *y, bool forward) {
+    if (ref_lowp_is(t))
+        ref_lowp_channel_slice(t, l, n, hw, c, x, oc, off, y, forward);
+    else
+        cpu_channel_slice(t, l, n, hw, c, x, oc, off, y, forward);
+}
+
+static void ref_pool_forward(fl_dtype t, fl_layout l, fl_pool pool, int64_t n,
+                             const fl_conv_geom *g, const void *x, void *y) {
+    if (ref_lowp_is(t))
+        ref_lowp_pool_forward(t, l, pool, n, g, x, y);
+    else
+        cpu_pool_forward(t, l, pool, n, g, x, y);
+}
+
+static void ref_pool_backward(fl_dtype t, fl_layout l, fl_pool pool, int64_t n,
+                              const fl_conv_geom *g, const void *x, const void *dy, void *dx) {
+    if (ref_lowp_is(t))
+        ref_lowp_pool_backward(t, l, pool, n, g, x, dy, dx);
+    else
+        cpu_pool_backward(t, l, pool, n, g, x, dy, dx);
+}
+
+static void ref_bn_forward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
+                           const void *x, const void *gamma, const void *beta, double eps,
+                           bool training, double *mean, double *var, bool relu, void *y) {
+    if (ref_lowp_is(t))
+        ref_lowp_bn_forward(t, l, n, c, hw, x, gamma, beta, eps, training, mean, var, relu, y);
+    else
+        cpu_bn_forward(t, l, n, c, hw, x, gamma, beta, eps, training, mean, var, relu, y);
+}
+
+static void ref_bn_backward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
+                            const void *x, const void *relu_y, const void *dy, const void *gamma,
+                            const double *mean, const double *var, double eps, bool training,
+                            void *dx, void *dgamma, void *dbeta, bool accumulate) {
+    if (ref_lowp_is(t))
+        ref_lowp_bn_backward(t, l, n, c, hw, x, relu_y, dy, gamma, mean, var, eps, training, dx,
+                             dgamma, dbeta, accumulate);
+    else
+        cpu_bn_backward(t, l, n, c, hw, x, relu_y, dy, gamma, mean, var, eps, training, dx,
+                        dgamma, dbeta, accumulate);
+}
+
+/* f32 / f64: conv.c's im2col + gemm on this table's gemm, NCHW; f16 / bf16: a plan that holds
+ * the descriptor for ref_lowp.c's direct loops, either layout */
 static fl_conv_plan *ref_conv_plan_create(const fl_conv_desc *d) {
-    return cpu_conv_plan_create_with(fl_backend_ref(), d, false);
+    if (!ref_lowp_is(d->dtype))
+        return cpu_conv_plan_create_with(fl_backend_ref(), d, false);
+    if (fl_conv_desc_check_low(d, "ref conv") < 0)
+        return NULL;
+    return cpu_conv_plan_hold(d);
+}
+
+static void ref_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
+                             const void *bias, void *y, void *scratch) {
+    const fl_conv_desc *d = cpu_conv_plan_desc(p);
+    if (ref_lowp_is(d->dtype))
+        ref_lowp_conv_forward(d, n, x, w, bias, y);
+    else
+        cpu_conv_forward(p, n, x, w, bias, y, scratch);
+}
+
+static void ref_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const void *w,
+                                   void *dx, void *scratch) {
+    const fl_conv_desc *d = cpu_conv_plan_desc(p);
+    if (ref_lowp_is(d->dtype))
+        ref_lowp_conv_backward_data(d, n, dy, w, dx);
+    else
+        cpu_conv_backward_data(p, n, dy, w, dx, scratch);
+}
+
+static void ref_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
+                                     void *dw, void *dbias, bool accumulate, void *scratch) {
+    const fl_conv_desc *d = cpu_conv_plan_desc(p);
+    if (ref_lowp_is(d->dtype))
+        ref_lowp_conv_backward_filter(d, n, x, dy, dw, dbias, accumulate);
+    else
+        cpu_conv_backward_filter(p, n, x, dy, dw, dbias, accumulate, scratch);
 }
 
 static const fl_backend ref_ops = {
     .name = "ref",
     CPU_BACKEND_SHARED,
+    .fill = ref_fill,
+    .reorder = ref_reorder,
+    .add_forward = ref_add_forward,
+    .add_backward = ref_add_backward,
+    .dropout_mask = ref_dropout_mask,
+    .channel_pad = ref_channel_pad,
+    .channel_slice = ref_channel_slice,
     .gemm = ref_gemm,
     .add_bias = ref_add_bias,
     .sum_rows = ref_sum_rows,
@@ -294,17 +450,18 @@ static const fl_backend ref_ops = {
     .softmax_xent_backward = ref_softmax_xent_backward,
     .sgd_update = ref_sgd_update,
     .momentum_update = ref_momentum_update,
-    /* window and batch-norm loops: the same plain loops as the cpu table (backend_private.h) */
+    /* window and batch-norm loops: for f32 / f64 the same plain loops as the cpu table
+     * (backend_private.h), for f16 / bf16 ref_lowp.c's */
     .conv_plan_create = ref_conv_plan_create,
     .conv_plan_free = cpu_conv_plan_free,
     .conv_scratch_bytes = cpu_conv_scratch_bytes,
-    .conv_forward = cpu_conv_forward,
-    .conv_backward_data = cpu_conv_backward_data,
-    .conv_backward_filter = cpu_conv_backward_filter,
-    .pool_forward = cpu_pool_forward,
-    .pool_backward = cpu_pool_backward,
-    .bn_forward = cpu_bn_forward,
-    .bn_backward = cpu_bn_backward,
+    .conv_forward = ref_conv_forward,
+    .conv_backward_data = ref_conv_backward_data,
+    .conv_backward_filter = ref_conv_backward_filter,
+    .pool_forward = ref_pool_forward,
+    .pool_backward = ref_pool_backward,
+    .bn_forward = ref_bn_forward,
+    .bn_backward = ref_bn_backward,
     .channel_mul_forward = ref_channel_mul_forward,
     .channel_mul_backward = ref_channel_mul_backward,
 };
