@@ -32,11 +32,38 @@
  * rule costs those backends nothing.
  *
  * Every kernel takes a dtype, FL_DTYPE_F32 or FL_DTYPE_F64 (f64 exists so gradient checks can use
- * finite differences), and raw pointers into the backend's memory; sizes may be 0. Results do
+ * finite differences; f16 and bf16 where a table has them, "Low dtypes" below), and raw pointers into the backend's memory; sizes may be 0. Results do
  * not depend on the thread count in any of the three tables: sums run over fixed chunks in a
  * fixed order (docs/backends.md says how). All kernels are thread-safe except gemm:
  * OpenBLAS keeps its thread count in globals, so concurrent gemm calls from several threads must
- * be serialised by the caller (fleet runs them on the training thread only). */
+ * be serialised by the caller (fleet runs them on the training thread only).
+ *
+ * Low dtypes (mixed precision, docs/amp.md; the ref table today, the cuda table next): the ops
+ * over activations also take t = FL_DTYPE_F16 or FL_DTYPE_BF16 - fill, reorder, gemm, add_bias,
+ * sum_rows, act_forward / backward, axpy, scale, sum, sumsq, convolution plans, pool_forward /
+ * backward, bn_forward / backward, add_forward / backward, dropout_mask, channel_pad,
+ * channel_mul_forward / backward, channel_slice. Then the activations are arrays of 2-byte
+ * elements of t (x, y, dx, dy; gemm's a, b and c; add_bias's y and sum_rows's dy; the residual
+ * add's a, b, da, db; channel_mul's s and ds, which are a sigmoid layer's output and its
+ * gradient), and everything else stays f32: biases and their gradients (add_bias's bias,
+ * sum_rows's db, a convolution's bias and dbias), batch norm's gamma, beta, dgamma and dbeta
+ * (mean and var double as always), and a convolution's weights and weight gradient (the f32
+ * master copies: a plan of dtype f16 / bf16 reads w rounded to its dtype, as a GPU's f16 copy of
+ * the filter, and rounds the weight gradient to its dtype before it writes it into dw or, when
+ * accumulating, adds it to dw with an f32 add, as an f16 wgrad converted into the f32 gradient
+ * block). Each output element is computed in double from the values read (exact there) and
+ * rounded ONCE on store to its array's dtype: to t, as fl_f32_to_f16 / fl_f32_to_bf16 round (to
+ * nearest even, f16 overflowing to inf) but from the exact double, not through a cast to f32
+ * (ref_lowp.h says how); an f32 output (db, dgamma, dbeta) is the double sum, plus its old
+ * value when accumulating, rounded to f32. So a low result is the correctly rounded f64 result
+ * on the same inputs, and a faster table's low ops (f32 arithmetic, other orders) are checked
+ * against it with a tolerance per op. Copies (reorder, channel_pad, channel_slice,
+ * add_backward) copy bits. Taking either layout is the low ops' own: on the ref table, whose f32
+ * and f64 convolution, pooling and batch norm are NCHW only, they also run NHWC (the layout a
+ * GPU runs them in); its preferred_layout stays NCHW. Not low: softmax cross-entropy and label
+ * smoothing (the loss is f32), the optimizer updates, amp_round, DGC. A table without low dtypes
+ * refuses a low convolution plan (FL_EUNSUPPORTED, fl_conv_desc_check's message) and asserts on
+ * a low t elsewhere: the cpu and onednn tables, and the cuda table for now. */
 #ifndef FLEET_BACKEND_H
 #define FLEET_BACKEND_H
 
@@ -201,9 +228,9 @@ typedef struct fl_backend {
                  double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                  double beta, void *c, int64_t ldc);
 
-    /* y (ROWS, COLS) += bias (COLS) broadcast over rows. */
+    /* y (ROWS, COLS) += bias (COLS) broadcast over rows. Low t: bias f32. */
     void (*add_bias)(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols);
-    /* db (COLS) = (accumulate ? db : 0) + sum over rows of dy (ROWS, COLS). */
+    /* db (COLS) = (accumulate ? db : 0) + sum over rows of dy (ROWS, COLS). Low t: db f32. */
     void (*sum_rows)(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t cols,
                      bool accumulate);
 
@@ -254,20 +281,25 @@ typedef struct fl_backend {
     /* Scratch bytes forward and backward need for max_batch images; the caller lends that
      * much (64-byte aligned, contents not kept between calls) as `scratch`. */
     size_t (*conv_scratch_bytes)(const fl_conv_plan *p);
-    /* y = conv(x, w) + bias (bias NULL when the plan has none); n <= max_batch images. */
+    /* y = conv(x, w) + bias (bias NULL when the plan has none); n <= max_batch images. A low
+     * plan: w and bias f32, w read rounded to the plan's dtype, bias added as it is (f32, before
+     * the one rounding). */
     void (*conv_forward)(fl_conv_plan *p, int64_t n, const void *x, const void *w,
                          const void *bias, void *y, void *scratch);
     /* dx = the gradient w.r.t. x given dy (overwrites dx). */
     void (*conv_backward_data)(fl_conv_plan *p, int64_t n, const void *dy, const void *w,
                                void *dx, void *scratch);
     /* dw (and dbias, unless NULL) = the gradients w.r.t. the weight and bias given x and dy,
-     * added to what they hold when accumulate. */
+     * added to what they hold when accumulate. A low plan: dw and dbias f32; dw gets the weight
+     * gradient rounded to the plan's dtype (then an f32 add when accumulate), dbias the double
+     * sum of dy (plus dbias) rounded to f32. */
     void (*conv_backward_filter)(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
                                  void *dw, void *dbias, bool accumulate, void *scratch);
 
     /* --- pooling: n images of g->c channels (H, W) -> (OH, OW), in layout --- */
     /* Max or mean over each window. Max pool pads with -inf; average pool divides by KH KW,
-     * padding included (PyTorch's count_include_pad = True). */
+     * padding included (PyTorch's count_include_pad = True): low t, the window's sum times
+     * 1 / (KH KW), rounded once. */
     void (*pool_forward)(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
                          const fl_conv_geom *g, const void *x, void *y);
     /* dx = gradient of the pooling given dy (overwrites dx); max pool sends each window's
@@ -278,7 +310,7 @@ typedef struct fl_backend {
     /* --- batch norm over the channels of x (N, C, HW) in layout (Ioffe & Szegedy 2015) --- */
     /* y = [relu](gamma (x - mean) / sqrt(var + eps) + beta). training: mean and var (C, in
      * double) receive the batch's mean and biased variance; else they are read (running
-     * statistics). y may alias x. */
+     * statistics). y may alias x. Low t: gamma and beta f32 (dgamma, dbeta too). */
     void (*bn_forward)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                        const void *x, const void *gamma, const void *beta, double eps,
                        bool training, double *mean, double *var, bool relu, void *y);
@@ -297,7 +329,7 @@ typedef struct fl_backend {
     /* da = db = dy, where y > 0 when relu; either may be NULL */
     void (*add_backward)(fl_dtype t, const void *y, const void *dy, void *da, void *db,
                          int64_t n, bool relu);
-    /* Inverted dropout: out = in / (1 - p) where kept, else 0; element i is kept when word
+    /* Inverted dropout: out = in / (1 - p) where kept, else 0 (low t: in times 1 / (1 - p)); element i is kept when word
      * i % 4 of the Philox4x32-10 block at counter (i / 4, step) with key seed is >= p 2^32, so
      * backward regenerates the same mask. in and out may alias. */
     void (*dropout_mask)(fl_dtype t, uint64_t seed, uint64_t step, double p, const void *in,
@@ -309,7 +341,8 @@ typedef struct fl_backend {
                         int64_t w, int64_t stride, int64_t oc, void *x, void *y, bool forward);
     /* The channel-wise scale of squeeze-and-excitation (Hu et al. 2018, arXiv:1709.01507):
      * n images of c channels and hw pixels in layout, y = x * s with s (N, C) one factor per
-     * image and channel (the same memory as (N, C, 1, 1) in either layout). y may alias x. */
+     * image and channel (the same memory as (N, C, 1, 1) in either layout). y may alias x.
+     * Low t: s (and ds) in t too. */
     void (*channel_mul_forward)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                                 const void *x, const void *s, void *y);
     /* Its backward: dx = dy * s (unless dx is NULL; may alias dy) and ds (N, C) = the sum over
