@@ -3,7 +3,9 @@
 #   1. every test in BUILD (ctest -j JOBS; the longest start first: COST in tests/CMakeLists.txt);
 #   2. the tests labelled "numeric" that are not unit tests, in BUILD again, with oneDNN and
 #      OpenBLAS held to an older instruction set than this CPU's (scripts/test-isa.sh): a check
-#      that holds only with this CPU's kernels fails here, not on the next machine;
+#      that holds only with this CPU's kernels fails here, not on the next machine. Under
+#      FLEET_TEST_NUMERIC_ONLY=1, which test-isa.sh sets, each runs only its sections whose checks
+#      can depend on the kernels; pass 1 ran the others (tests/cli/numeric_only_lib.sh);
 #   3. the unit tests in SAN_BUILD (AddressSanitizer + UndefinedBehaviorSanitizer), with the
 #      same older instruction set (test-isa.sh --env): this is pass 2 for the numeric unit
 #      tests. Every numeric test is a unit test (pass 3) or not (pass 2), so both passes

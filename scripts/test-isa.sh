@@ -6,6 +6,9 @@
 # (ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell); on an AVX2 one SSE4.1
 # (ONEDNN_MAX_CPU_ISA=SSE41, OPENBLAS_CORETYPE=Nehalem); older CPUs skip it.
 # FLEET_TEST_ISA="ONEDNN_ISA CORETYPE" chooses by hand, e.g. FLEET_TEST_ISA="AVX Sandybridge".
+# The tests run with FLEET_TEST_NUMERIC_ONLY=1: a CLI test then runs only its sections whose
+# checks can depend on the kernels and prints one line naming those it leaves to the run on this
+# CPU's kernels (make test's first pass; tests/cli/numeric_only_lib.sh); the unit tests ignore it.
 # make test-isa runs it; make test runs it for the numeric tests that are not unit tests and
 # runs the unit tests (the numeric ones among them) under the sanitizers with `--env`'s
 # variables (scripts/run-tests.sh).
@@ -31,6 +34,7 @@ if [ "$dir" = --env ]; then
   echo "${vars[*]}"
   exit 0
 fi
-echo "test-isa: the numeric tests again with ONEDNN_MAX_CPU_ISA=$isa OPENBLAS_CORETYPE=$core"
+echo "test-isa: the numeric tests again with ONEDNN_MAX_CPU_ISA=$isa OPENBLAS_CORETYPE=$core" \
+  "FLEET_TEST_NUMERIC_ONLY=1"
 cd "$dir"
-env "${vars[@]}" ctest --output-on-failure -L numeric "$@"
+env "${vars[@]}" FLEET_TEST_NUMERIC_ONLY=1 ctest --output-on-failure -L numeric "$@"

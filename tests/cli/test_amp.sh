@@ -15,6 +15,10 @@
 # - a static scale where nothing overflows follows the f32 run: 30 losses within 2e-3, the
 #   parameters within 1e-2 (relative to the largest);
 # - bad FLEET_AMP_INJECT_INF is refused naming the variable.
+# Under FLEET_TEST_NUMERIC_ONLY=1 (numeric_only_lib.sh) the inf at the last step (two runs on the
+# same kernels, bit for bit) and the refused variable are left to the native pass; the scale's
+# course stays: it holds only while no gradient overflows of itself, which the kernels' values
+# decide.
 set -u
 run="${FLEET_BIN:?}/fleetrun"
 prog="${FLEET_BUILD:?}/tests/dist/dist_train"
@@ -25,6 +29,7 @@ if [ ! -x "$run" ] || [ ! -x "$prog" ]; then
   echo "SKIPPED: fleetrun or dist_train not built"; exit 77
 fi
 source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
+source "${FLEET_SRC:?}/tests/cli/numeric_only_lib.sh"
 unset FLAGS_START_PORT FLEET_JOB_TOKEN FLEET_LISTEN_FD FLEET_AMP_INJECT_INF
 
 amp=(--optimizer momentum --steps 12 -o strategy.amp=true
@@ -70,6 +75,7 @@ for s in dense dgc localsgd; do
       "$tmp/clean_$s.bin.0" "$tmp/clean_$s.bin.1"
   fi
   # 2. a skipped step changes nothing: an inf (on rank 0 only) at the last step vs one step less
+  native_section "2 (a skipped step changes nothing)" || continue
   L=${last[$s]}
   train_env=(FLEET_COMM_TIMEOUT=60 FLEET_AMP_INJECT_INF=$L,0)
   train "infL_$s" 2 "${amp[@]}" "${extra[@]}" --steps "$L" --out-every-rank; ok=$?
@@ -123,7 +129,10 @@ if train f32 2 --optimizer momentum && train static 2 --optimizer momentum -o st
 fi
 
 # 6. the test hook refuses what does not parse
-FLEET_AMP_INJECT_INF=x,1 "$prog" -o strategy.amp=true --steps 1 >"$tmp/bad.log" 2>&1
-check "FLEET_AMP_INJECT_INF=x,1 is refused naming the variable" \
-  grep -q "FLEET_AMP_INJECT_INF: 'x,1' is not STEP\[,RANK\]" "$tmp/bad.log"
+if native_section "6 (the refused variable)"; then
+  FLEET_AMP_INJECT_INF=x,1 "$prog" -o strategy.amp=true --steps 1 >"$tmp/bad.log" 2>&1
+  check "FLEET_AMP_INJECT_INF=x,1 is refused naming the variable" \
+    grep -q "FLEET_AMP_INJECT_INF: 'x,1' is not STEP\[,RANK\]" "$tmp/bad.log"
+fi
+numeric_only_report
 exit $fail

@@ -10,6 +10,8 @@
 #   learning rate; one step's parameter delta is 4 times avg=true's);
 # - the seed's example, examples/mlp_dist, runs on 2 workers;
 # - a strategy that cannot work, or is misconfigured (amp's lists), fails before training with the reason.
+# Under FLEET_TEST_NUMERIC_ONLY=1 (numeric_only_lib.sh) the example and the refused strategies are
+# left to the native pass.
 set -u
 run="${FLEET_BIN:?}/fleetrun"
 prog="${FLEET_BUILD:?}/tests/dist/dist_train"
@@ -18,6 +20,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
 source "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh"
+source "${FLEET_SRC:?}/tests/cli/numeric_only_lib.sh"
 b=16
 field() { # field NAME KEY: the value after KEY on dist_train's summary line
   sed -nE "s/^dist_train: .* $2 ([0-9.]+).*/\1/p" "$tmp/$1.log" | tail -1
@@ -74,36 +77,41 @@ if train sum_1 2 --batch $b --merge 4 --merge-avg off --steps 1 --out-init "$tmp
 fi
 
 # 3. the seed's example on 2 workers: exits 0, both workers print the seed's lines
-FLEET_COMM_TIMEOUT=60 timeout 120 "$run" --nproc_per_node 2 --log_dir "$tmp/log_example" \
-  "$example" 30 >"$tmp/example.log" 2>&1
-check "examples/mlp_dist on 2 workers exits 0 (got $?)" test $? -eq 0
-check "examples/mlp_dist: rank 0 prints worker_index lines" \
-  grep -qE '^worker_index: 0, step20 cost = [0-9.]+$' "$tmp/example.log"
-check "examples/mlp_dist: rank 1 prints worker_index lines" \
-  grep -qE '^worker_index: 1, step20 cost = [0-9.]+$' "$tmp/log_example/workerlog.1"
-check "examples/mlp_dist: rank 0 saves" grep -q '^worker_index: 0, saved' "$tmp/example.log"
-check "examples/mlp_dist: rank 1 does not save" \
-  bash -c "! grep -q saved '$tmp/log_example/workerlog.1'"
+if native_section "3 (examples/mlp_dist)"; then
+  FLEET_COMM_TIMEOUT=60 timeout 120 "$run" --nproc_per_node 2 --log_dir "$tmp/log_example" \
+    "$example" 30 >"$tmp/example.log" 2>&1
+  check "examples/mlp_dist on 2 workers exits 0 (got $?)" test $? -eq 0
+  check "examples/mlp_dist: rank 0 prints worker_index lines" \
+    grep -qE '^worker_index: 0, step20 cost = [0-9.]+$' "$tmp/example.log"
+  check "examples/mlp_dist: rank 1 prints worker_index lines" \
+    grep -qE '^worker_index: 1, step20 cost = [0-9.]+$' "$tmp/log_example/workerlog.1"
+  check "examples/mlp_dist: rank 0 saves" grep -q '^worker_index: 0, saved' "$tmp/example.log"
+  check "examples/mlp_dist: rank 1 does not save" \
+    bash -c "! grep -q saved '$tmp/log_example/workerlog.1'"
+fi
 
 # 4. refused strategies: before training (no step lines), exit 2, with the reason
-refused() { # refused NAME PATTERN NPROC ARGS...
-  local name=$1 pattern=$2 n=$3; shift 3
-  if [ "$n" = 1 ]; then
-    "$prog" "$@" >"$tmp/$name.log" 2>&1
-  else
-    FLEET_COMM_TIMEOUT=60 timeout 120 "$run" --nproc_per_node "$n" --log_dir "$tmp/log_$name" \
+if native_section "4 (refused strategies)"; then
+  refused() { # refused NAME PATTERN NPROC ARGS...
+    local name=$1 pattern=$2 n=$3; shift 3
+    if [ "$n" = 1 ]; then
       "$prog" "$@" >"$tmp/$name.log" 2>&1
-  fi
-  local rc=$?
-  check "$name: exit code 2 (got $rc)" test $rc -eq 2
-  check "$name: says '$pattern'" grep -qF -e "$pattern" "$tmp/$name.log"
-  check "$name: nothing trained" bash -c "! grep -q '^step' '$tmp/$name.log'"
-}
-refused dgc_sgd "dist_train: error: strategy.dgc needs optimizer.type momentum (Deep Gradient Compression corrects momentum)" 1 --dgc
-refused dgc_fp16 "dist_train: error: strategy.dgc cannot be combined with strategy.fp16_allreduce" 1 --dgc --optimizer momentum --fp16-allreduce
-refused dgc_fp16_fleetrun "dist_train: error: strategy.dgc cannot be combined with strategy.fp16_allreduce" 2 --dgc --optimizer momentum --fp16-allreduce
-refused amp "dist_train: error: strategy.amp_configs.custom_white_list: 'fc2' is not a layer type" 1 -o strategy.amp=true -o strategy.amp_configs.custom_white_list=fc2 --optimizer momentum
-refused localsgd_fp16 "strategy.fp16_allreduce cannot be combined with strategy.localsgd" 1 -o strategy.localsgd=true --fp16-allreduce
-refused amp_configs "strategy.amp_configs.custom_white_list: 'add' is also in strategy.amp_configs.custom_black_list" 1 -o 'strategy.amp_configs.custom_white_list=add' -o 'strategy.amp_configs.custom_black_list=add'
-refused bad_key "unknown key 'strategy.fuse_grad_size_in_mb'" 1 -o strategy.fuse_grad_size_in_mb=4
+    else
+      FLEET_COMM_TIMEOUT=60 timeout 120 "$run" --nproc_per_node "$n" --log_dir "$tmp/log_$name" \
+        "$prog" "$@" >"$tmp/$name.log" 2>&1
+    fi
+    local rc=$?
+    check "$name: exit code 2 (got $rc)" test $rc -eq 2
+    check "$name: says '$pattern'" grep -qF -e "$pattern" "$tmp/$name.log"
+    check "$name: nothing trained" bash -c "! grep -q '^step' '$tmp/$name.log'"
+  }
+  refused dgc_sgd "dist_train: error: strategy.dgc needs optimizer.type momentum (Deep Gradient Compression corrects momentum)" 1 --dgc
+  refused dgc_fp16 "dist_train: error: strategy.dgc cannot be combined with strategy.fp16_allreduce" 1 --dgc --optimizer momentum --fp16-allreduce
+  refused dgc_fp16_fleetrun "dist_train: error: strategy.dgc cannot be combined with strategy.fp16_allreduce" 2 --dgc --optimizer momentum --fp16-allreduce
+  refused amp "dist_train: error: strategy.amp_configs.custom_white_list: 'fc2' is not a layer type" 1 -o strategy.amp=true -o strategy.amp_configs.custom_white_list=fc2 --optimizer momentum
+  refused localsgd_fp16 "strategy.fp16_allreduce cannot be combined with strategy.localsgd" 1 -o strategy.localsgd=true --fp16-allreduce
+  refused amp_configs "strategy.amp_configs.custom_white_list: 'add' is also in strategy.amp_configs.custom_black_list" 1 -o 'strategy.amp_configs.custom_white_list=add' -o 'strategy.amp_configs.custom_black_list=add'
+  refused bad_key "unknown key 'strategy.fuse_grad_size_in_mb'" 1 -o strategy.fuse_grad_size_in_mb=4
+fi
+numeric_only_report
 exit $fail

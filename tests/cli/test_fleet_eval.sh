@@ -7,7 +7,9 @@
 # their forward pass on fleet-eval's inputs gives fleet-eval's logits (1e-5). A damaged model
 # (a flipped byte, a truncated file) is refused naming the file and the tensor. fleet-eval -c
 # takes the samples from another data section and the network from the model. Without
-# /usr/bin/python3 the Python half is skipped (exit 77 after the rest passed).
+# /usr/bin/python3 the Python half is skipped (exit 77 after the rest passed). Under
+# FLEET_TEST_NUMERIC_ONLY=1 (numeric_only_lib.sh) only fleet-eval against fleet-train's numbers
+# and against NumPy/PyTorch's forward pass: the rest is left to the native pass.
 set -u
 bin="${FLEET_BIN:?}"
 src="${FLEET_SRC:?}"
@@ -15,6 +17,7 @@ reader="$src/tests/python/safetensors_read.py"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
+source "$src/tests/cli/numeric_only_lib.sh"
 for b in fleet-train fleet-eval fleetrun; do
   [ -x "$bin/$b" ] || { echo "SKIPPED: $b not built"; exit 77; }
 done
@@ -47,59 +50,71 @@ awk -v a="$val_loss" -v b="$got_loss" -v c="$val_acc" -v d="$got_acc" \
   { echo "FAIL: fleet-eval's loss/top1 differ from fleet-train's evaluation"; fail=1; }
 grep -q "1000 samples, 2 classes" "$tmp/eval.out" || { echo "FAIL: sample count"; fail=1; }
 # the training checkpoint evaluates to the same bytes
-"$bin/fleet-eval" -m "$tmp/ck" --out "$tmp/logits_ck.npy" >/dev/null 2>&1 &&
-  cmp -s "$tmp/logits.npy" "$tmp/logits_ck.npy" ||
-  { echo "FAIL: the checkpoint's logits differ from the inference model's"; fail=1; }
+if native_section "the checkpoint's logits"; then
+  "$bin/fleet-eval" -m "$tmp/ck" --out "$tmp/logits_ck.npy" >/dev/null 2>&1 &&
+    cmp -s "$tmp/logits.npy" "$tmp/logits_ck.npy" ||
+    { echo "FAIL: the checkpoint's logits differ from the inference model's"; fail=1; }
+fi
 
 # another data section (-c): its samples, the model's network (a model.* key there is
 # overridden by the model's own), from the inference model and from the checkpoint alike
-cat >"$tmp/data.yaml" <<'EOF'
+if native_section "another data section (-c)"; then
+  cat >"$tmp/data.yaml" <<'EOF'
 model: {type: mlp, hidden: [8]}
 data: {type: teacher, features: 32, classes: 2, train_size: 64, val_size: 300, seed: 9}
 EOF
-for m in "$tmp/model.safetensors" "$tmp/ck"; do
-  "$bin/fleet-eval" -m "$m" -c "$tmp/data.yaml" --out "$tmp/l300.npy" >"$tmp/e300.out" 2>&1 &&
-    grep -q "300 samples, 2 classes" "$tmp/e300.out" &&
-    [ "$(stat -c %s "$tmp/l300.npy")" -eq $((128 + 300 * 2 * 4)) ] ||
-    { echo "FAIL: fleet-eval -m $m -c data.yaml"; cat "$tmp/e300.out"; fail=1; }
-done
+  for m in "$tmp/model.safetensors" "$tmp/ck"; do
+    "$bin/fleet-eval" -m "$m" -c "$tmp/data.yaml" --out "$tmp/l300.npy" >"$tmp/e300.out" 2>&1 &&
+      grep -q "300 samples, 2 classes" "$tmp/e300.out" &&
+      [ "$(stat -c %s "$tmp/l300.npy")" -eq $((128 + 300 * 2 * 4)) ] ||
+      { echo "FAIL: fleet-eval -m $m -c data.yaml"; cat "$tmp/e300.out"; fail=1; }
+  done
+fi
 
 # damage: a flipped byte in the last tensor, a truncated file
-cp "$tmp/model.safetensors" "$tmp/flip.safetensors"
-size=$(stat -c %s "$tmp/flip.safetensors")
-printf '\x55' | dd of="$tmp/flip.safetensors" bs=1 seek=$((size - 3)) conv=notrunc 2>/dev/null
-if "$bin/fleet-eval" -m "$tmp/flip.safetensors" >"$tmp/flip.out" 2>&1 ||
-   ! grep -q "flip.safetensors: tensor 'fc3.bias': checksum mismatch" "$tmp/flip.out"; then
-  echo "FAIL: flipped byte not refused by name"; cat "$tmp/flip.out"; fail=1
+if native_section "the damaged models"; then
+  cp "$tmp/model.safetensors" "$tmp/flip.safetensors"
+  size=$(stat -c %s "$tmp/flip.safetensors")
+  printf '\x55' | dd of="$tmp/flip.safetensors" bs=1 seek=$((size - 3)) conv=notrunc 2>/dev/null
+  if "$bin/fleet-eval" -m "$tmp/flip.safetensors" >"$tmp/flip.out" 2>&1 ||
+     ! grep -q "flip.safetensors: tensor 'fc3.bias': checksum mismatch" "$tmp/flip.out"; then
+    echo "FAIL: flipped byte not refused by name"; cat "$tmp/flip.out"; fail=1
+  fi
+  head -c $((size - 4)) "$tmp/model.safetensors" >"$tmp/cut.safetensors"
+  if "$bin/fleet-eval" -m "$tmp/cut.safetensors" >"$tmp/cut.out" 2>&1 ||
+     ! grep -q "cut.safetensors: tensor 'fc3.bias': data_offsets .* run past the end of the file" "$tmp/cut.out"; then
+    echo "FAIL: truncated file not refused by name"; cat "$tmp/cut.out"; fail=1
+  fi
+  grep -h "error" "$tmp/flip.out" "$tmp/cut.out"
 fi
-head -c $((size - 4)) "$tmp/model.safetensors" >"$tmp/cut.safetensors"
-if "$bin/fleet-eval" -m "$tmp/cut.safetensors" >"$tmp/cut.out" 2>&1 ||
-   ! grep -q "cut.safetensors: tensor 'fc3.bias': data_offsets .* run past the end of the file" "$tmp/cut.out"; then
-  echo "FAIL: truncated file not refused by name"; cat "$tmp/cut.out"; fail=1
-fi
-grep -h "error" "$tmp/flip.out" "$tmp/cut.out"
 
 py=/usr/bin/python3
 if [ ! -x "$py" ]; then
   echo "SKIPPED: the Python half ($py missing)"
+  numeric_only_report
   [ $fail -eq 0 ] && exit 77
   exit $fail
 fi
-latest="$tmp/ck/$(cat "$tmp/ck/latest")/model.safetensors"
-for f in "$latest" "$tmp/model.safetensors"; do
-  out=$("$py" "$reader" check "$f" 2>&1) || { echo "FAIL: Python cannot read $f: $out"; fail=1; }
-  echo "python: $(tail -1 <<<"$out")"
-done
-# the same values as fleet sees: fc1.bias printed by Python (struct) vs the bytes fleet wrote
-"$py" "$reader" values "$tmp/model.safetensors" fc3.bias >"$tmp/b.txt" &&
-  [ "$(wc -l <"$tmp/b.txt")" -eq 2 ] || { echo "FAIL: values of fc3.bias"; fail=1; }
+if native_section "the files read in Python"; then
+  latest="$tmp/ck/$(cat "$tmp/ck/latest")/model.safetensors"
+  for f in "$latest" "$tmp/model.safetensors"; do
+    out=$("$py" "$reader" check "$f" 2>&1) || { echo "FAIL: Python cannot read $f: $out"; fail=1; }
+    echo "python: $(tail -1 <<<"$out")"
+  done
+  # the same values as fleet sees: fc1.bias printed by Python (struct) vs the bytes fleet wrote
+  "$py" "$reader" values "$tmp/model.safetensors" fc3.bias >"$tmp/b.txt" &&
+    [ "$(wc -l <"$tmp/b.txt")" -eq 2 ] || { echo "FAIL: values of fc3.bias"; fail=1; }
+fi
 if "$py" -c 'import numpy' 2>/dev/null; then
-  "$py" "$reader" npy "$tmp/logits.npy" | grep -q "(1000, 2) float32" ||
-    { echo "FAIL: logits.npy in NumPy"; fail=1; }
+  if native_section "the .npy in NumPy"; then
+    "$py" "$reader" npy "$tmp/logits.npy" | grep -q "(1000, 2) float32" ||
+      { echo "FAIL: logits.npy in NumPy"; fail=1; }
+  fi
   out=$("$py" "$reader" logits "$tmp/model.safetensors" "$tmp/logits.npy" "$tmp/inputs.npy" 2>&1) ||
     { echo "FAIL: logits differ from NumPy/PyTorch's forward: $out"; fail=1; }
   echo "$out"
 else
   echo "note: NumPy not importable under $py: the NumPy checks skipped"
 fi
+numeric_only_report
 exit $fail

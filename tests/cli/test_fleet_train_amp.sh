@@ -10,13 +10,15 @@
 # (AMD), 2024 on AVX-512 and AVX2 (Intel) and on SSE4.1 kernels gave f32 0.9873-0.9971 and
 # float16 0.9805-0.9971, float16 minus f32 -1.36 .. +0.59 points; the lines are twice that
 # spread away. A check of float16 against f32 within 0.5 points fell on either side of its
-# line from one CPU to the next.
+# line from one CPU to the next. Every check rides on the two runs the accuracies need: under
+# FLEET_TEST_NUMERIC_ONLY=1 (numeric_only_lib.sh) nothing is left out.
 set -u
 bin="${FLEET_BIN:?}/fleet-train"
 cfg="${FLEET_SRC:?}/configs/shapes_resnet.yaml"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
+source "${FLEET_SRC:?}/tests/cli/numeric_only_lib.sh"
 check() { # check DESCRIPTION COMMAND...
   local what=$1; shift
   if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
@@ -43,4 +45,5 @@ check "f32's progress line has neither" bash -c "! grep -q loss_scale '$tmp/f32.
 check "the test hook is said" grep -q 'FLEET_AMP_INJECT_INF: an inf goes into a gradient of step 20 on every rank' "$tmp/f16.out"
 check "metrics.jsonl: loss_scale and skipped_steps" \
   grep -q '"step":512,.*"loss_scale":32768,"skipped_steps":1' "$tmp/m/metrics.jsonl"
+numeric_only_report
 exit $fail
