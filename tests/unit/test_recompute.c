@@ -60,7 +60,8 @@ static double step(fl_net *net, const fl_tensor *x, const int32_t *labels, int64
     CHECK_OK(fl_softmax_xent_backward(fl_net_backend(net), probs, labels, probs));
     CHECK_OK(fl_net_backward(net, probs, record, h));
     float *p = fl_net_flat_params(net), *g = fl_net_flat_grads(net);
-    for (int64_t i = 0; i < fl_net_numel(net); i++)
+    int64_t n = fl_net_numel(net); /* not in the loop's test: a call per value of ResNet-50 */
+    for (int64_t i = 0; i < n; i++)
         p[i] -= 0.05f * g[i];
     fl_tensor_free(probs);
     return loss;
@@ -176,9 +177,12 @@ int main(void) {
             continue;
         same_training("mlp", mlp, be, 1, vec, 16, 5,
                       (const char *[]){"auto", "act1, drop2,fc4"}, (int[]){5, 5}, 2, true);
+        /* auto for 10 steps, 3 on the ref backend, whose plain-loop convolutions were most
+         * of this test's time under ASan: the property holds step by step, and 3 steps have
+         * the batch norms' running statistics and the parameters moved twice */
         same_training("resnet20", resnet20a, be, 3, cifar, 4, 10,
                       (const char *[]){"auto", "layer1.2.add,layer2.2.add,layer3.0.bn1"},
-                      (int[]){10, 3}, 2, true);
+                      (int[]){be == backends[1] ? 3 : 10, 3}, 2, true);
         /* checkpoints inside blocks: the block inputs read across them are kept too */
         same_training("resnet8b", resnet8b, be, 3, cifar, 4, 10,
                       (const char *[]){"layer2.0.conv1,layer3.0.bn2"}, (int[]){3}, 1, false);
