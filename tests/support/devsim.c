@@ -2,8 +2,9 @@
  * each data pointer is backend memory, open the allocations those pointers are in (PROT_READ |
  * PROT_WRITE) for the duration of the cpu kernel and close them again (PROT_NONE). Host code
  * touching backend memory between table calls faults; the SIGSEGV handler says which
- * allocation it was. Only the arguments' allocations are opened (a kernel reads and writes
- * nothing else; opening every allocation made each call cost tens of mprotects). Serialised by
+ * allocation it was. Only the pages the arguments span are opened (a kernel reads and writes
+ * nothing else; opening every allocation made each call cost tens of mprotects, and opening
+ * an argument's whole allocation a walk over all its pages). Serialised by
  * one recursive mutex: the table is called from the training thread, and a comm thread that
  * touched backend memory would fault, which is the point. */
 #define _GNU_SOURCE
@@ -93,16 +94,39 @@ static void leave(void) {
     pthread_mutex_unlock(&lock);
 }
 
-static void add_pending(const region *r) {
-    for (int i = 0; i < pending.n; i++)
-        if (pending.base[i] == r->base)
+/* dev()'s size for an argument whose extent the wrapper does not work out (a convolution's
+ * arrays: the plan knows them): its whole allocation is opened, only its start checked */
+#define SPAN_UNKNOWN SIZE_MAX
+
+/* Opens for the call the pages of bytes [p, p + bytes) (within one allocation): a kernel
+ * touches only what its arguments span, and opening a whole large allocation (a batch, an
+ * arena) cost every call one page-table walk over all of it. */
+static void add_pending(const void *p, size_t bytes) {
+    uintptr_t lo = (uintptr_t)p / page * page;
+    uintptr_t hi = ((uintptr_t)p + bytes + page - 1) / page * page;
+    if (bytes == SPAN_UNKNOWN) { /* the whole allocation */
+        const region *r = &regions[find(p)];
+        lo = (uintptr_t)r->base;
+        hi = lo + r->mapped;
+    }
+    for (int i = 0; i < pending.n; i++) {
+        uintptr_t b = (uintptr_t)pending.base[i], e = b + pending.len[i];
+        if (lo >= b && hi <= e)
             return;
+        if (lo <= e && hi >= b) { /* overlapping or adjacent: one range covering both */
+            lo = lo < b ? lo : b;
+            hi = hi > e ? hi : e;
+            pending.base[i] = (char *)lo;
+            pending.len[i] = hi - lo;
+            return;
+        }
+    }
     if (pending.n == MAX_OPEN) {
-        say("devsim: more than 64 allocations in one call\n");
+        say("devsim: more than 64 ranges in one call\n");
         abort();
     }
-    pending.base[pending.n] = r->base;
-    pending.len[pending.n++] = r->mapped;
+    pending.base[pending.n] = (char *)lo;
+    pending.len[pending.n++] = hi - lo;
 }
 
 /* A table function was given memory on the wrong side: says which and aborts. */
@@ -122,9 +146,10 @@ static void dev(const char *fn, const char *arg, const void *p, size_t bytes) {
         return;
     pthread_mutex_lock(&lock);
     int i = p ? find(p) : -1;
-    bool fits = i >= 0 && (const char *)p + bytes <= regions[i].base + regions[i].size;
+    bool fits = i >= 0 && (bytes == SPAN_UNKNOWN ||
+                           (const char *)p + bytes <= regions[i].base + regions[i].size);
     if (fits)
-        add_pending(&regions[i]);
+        add_pending(p, bytes);
     pthread_mutex_unlock(&lock);
     if (i < 0)
         misuse(fn, arg, p, "is not backend memory: the host passed its own memory to the device "
@@ -623,7 +648,7 @@ static size_t ds_conv_scratch_bytes(const fl_conv_plan *p) {
 
 static void ds_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
                             const void *bias, void *y, void *scratch) {
-    size_t one = n > 0;
+    size_t one = n > 0 ? SPAN_UNKNOWN : 0;
     dev("conv_forward", "x", x, one);
     dev("conv_forward", "w", w, one);
     if (bias)
@@ -636,7 +661,7 @@ static void ds_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const voi
 
 static void ds_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const void *w,
                                   void *dx, void *scratch) {
-    size_t one = n > 0;
+    size_t one = n > 0 ? SPAN_UNKNOWN : 0;
     dev("conv_backward_data", "dy", dy, one);
     dev("conv_backward_data", "w", w, one);
     dev("conv_backward_data", "dx", dx, one);
@@ -647,13 +672,13 @@ static void ds_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, co
 
 static void ds_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const void *dy,
                                     void *dw, void *dbias, bool acc, void *scratch) {
-    dev("conv_backward_filter", "x", x, n > 0);
-    dev("conv_backward_filter", "dy", dy, n > 0);
-    dev("conv_backward_filter", "dw", dw, 1);
+    dev("conv_backward_filter", "x", x, n > 0 ? SPAN_UNKNOWN : 0);
+    dev("conv_backward_filter", "dy", dy, n > 0 ? SPAN_UNKNOWN : 0);
+    dev("conv_backward_filter", "dw", dw, SPAN_UNKNOWN);
     if (dbias)
-        dev("conv_backward_filter", "dbias", dbias, 1);
+        dev("conv_backward_filter", "dbias", dbias, SPAN_UNKNOWN);
     if (scratch)
-        dev("conv_backward_filter", "scratch", scratch, n > 0);
+        dev("conv_backward_filter", "scratch", scratch, n > 0 ? SPAN_UNKNOWN : 0);
     RUN(conv_backward_filter(p, n, x, dy, dw, dbias, acc, scratch));
 }
 
@@ -833,9 +858,9 @@ static void ds_dgc_encode(const int32_t *idx, int64_t count, int64_t base, float
                           fl_dgc_pair *pairs) {
     const char *fn = "dgc_encode";
     dev(fn, "idx", idx, nb(count, 4));
-    dev(fn, "v", v, count > 0);
+    dev(fn, "v", v, count > 0 ? SPAN_UNKNOWN : 0);
     if (u)
-        dev(fn, "u", u, count > 0);
+        dev(fn, "u", u, count > 0 ? SPAN_UNKNOWN : 0);
     dev(fn, "pairs", pairs, nb(count, sizeof *pairs));
     RUN(dgc_encode(idx, count, base, v, u, pairs));
 }
