@@ -8,10 +8,11 @@
  * ranks by a 64-bit hash of the output: every rank must hold the same bits).
  *
  * Cheap by construction, the checks being most of a run's CPU: every value is made directly
- * as the bits of its dtype (no rounding through f32), from one splitmix64 step per element of
- * a key per (case, rank, block); expected results come from integer sums (small integers) or
- * double sums of the values rebuilt exactly from their bits, never from the library's
- * reduction kernels. Header-only; thread-safe per communicator (no globals). */
+ * as the bits of its dtype (no rounding through f32) from half a splitmix64 step (a whole one
+ * for f64's spread floats) of a stream keyed by (case, rank, block), a chunk at a time with one
+ * loop per dtype; expected results come from integer sums (small integers) or double sums of
+ * the values rebuilt exactly from their bits, never from the library's reduction kernels.
+ * Header-only; thread-safe per communicator (no globals). */
 #ifndef FLEET_TESTS_COMM_MATRIX_H
 #define FLEET_TESTS_COMM_MATRIX_H
 
@@ -130,19 +131,24 @@ static inline uint64_t mx_bits_of(fl_dtype t, double v) {
     }
 }
 
-/* How the elements of one dtype and input kind are made from 64 random bits x:
+/* How the elements of one dtype and input kind are made from a random word x of each element:
  *  MX_EXACT: an integer in [-span, span] (8 for floats, whose sums of 8 ranks stay exact even in
- *            bf16; 1000 for integers), from x's high half; floats by a table of their bits;
- *  MX_ORDER: sign from bit 57, exponent in [-6, 6] from bits 58..63, the dtype's mbits mantissa
- *            bits from the low bits: exact in the dtype, and as a double by moving bit fields. */
+ *            bf16; 1000 for integers), (x mod 2^32) (2 span + 1) / 2^32 - span; floats by a
+ *            table of their bits;
+ *  MX_ORDER: a sign bit, an exponent in [-6, 6] from 6 bits (times 13 / 64), the dtype's mbits
+ *            mantissa bits from the low bits: exact in the dtype, and as a double by moving bit
+ *            fields. f64's words have 64 bits (sign bit 57, exponent bits 58..63), the others'
+ *            32 (exponent bits 25..30, sign bit 31), so that one splitmix64 step makes two. */
 typedef struct {
     fl_dtype t;
     int      kind;
     size_t   es;
     bool     is_float;
+    bool     wide;        /* 64-bit words (MX_ORDER f64), else 32-bit */
     int      span;
     uint64_t small[17];   /* MX_EXACT floats: the bits of -8 .. 8 */
-    int      mbits, ebias, sbit;
+    int      mbits, ebias, sbit; /* mantissa bits, exponent bias, sign bit */
+    int      sat, eat;            /* in the word: the sign bit, the exponent's 6 bits */
     uint64_t mmask;
     double   eps;         /* the dtype's unit roundoff, for tolerances */
 } mx_gen;
@@ -166,10 +172,10 @@ static inline void mx_gen_init(mx_gen *g, fl_dtype t, int kind) {
     default: break;
     }
     g->mmask = (1ull << g->mbits) - 1;
+    g->wide = g->kind == MX_ORDER && t == FL_DTYPE_F64;
+    g->sat = g->wide ? 57 : 31;
+    g->eat = g->wide ? 58 : 25;
 }
-
-/* The random bits of element i of the stream `key` (splitmix64: its state key + i) */
-static inline uint64_t mx_x(uint64_t key, size_t i) { return mx_mix(key + i); }
 
 /* Rank q's key for block blk of the current case (blk: the destination rank in alltoalls). */
 static inline uint64_t mx_key(const mx_ctx *m, int q, size_t blk) {
@@ -177,67 +183,134 @@ static inline uint64_t mx_key(const mx_ctx *m, int q, size_t blk) {
                   ((uint64_t)blk << 32));
 }
 
-static inline int mx_small(const mx_gen *g, uint64_t x) { /* MX_EXACT's integer */
-    return (int)(((x >> 32) * (uint64_t)(2 * g->span + 1)) >> 32) - g->span;
+/* The words of elements first .. first + n-1 of stream `key`: 64-bit ones mx_mix(key + i);
+ * 32-bit ones halves, element i the low (i even) or high half of mx_mix(key + i / 2). */
+static inline void mx_words(const mx_gen *g, uint64_t key, size_t first, size_t n,
+                            uint64_t *w) {
+    if (g->wide) {
+        for (size_t i = 0; i < n; i++)
+            w[i] = mx_mix(key + first + i);
+        return;
+    }
+    size_t i = 0;
+    if (n && (first & 1))
+        w[i++] = mx_mix(key + first / 2) >> 32;
+    for (; i + 1 < n; i += 2) {
+        uint64_t x = mx_mix(key + (first + i) / 2);
+        w[i] = x & 0xffffffffu;
+        w[i + 1] = x >> 32;
+    }
+    if (i < n)
+        w[i] = mx_mix(key + (first + i) / 2) & 0xffffffffu;
 }
 
-static inline int mx_exp(uint64_t x) { return (int)(((x >> 58) * 13) >> 6) - 6; }
+enum { MX_CHUNK = 512 }; /* elements made or checked at a time */
 
-/* MX_ORDER's element as a double: the same sign, exponent and mantissa, so exact. */
-static inline double mx_order_value(const mx_gen *g, uint64_t x) {
-    uint64_t b = (x >> 57 & 1) << 63 | (uint64_t)(mx_exp(x) + 1023) << 52 |
-                 (x & g->mmask) << (52 - g->mbits);
-    double d;
-    memcpy(&d, &b, 8);
-    return d;
-}
-
-/* Element i of stream `key` as bits of g's dtype (integers sign-extended to 64 bits). */
-static inline uint64_t mx_bits(const mx_gen *g, uint64_t key, size_t i) {
-    uint64_t x = mx_x(key, i);
-    if (g->kind == MX_ORDER)
-        return (x >> 57 & 1) << g->sbit | (uint64_t)(mx_exp(x) + g->ebias) << g->mbits |
-               (x & g->mmask);
-    int v = mx_small(g, x);
-    return g->is_float ? g->small[v + 8] : (uint64_t)(int64_t)v;
-}
-
-/* Writes elements 0 .. n-1 of stream `key` into buf (loops by element size and kind). */
-static inline void mx_fill(const mx_gen *g, uint64_t key, void *buf, size_t n) {
+/* Writes elements first .. first + n-1 of stream `key` into buf: a chunk of words at a time,
+ * then one loop per element size and kind, g's fields in locals (stores through buf may alias
+ * them). */
+static inline void mx_fill_at(const mx_gen *g, uint64_t key, size_t first, void *buf, size_t n) {
+    const int sbit = g->sbit, mbits = g->mbits, ebias = g->ebias, span = g->span, sat = g->sat,
+              eat = g->eat;
+    const uint64_t mmask = g->mmask, mul = (uint64_t)(2 * span + 1);
+    const bool order = g->kind == MX_ORDER, is_float = g->is_float;
+    uint64_t small[17], w[MX_CHUNK];
+    memcpy(small, g->small, sizeof small);
 #define MX_FILL_(T)                                                                               \
     do {                                                                                          \
-        T *b_ = buf;                                                                              \
-        if (g->kind == MX_ORDER)                                                                  \
-            for (size_t i = 0; i < n; i++) {                                                      \
-                uint64_t x = mx_x(key, i);                                                        \
-                b_[i] = (T)((x >> 57 & 1) << g->sbit |                                            \
-                            (uint64_t)(mx_exp(x) + g->ebias) << g->mbits | (x & g->mmask));       \
-            }                                                                                     \
-        else if (g->is_float)                                                                     \
-            for (size_t i = 0; i < n; i++)                                                        \
-                b_[i] = (T)g->small[mx_small(g, mx_x(key, i)) + 8];                               \
+        T *b_ = (T *)buf + c0;                                                                    \
+        if (order)                                                                                \
+            for (size_t i = 0; i < len; i++)                                                      \
+                b_[i] = (T)((w[i] >> sat & 1) << sbit |                                           \
+                            (uint64_t)(((w[i] >> eat & 63) * 13 >> 6) - 6 + ebias)                \
+                                << mbits |                                                        \
+                            (w[i] & mmask));                                                      \
+        else if (is_float)                                                                        \
+            for (size_t i = 0; i < len; i++)                                                      \
+                b_[i] = (T)small[(w[i] * mul) >> 32];                                             \
         else                                                                                      \
-            for (size_t i = 0; i < n; i++)                                                        \
-                b_[i] = (T)(int64_t)mx_small(g, mx_x(key, i));                                    \
+            for (size_t i = 0; i < len; i++)                                                      \
+                b_[i] = (T)(int64_t)((int64_t)((w[i] * mul) >> 32) - span);                       \
     } while (0)
-    switch (g->es) {
-    case 1: MX_FILL_(uint8_t); break;
-    case 2: MX_FILL_(uint16_t); break;
-    case 4: MX_FILL_(uint32_t); break;
-    default: MX_FILL_(uint64_t); break;
+    for (size_t c0 = 0; c0 < n; c0 += MX_CHUNK) {
+        size_t len = n - c0 < MX_CHUNK ? n - c0 : MX_CHUNK;
+        mx_words(g, key, first + c0, len, w);
+        switch (g->es) {
+        case 1: MX_FILL_(uint8_t); break;
+        case 2: MX_FILL_(uint16_t); break;
+        case 4: MX_FILL_(uint32_t); break;
+        default: MX_FILL_(uint64_t); break;
+        }
     }
 #undef MX_FILL_
 }
 
-/* Compares n elements of `got` (element j at got + j * es) with elements first + j of stream
- * `key` for j = 0, step, 2 step, ...: returns the first j that differs, or n. */
-static inline size_t mx_cmp_stream(const mx_gen *g, uint64_t key, const void *got, size_t n,
-                                   size_t first, size_t step, size_t start) {
-    uint64_t mask = g->es == 8 ? ~0ull : (1ull << (8 * g->es)) - 1;
-    for (size_t j = start; j < n; j += step)
-        if ((mx_load(got, g->es, j) ^ mx_bits(g, key, first + j)) & mask)
-            return j;
-    return n;
+/* Writes elements 0 .. n-1 of stream `key` into buf. */
+static inline void mx_fill(const mx_gen *g, uint64_t key, void *buf, size_t n) {
+    mx_fill_at(g, key, 0, buf, n);
+}
+
+/* MX_EXACT's integers of elements first .. first + n-1 (n <= MX_CHUNK) of stream `key`. */
+static inline void mx_small_at(const mx_gen *g, uint64_t key, size_t first, int32_t *out,
+                               size_t n) {
+    const uint64_t mul = (uint64_t)(2 * g->span + 1);
+    const int span = g->span;
+    uint64_t w[MX_CHUNK];
+    mx_words(g, key, first, n, w);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (int32_t)((w[i] * mul) >> 32) - span;
+}
+
+/* MX_ORDER's elements first .. first + n-1 (n <= MX_CHUNK) of stream `key`, as doubles. */
+static inline void mx_order_at(const mx_gen *g, uint64_t key, size_t first, double *out,
+                               size_t n) {
+    const uint64_t mmask = g->mmask;
+    const int shift = 52 - g->mbits, sat = g->sat, eat = g->eat;
+    uint64_t w[MX_CHUNK];
+    mx_words(g, key, first, n, w);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t b = (w[i] >> sat & 1) << 63 |
+                     (uint64_t)(((w[i] >> eat & 63) * 13 >> 6) - 6 + 1023) << 52 |
+                     (w[i] & mmask) << shift;
+        memcpy(&out[i], &b, 8);
+    }
+}
+
+/* n elements of dtype t as doubles (a loop per dtype). */
+static inline void mx_decode(fl_dtype t, const void *in, double *out, size_t n) {
+    const char *p = in;
+    switch (t) {
+    case FL_DTYPE_F32:
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, p + 4 * i, 4);
+            out[i] = f;
+        }
+        break;
+    case FL_DTYPE_F64: memcpy(out, in, n * 8); break;
+    default: {
+        size_t es = fl_dtype_size(t);
+        for (size_t i = 0; i < n; i++)
+            out[i] = mx_to_double(t, mx_load(in, es, i));
+        break;
+    }
+    }
+}
+
+/* The first of n elements at a and b (es bytes each) that differ, or n. */
+static inline size_t mx_first_diff(const void *a, const void *b, size_t es, size_t n) {
+    if (memcmp(a, b, n * es) == 0)
+        return n;
+    size_t j = 0;
+    while (j < n && mx_load(a, es, j) == mx_load(b, es, j))
+        j++;
+    return j;
+}
+
+/* The part-th of `parts` contiguous parts of n elements: [*lo, *hi). */
+static inline void mx_part(size_t n, size_t part, size_t parts, size_t *lo, size_t *hi) {
+    *lo = n / parts * part + (part < n % parts ? part : n % parts);
+    *hi = *lo + n / parts + (part < n % parts);
 }
 
 static inline void *mx_alloc(size_t n) {
@@ -290,17 +363,17 @@ static inline void mx_hashes(mx_ctx *m, const char *what, uint64_t h, bool same_
 }
 
 /* The expected result of a reduction over the ranks' streams of the current case (block 0):
- * for MX_EXACT the integer sum (max) of the ranks' integers, turned into the dtype's bits by
- * `want` (floats: a table over every sum, averages divided in the dtype's precision as the
- * library does; integers: avg rounds toward zero). Build with mx_red_init, free with
- * mx_red_free. */
+ * for MX_EXACT the integer sum (max) of the ranks' integers, turned into the dtype's bits
+ * (floats: a table over every sum, averages divided in the dtype's precision as the library
+ * does; integers: avg rounds toward zero); for MX_ORDER a compensated sum (Neumaier) in double
+ * of the values, exact for f32, f16 and bf16, and the sum of magnitudes, to scale the
+ * tolerance. Build with mx_red_init, free with mx_red_free. */
 typedef struct {
     mx_gen    g;
     fl_redop  op;
     int       size;
     uint64_t *keys; /* [size] */
     uint64_t *want; /* MX_EXACT floats: [16 size + 1], the bits for sums -8 size .. 8 size */
-    uint64_t  mask; /* of the element's bits */
 } mx_red;
 
 static inline void mx_red_init(mx_red *r, const mx_ctx *m, fl_dtype t, fl_redop op, int kind) {
@@ -311,7 +384,6 @@ static inline void mx_red_init(mx_red *r, const mx_ctx *m, fl_dtype t, fl_redop 
     for (int q = 0; q < m->size; q++)
         r->keys[q] = mx_key(m, q, 0);
     r->want = NULL;
-    r->mask = r->g.es == 8 ? ~0ull : (1ull << (8 * r->g.es)) - 1;
     if (r->g.kind == MX_EXACT && r->g.is_float) {
         int lim = 8 * m->size;
         r->want = mx_alloc((size_t)(2 * lim + 1) * sizeof *r->want);
@@ -333,72 +405,101 @@ static inline void mx_red_free(mx_red *r) {
     free(r->want);
 }
 
-/* MX_EXACT: the expected bits of element i. */
-static inline uint64_t mx_red_exact(const mx_red *r, size_t i) {
-    int64_t acc = 0;
-    if (r->op == FL_REDOP_MAX) {
-        acc = mx_small(&r->g, mx_x(r->keys[0], i));
-        for (int q = 1; q < r->size; q++) {
-            int64_t v = mx_small(&r->g, mx_x(r->keys[q], i));
-            acc = v > acc ? v : acc;
-        }
-    } else {
-        for (int q = 0; q < r->size; q++)
-            acc += mx_small(&r->g, mx_x(r->keys[q], i));
+/* MX_EXACT: the expected elements first .. first + n-1 (n <= MX_CHUNK), as the dtype's bits
+ * into out. */
+static inline void mx_red_exact(const mx_red *r, size_t first, size_t n, void *out) {
+    int32_t acc[MX_CHUNK], v[MX_CHUNK];
+    uint64_t bits[MX_CHUNK];
+    mx_small_at(&r->g, r->keys[0], first, acc, n);
+    for (int q = 1; q < r->size; q++) {
+        mx_small_at(&r->g, r->keys[q], first, v, n);
+        if (r->op == FL_REDOP_MAX)
+            for (size_t i = 0; i < n; i++)
+                acc[i] = v[i] > acc[i] ? v[i] : acc[i];
+        else
+            for (size_t i = 0; i < n; i++)
+                acc[i] += v[i];
     }
-    if (r->want)
-        return r->want[acc + 8 * r->size];
-    return (uint64_t)(r->op == FL_REDOP_AVG ? acc / r->size : acc) & r->mask;
+    if (r->want) {
+        const uint64_t *w = r->want + 8 * r->size;
+        for (size_t i = 0; i < n; i++)
+            bits[i] = w[acc[i]];
+    } else {
+        int d = r->op == FL_REDOP_AVG ? r->size : 1;
+        for (size_t i = 0; i < n; i++)
+            bits[i] = (uint64_t)(int64_t)(acc[i] / d);
+    }
+    size_t es = r->g.es;
+    for (size_t i = 0; i < n; i++)
+        mx_store(out, es, i, bits[i]);
 }
 
-/* MX_ORDER: the sum (max) of element i over ranks, compensated (Neumaier), and the sum of
- * magnitudes, to scale the tolerance. Sums of f32, f16 and bf16 values are exact in double. */
-static inline double mx_red_order(const mx_red *r, size_t i, double *mag) {
-    double s = 0, c = 0, a = 0;
-    for (int q = 0; q < r->size; q++) {
-        double v = mx_order_value(&r->g, mx_x(r->keys[q], i));
-        a += fabs(v);
+/* MX_ORDER: the reduction of elements first .. first + n-1 (n <= MX_CHUNK) into want, the
+ * sums of magnitudes into mag. */
+static inline void mx_red_order(const mx_red *r, size_t first, size_t n, double *want,
+                                double *mag) {
+    double c[MX_CHUNK], v[MX_CHUNK];
+    mx_order_at(&r->g, r->keys[0], first, want, n);
+    for (size_t i = 0; i < n; i++) {
+        c[i] = 0;
+        mag[i] = fabs(want[i]);
+    }
+    for (int q = 1; q < r->size; q++) {
+        mx_order_at(&r->g, r->keys[q], first, v, n);
         if (r->op == FL_REDOP_MAX) {
-            s = q == 0 || v > s ? v : s;
+            for (size_t i = 0; i < n; i++) {
+                mag[i] += fabs(v[i]);
+                want[i] = v[i] > want[i] ? v[i] : want[i];
+            }
             continue;
         }
-        double t = s + v;
-        c += fabs(s) >= fabs(v) ? (s - t) + v : (v - t) + s;
-        s = t;
+        for (size_t i = 0; i < n; i++) {
+            double s = want[i], t = s + v[i];
+            mag[i] += fabs(v[i]);
+            c[i] += fabs(s) >= fabs(v[i]) ? (s - t) + v[i] : (v[i] - t) + s;
+            want[i] = t;
+        }
     }
-    *mag = a;
-    return s + c;
+    for (size_t i = 0; i < n; i++)
+        want[i] += c[i];
 }
 
-/* Checks elements first, first + step, ... of `got` (n elements: element j is global element
+/* Checks the part-th of `parts` contiguous parts of `got` (n elements: element j is element
  * base + j of the reduction of the current case). An output that every rank holds whole
- * (allreduce) is checked in rank-strided shares, the ranks' shares together all of it:
- * mx_hashes proves the ranks hold the same bits. */
+ * (allreduce) is checked in parts, the ranks' parts together all of it: mx_hashes proves the
+ * ranks hold the same bits. */
 static inline void mx_check_reduced(mx_ctx *m, const char *what, fl_dtype t, fl_redop op,
                                     int kind, const void *got, size_t base, size_t n,
-                                    size_t first, size_t step) {
+                                    size_t part, size_t parts) {
     mx_red r;
     mx_red_init(&r, m, t, op, kind);
-    size_t es = r.g.es;
+    size_t es = r.g.es, lo, hi;
+    mx_part(n, part, parts, &lo, &hi);
     m->checks++;
-    if (r.g.kind == MX_EXACT) {
-        for (size_t j = first; j < n; j += step) {
-            uint64_t want = mx_red_exact(&r, base + j), g = mx_load(got, es, j);
-            if (g != want) {
-                mx_fail(m, "%s: element %zu: got %.9g want %.9g", what, j, mx_to_double(t, g),
-                        mx_to_double(t, want));
+    double div = op == FL_REDOP_AVG ? m->size : 1;
+    double tol = (m->size + 2) * r.g.eps / div;
+    for (size_t c0 = lo; c0 < hi; c0 += MX_CHUNK) {
+        size_t len = hi - c0 < MX_CHUNK ? hi - c0 : MX_CHUNK;
+        const char *g = (const char *)got + c0 * es;
+        if (r.g.kind == MX_EXACT) {
+            uint64_t want[MX_CHUNK];
+            mx_red_exact(&r, base + c0, len, want);
+            size_t j = mx_first_diff(g, want, es, len);
+            if (j < len) {
+                mx_fail(m, "%s: element %zu: got %.9g want %.9g", what, c0 + j,
+                        mx_to_double(t, mx_load(g, es, j)), mx_to_double(t, mx_load(want, es, j)));
                 break;
             }
-        }
-    } else {
-        double div = op == FL_REDOP_AVG ? m->size : 1;
-        double tol = (m->size + 2) * r.g.eps / div;
-        for (size_t j = first; j < n; j += step) {
-            double mag, want = mx_red_order(&r, base + j, &mag) / div;
-            double g = mx_to_double(t, mx_load(got, es, j));
-            if (!(fabs(g - want) <= tol * mag)) {
-                mx_fail(m, "%s: element %zu: got %.9g want %.9g (tolerance %.3g)", what, j, g,
-                        want, tol * mag);
+        } else {
+            double want[MX_CHUNK], mag[MX_CHUNK], gd[MX_CHUNK];
+            mx_red_order(&r, base + c0, len, want, mag);
+            mx_decode(t, g, gd, len);
+            size_t j = 0;
+            while (j < len && fabs(gd[j] - want[j] / div) <= tol * mag[j])
+                j++;
+            if (j < len) {
+                mx_fail(m, "%s: element %zu: got %.9g want %.9g (tolerance %.3g)", what, c0 + j,
+                        gd[j], want[j] / div, tol * mag[j]);
                 break;
             }
         }
@@ -451,22 +552,32 @@ static inline void mx_reduce_scatter(mx_ctx *m, fl_dtype t, fl_redop op, int kin
     free(out);
 }
 
-/* Reports the first element of `got` (n elements) that differs from stream `key` at the
- * elements first + j for j = start, start + step, ...; returns whether all matched. */
+/* Checks the part-th of `parts` contiguous parts of `got` (n elements) against elements
+ * 0 .. n-1 of stream `key`; reports the first that differs. Returns whether all matched. */
 static inline bool mx_check_copy(mx_ctx *m, const char *what, const char *whose,
                                  const mx_gen *g, uint64_t key, const void *got, size_t n,
-                                 size_t start, size_t step) {
-    size_t j = mx_cmp_stream(g, key, got, n, 0, step, start);
-    if (j == n)
-        return true;
-    mx_fail(m, "%s: %selement %zu: got %.9g want %.9g", what, whose, j,
-            mx_to_double(g->t, mx_load(got, g->es, j)),
-            mx_to_double(g->t, mx_bits(g, key, j)));
-    return false;
+                                 size_t part, size_t parts) {
+    size_t lo, hi, es = g->es;
+    mx_part(n, part, parts, &lo, &hi);
+    uint64_t want[MX_CHUNK];
+    for (size_t c0 = lo; c0 < hi; c0 += MX_CHUNK) {
+        size_t len = hi - c0 < MX_CHUNK ? hi - c0 : MX_CHUNK;
+        const char *gp = (const char *)got + c0 * es;
+        mx_fill_at(g, key, c0, want, len);
+        size_t j = mx_first_diff(gp, want, es, len);
+        if (j < len) {
+            mx_fail(m, "%s: %selement %zu: got %.9g want %.9g", what, whose, c0 + j,
+                    mx_to_double(g->t, mx_load(gp, es, j)),
+                    mx_to_double(g->t, mx_load(want, es, j)));
+            return false;
+        }
+    }
+    return true;
 }
 
 /* allgather (counts NULL: count each; in_place: in is out's own block) or allgatherv; every
- * rank checks its rank-strided share of the output, mx_hashes that all hold the same bits. */
+ * rank checks its part of each rank's block of the output (the ranks' parts together all of
+ * it), mx_hashes that all hold the same bits. */
 static inline void mx_allgather(mx_ctx *m, fl_dtype t, size_t count, const size_t *counts,
                                 bool in_place) {
     char what[160];
@@ -491,13 +602,13 @@ static inline void mx_allgather(mx_ctx *m, fl_dtype t, size_t count, const size_
                     : fl_comm_allgather(m->c, in, out, count, t);
     if (mx_rc(m, rc, what)) {
         m->checks++;
-        size_t off = 0, sz = (size_t)m->size;
-        for (int q = 0; q < m->size; q++) { /* this rank's share: (off + i) % size == rank */
+        size_t off = 0;
+        for (int q = 0; q < m->size; q++) { /* this rank's part of each rank's block */
             size_t n = counts ? counts[q] : count;
             char whose[32];
             snprintf(whose, sizeof whose, "rank %d's ", q);
             if (!mx_check_copy(m, what, whose, &g, mx_key(m, q, 0), (char *)out + off * es, n,
-                               ((size_t)m->rank + sz - off % sz) % sz, sz))
+                               (size_t)m->rank, (size_t)m->size))
                 break;
             off += n;
         }
@@ -660,8 +771,9 @@ static inline void mx_async(mx_ctx *m, size_t count) {
         if (kinds[k] == MX_EXACT) {
             mx_red r;
             mx_red_init(&r, m, ts[k], ops[k], kinds[k]);
-            for (size_t i = 0; i < count; i++)
-                mx_store(want[k], es, i, mx_red_exact(&r, i));
+            for (size_t i = 0; i < count; i += MX_CHUNK)
+                mx_red_exact(&r, i, count - i < MX_CHUNK ? count - i : MX_CHUNK,
+                             (char *)want[k] + i * es);
             mx_red_free(&r);
         }
     }
