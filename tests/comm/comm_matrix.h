@@ -8,9 +8,9 @@
  * ranks by a 64-bit hash of the output: every rank must hold the same bits).
  *
  * Cheap by construction, the checks being most of a run's CPU: every value is made directly
- * as the bits of its dtype (no rounding through f32) from half a splitmix64 step (a whole one
- * for f64's spread floats) of a stream keyed by (case, rank, block), a chunk at a time with one
- * loop per dtype; expected results come from integer sums (small integers) or double sums of
+ * as the bits of its dtype (no rounding through f32) from a quarter of a splitmix64 step (a
+ * half for spread floats, a whole one for f64's) of a stream keyed by (case, rank, block), a
+ * chunk at a time with one loop per dtype; expected results come from integer sums (small integers) or double sums of
  * the values rebuilt exactly from their bits, never from the library's reduction kernels.
  * Header-only; thread-safe per communicator (no globals). */
 #ifndef FLEET_TESTS_COMM_MATRIX_H
@@ -131,20 +131,21 @@ static inline uint64_t mx_bits_of(fl_dtype t, double v) {
     }
 }
 
-/* How the elements of one dtype and input kind are made from a random word x of each element:
+/* How the elements of one dtype and input kind are made from a random word x of each element,
+ * of wbits bits (64 / wbits elements per splitmix64 step):
  *  MX_EXACT: an integer in [-span, span] (8 for floats, whose sums of 8 ranks stay exact even in
- *            bf16; 1000 for integers), (x mod 2^32) (2 span + 1) / 2^32 - span; floats by a
- *            table of their bits;
+ *            bf16; 1000 for integers), x (2 span + 1) / 2^16 - span from 16-bit words; floats
+ *            by a table of their bits;
  *  MX_ORDER: a sign bit, an exponent in [-6, 6] from 6 bits (times 13 / 64), the dtype's mbits
  *            mantissa bits from the low bits: exact in the dtype, and as a double by moving bit
  *            fields. f64's words have 64 bits (sign bit 57, exponent bits 58..63), the others'
- *            32 (exponent bits 25..30, sign bit 31), so that one splitmix64 step makes two. */
+ *            32 (exponent bits 25..30, sign bit 31). */
 typedef struct {
     fl_dtype t;
     int      kind;
     size_t   es;
     bool     is_float;
-    bool     wide;        /* 64-bit words (MX_ORDER f64), else 32-bit */
+    int      wbits;       /* bits per word: 16, 32 or 64 */
     int      span;
     uint64_t small[17];   /* MX_EXACT floats: the bits of -8 .. 8 */
     int      mbits, ebias, sbit; /* mantissa bits, exponent bias, sign bit */
@@ -172,9 +173,9 @@ static inline void mx_gen_init(mx_gen *g, fl_dtype t, int kind) {
     default: break;
     }
     g->mmask = (1ull << g->mbits) - 1;
-    g->wide = g->kind == MX_ORDER && t == FL_DTYPE_F64;
-    g->sat = g->wide ? 57 : 31;
-    g->eat = g->wide ? 58 : 25;
+    g->wbits = g->kind == MX_EXACT ? 16 : t == FL_DTYPE_F64 ? 64 : 32;
+    g->sat = g->wbits == 64 ? 57 : 31;
+    g->eat = g->wbits == 64 ? 58 : 25;
 }
 
 /* Rank q's key for block blk of the current case (blk: the destination rank in alltoalls). */
@@ -183,25 +184,40 @@ static inline uint64_t mx_key(const mx_ctx *m, int q, size_t blk) {
                   ((uint64_t)blk << 32));
 }
 
-/* The words of elements first .. first + n-1 of stream `key`: 64-bit ones mx_mix(key + i);
- * 32-bit ones halves, element i the low (i even) or high half of mx_mix(key + i / 2). */
+/* The words of elements first .. first + n-1 of stream `key`: with k = 64 / wbits words per
+ * step, element i is piece i mod k (from the low bits up) of mx_mix(key + i / k). */
 static inline void mx_words(const mx_gen *g, uint64_t key, size_t first, size_t n,
                             uint64_t *w) {
-    if (g->wide) {
-        for (size_t i = 0; i < n; i++)
-            w[i] = mx_mix(key + first + i);
-        return;
-    }
+    const int b = g->wbits;
+    const size_t k = (size_t)(64 / b);
+    const uint64_t mask = b == 64 ? ~0ull : (1ull << b) - 1;
     size_t i = 0;
-    if (n && (first & 1))
-        w[i++] = mx_mix(key + first / 2) >> 32;
-    for (; i + 1 < n; i += 2) {
-        uint64_t x = mx_mix(key + (first + i) / 2);
-        w[i] = x & 0xffffffffu;
-        w[i + 1] = x >> 32;
+    for (; i < n && (first + i) % k; i++) /* up to a whole step */
+        w[i] = mx_mix(key + (first + i) / k) >> (b * (int)((first + i) % k)) & mask;
+    switch (k) {
+    case 1:
+        for (; i < n; i++)
+            w[i] = mx_mix(key + first + i);
+        break;
+    case 2:
+        for (; i + 2 <= n; i += 2) {
+            uint64_t x = mx_mix(key + (first + i) / 2);
+            w[i] = x & mask;
+            w[i + 1] = x >> 32;
+        }
+        break;
+    default:
+        for (; i + 4 <= n; i += 4) {
+            uint64_t x = mx_mix(key + (first + i) / 4);
+            w[i] = x & mask;
+            w[i + 1] = x >> 16 & mask;
+            w[i + 2] = x >> 32 & mask;
+            w[i + 3] = x >> 48;
+        }
+        break;
     }
-    if (i < n)
-        w[i] = mx_mix(key + (first + i) / 2) & 0xffffffffu;
+    for (; i < n; i++) /* what is left of a step */
+        w[i] = mx_mix(key + (first + i) / k) >> (b * (int)((first + i) % k)) & mask;
 }
 
 enum { MX_CHUNK = 512 }; /* elements made or checked at a time */
@@ -227,10 +243,10 @@ static inline void mx_fill_at(const mx_gen *g, uint64_t key, size_t first, void 
                             (w[i] & mmask));                                                      \
         else if (is_float)                                                                        \
             for (size_t i = 0; i < len; i++)                                                      \
-                b_[i] = (T)small[(w[i] * mul) >> 32];                                             \
+                b_[i] = (T)small[(w[i] * mul) >> 16];                                             \
         else                                                                                      \
             for (size_t i = 0; i < len; i++)                                                      \
-                b_[i] = (T)(int64_t)((int64_t)((w[i] * mul) >> 32) - span);                       \
+                b_[i] = (T)(int64_t)((int64_t)((w[i] * mul) >> 16) - span);                       \
     } while (0)
     for (size_t c0 = 0; c0 < n; c0 += MX_CHUNK) {
         size_t len = n - c0 < MX_CHUNK ? n - c0 : MX_CHUNK;
@@ -258,7 +274,7 @@ static inline void mx_small_at(const mx_gen *g, uint64_t key, size_t first, int3
     uint64_t w[MX_CHUNK];
     mx_words(g, key, first, n, w);
     for (size_t i = 0; i < n; i++)
-        out[i] = (int32_t)((w[i] * mul) >> 32) - span;
+        out[i] = (int32_t)((w[i] * mul) >> 16) - span;
 }
 
 /* MX_ORDER's elements first .. first + n-1 (n <= MX_CHUNK) of stream `key`, as doubles. */
@@ -365,7 +381,7 @@ static inline void mx_hashes(mx_ctx *m, const char *what, uint64_t h, bool same_
 /* The expected result of a reduction over the ranks' streams of the current case (block 0):
  * for MX_EXACT the integer sum (max) of the ranks' integers, turned into the dtype's bits
  * (floats: a table over every sum, averages divided in the dtype's precision as the library
- * does; integers: avg rounds toward zero); for MX_ORDER a compensated sum (Neumaier) in double
+ * does; integers: avg rounds toward zero); for MX_ORDER a compensated sum (TwoSum) in double
  * of the values, exact for f32, f16 and bf16, and the sum of magnitudes, to scale the
  * tolerance. Build with mx_red_init, free with mx_red_free. */
 typedef struct {
@@ -453,10 +469,10 @@ static inline void mx_red_order(const mx_red *r, size_t first, size_t n, double 
             }
             continue;
         }
-        for (size_t i = 0; i < n; i++) {
-            double s = want[i], t = s + v[i];
+        for (size_t i = 0; i < n; i++) { /* Knuth's TwoSum: t + its error is s + v exactly */
+            double s = want[i], t = s + v[i], bv = t - s;
             mag[i] += fabs(v[i]);
-            c[i] += fabs(s) >= fabs(v[i]) ? (s - t) + v[i] : (v[i] - t) + s;
+            c[i] += (s - (t - bv)) + (v[i] - bv);
             want[i] = t;
         }
     }
