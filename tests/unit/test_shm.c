@@ -441,34 +441,33 @@ static float value(int rank, size_t i) { return (float)((int)((i * 7 + (size_t)r
 static void sc_allreduce(rank_ctx *x) {
     int n = x->n, r = x->rank;
     const size_t counts[] = {0, 1, 7, (size_t)n * 1000 + 3, MIB / 4 + 1, 16 * MIB}; /* 64 MiB */
-    /* this rank's values and the expected sums over ranks, over one period */
-    float mine[VALUE_PERIOD];
-    uint32_t want[VALUE_PERIOD];
-    for (size_t i = 0; i < VALUE_PERIOD; i++) {
+    /* this rank's values and the expected sums over ranks, over 64 periods: buffers are filled
+     * with memcpy and checked with memcmp a run of them at a time */
+    enum { RUN = 64 * VALUE_PERIOD };
+    static float mine[RUN], want[RUN];
+    for (size_t i = 0; i < RUN; i++) {
         float w = 0;
         for (int q = 0; q < n; q++)
             w += value(q, i);
         mine[i] = value(r, i);
-        memcpy(&want[i], &w, 4);
+        want[i] = w;
     }
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
         size_t m = counts[k];
         float *buf = malloc(m * 4 + 4);
         fl_scratch scratch = {0};
-        for (size_t i = 0, j = 0; i < m; i++, j = j + 1 == VALUE_PERIOD ? 0 : j + 1)
-            buf[i] = mine[j];
+        for (size_t i = 0; i < m; i += RUN)
+            memcpy(buf + i, mine, (m - i < RUN ? m - i : RUN) * 4);
         int rc = allreduce(x->p, &scratch, buf, m);
         TCHECK(x, rc == 0);
         if (rc < 0)
             record(x, rc);
         size_t bad = m;
-        for (size_t i = 0, j = 0; i < m && rc == 0; i++, j = j + 1 == VALUE_PERIOD ? 0 : j + 1) {
-            uint32_t got;
-            memcpy(&got, &buf[i], 4);
-            if (got != want[j]) {
-                bad = i;
-                break;
-            }
+        for (size_t i = 0; i < m && rc == 0 && bad == m; i += RUN) {
+            size_t len = m - i < RUN ? m - i : RUN;
+            if (memcmp(buf + i, want, len * 4) != 0)
+                for (bad = i; memcmp(&buf[bad], &want[bad - i], 4) == 0; bad++)
+                    ;
         }
         if (bad != m)
             fprintf(stderr, "rank %d of %d: allreduce of %zu: element %zu is %g\n", r, n, m,
