@@ -49,13 +49,16 @@ static int refused(fl_ps *ps, int s, int type, const char *refusal) {
         c->pending[t] = 0;
         size_t n = 0;
         int rc = fl_msg_recv(c->conns[t], &c->rbuf[t], &c->rcap[t], &n, REFUSAL_GRACE_S);
-        if (rc == 0 || rc == FL_EPEER)
+        if (rc == 0)
             return fl_fail(FL_EPEER, "%s closed the connection (waiting for its %s reply); "
                            "besides, %s", c->names[t], fl_ps_msg_name(type), refusal);
         if (rc == FL_ETIMEOUT)
             return fl_fail(FL_EPEER, "%s is silent: no %s reply %.1f s after %s; besides, %s",
                            c->names[t], fl_ps_msg_name(type), REFUSAL_GRACE_S,
                            c->names[s], refusal);
+        if (rc < 0) /* reset, broken framing, failed authentication: the connection says which */
+            return fl_fail_prefix(FL_EPEER, "%s, waiting for its %s reply (besides, %s)",
+                                  c->names[t], fl_ps_msg_name(type), refusal);
     }
     return fl_fail(FL_EPEER, "%s", refusal);
 }
