@@ -305,6 +305,17 @@ static void test_layer(void) {
 
 enum { NC = 2, NH = 4, NW = 3, NB = 3, NCLASS = 3 };
 
+/* net built for NB images of NC x NH x NW with seed; NULL (and the failure counted) if not */
+static fl_net *built(fl_net *net, uint64_t seed) {
+    int64_t shape[] = {NC, NH, NW};
+    int rc = fl_net_build(net, 3, shape, NB, seed);
+    CHECK_OK(rc);
+    if (rc < 0) {
+        fl_net_free(net);
+        return NULL;
+    }
+    return net;
+}
 /* x (2, 4, 3) -> a = conv 3x3 (3) -> b = relu(a) -> c = conv 1x1 (2) of b ->
  * concat(x, a, b, c, a) (13 channels: a read by relu and twice by the concatenation) ->
  * conv 1x1 (4) -> flatten -> fc (3) */
@@ -328,14 +339,7 @@ static fl_net *branchy_net(fl_dtype t, const fl_backend *k, bool input_grad,
     CHECK_OK(fl_net_add(net, fl_fc_create("fc", 4 * NH * NW, NCLASS, true)));
     CHECK_OK(fl_net_set_input_grad(net, input_grad));
     CHECK_OK(fl_net_set_recompute(net, recompute));
-    int64_t shape[] = {NC, NH, NW};
-    int rc = fl_net_build(net, 3, shape, NB, 11);
-    CHECK_OK(rc);
-    if (rc < 0) {
-        fl_net_free(net);
-        return NULL;
-    }
-    return net;
+    return built(net, 11);
 }
 
 /* f64: every parameter's and the input's gradient against central differences */
@@ -465,14 +469,7 @@ static fl_net *twice_net(const fl_backend *k) {
     CHECK(fl_net_add_n(net, fl_concat_create("cat"), 5, in) == 2);
     CHECK(fl_net_add2(net, fl_concat_create("out"), 2, 0) == 3);
     CHECK_OK(fl_net_set_input_grad(net, true));
-    int64_t shape[] = {NC, NH, NW};
-    int rc = fl_net_build(net, 3, shape, NB, 1);
-    CHECK_OK(rc);
-    if (rc < 0) {
-        fl_net_free(net);
-        return NULL;
-    }
-    return net;
+    return built(net, 1);
 }
 
 static void test_read_twice(const fl_backend *k) {
