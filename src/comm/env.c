@@ -194,7 +194,7 @@ static int read_torchrun(fl_comm_env *env) {
         fl_wire_endpoint_parse(ep, NULL, 0, NULL, reason, sizeof reason) != FL_WIRE_OK)
         return fl_fail(FL_ECONFIG, "MASTER_ADDR=%s is not a usable address (%s)", addr,
                        strlen(ep) >= FL_ENDPOINT_MAX ? "too long" : reason);
-    snprintf(env->master, sizeof env->master, "%s", ep);
+    memcpy(env->master, ep, strlen(ep) + 1); /* fits: checked above */
     return 0;
 }
 
