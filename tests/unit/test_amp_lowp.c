@@ -23,6 +23,7 @@
 #include "fleet/status.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,6 +205,58 @@ static void test_merge_recompute(const model *m, fl_dtype t) {
     fl_net_free(rc);
 }
 
+/* Edges: x read by two low fc (their input gradients converted to f32 and summed into the
+ * network's input gradient), a concat that stays f32 (no ops->low) between them and the next
+ * fc (low -> f32 -> low in forward, back in backward), an output read twice. */
+static const model BRANCHY = {false, 1, {10}, 3, "branchy"};
+
+static fl_net *make_branchy(const fl_backend *k, fl_dtype low, bool native) {
+    fl_net *net = fl_net_create(FL_DTYPE_F32, k);
+    int64_t in[] = {10};
+    CHECK(fl_net_add_from(net, fl_fc_create("fa", 10, 16, true), FL_NET_INPUT) == 0);
+    CHECK(fl_net_add_from(net, fl_fc_create("fb", 10, 16, true), FL_NET_INPUT) == 1);
+    CHECK(fl_net_add2(net, fl_concat_create("cat"), 0, 1) == 2);
+    CHECK_OK(fl_net_add(net, fl_fc_create("fo", 32, 12, true)));
+    CHECK_OK(fl_net_add(net, fl_activation_create("t", FL_ACT_TANH)));
+    CHECK(fl_net_add2(net, fl_add_create("res", false), 4, 3) == 5);
+    CHECK_OK(fl_net_add(net, fl_fc_create("out", 12, 3, true)));
+    CHECK_OK(fl_net_set_input_grad(net, true));
+    CHECK_OK(fl_net_build(net, 1, in, B, 5));
+    CHECK_OK(fl_net_set_amp_native(net, native));
+    CHECK_OK(fl_net_set_amp(net, low, "fc"));
+    return net;
+}
+
+static void test_edges(fl_dtype t) {
+    const model *m = &BRANCHY;
+    fl_net *f32 = make_branchy(fl_backend_ref(), FL_DTYPE_F32, false);
+    fl_net *emu = make_branchy(&emu_table, t, true), *nat = make_branchy(fl_backend_ref(), t, true);
+    const bool want_low[] = {true, true, false, true, true, true, true};
+    for (int i = 0; i < 7; i++)
+        CHECK(fl_net_amp_low(nat, i) == want_low[i]);
+    int64_t n = fl_net_numel(nat), nx = B * 10;
+    float *g = malloc((size_t)3 * (size_t)(n + nx) * sizeof *g);
+    float *g32 = g, *ge = g + n + nx, *gn = ge + n + nx; /* gradients, then the input's */
+    fl_net *nets[3] = {f32, emu, nat};
+    float *gs[3] = {g32, ge, gn};
+    double loss[3];
+    for (int r = 0; r < 3; r++) {
+        loss[r] = step(m, nets[r], 1, gs[r]);
+        memcpy(gs[r] + n, fl_net_input_grad(nets[r])->data, (size_t)nx * sizeof *g);
+    }
+    double u = unit_roundoff(t), r = 2.0 * 6;
+    double kappa = fmax(1.0, rel_l2(ge, g32, n + nx) / (2.0 * 5 * u));
+    check_rel("loss vs emulation", m, t, fabs(loss[2] - loss[1]) / fabs(loss[1]), r * u);
+    check_rel("gradients vs emulation", m, t, rel_l2(gn, ge, n), r * u * kappa);
+    check_rel("input gradient vs emulation", m, t, rel_l2(gn + n, ge + n, nx), r * u * kappa);
+    check_rel("input gradient vs f32", m, t, rel_l2(gn + n, g32 + n, nx), 2 * r * u * kappa);
+    CHECK(rel_l2(gn + n, ge + n, nx) > 0);
+    free(g);
+    fl_net_free(f32);
+    fl_net_free(emu);
+    fl_net_free(nat);
+}
+
 static int64_t nonfinite(const float *g, int64_t n) {
     int64_t c = 0;
     for (int64_t i = 0; i < n; i++)
@@ -235,6 +288,54 @@ static void test_overflow(const model *m) {
     fl_net_free(emu);
 }
 
+/* The table's convert against the reference casts bit for bit: f32 -> f16 / bf16 as
+ * fl_f32_to_f16 / fl_f32_to_bf16 round (every 65537th f32 bit pattern, ties, overflow, NaN
+ * included), f16 / bf16 -> f32 exact, equal dtypes a copy. */
+static void test_convert(void) {
+    enum { N = 65536 + 4 };
+    const fl_backend *k = fl_backend_ref();
+    float *x = malloc(N * sizeof *x), *back = malloc(N * sizeof *back);
+    uint16_t *h = malloc(N * sizeof *h);
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint32_t bits = i * 65537u;
+        memcpy(&x[i], &bits, sizeof bits);
+    }
+    x[65536] = 65520.0f;           /* f16: the tie above 65504, to inf */
+    x[65537] = 1.0f + 0x1p-11f;    /* f16: a tie, to even (1) */
+    x[65538] = 1.0f + 0x1p-8f;     /* bf16: a tie, to even (1) */
+    x[65539] = 0x1p-25f;           /* f16: half the smallest subnormal, to 0 */
+    const fl_dtype lows[] = {FL_DTYPE_F16, FL_DTYPE_BF16};
+    for (int j = 0; j < 2; j++) {
+        fl_dtype t = lows[j];
+        k->convert(FL_DTYPE_F32, x, t, h, N);
+        int64_t bad = -1;
+        for (int64_t i = 0; i < N && bad < 0; i++) {
+            uint16_t want = t == FL_DTYPE_F16 ? fl_f32_to_f16(x[i]) : fl_f32_to_bf16(x[i]);
+            bool nan = isnan(x[i]) && isnan(t == FL_DTYPE_F16 ? fl_f16_to_f32(h[i])
+                                                              : fl_bf16_to_f32(h[i]));
+            if (h[i] != want && !nan)
+                bad = i;
+        }
+        if (bad >= 0) {
+            fprintf(stderr, "FAIL convert f32 -> %s: %.9g gave 0x%04x\n", fl_dtype_name(t),
+                    x[bad], h[bad]);
+            test_failures++;
+        }
+        k->convert(t, h, FL_DTYPE_F32, back, N);
+        for (int64_t i = 0; i < N && bad < 0; i++) {
+            float want = t == FL_DTYPE_F16 ? fl_f16_to_f32(h[i]) : fl_bf16_to_f32(h[i]);
+            if (memcmp(&back[i], &want, sizeof want) != 0 && !(isnan(want) && isnan(back[i])))
+                bad = i;
+        }
+        CHECK(bad < 0);
+    }
+    k->convert(FL_DTYPE_F32, x, FL_DTYPE_F32, back, N);
+    CHECK(memcmp(back, x, N * sizeof *x) == 0);
+    free(x);
+    free(back);
+    free(h);
+}
+
 /* A table without low dtypes (cpu) keeps the emulation: asking for native changes no bit. */
 static void test_no_native(const model *m) {
     fl_net *a = make(m, fl_backend_cpu(), false, FL_DTYPE_F16, true);
@@ -258,6 +359,7 @@ int main(void) {
     emu_table = *fl_backend_ref();
     emu_table.low_dtypes = false;
     emu_table.convert = NULL;
+    test_convert();
     const model *models[] = {&MLP, &CNN};
     const fl_dtype lows[] = {FL_DTYPE_F16, FL_DTYPE_BF16};
     for (int i = 0; i < 2; i++) {
@@ -265,6 +367,7 @@ int main(void) {
             test_follow(models[i], lows[j]);
             test_merge_recompute(models[i], lows[j]);
         }
+        test_edges(lows[i]);
         test_overflow(models[i]);
         test_no_native(models[i]);
     }
