@@ -345,7 +345,9 @@ void   fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena
  * parameters (master weights) and their gradient block stay f32, rounded copies live in
  * buffers this allocates once (the largest white layer's inputs and parameters, the last
  * output's gradient). Works on every backend with amp_round (cpu, onednn, ref) and with
- * recompute (a replayed layer rounds alike). low FL_DTYPE_F32 turns it off and frees them.
+ * recompute (a replayed layer rounds alike). With fl_net_set_amp_native on a table with
+ * low_dtypes it runs layers in low for real instead (below). low FL_DTYPE_F32 turns it off and
+ * frees them (activations back in f32 after native low precision).
  * FL_EINVAL for another dtype, an unknown type (listed in the message) or an f64 network,
  * FL_ESTATE before build, FL_EUNSUPPORTED on a backend without amp_round. */
 int  fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types);
