@@ -61,8 +61,8 @@
  * add_backward) copy bits. Taking either layout is the low ops' own: on the ref table, whose f32
  * and f64 convolution, pooling and batch norm are NCHW only, they also run NHWC (the layout a
  * GPU runs them in); its preferred_layout stays NCHW. Not low: softmax cross-entropy and label
- * smoothing (the loss is f32), the optimizer updates, amp_round, DGC. A table without low dtypes
- * refuses a low convolution plan (FL_EUNSUPPORTED, fl_conv_desc_check's message) and asserts on
+ * smoothing (the loss is f32), the optimizer updates, amp_round, DGC. Whether a table has them
+ * is its low_dtypes flag (ref: true). A table without low dtypes refuses a low convolution plan (FL_EUNSUPPORTED, fl_conv_desc_check's message) and asserts on
  * a low t elsewhere: the cpu and onednn tables, and the cuda table for now. */
 #ifndef FLEET_BACKEND_H
 #define FLEET_BACKEND_H
@@ -197,6 +197,11 @@ typedef struct fl_backend {
      * every layer reading a spatial activation supports it (fl_net_build), else NCHW. Every
      * backend supports NCHW. */
     fl_layout (*preferred_layout)(fl_dtype t);
+    /* The table runs the ops over activations in FL_DTYPE_F16 and FL_DTYPE_BF16 natively, with
+     * the "Low dtypes" contract above, and has `convert`: a network may then keep its
+     * activations in the low dtype (fl_net_set_amp_native, docs/amp.md). true: ref; false:
+     * cpu, onednn, and cuda until its low ops exist (fl_net_set_amp then emulates). */
+    bool low_dtypes;
 
     /* --- memory --- */
     /* bytes of the backend's memory, 64-byte aligned, zero-filled; NULL on failure (fl_errmsg
@@ -207,6 +212,13 @@ typedef struct fl_backend {
     void (*copy)(void *dst, const void *src, size_t bytes, fl_copy_kind kind, fl_stream *s);
     /* x[0 .. n) = v */
     void (*fill)(fl_dtype t, void *x, int64_t n, double v);
+    /* dst[0 .. n) = src converted from dtype `from` to dtype `to`: f32 to f16 / bf16 rounds to
+     * nearest even as fl_f32_to_f16 / fl_f32_to_bf16 do (f16 beyond 65504 becomes inf, inf and
+     * NaN stay), f16 / bf16 to f32 is exact, equal dtypes copy; src and dst do not overlap.
+     * Where a network running low activations meets an f32 one (its input, its output for the
+     * loss, layers that stay f32) and for fc's low copy of its weights. NULL where low_dtypes is
+     * false. */
+    void (*convert)(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n);
     /* Reorders n images of c channels and hw pixels between NCHW and NHWC (either direction:
      * to_nhwc); src and dst do not overlap. The network calls it at its edges. */
     void (*reorder)(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int64_t hw, const void *src,

@@ -128,12 +128,21 @@ typedef struct fl_layer_ops {
      * (elementwise layers, convolution, batch norm, pooling; not fc, which would flatten in
      * the layout's order). */
     bool nhwc;
+    /* The layer computes in l->adtype, its activations' dtype, and may run in f16 / bf16 (the
+     * table's "Low dtypes", fleet/backend.h): its inputs, output and their gradients are then
+     * 2-byte arrays, its parameters and their gradients stay l->dtype (f32). A network runs it
+     * low only under fl_net_set_amp_native on a table with low_dtypes; layers without it stay
+     * f32 there, the network converting at their edges. */
+    bool low;
 } fl_layer_ops;
 
 struct fl_layer {
     const fl_layer_ops  *ops;
     char                 name[64]; /* prefix of its parameters' names: "fc1" */
     fl_dtype             dtype;    /* set by fl_net_add */
+    fl_dtype             adtype;   /* of its activations: dtype, or the low dtype where the
+                                    * network runs it in f16 / bf16 (ops->low; set by
+                                    * fl_net_set_amp before it plans the layer again) */
     const fl_backend    *k;        /* set by fl_net_add */
     fl_layout            layout;   /* of spatial activations; set by fl_net_build before
                                     * infer_shape */
@@ -336,10 +345,30 @@ void   fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena
  * parameters (master weights) and their gradient block stay f32, rounded copies live in
  * buffers this allocates once (the largest white layer's inputs and parameters, the last
  * output's gradient). Works on every backend with amp_round (cpu, onednn, ref) and with
- * recompute (a replayed layer rounds alike). low FL_DTYPE_F32 turns it off and frees them.
+ * recompute (a replayed layer rounds alike). With fl_net_set_amp_native on a table with
+ * low_dtypes it runs layers in low for real instead (below). low FL_DTYPE_F32 turns it off and
+ * frees them (activations back in f32 after native low precision).
  * FL_EINVAL for another dtype, an unknown type (listed in the message) or an f64 network,
  * FL_ESTATE before build, FL_EUNSUPPORTED on a backend without amp_round. */
 int  fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types);
+/* Mixed precision for real (docs/amp.md, "Real f16 / bf16"): called before fl_net_set_amp, on
+ * makes it run layers in low natively where the backend's table has low_dtypes (ref; not cpu,
+ * onednn, nor cuda yet): a white layer whose ops->low, and every other ops->low layer ("gray":
+ * elementwise, pooling, batch norm, add, flatten, dropout, ...) all of whose inputs are such
+ * layers' outputs, keeps its output and output gradient in low (2-byte arrays: the activation
+ * bytes halve), computing with the table's low ops (batch norm's scale, shift and statistics
+ * f32; fc keeps a low copy of its f32 weights, converted at each forward, and converts its low
+ * weight gradient into the f32 gradient block; convolution plans of dtype low do both
+ * themselves). Every other layer stays f32 (white ones emulated as above); where dtypes meet
+ * (the network input, a low layer feeding an f32 one or back, the last output, f32 for the
+ * loss) the network converts, and it converts the gradients back. fl_net_set_amp plans the
+ * activations again (the parameters stay), so call it before a forward; if that planning
+ * fails the network is left unbuilt. Loss scaling, accumulation and recompute work as in the
+ * emulation. On other tables the emulation runs, so the strategy may always turn this on.
+ * Off by default. FL_ESTATE while amp is set. */
+int  fl_net_set_amp_native(fl_net *net, bool on);
+/* Whether layer i runs in the low dtype natively (fl_net_set_amp_native). */
+bool fl_net_amp_low(const fl_net *net, int i);
 /* Loss scaling (mixed precision on): backward starts from dout times scale (> 0, default 1),
  * in a buffer of the network's (dout itself is not written). */
 void fl_net_set_loss_scale(fl_net *net, float scale);

@@ -22,7 +22,7 @@ static int act_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, in
 static int act_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
     const act_impl *a = l->impl;
     FL_ASSERT(x->numel == y->numel);
-    l->k->act_forward(l->dtype, a->act, x->data, y->data, x->numel);
+    l->k->act_forward(l->adtype, a->act, x->data, y->data, x->numel);
     return FL_OK;
 }
 
@@ -32,7 +32,7 @@ static int act_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y, con
     if (!dx) // no parameters: nothing to do without an input gradient
         return FL_OK;
     FL_ASSERT(dx->numel == dy->numel && dy->numel == x->numel);
-    l->k->act_backward(l->dtype, a->act, x->data, y->data, dy->data, dx->data, x->numel);
+    l->k->act_backward(l->adtype, a->act, x->data, y->data, dy->data, dx->data, x->numel);
     return FL_OK;
 }
 
@@ -42,7 +42,7 @@ static void act_destroy(fl_layer *l) { free(l->impl); }
 #define ACT_OPS(name_)                                                                   \
     {                                                                                    \
         .type = name_, .infer_shape = act_infer_shape, .forward = act_forward,           \
-        .backward = act_backward, .destroy = act_destroy, .nhwc = true,                  \
+        .backward = act_backward, .destroy = act_destroy, .nhwc = true, .low = true,     \
     }
 static const fl_layer_ops act_ops[] = {
     [FL_ACT_NONE] = ACT_OPS("identity"),

@@ -20,7 +20,7 @@ static int add_forward(fl_layer *l, const fl_tensor *a, const fl_tensor *b, fl_t
                        bool training) {
     (void)training;
     bool relu = l->impl != NULL;
-    l->k->add_forward(l->dtype, a->data, b->data, y->data, y->numel, relu);
+    l->k->add_forward(l->adtype, a->data, b->data, y->data, y->numel, relu);
     return FL_OK;
 }
 
@@ -31,12 +31,13 @@ static int add_backward(fl_layer *l, const fl_tensor *a, const fl_tensor *b, con
     (void)accumulate;
     bool relu = l->impl != NULL;
     void *pa = da ? da->data : NULL, *pb = db ? db->data : NULL;
-    l->k->add_backward(l->dtype, y->data, dy->data, pa, pb, y->numel, relu);
+    l->k->add_backward(l->adtype, y->data, dy->data, pa, pb, y->numel, relu);
     return FL_OK;
 }
 
 static const fl_layer_ops add_ops = {
     .nhwc = true,
+    .low = true,
     .type = "add",
     .infer_shape = add_infer_shape,
     .forward2 = add_forward,

@@ -57,6 +57,7 @@ void nn_amp_free(const fl_backend *k, nn_amp *a) {
     k->free(a->w);
     k->free(a->g);
     k->free(a->dout);
+    nn_amp_native_free(k, a);
     free(a->white);
     free(a->saved);
     free(a);
@@ -129,8 +130,11 @@ static int64_t sample_numel(const fl_tensor *t) { return fl_shape_numel(t->ndim 
 
 int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
     FL_ASSERT(net);
+    bool was_native = net->amp && net->amp->runs;
     nn_amp_free(net->k, net->amp);
     net->amp = NULL;
+    if (was_native) /* activations back to f32 before anything else */
+        FL_TRY(nn_amp_native_unplan(net));
     if (low == FL_DTYPE_F32)
         return FL_OK;
     if (low != FL_DTYPE_F16 && low != FL_DTYPE_BF16)
@@ -195,6 +199,8 @@ int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
     if (rc == FL_OK)
         memcpy(net->amp->white, is_white, (size_t)net->nlayers * sizeof *is_white);
     free(is_white);
+    if (rc == FL_OK && net->amp_native && net->k->low_dtypes)
+        rc = nn_amp_native_plan(net);
     return rc;
 }
 

@@ -128,7 +128,7 @@ static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
         }
         fl_backend_stage_in(k, bn->mean, hmean, sbytes, NULL);
     }
-    k->bn_forward(l->dtype, bn->layout, b, c, bn->hw, x->data, gamma, beta, BN_EPS, training,
+    k->bn_forward(l->adtype, bn->layout, b, c, bn->hw, x->data, gamma, beta, BN_EPS, training,
                   bn->mean, bn->var, bn->relu, y->data);
     if (training && !l->replay) { /* a recomputation changes no state */
         const double *mean = fl_backend_stage_out(k, bn->mean, bn->hstat, sbytes, NULL);
@@ -151,7 +151,7 @@ static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
 static int bn_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y, const fl_tensor *dy,
                        fl_tensor *dx, bool accumulate) {
     bn_impl *bn = l->impl;
-    l->k->bn_backward(l->dtype, bn->layout, x->shape[0], bn->c, bn->hw, x->data,
+    l->k->bn_backward(l->adtype, bn->layout, x->shape[0], bn->c, bn->hw, x->data,
                       bn->relu ? y->data : NULL, dy->data, l->params[0].value.data, bn->mean,
                       bn->var, BN_EPS, bn->training, dx ? dx->data : NULL,
                       l->params[0].grad.data, l->params[1].grad.data, accumulate);
@@ -172,6 +172,7 @@ static const fl_layer_ops bn_ops = {
     .backward = bn_backward,
     .destroy = bn_destroy,
     .nhwc = true,
+    .low = true,
 };
 
 fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu) {

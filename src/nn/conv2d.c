@@ -48,7 +48,7 @@ static size_t conv_scratch_bytes(fl_layer *l, int64_t max_batch) {
     conv_impl *c = l->impl;
     if (c->plan)
         l->k->conv_plan_free(c->plan);
-    fl_conv_desc d = {.dtype = l->dtype, .layout = l->layout, .max_batch = max_batch,
+    fl_conv_desc d = {.dtype = l->adtype, .layout = l->layout, .max_batch = max_batch,
                       .oc = c->o.out_channels, .groups = c->o.groups, .bias = c->o.bias,
                       .g = c->g};
     c->plan = l->k->conv_plan_create(&d);
@@ -122,6 +122,7 @@ static const fl_layer_ops conv_ops = {
     .destroy = conv_destroy,
     .scratch_bytes = conv_scratch_bytes,
     .nhwc = true,
+    .low = true,
 };
 
 fl_layer *fl_conv2d_create(const char *name, const fl_conv2d_opts *opts) {

@@ -27,7 +27,7 @@ static int dropout_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape
 /* out = in * mask / (1 - p) for the mask of `step` (in and out may alias) */
 static void apply(const fl_layer *l, uint64_t step, const void *in, void *out, int64_t n) {
     const dropout_impl *d = l->impl;
-    l->k->dropout_mask(l->dtype, d->seed, step, d->p, in, out, n);
+    l->k->dropout_mask(l->adtype, d->seed, step, d->p, in, out, n);
 }
 
 static int dropout_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
@@ -62,6 +62,7 @@ static void dropout_destroy(fl_layer *l) { free(l->impl); }
 
 static const fl_layer_ops dropout_ops = {
     .nhwc = true,
+    .low = true,
     .type = "dropout",
     .infer_shape = dropout_infer_shape,
     .forward = dropout_forward,

@@ -28,7 +28,7 @@ static int flat_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, i
 static void move(fl_layer *l, bool to_nhwc, const fl_tensor *src, void *dst) {
     const flat_impl *f = l->impl;
     if (f->spatial && l->layout == FL_LAYOUT_NHWC && f->hw > 1)
-        l->k->reorder(l->dtype, to_nhwc, src->shape[0], f->c, f->hw, src->data, dst);
+        l->k->reorder(l->adtype, to_nhwc, src->shape[0], f->c, f->hw, src->data, dst);
     else if (src->numel > 0)
         l->k->copy(dst, src->data, fl_tensor_nbytes(src), FL_COPY_D2D, NULL);
 }
@@ -58,6 +58,7 @@ static const fl_layer_ops flat_ops = {
     .backward = flat_backward,
     .destroy = flat_destroy,
     .nhwc = true,
+    .low = true,
 };
 
 fl_layer *fl_flatten_create(const char *name) {

@@ -38,7 +38,7 @@ fl_layer *fl_layer_new(const fl_layer_ops *ops, const char *name, void *impl) {
     }
     l->ops = ops;
     strcpy(l->name, name);
-    l->dtype = FL_DTYPE_F32;
+    l->dtype = l->adtype = FL_DTYPE_F32;
     l->impl = impl;
     return l;
 }

@@ -119,7 +119,7 @@ static int add_layer(fl_net *net, fl_layer *layer, int ninputs, const int *input
         params[i].value.dtype = params[i].grad.dtype = net->dtype;
     free(layer->params);
     net->nparams = n;
-    layer->dtype = net->dtype;
+    layer->dtype = layer->adtype = net->dtype;
     layer->k = net->k;
     net->layers[net->nlayers++] = layer;
     /* the array may have moved: point every layer at its run again */
@@ -161,16 +161,18 @@ static void set_batch(fl_tensor *t, int64_t b) {
     t->numel = fl_shape_numel(t->ndim, t->shape);
 }
 
-/* Layer i's forward on its inputs (x: the network input in the network's layout). A layer
- * that computes in reduced precision (fl_net_set_amp) reads rounded copies of its inputs and
+/* Layer i's forward on its inputs (x: the network input in the network's layout). An input of
+ * another dtype than the layer's activations is read converted (amp_native.c); a layer that
+ * emulates reduced precision (fl_net_set_amp) reads rounded copies of its inputs and
  * parameters, and its output is rounded after. */
 static int layer_forward(fl_net *net, int i, const fl_tensor *x, bool training) {
     fl_layer *l = net->layers[i];
     const fl_tensor *in[FL_NET_MAX_INPUTS];
-    bool amp = net->amp && net->amp->white[i];
-    fl_tensor rin[FL_NET_MAX_INPUTS];
+    bool amp = nn_amp_emulated(net->amp, i);
+    fl_tensor rin[FL_NET_MAX_INPUTS], cin[FL_NET_MAX_INPUTS];
     for (int k = 0; k < l->ninputs; k++) {
         in[k] = l->inputs[k] < 0 ? x : &net->out[l->inputs[k]];
+        in[k] = nn_amp_edge_input(net, i, k, in[k], &cin[k]);
         if (amp)
             in[k] = nn_amp_input(net->amp, net->k, k, in[k], &rin[k]);
     }
@@ -223,7 +225,7 @@ int fl_net_forward(fl_net *net, const fl_tensor *x, bool training, const fl_tens
     net->x = *x;
     net->fwd_training = training;
     net->have_forward = true;
-    *out = &net->out[net->nlayers - 1];
+    *out = nn_amp_net_output(net, true);
     return FL_OK;
 }
 
@@ -247,12 +249,75 @@ static int replay_segment(fl_net *net, int seg, int last) {
     return FL_OK;
 }
 
+/* One layer's inputs in backward: what it reads (converted to its dtype, rounded when it
+ * emulates), where it writes each input's gradient, and how that reaches the producer's. */
+typedef struct {
+    const fl_tensor *in[FL_NET_MAX_INPUTS];
+    fl_tensor       *din[FL_NET_MAX_INPUTS];  /* NULL: not needed */
+    fl_tensor       *target[FL_NET_MAX_INPUTS]; /* the producer's output gradient (or dx) */
+    bool             edge[FL_NET_MAX_INPUTS];  /* din is in the layer's dtype, target not */
+    bool             first[FL_NET_MAX_INPUTS]; /* din is the first gradient target receives */
+    fl_tensor rin[FL_NET_MAX_INPUTS], cin[FL_NET_MAX_INPUTS], sum[FL_NET_MAX_INPUTS];
+} bwd_inputs;
+
+/* Layer i's inputs and gradient destinations: the first consumer (in reverse) of an output
+ * writes its gradient, later ones a scratch in sum_mem that bwd_add_inputs adds; a gradient for
+ * an input of another dtype goes to the edge buffer of the layer's dtype. */
+static void bwd_inputs_for(fl_net *net, int i, bool amp, bwd_inputs *b) {
+    fl_layer *l = net->layers[i];
+    size_t sum_off = 0; /* where the next scratch starts in sum_mem */
+    for (int k = 0; k < l->ninputs; k++) {
+        int from = l->inputs[k];
+        b->in[k] = from < 0 ? &net->x : &net->out[from];
+        b->in[k] = nn_amp_edge_input(net, i, k, b->in[k], &b->cin[k]);
+        if (amp)
+            b->in[k] = nn_amp_input(net->amp, net->k, k, b->in[k], &b->rin[k]);
+        b->din[k] = NULL; // the network input's gradient: only when asked for
+        b->edge[k] = false;
+        if (from < 0 && !net->input_grad)
+            continue;
+        fl_tensor *target = b->target[k] = from < 0 ? &net->dx : &net->dout[from];
+        bool *set = from < 0 ? &net->dx_set : &net->dout_set[from];
+        b->first[k] = !*set;
+        *set = true;
+        if (target->dtype != l->adtype) { /* converted after the layer's backward */
+            b->sum[k] = *target;
+            b->sum[k].dtype = l->adtype;
+            b->sum[k].data = net->amp->edge_grad[k];
+            b->din[k] = &b->sum[k];
+            b->edge[k] = true;
+        } else if (b->first[k]) {
+            b->din[k] = target;
+        } else {
+            b->sum[k] = *target;
+            b->sum[k].data = (char *)net->sum_mem + sum_off;
+            sum_off += nn_round64(fl_tensor_nbytes(target));
+            FL_ASSERT(sum_off <= net->sum_bytes); /* as plan_sums (network_build.c) found */
+            b->din[k] = &b->sum[k];
+        }
+    }
+}
+
+/* After layer i's backward: each input gradient not written in place reaches its target. */
+static void bwd_add_inputs(fl_net *net, int i, const bwd_inputs *b) {
+    const fl_layer *l = net->layers[i];
+    for (int k = 0; k < l->ninputs; k++) {
+        fl_tensor *d = b->din[k], *target = b->target[k];
+        if (!d)
+            continue;
+        if (b->edge[k])
+            nn_amp_edge_grad(net, d, target, b->first[k]);
+        else if (d->data != target->data)
+            net->k->axpy(target->dtype, d->numel, 1.0, d->data, target->data);
+    }
+}
+
 int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, void *ctx) {
     FL_ASSERT(net && dout);
     char got[96], want[96];
     if (!net->have_forward)
         return fl_fail(FL_ESTATE, "net: backward without a successful forward");
-    const fl_tensor *last = &net->out[net->nlayers - 1];
+    const fl_tensor *last = nn_amp_net_output(net, false);
     if (dout->dtype != net->dtype || !fl_tensor_same_shape(dout, last))
         return fl_fail(FL_ESHAPE, "net: output gradient %s %s does not match the output %s %s",
                        fl_dtype_name(dout->dtype),
@@ -263,13 +328,13 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
     net->dx_set = false;
     if (net->input_grad)
         set_batch(&net->dx, net->x.shape[0]);
-    fl_tensor scaled = *dout; /* mixed precision: dout times the loss scale, in our buffer */
+    fl_tensor scaled = *dout, low; /* mixed precision: dout times the loss scale, in our buffer */
     if (net->amp) {
         scaled.data = net->amp->dout;
         net->k->copy(scaled.data, dout->data, fl_tensor_nbytes(dout), FL_COPY_D2D, NULL);
         if (net->amp->loss_scale != 1.0f)
             net->k->scale(FL_DTYPE_F32, scaled.numel, net->amp->loss_scale, scaled.data);
-        dout = &scaled;
+        dout = nn_amp_last_grad(net, &scaled, &low); /* in the last layer's dtype */
     }
     int valid = net->plan.segment[net->nlayers - 1]; /* the segment whose outputs are in place */
     for (int i = net->nlayers - 1; i >= 0; i--) {
@@ -279,41 +344,21 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
             FL_TRY(replay_segment(net, valid, i));
         }
         const fl_tensor *dy = i == net->nlayers - 1 ? dout : &net->dout[i];
-        /* reduced precision: rounded inputs, output gradient and parameters; gradients added
-         * to (gradient merge) are kept aside, so that only this backward's are rounded */
-        bool amp = net->amp && net->amp->white[i];
+        /* emulated reduced precision: rounded inputs, output gradient and parameters;
+         * gradients added to (gradient merge) are kept aside, so that only this backward's are
+         * rounded */
+        bool amp = nn_amp_emulated(net->amp, i);
         bool aside = amp && net->accumulate && nn_amp_rounds_params(l);
-        fl_tensor rin[FL_NET_MAX_INPUTS];
         if (amp) {
             nn_amp_round(net->amp, net->k, i == net->nlayers - 1 ? &scaled : &net->dout[i]);
             if (aside)
                 nn_amp_grads_save(net->amp, net->k, l);
             nn_amp_params(net->amp, net->k, l, true);
         }
-        const fl_tensor *in[FL_NET_MAX_INPUTS];
-        fl_tensor *din[FL_NET_MAX_INPUTS], sum[FL_NET_MAX_INPUTS];
-        size_t sum_off = 0; /* where the next scratch starts in sum_mem */
-        for (int k = 0; k < l->ninputs; k++) {
-            int from = l->inputs[k];
-            in[k] = from < 0 ? &net->x : &net->out[from];
-            if (amp)
-                in[k] = nn_amp_input(net->amp, net->k, k, in[k], &rin[k]);
-            din[k] = NULL; // the network input's gradient: only when asked for
-            if (from < 0 && !net->input_grad)
-                continue;
-            fl_tensor *target = from < 0 ? &net->dx : &net->dout[from];
-            bool *set = from < 0 ? &net->dx_set : &net->dout_set[from];
-            if (!*set) { // the first consumer (in reverse) writes the gradient
-                din[k] = target;
-                *set = true;
-            } else { // later ones write a scratch that is added to it below
-                sum[k] = *target;
-                sum[k].data = (char *)net->sum_mem + sum_off;
-                sum_off += nn_round64(fl_tensor_nbytes(target));
-                FL_ASSERT(sum_off <= net->sum_bytes); /* as plan_sums (network_build.c) found */
-                din[k] = &sum[k];
-            }
-        }
+        bwd_inputs b;
+        bwd_inputs_for(net, i, amp, &b);
+        const fl_tensor *const *in = b.in;
+        fl_tensor **din = b.din;
         bool acc = net->accumulate && !aside;
         int rc = l->ops->forwardn
                      ? l->ops->backwardn(l, l->ninputs, in, &net->out[i], dy, din, acc)
@@ -330,11 +375,7 @@ int fl_net_backward(fl_net *net, const fl_tensor *dout, fl_grad_ready_fn hook, v
                     nn_amp_round(net->amp, net->k, din[k]);
         }
         FL_TRY(rc);
-        for (int k = 0; k < l->ninputs; k++) {
-            void *target = l->inputs[k] < 0 ? net->dx.data : net->dout[l->inputs[k]].data;
-            if (din[k] && din[k]->data != target)
-                net->k->axpy(net->dtype, din[k]->numel, 1.0, din[k]->data, target);
-        }
+        bwd_add_inputs(net, i, &b);
         if (hook)
             for (int p = l->nparams - 1; p >= 0; p--)
                 if (l->params[p].trainable)

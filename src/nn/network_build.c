@@ -13,11 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-void nn_net_unplan(fl_net *net) {
-    nn_amp_free(net->k, net->amp);
-    net->amp = NULL;
-    net->k->free(net->flat_params);
-    net->k->free(net->flat_grads);
+/* Frees the activation side of the plan (what nn_net_replan makes again). */
+static void unplan_activations(fl_net *net) {
     net->k->free(net->act_mem);
     net->k->free(net->scratch);
     net->k->free(net->sum_mem);
@@ -32,7 +29,7 @@ void nn_net_unplan(fl_net *net) {
     free(net->dout);
     free(net->consumers);
     free(net->dout_set);
-    net->flat_params = net->flat_grads = net->act_mem = NULL;
+    net->act_mem = NULL;
     net->scratch = net->sum_mem = NULL;
     net->scratch_size = net->sum_bytes = 0;
     net->out = net->dout = NULL;
@@ -40,6 +37,16 @@ void nn_net_unplan(fl_net *net) {
     net->dout_set = NULL;
     for (int i = 0; i < net->nlayers; i++)
         net->layers[i]->scratch = NULL;
+    net->have_forward = false;
+}
+
+void nn_net_unplan(fl_net *net) {
+    nn_amp_free(net->k, net->amp);
+    net->amp = NULL;
+    net->k->free(net->flat_params);
+    net->k->free(net->flat_grads);
+    net->flat_params = net->flat_grads = NULL;
+    unplan_activations(net);
     for (int i = 0; i < net->nparams; i++) {
         net->params[i].value.data = NULL;
         net->params[i].grad.data = NULL;
@@ -191,7 +198,10 @@ static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
     *scratch = *sum_bytes = 0;
     /* pass 0 infers the shapes in NCHW and settles the layout; pass 1 infers them again in
      * that layout (layers plan their kernels for it) and sizes the memory */
-    fl_layout best = net->k->preferred_layout(net->dtype);
+    fl_dtype act = net->dtype; /* the low dtype where mixed precision runs layers in it */
+    for (int i = 0; i < net->nlayers; i++)
+        act = net->layers[i]->adtype != net->dtype ? net->layers[i]->adtype : act;
+    fl_layout best = net->k->preferred_layout(act);
     net->layout = FL_LAYOUT_NCHW;
     for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < net->nlayers; i++) {
@@ -235,8 +245,8 @@ static int plan_shapes(fl_net *net, size_t *scratch, size_t *sum_bytes) {
         if (sample < 0 || (sample > 0 && max_batch > INT64_MAX / (int64_t)esize / sample))
             return fl_fail(FL_ESHAPE, "%s: output %s is too large for batch %lld", l->name,
                            fl_shape_str(ondim, oshape, buf, sizeof buf), (long long)max_batch);
-        fl_tensor_view(&net->out[i], net->dtype, ondim + 1, full, NULL);
-        fl_tensor_view(&net->dout[i], net->dtype, ondim + 1, full, NULL);
+        fl_tensor_view(&net->out[i], l->adtype, ondim + 1, full, NULL);
+        fl_tensor_view(&net->dout[i], l->adtype, ondim + 1, full, NULL);
         if (pass == 0 || !l->ops->scratch_bytes)
             continue;
         size_t want = l->ops->scratch_bytes(l, max_batch);
@@ -438,5 +448,22 @@ int fl_net_build(fl_net *net, int in_ndim, const int64_t *in_shape, int64_t max_
         net->out[i].device = net->dout[i].device = dev;
     net->dx.device = dev;
     net->built = true;
+    return FL_OK;
+}
+
+int nn_net_replan(fl_net *net) {
+    FL_ASSERT(net->built);
+    unplan_activations(net);
+    size_t scratch = 0, sum_bytes = 0;
+    int rc;
+    if ((rc = plan_shapes(net, &scratch, &sum_bytes)) < 0 ||
+        (rc = place_activations(net, scratch, sum_bytes)) < 0) {
+        nn_net_unplan(net);
+        return rc;
+    }
+    fl_device dev = fl_backend_device(net->k);
+    for (int i = 0; i < net->nlayers; i++)
+        net->out[i].device = net->dout[i].device = dev;
+    net->dx.device = dev;
     return FL_OK;
 }

@@ -59,6 +59,16 @@ typedef struct {
     void    *g;          /* accumulate mode: its gradients before its backward */
     void    *dout;       /* the last output's gradient times loss_scale (max batch) */
     void   **saved;      /* [most parameters of a layer] the values' own pointers */
+    /* Native low precision (amp_native.c; fl_net_set_amp_native on a table with low_dtypes):
+     * layers with runs[i] keep their activations in `low` (l->adtype), the others f32; where
+     * a layer reads an input of the other dtype it reads a converted copy, and its gradient
+     * for that input is converted back (edges). NULL runs: emulation only. */
+    bool    *runs;       /* [nlayers] the layer runs in low */
+    void    *edge_in[FL_NET_MAX_INPUTS];   /* input k converted (largest edge k, max batch) */
+    void    *edge_grad[FL_NET_MAX_INPUTS]; /* its gradient in the layer's dtype */
+    void    *edge_sum;   /* a converted gradient before it is added to another's */
+    fl_tensor out32;     /* the last output in f32, for the loss (when the last layer runs low) */
+    void    *dout_low;   /* the last output's scaled gradient in low */
 } nn_amp;
 
 /* in_bytes[0 .. nin): the input slots' sizes (nin <= FL_NET_MAX_INPUTS). */
@@ -80,6 +90,33 @@ void nn_amp_params(nn_amp *a, const fl_backend *k, fl_layer *l, bool on);
  * finish rounds what that backward wrote and, when saved, adds the kept sum back in f32. */
 void nn_amp_grads_save(nn_amp *a, const fl_backend *k, fl_layer *l);
 void nn_amp_grads_finish(nn_amp *a, const fl_backend *k, fl_layer *l, bool saved);
+
+/* Whether layer i runs in the low dtype natively, and whether it is emulated (white, but
+ * computing in f32 with rounded copies: every white layer without native low precision). */
+static inline bool nn_amp_runs_low(const nn_amp *a, int i) { return a && a->runs && a->runs[i]; }
+static inline bool nn_amp_emulated(const nn_amp *a, int i) {
+    return a && a->white[i] && !nn_amp_runs_low(a, i);
+}
+/* amp_native.c. After the emulation's set-up (a->white chosen): which layers run low (white
+ * ones whose ops->low, and gray ones, ops->low, all of whose inputs run low), their adtype,
+ * the network's activations planned again in those dtypes, the edge buffers. 0, or a negative
+ * status (the network is then unbuilt: nn_net_unplan). */
+int  nn_amp_native_plan(struct fl_net *net);
+/* Every layer's adtype back to the network's dtype and the activations planned again (after
+ * native low precision, when it is turned off); 0 or as nn_amp_native_plan. */
+int  nn_amp_native_unplan(struct fl_net *net);
+void nn_amp_native_free(const fl_backend *k, nn_amp *a);
+/* Input k of layer i (x, in the producer's dtype) in the layer's dtype: x itself, or a
+ * converted copy in edge_in[k] that *view describes. */
+const fl_tensor *nn_amp_edge_input(struct fl_net *net, int i, int k, const fl_tensor *x,
+                                   fl_tensor *view);
+/* Forward's last output for the loss (f32: out32 converted where the last layer runs low),
+ * and the gradient backward starts the last layer from: dy (f32, scaled) or its low copy. */
+const fl_tensor *nn_amp_net_output(struct fl_net *net, bool convert);
+const fl_tensor *nn_amp_last_grad(struct fl_net *net, const fl_tensor *dy, fl_tensor *view);
+/* g, a layer's gradient for an input of another dtype, converted into target (first: written;
+ * else converted into edge_sum and added, in target's dtype). */
+void nn_amp_edge_grad(struct fl_net *net, const fl_tensor *g, fl_tensor *target, bool first);
 
 /* A network's state (fleet/nn.h keeps it opaque): network.c adds layers and runs forward and
  * backward, network_build.c plans its memory, amp.c and recompute.c keep their settings. */
@@ -127,6 +164,7 @@ struct fl_net {
                                                              * kept, arena, output gradients */
     bool               fwd_training;   /* of the last forward, which backward replays */
     nn_amp            *amp;            /* mixed precision (fl_net_set_amp); NULL: off */
+    bool               amp_native;     /* fl_net_set_amp_native: run low where the table can */
     /* the input's gradient (fl_net_set_input_grad): dx (max_batch, in_shape) when on, written
      * by the input's first consumer in backward (dx_set), the others' added to it */
     bool       input_grad, dx_set;
@@ -137,6 +175,9 @@ struct fl_net {
 /* Frees what fl_net_build allocated and returns the network to its unbuilt state
  * (network_build.c). */
 void nn_net_unplan(fl_net *net);
+/* Plans the activations again (shapes, layers' plans and scratch, placement) for the layers'
+ * current adtype, keeping the parameters; 0, or a negative status after nn_net_unplan. */
+int  nn_net_replan(fl_net *net);
 
 /* Batch norm's epsilon (PyTorch's and Paddle's default): batch_norm.c, and pplcnetv2_fuse.c
  * which folds batch norms into convolutions. */

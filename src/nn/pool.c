@@ -54,7 +54,7 @@ static int pool_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, i
 static int pool_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
     (void)training;
     pool_impl *pi = l->impl;
-    l->k->pool_forward(l->dtype, l->layout, pi->pool, x->shape[0], &pi->g, x->data, y->data);
+    l->k->pool_forward(l->adtype, l->layout, pi->pool, x->shape[0], &pi->g, x->data, y->data);
     return FL_OK;
 }
 
@@ -65,7 +65,7 @@ static int pool_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y,
     pool_impl *pi = l->impl;
     if (!dx)
         return FL_OK;
-    l->k->pool_backward(l->dtype, l->layout, pi->pool, x->shape[0], &pi->g, x->data, dy->data,
+    l->k->pool_backward(l->adtype, l->layout, pi->pool, x->shape[0], &pi->g, x->data, dy->data,
                         dx->data);
     return FL_OK;
 }
@@ -78,6 +78,7 @@ static const fl_layer_ops pool_ops = {
     .forward = pool_forward,
     .backward = pool_backward,
     .nhwc = true,
+    .low = true,
     .destroy = pool_destroy,
 };
 
@@ -87,6 +88,7 @@ static const fl_layer_ops gap_ops = {
     .forward = pool_forward,
     .backward = pool_backward,
     .nhwc = true,
+    .low = true,
     .destroy = pool_destroy,
 };
 
@@ -96,6 +98,7 @@ static const fl_layer_ops adaptive_ops = {
     .forward = pool_forward,
     .backward = pool_backward,
     .nhwc = true,
+    .low = true,
     .destroy = pool_destroy,
 };
 

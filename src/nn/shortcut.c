@@ -35,7 +35,7 @@ static int sc_infer_shape(fl_layer *l, int in_ndim, const int64_t *in_shape, int
 /* forward: x into y's middle channels; backward: dy back into dx (the backend's channel_pad) */
 static void move(fl_layer *l, int64_t b, void *x, void *y, bool forward) {
     const shortcut_impl *s = l->impl;
-    l->k->channel_pad(l->dtype, l->layout, b, s->c, s->h, s->w, s->s, s->oc, x, y, forward);
+    l->k->channel_pad(l->adtype, l->layout, b, s->c, s->h, s->w, s->s, s->oc, x, y, forward);
 }
 
 static int sc_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool training) {
@@ -58,6 +58,7 @@ static void sc_destroy(fl_layer *l) { free(l->impl); }
 static const fl_layer_ops sc_ops = {
     .type = "shortcut_pad",
     .nhwc = true,
+    .low = true,
     .infer_shape = sc_infer_shape,
     .forward = sc_forward,
     .backward = sc_backward,

@@ -31,7 +31,7 @@ static int slice_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool tra
     (void)training;
     const slice_impl *s = l->impl;
     /* channel_slice's backward direction copies channels [off, off + c) of the whole into x */
-    l->k->channel_slice(l->dtype, FL_LAYOUT_NCHW, x->shape[0], 1, s->count, y->data, s->in,
+    l->k->channel_slice(l->adtype, FL_LAYOUT_NCHW, x->shape[0], 1, s->count, y->data, s->in,
                         s->start, x->data, false);
     return FL_OK;
 }
@@ -43,8 +43,8 @@ static int slice_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y,
     const slice_impl *s = l->impl;
     if (!dx)
         return FL_OK;
-    l->k->fill(l->dtype, dx->data, dx->numel, 0.0);
-    l->k->channel_slice(l->dtype, FL_LAYOUT_NCHW, x->shape[0], 1, s->count, dy->data, s->in,
+    l->k->fill(l->adtype, dx->data, dx->numel, 0.0);
+    l->k->channel_slice(l->adtype, FL_LAYOUT_NCHW, x->shape[0], 1, s->count, dy->data, s->in,
                         s->start, dx->data, true);
     return FL_OK;
 }
@@ -52,6 +52,7 @@ static int slice_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y,
 static void slice_destroy(fl_layer *l) { free(l->impl); }
 
 static const fl_layer_ops slice_ops = {
+    .low = true,
     .type = "slice",
     .infer_shape = slice_infer_shape,
     .forward = slice_forward,

@@ -429,6 +429,8 @@ static void ref_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, 
 static const fl_backend ref_ops = {
     .name = "ref",
     CPU_BACKEND_SHARED,
+    .low_dtypes = true,
+    .convert = ref_lowp_convert,
     .fill = ref_fill,
     .reorder = ref_reorder,
     .add_forward = ref_add_forward,

@@ -36,6 +36,22 @@ static inline int64_t at(fl_layout l, int64_t c, int64_t hw, int64_t i, int64_t 
 
 static inline double getf(const void *p, int64_t i) { return (double)((const float *)p)[i]; }
 
+void ref_lowp_convert(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n) {
+    if (from == to) {
+        if (n > 0)
+            memcpy(dst, src, (size_t)n * fl_dtype_size(from));
+        return;
+    }
+    FL_ASSERT((from == FL_DTYPE_F32 && ref_lowp_is(to)) ||
+              (ref_lowp_is(from) && to == FL_DTYPE_F32));
+    for (int64_t i = 0; i < n; i++) {
+        if (from == FL_DTYPE_F32)
+            ref_lowp_put(to, dst, i, getf(src, i));
+        else
+            ((float *)dst)[i] = (float)ref_lowp_get(from, src, i);
+    }
+}
+
 void ref_lowp_fill(fl_dtype t, void *x, int64_t n, double v) {
     ASSERT_LOW(t);
     for (int64_t i = 0; i < n; i++)

@@ -36,6 +36,9 @@ static inline void ref_lowp_put(fl_dtype t, void *p, int64_t i, double v) {
 }
 
 /* The table's entries for t low, with backend.h's contracts and its low-dtype rule. */
+/* backend.h's convert: f32 <-> f16 / bf16 (f32 to low is one rounding, from an exact double),
+ * or a copy between equal dtypes. */
+void ref_lowp_convert(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n);
 void ref_lowp_fill(fl_dtype t, void *x, int64_t n, double v);
 void ref_lowp_reorder(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int64_t hw,
                       const void *src, void *dst);
