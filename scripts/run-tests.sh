@@ -12,7 +12,8 @@
 #      together run all of them on the older kernels, as make test-isa does; the sanitizers
 #      watch fleet's own code, which does not change with the libraries' instruction set;
 # then the ten slowest tests of the three passes and the passes' results. Exits 1 if any pass
-# failed.
+# failed. Passes 1 and 3 give ctest JOBS "cpus" slots and one job more: the tests that mostly
+# wait run beside JOBS that compute (FL_WAITING_TESTS in tests/CMakeLists.txt).
 # With SAN_BUILD_COMMAND (make test: make build-san), SAN_BUILD is built while passes 1 and 2
 # run, at the lowest priority (nice 19): many tests wait on sleeps, timeouts and each other
 # more than they compute, and the compiler takes the CPU they leave; the tests get it back at
@@ -54,7 +55,12 @@ keep_log() { # keep_log DIR LABEL
   local from="$1/Testing/Temporary/LastTest.log" to="$1/Testing/Temporary/LastTest-$2.log"
   cp "$from" "$to" 2>/dev/null && logs+=("$2=$to")
 }
-pass "all tests, $build" bash -c "cd '$build' && ctest --output-on-failure -j '$jobs'"
+slots() { # slots DIR: writes a resource spec of JOBS "cpus" slots, prints the ctest options
+  printf '{"version": {"major": 1, "minor": 0}, "local": [{"cpus": [{"id": "0", "slots": %d}]}]}\n' \
+    "$jobs" >"$1/cpu-slots.json"
+  echo "-j $((jobs + 1)) --resource-spec-file $1/cpu-slots.json"
+}
+pass "all tests, $build" bash -c "cd '$build' && ctest --output-on-failure $(slots "$build")"
 keep_log "$build" all
 rm -f "$build/Testing/Temporary/LastTest.log" # test-isa.sh may skip: no stale log for pass 2
 pass "numeric tests but unit tests, older instruction sets, $build" \
@@ -63,7 +69,7 @@ keep_log "$build" isa
 isa_env=$("$here/test-isa.sh" --env)
 if san_wait; then
   pass "unit tests, $san, ${isa_env:-native instruction set}" \
-    bash -c "cd '$san' && env $isa_env ctest --output-on-failure -j '$jobs' -L unit"
+    bash -c "cd '$san' && env $isa_env ctest --output-on-failure $(slots "$san") -L unit"
 else
   names+=("unit tests, $san")
   results+=("FAILED (not built)")

@@ -72,7 +72,10 @@ done
 check "no worker left behind" test "$(count_left)" -eq 0
 
 # --- 2. strangers on the worker ports while the loop runs
-"$run" --nproc_per_node 3 --log_dir "$tmp/strangers" "$check_prog" --loop 8 -v >"$tmp/str.out" 2>&1 &
+# 1 MiB allreduces with 20 ms pauses between them: the job stays in its loop, its connections
+# busy every 20 ms, at a fraction of the CPU of back-to-back 16 MiB allreduces
+"$run" --nproc_per_node 3 --log_dir "$tmp/strangers" "$check_prog" --loop 8 --loop-count 262144 \
+  --loop-pause 20 -v >"$tmp/str.out" 2>&1 &
 job=$!
 check "3 ranks looping" wait_for 30 grep -qs 'iteration 2 ok' "$tmp/strangers/workerlog.0"
 eps=$(endpoints "$tmp/str.out")

@@ -9,16 +9,21 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <time.h>
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: comm_check [--counts N,N,...] [--quick] [--seed N] [--backend tcp|mpi]\n"
-            "                  [--loop SECONDS [--loop-count N]] [--bench BYTES,BYTES,...\n"
+            "                  [--loop SECONDS [--loop-count N] [--loop-pause MS]]\n"
+            "                  [--bench BYTES,BYTES,...\n"
             "                  [--op allreduce|allgather|alltoall]] [-v]\n"
             "Run one process per rank under a launcher, e.g.\n"
             "  fleetrun --nproc_per_node=4 comm_check --quick\n"
             "  mpirun -np 4 comm_check --quick\n"
             "Default counts 0,1,7,1000,1048579; --quick: 0,1,7,1000,100003.\n"
+            "--loop: allreduces of --loop-count floats (default 4Mi) for SECONDS, each checked;\n"
+            "--loop-pause: every rank sleeps MS milliseconds after each (a job that is running\n"
+            "but not busy: strangers meanwhile, at a tenth of the CPU).\n"
             "--bench: median time of f32 sum allreduces of each size (max over ranks), and the\n"
             "bus bandwidth 2(n-1)/n * bytes / time; --op allgather: of f32 allgathers of BYTES\n"
             "gathered, --op alltoall: of f32 alltoalls of BYTES sent per rank (BYTES / size per\n"
@@ -54,8 +59,9 @@ static float loop_value(long it, int q, size_t i) {
 }
 
 /* Allreduces of count floats until rank 0's clock passes `seconds` (rank 0 decides, and tells
- * the others with a broadcast each iteration, so that all stop after the same iteration). */
-static int run_loop(fl_comm *c, double seconds, size_t count, bool verbose) {
+ * the others with a broadcast each iteration, so that all stop after the same iteration);
+ * pause_ms > 0: each rank sleeps that long after each iteration. */
+static int run_loop(fl_comm *c, double seconds, size_t count, long pause_ms, bool verbose) {
     int rank = fl_comm_rank(c), size = fl_comm_size(c);
     float *buf = mx_alloc(count * sizeof *buf);
     double t0 = fl_now();
@@ -82,6 +88,8 @@ static int run_loop(fl_comm *c, double seconds, size_t count, bool verbose) {
         }
         if (verbose && rank == 0)
             fprintf(stderr, "comm_check: iteration %ld ok\n", it);
+        if (pause_ms > 0)
+            nanosleep(&(struct timespec){pause_ms / 1000, (pause_ms % 1000) * 1000000L}, NULL);
     }
     free(buf);
     if (rc < 0) {
@@ -170,6 +178,7 @@ int main(int argc, char **argv) {
     const char *backend = NULL;
     double loop = -1;
     size_t loop_count = (size_t)4 << 20; /* 16 MiB of floats */
+    size_t loop_pause = 0;                /* ms */
     bool verbose = false;
     size_t bench[32];
     int nbench = 0;
@@ -178,6 +187,7 @@ int main(int argc, char **argv) {
         {"counts", required_argument, NULL, 'c'}, {"quick", no_argument, NULL, 'q'},
         {"seed", required_argument, NULL, 's'},   {"backend", required_argument, NULL, 'b'},
         {"loop", required_argument, NULL, 'l'},   {"loop-count", required_argument, NULL, 'n'},
+        {"loop-pause", required_argument, NULL, 'p'},
         {"bench", required_argument, NULL, 'B'},  {"verbose", no_argument, NULL, 'v'},
         {"op", required_argument, NULL, 'o'},     {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
@@ -223,6 +233,13 @@ int main(int argc, char **argv) {
                 return 2;
             }
             break;
+        case 'p':
+            if (parse_size(optarg, &loop_pause) < 0 || loop_pause > 60000) {
+                fprintf(stderr, "comm_check: error: --loop-pause %s: want milliseconds, 0 to "
+                        "60000\n", optarg);
+                return 2;
+            }
+            break;
         case 'B':
             if (parse_counts(optarg, bench, 32, &nbench) < 0) {
                 fprintf(stderr, "comm_check: error: --bench %s: want up to 32 comma-separated "
@@ -263,7 +280,7 @@ int main(int argc, char **argv) {
     if (nbench) {
         status = run_bench(c, bop, bench, nbench);
     } else if (loop >= 0) {
-        status = run_loop(c, loop, loop_count, verbose);
+        status = run_loop(c, loop, loop_count, (long)loop_pause, verbose);
     } else {
         mx_ctx m = {.c = c, .seed = seed, .verbose = verbose};
         double t0 = fl_now();
