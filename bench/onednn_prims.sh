@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # onednn_prims.sh - sums oneDNN's per-primitive execution times (ONEDNN_VERBOSE=1 lines, from
-# fleet's onednn backend or from PyTorch's bundled oneDNN) into ms per training step, so that
-# two programs' steps can be compared primitive by primitive (bench/RESULTS.md, issue 36).
+# fleet's onednn backend or from Debian's PyTorch, which links the same libdnnl) into ms per
+# training step, so that two programs' steps can be compared primitive by primitive
+# (bench/RESULTS.md, issue 36).
 # Usage: onednn_prims.sh STEPS [kind|problem] < LOG
 #   STEPS   the number of steps the log holds (its times are divided by it)
 #   kind    (default) one row per primitive, implementation and propagation kind

@@ -1,8 +1,9 @@
 """pplcnet_profile_torch.py - where PyTorch 1.13 spends one training step of a network of
 bench/pplcnet_step_torch.py (same network, input, optimizer and loss): torch.profiler's table of
-operators by self CPU time, per step, after 2 warm-up steps; beside it, ONEDNN_VERBOSE=1 on this
-script's environment makes PyTorch's bundled oneDNN print its primitives' execution times, which
-bench/onednn_prims.sh sums per step exactly as for fleet's cnn_step (bench/RESULTS.md, issue 36).
+operators by self CPU time, after 2 warm-up steps; beside it, ONEDNN_VERBOSE=1 in this script's
+environment makes PyTorch's oneDNN (Debian's libdnnl, the one fleet links) print its primitives'
+execution times, which bench/onednn_prims.sh sums per step as for fleet's cnn_step
+(bench/RESULTS.md, issue 36).
 Usage: /usr/bin/python3 pplcnet_profile_torch.py MODEL SIZE BATCH THREADS [nchw|nhwc [STEPS]]
 MODEL as in pplcnet_step_torch.py (pphgnet_tiny, pplcnet_x1_0, ...); STEPS profiled, default 3."""
 import os
