@@ -58,7 +58,7 @@ keep_log() { # keep_log DIR LABEL
 slots() { # slots DIR: writes a resource spec of JOBS "cpus" slots, prints the ctest options
   printf '{"version": {"major": 1, "minor": 0}, "local": [{"cpus": [{"id": "0", "slots": %d}]}]}\n' \
     "$jobs" >"$1/cpu-slots.json"
-  echo "-j $((jobs + 1)) --resource-spec-file $1/cpu-slots.json"
+  echo "-j $((jobs + 1)) --resource-spec-file $(cd "$1" && pwd)/cpu-slots.json"
 }
 pass "all tests, $build" bash -c "cd '$build' && ctest --output-on-failure $(slots "$build")"
 keep_log "$build" all
