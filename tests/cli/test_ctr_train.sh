@@ -123,8 +123,8 @@ check "collective: resumed losses = the straight run's (exactly)" \
   test "$(losses "$tmp/cpart2.out" | tail -3)" = "$(losses "$tmp/cstraight.out" | tail -3)"
 
 # 6. Criteo files through the reader
-"$gen" --samples 16384 --vocab 100 --seed 1 --out "$tmp/train.txt" >/dev/null 2>&1
-"$gen" --samples 4096 --vocab 100 --seed 1 --split 1 --out "$tmp/val.txt" >/dev/null 2>&1
+"$gen" --samples 16384 --vocab 100 --seed 1 --best-auc 0 --out "$tmp/train.txt" >/dev/null 2>&1
+"$gen" --samples 4096 --vocab 100 --seed 1 --split 1 --best-auc 0 --out "$tmp/val.txt" >/dev/null 2>&1
 echo train.txt >"$tmp/train.list"
 echo val.txt >"$tmp/val.list"
 crit=(-o data.type=criteo -o data.train_list="$tmp/train.list" -o data.val_list="$tmp/val.list"
