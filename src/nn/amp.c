@@ -199,8 +199,11 @@ int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
     if (rc == FL_OK)
         memcpy(net->amp->white, is_white, (size_t)net->nlayers * sizeof *is_white);
     free(is_white);
-    if (rc == FL_OK && net->amp_native && net->k->low_dtypes)
-        rc = nn_amp_native_plan(net);
+    if (rc == FL_OK && net->amp_native && net->k->low_dtypes &&
+        (rc = nn_amp_native_plan(net)) < 0) { /* the network is unbuilt: no amp either */
+        nn_amp_free(net->k, net->amp);
+        net->amp = NULL;
+    }
     return rc;
 }
 

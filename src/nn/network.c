@@ -42,6 +42,7 @@ void fl_net_init_torch(fl_net *net) {
 void fl_net_free(fl_net *net) {
     if (!net)
         return;
+    nn_amp_free(net->k, net->amp);
     nn_net_unplan(net);
     for (int i = 0; i < net->nlayers; i++) {
         fl_layer *l = net->layers[i];

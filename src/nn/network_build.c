@@ -41,8 +41,6 @@ static void unplan_activations(fl_net *net) {
 }
 
 void nn_net_unplan(fl_net *net) {
-    nn_amp_free(net->k, net->amp);
-    net->amp = NULL;
     net->k->free(net->flat_params);
     net->k->free(net->flat_grads);
     net->flat_params = net->flat_grads = NULL;

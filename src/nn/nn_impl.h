@@ -173,7 +173,7 @@ struct fl_net {
 };
 
 /* Frees what fl_net_build allocated and returns the network to its unbuilt state
- * (network_build.c). */
+ * (network_build.c); not the amp state, which its owners free (fl_net_free, fl_net_set_amp). */
 void nn_net_unplan(fl_net *net);
 /* Plans the activations again (shapes, layers' plans and scratch, placement) for the layers'
  * current adtype, keeping the parameters; 0, or a negative status after nn_net_unplan. */
