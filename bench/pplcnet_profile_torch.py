@@ -10,11 +10,10 @@ import os
 import sys
 
 import torch
-from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pplcnet_step_torch import build  # noqa: E402
+from pplcnet_step_torch import training_setup  # noqa: E402
 
 
 def main():
@@ -27,16 +26,7 @@ def main():
         raise SystemExit("pplcnet_profile_torch.py: layout %r is not nchw or nhwc, or STEPS %d < 1"
                          % (layout, steps))
     torch.set_num_threads(threads)
-    torch.manual_seed(3)
-    model = build(name, 1000)
-    model.train()
-    x = torch.rand(batch, 3, size, size) * 2 - 1
-    if layout == "nhwc":
-        model = model.to(memory_format=torch.channels_last)
-        x = x.contiguous(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    loss_fn = nn.CrossEntropyLoss()
-    y = torch.randint(0, 1000, (batch,))
+    model, x, y, opt, loss_fn = training_setup(name, 1000, batch, size, layout)
 
     def step():
         opt.zero_grad(set_to_none=True)

@@ -176,24 +176,29 @@ def build(name, classes):
     raise SystemExit("pplcnet_step_torch.py: unknown model " + name)
 
 
-def main():
-    name, size, batch, warmup, repeats, threads = sys.argv[1:7]
-    layout = sys.argv[7] if len(sys.argv) > 7 else "nchw"
-    min_s = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
-    size, batch, warmup, repeats = int(size), int(batch), int(warmup), int(repeats)
-    torch.set_num_threads(int(threads))
+def training_setup(name, classes, batch, size, layout):
+    """The network (seed 3), input, labels, SGD with momentum and loss of one timed step, in
+    layout nchw or nhwc (channels-last): shared with pplcnet_profile_torch.py."""
     torch.manual_seed(3)
-    classes = 1000
     model = build(name, classes)
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model.train()
     x = torch.rand(batch, 3, size, size) * 2 - 1
     if layout == "nhwc":
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    loss_fn = nn.CrossEntropyLoss()
     y = torch.randint(0, classes, (batch,))
+    return model, x, y, opt, nn.CrossEntropyLoss()
+
+
+def main():
+    name, size, batch, warmup, repeats, threads = sys.argv[1:7]
+    layout = sys.argv[7] if len(sys.argv) > 7 else "nchw"
+    min_s = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
+    size, batch, warmup, repeats = int(size), int(batch), int(warmup), int(repeats)
+    torch.set_num_threads(int(threads))
+    model, x, y, opt, loss_fn = training_setup(name, 1000, batch, size, layout)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     times, cpu = [], []
     rep = -warmup
     while rep < repeats or (sum(times) < min_s * 1e3 and rep < 64):
