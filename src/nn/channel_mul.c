@@ -2,7 +2,8 @@
  * arXiv:1709.01507; PP-LCNet's SEModule ends with paddle.multiply(x, s)): y = x * s with s one
  * factor per sample and channel, a two-input layer (fl_net_add2) whose second input is smaller
  * than the first (infer_shape2). One backend call each way (channel_mul_forward / _backward),
- * in either layout: s (C, 1, 1) has the same memory in both. */
+ * in either layout: s (C, 1, 1) has the same memory in both. Runs in the activations' dtype
+ * (l->adtype: under native amp x, s and y all f16 / bf16, docs/amp.md). */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -41,7 +42,7 @@ static int mul_forward(fl_layer *l, const fl_tensor *a, const fl_tensor *b, fl_t
                        bool training) {
     (void)training;
     const mul_impl *m = l->impl;
-    l->k->channel_mul_forward(l->dtype, l->layout, a->shape[0], m->c, m->hw, a->data, b->data,
+    l->k->channel_mul_forward(l->adtype, l->layout, a->shape[0], m->c, m->hw, a->data, b->data,
                               y->data);
     return FL_OK;
 }
@@ -53,7 +54,7 @@ static int mul_backward(fl_layer *l, const fl_tensor *a, const fl_tensor *b, con
     const mul_impl *m = l->impl;
     if (!da && !db)
         return FL_OK;
-    l->k->channel_mul_backward(l->dtype, l->layout, a->shape[0], m->c, m->hw, a->data, b->data,
+    l->k->channel_mul_backward(l->adtype, l->layout, a->shape[0], m->c, m->hw, a->data, b->data,
                                dy->data, da ? da->data : NULL, db ? db->data : NULL);
     return FL_OK;
 }
@@ -68,6 +69,7 @@ static const fl_layer_ops mul_ops = {
     .backward2 = mul_backward,
     .destroy = mul_destroy,
     .nhwc = true,
+    .low = true,
 };
 
 fl_layer *fl_channel_mul_create(const char *name) {

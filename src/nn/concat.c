@@ -3,7 +3,8 @@
  * PP-HGNet's aggregation of a block's input and its layers' outputs (Paddle's PP-HGNet). Forward
  * copies each input once into its run of channels, backward copies each run of dy back: the
  * backend's channel_slice, in either layout. One layer of n inputs copies each value once each
- * way, where a chain of two-input concatenations copied the growing tensor again at every link. */
+ * way, where a chain of two-input concatenations copied the growing tensor again at every link.
+ * It copies in the activations' dtype (l->adtype: f16 / bf16 under native amp, docs/amp.md). */
 #include "nn_impl.h"
 
 #include "fleet/status.h"
@@ -60,7 +61,7 @@ static int cat_forward(fl_layer *l, int n, const fl_tensor *const *x, fl_tensor 
     FL_ASSERT(n == c->n);
     int64_t b = x[0]->shape[0], off = 0;
     for (int k = 0; k < n; k++) {
-        l->k->channel_slice(l->dtype, l->layout, b, c->hw, c->c[k], x[k]->data, c->oc, off,
+        l->k->channel_slice(l->adtype, l->layout, b, c->hw, c->c[k], x[k]->data, c->oc, off,
                             y->data, true);
         off += c->c[k];
     }
@@ -76,7 +77,7 @@ static int cat_backward(fl_layer *l, int n, const fl_tensor *const *x, const fl_
     int64_t b = x[0]->shape[0], off = 0;
     for (int k = 0; k < n; k++) {
         if (dx[k])
-            l->k->channel_slice(l->dtype, l->layout, b, c->hw, c->c[k], dx[k]->data, c->oc,
+            l->k->channel_slice(l->adtype, l->layout, b, c->hw, c->c[k], dx[k]->data, c->oc,
                                 off, dy->data, false);
         off += c->c[k];
     }
@@ -93,6 +94,7 @@ static const fl_layer_ops cat_ops = {
     .backwardn = cat_backward,
     .destroy = cat_destroy,
     .nhwc = true,
+    .low = true,
 };
 
 fl_layer *fl_concat_create(const char *name) {

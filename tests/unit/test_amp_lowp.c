@@ -1,7 +1,8 @@
 /* test_amp_lowp.c - mixed precision with activations really in f16 / bf16 (fl_net_set_amp_native,
  * docs/amp.md "Real f16 / bf16") on the ref table, whose low ops are its own reference
- * (test_ref_lowp.c): an MLP (fc, tanh) and ResNet-8 at 8 x 8 (conv, batch norm with its ReLU,
- * the option-A shortcut, the residual add, global average pooling, fc), in both dtypes. The
+ * (test_ref_lowp.c): an MLP (fc, tanh), ResNet-8 at 8 x 8 (conv, batch norm with its ReLU,
+ * the option-A shortcut, the residual add, global average pooling, fc) and a squeeze-and-
+ * excitation block concatenated with its input (channel_mul, concat), in both dtypes. The
  * native step's loss and gradients follow the emulation's (the same network on the ref table
  * with low_dtypes off) and, more loosely, the f32 network's; accumulation sums; recompute is
  * bit-identical; an f16 loss-scale overflow shows as in the emulation; activations take half
@@ -34,24 +35,54 @@ static fl_backend emu_table;
 
 static double unit_roundoff(fl_dtype t) { return t == FL_DTYPE_F16 ? 0x1p-11 : 0x1p-8; }
 
+typedef enum { KIND_MLP, KIND_RESNET, KIND_SE } kind;
+
 typedef struct {
-    bool        cnn;
+    kind        kind;
     int         ndim;
     int64_t     in[3];
     int64_t     classes;
     const char *name;
 } model;
 
-static const model MLP = {false, 1, {10}, 3, "mlp"};
-static const model CNN = {true, 3, {3, 8, 8}, 10, "resnet8"};
+static const model MLP = {KIND_MLP, 1, {10}, 3, "mlp"};
+static const model CNN = {KIND_RESNET, 3, {3, 8, 8}, 10, "resnet8"};
+static const model SE = {KIND_SE, 3, {3, 8, 8}, 5, "se"};
+
+/* A squeeze-and-excitation block as PP-LCNet's SEModule (a sigmoid gate here), its output
+ * concatenated with its input as PP-HGNet's aggregation does: conv 3x3, relu, adaptive average
+ * pool, 1x1 conv, relu, 1x1 conv, sigmoid, channel_mul (relu, sigmoid), concat (channel_mul,
+ * relu), global average pool, fc. Every layer is white or fed by low ones only, so channel_mul
+ * and concat run low; the relu's output is read three times. */
+static fl_net *model_se(int64_t classes) {
+    fl_net *net = fl_net_create(FL_DTYPE_F32, NULL);
+    fl_conv2d_opts c0 = {.in_channels = 3, .out_channels = 8, .kh = 3, .kw = 3, .ph = 1,
+                         .pw = 1, .bias = true};
+    fl_conv2d_opts c1 = {.in_channels = 8, .out_channels = 4, .kh = 1, .kw = 1, .bias = true};
+    fl_conv2d_opts c2 = {.in_channels = 4, .out_channels = 8, .kh = 1, .kw = 1, .bias = true};
+    CHECK_OK(fl_net_add(net, fl_conv2d_create("conv", &c0)));
+    CHECK_OK(fl_net_add(net, fl_activation_create("relu", FL_ACT_RELU)));
+    CHECK_OK(fl_net_add(net, fl_adaptive_avg_pool_create("se.pool")));
+    CHECK_OK(fl_net_add(net, fl_conv2d_create("se.conv1", &c1)));
+    CHECK_OK(fl_net_add(net, fl_activation_create("se.relu", FL_ACT_RELU)));
+    CHECK_OK(fl_net_add(net, fl_conv2d_create("se.conv2", &c2)));
+    CHECK_OK(fl_net_add(net, fl_activation_create("se.gate", FL_ACT_SIGMOID)));
+    CHECK(fl_net_add2(net, fl_channel_mul_create("se.mul"), 1, 6) == 7);
+    CHECK(fl_net_add2(net, fl_concat_create("cat"), 7, 1) == 8);
+    CHECK_OK(fl_net_add(net, fl_global_avg_pool_create("pool")));
+    CHECK_OK(fl_net_add(net, fl_fc_create("fc", 16, classes, true)));
+    return net;
+}
 
 /* The model on table k, built with one seed (so every variant starts from the same weights);
  * recompute "auto" when asked; amp: low (F32: off), native or emulated. */
 static fl_net *make(const model *m, const fl_backend *k, bool recompute, fl_dtype low,
                     bool native) {
     int64_t hidden[] = {32, 24};
-    fl_net *net = m->cnn ? fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, m->classes, 'A')
-                         : fl_model_mlp(FL_DTYPE_F32, 10, hidden, 2, FL_ACT_TANH, m->classes);
+    fl_net *net = m->kind == KIND_SE ? model_se(m->classes)
+                  : m->kind == KIND_RESNET
+                      ? fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, m->classes, 'A')
+                      : fl_model_mlp(FL_DTYPE_F32, 10, hidden, 2, FL_ACT_TANH, m->classes);
     CHECK(net != NULL);
     fl_net_set_backend(net, k);
     if (recompute)
@@ -206,8 +237,9 @@ static void test_merge_recompute(const model *m, fl_dtype t) {
 }
 
 /* Edges: x read by two low fc (their input gradients converted to f32 and summed into the
- * network's input gradient), a concat that stays f32 (no ops->low) between them and the next
- * fc (low -> f32 -> low in forward, back in backward), an output read twice. */
+ * network's input gradient) and by a concat of both fc and x, which stays f32 (gray, and x is
+ * f32) between them and the next fc (low -> f32 -> low in forward, back in backward), an output
+ * read twice. */
 static const model BRANCHY = {false, 1, {10}, 3, "branchy"};
 
 static fl_net *make_branchy(const fl_backend *k, fl_dtype low, bool native) {
@@ -215,8 +247,9 @@ static fl_net *make_branchy(const fl_backend *k, fl_dtype low, bool native) {
     int64_t in[] = {10};
     CHECK(fl_net_add_from(net, fl_fc_create("fa", 10, 16, true), FL_NET_INPUT) == 0);
     CHECK(fl_net_add_from(net, fl_fc_create("fb", 10, 16, true), FL_NET_INPUT) == 1);
-    CHECK(fl_net_add2(net, fl_concat_create("cat"), 0, 1) == 2);
-    CHECK_OK(fl_net_add(net, fl_fc_create("fo", 32, 12, true)));
+    int cat_in[] = {0, 1, FL_NET_INPUT};
+    CHECK(fl_net_add_n(net, fl_concat_create("cat"), 3, cat_in) == 2);
+    CHECK_OK(fl_net_add(net, fl_fc_create("fo", 42, 12, true)));
     CHECK_OK(fl_net_add(net, fl_activation_create("t", FL_ACT_TANH)));
     CHECK(fl_net_add2(net, fl_add_create("res", false), 4, 3) == 5);
     CHECK_OK(fl_net_add(net, fl_fc_create("out", 12, 3, true)));
@@ -244,8 +277,12 @@ static void test_edges(fl_dtype t) {
         loss[r] = step(m, nets[r], 1, gs[r]);
         memcpy(gs[r] + n, fl_net_input_grad(nets[r])->data, (size_t)nx * sizeof *g);
     }
+    int whites = 0;
+    for (int i = 0; i < 7; i++)
+        whites += fl_net_amp_white(emu, i);
+    CHECK(whites == 4);
     double u = unit_roundoff(t), r = 2.0 * 6;
-    double kappa = fmax(1.0, rel_l2(ge, g32, n + nx) / (2.0 * 5 * u));
+    double kappa = fmax(1.0, rel_l2(ge, g32, n + nx) / (2.0 * whites * u));
     check_rel("loss vs emulation", m, t, fabs(loss[2] - loss[1]) / fabs(loss[1]), r * u);
     check_rel("gradients vs emulation", m, t, rel_l2(gn, ge, n), r * u * kappa);
     check_rel("input gradient vs emulation", m, t, rel_l2(gn + n, ge + n, nx), r * u * kappa);
@@ -360,17 +397,18 @@ int main(void) {
     emu_table.low_dtypes = false;
     emu_table.convert = NULL;
     test_convert();
-    const model *models[] = {&MLP, &CNN};
+    const model *models[] = {&MLP, &CNN, &SE};
     const fl_dtype lows[] = {FL_DTYPE_F16, FL_DTYPE_BF16};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         for (int j = 0; j < 2; j++) {
             test_follow(models[i], lows[j]);
             test_merge_recompute(models[i], lows[j]);
         }
-        test_edges(lows[i]);
         test_overflow(models[i]);
         test_no_native(models[i]);
     }
+    for (int j = 0; j < 2; j++)
+        test_edges(lows[j]);
     if (test_failures) {
         fprintf(stderr, "%d failure(s)\n", test_failures);
         return 1;

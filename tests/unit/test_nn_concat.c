@@ -71,7 +71,7 @@ static fl_layer *make_layer(const cat_case *cc, const fl_backend *k, fl_dtype t,
     CHECK(l != NULL);
     if (!l)
         return NULL;
-    l->dtype = t;
+    l->dtype = l->adtype = t;
     l->k = k;
     l->layout = lay;
     int nd[FL_NET_MAX_INPUTS], ond = 0;

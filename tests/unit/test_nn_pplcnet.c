@@ -51,7 +51,7 @@ static void gradcheck2(const char *what, const fl_backend *k, fl_layout lay, fl_
     CHECK(l != NULL);
     if (!l)
         return;
-    l->dtype = FL_DTYPE_F64;
+    l->dtype = l->adtype = FL_DTYPE_F64; /* as fl_net_add sets them */
     l->k = k;
     l->layout = lay;
     int ondim = 0;
