@@ -40,6 +40,32 @@ static int broadcast_params(fl_dist_optim *d) {
     return FL_OK;
 }
 
+/* strategy.amp's start-up line: which precision runs where, so that a user knows whether the
+ * activations really are 2-byte on this table (native: the layers that run low, and any white
+ * one that cannot and is emulated) or whether f32 kernels compute on rounded values (emulated,
+ * every table without low_dtypes; docs/amp.md). */
+static void amp_announce(const fl_dist_optim *d, fl_dtype low, const char *white) {
+    const char *dname = low == FL_DTYPE_BF16 ? "bfloat16" : "float16";
+    const char *table = fl_net_backend(d->net)->name;
+    int n = fl_net_num_layers(d->net), lows = 0, emulated = 0;
+    for (int i = 0; i < n; i++) {
+        lows += fl_net_amp_low(d->net, i);
+        emulated += fl_net_amp_white(d->net, i) && !fl_net_amp_low(d->net, i);
+    }
+    char how[192];
+    if (lows > 0)
+        snprintf(how, sizeof how, "native %s activations on the %s table (%d of %d layers, "
+                 "%d emulated)", dname, table, lows, n, emulated);
+    else if (emulated == 0)
+        snprintf(how, sizeof how, "no layer computes in %s on the %s table (none is of a white "
+                 "type)", dname, table);
+    else
+        snprintf(how, sizeof how, "emulated on the %s table (f32 kernels, values rounded to "
+                 "%s; %d of %d layers)", table, dname, emulated, n);
+    FL_INFO("strategy amp: %s, white %s, loss scale %g (%s)", how, white[0] ? white : "(none)",
+            d->amp_mem[FL_AMP_SCALE], d->amp_rule.dynamic ? "dynamic" : "static");
+}
+
 /* strategy.amp: the network computes the white-listed layers in reduced precision, the state
  * starts at init_loss_scaling, and the test hook is read. */
 static int amp_setup(fl_dist_optim *d) {
@@ -65,8 +91,7 @@ static int amp_setup(fl_dist_optim *d) {
                 "hook)", (long long)d->inject_step,
                 d->inject_rank < 0 ? "every rank" : d->inject_rank == d->rank ? "this rank"
                                                                                : "another rank");
-    FL_DEBUG("strategy amp: %s in %s, loss scale %g (%s)", fl_dtype_name(low), white,
-             d->amp_mem[FL_AMP_SCALE], d->amp_rule.dynamic ? "dynamic" : "static");
+    amp_announce(d, low, white);
     return FL_OK;
 }
 
