@@ -9,7 +9,8 @@
 # and two under fleetrun with dense buckets overlapped with backward), the MLP on two workers
 # with f16 allreduce and gradient merge, DGC after its rampup (allgather with the dense
 # fallback; on 6 workers the sparse exchange at a 4 k budget, which drops pairs), Local SGD,
-# mixed precision (float16, an injected inf skipped on both workers), and resumes of
+# mixed precision (float16, an injected inf skipped on both workers; and with its activations
+# natively in float16 on devsim over the ref table, FLEET_DEVSIM_TABLE=ref), and resumes of
 # stopped devsim runs (ResNet-8; DGC on two workers) against the uninterrupted cpu runs. Then
 # the device selection: fleetrun --gpus gives each worker its GPU (FLAGS_selected_gpus), and
 # train.device: gpu without a GPU backend, with train.backend cpu, or with a GPU that is not
@@ -65,7 +66,7 @@ launch() {
       "$prog" -c "$tmp/$cfg.yaml" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
   fi
   local rc=$?
-  [ $rc -eq 0 ] || { echo "FAIL: $name exited $rc"; tail -5 "$tmp/$name.out" "$tmp/$name.err"; fail=1; }
+  [ $rc -eq 0 ] || { echo "FAIL: $name exited $rc"; tail -n 5 "$tmp/$name.out" "$tmp/$name.err"; fail=1; }
   return $rc
 }
 
@@ -194,6 +195,22 @@ FLEET_AMP_INJECT_INF=6 pair ampx2 2 1 r8 -o strategy.amp=true &&
   grep -q 'skipped 1$' "$tmp/wlog_ampx2_dev/workerlog.1" &&
   echo "ok: ampx2: the injected inf was skipped on the devsim workers" ||
   { echo "FAIL: ampx2: no skipped step on the devsim workers"; fail=1; }
+# 7c. activations natively in float16 on the device (docs/amp.md): devsim over the ref table
+# (FLEET_DEVSIM_TABLE=ref passes on its low dtypes and convert) runs the MLP's fc layers and
+# tanh in float16 with its conversions at the edges under the memory rule, and matches
+# fleet-train on the ref table bit for bit (the MLP only: the ref's convolutions take ~7 CPU-s a
+# ResNet-8 step)
+lowp=(-o strategy.amp=true -o train.max_steps=12)
+launch "$bin/fleet-train" 1 lowp_ref mlp -o train.backend=ref -o checkpoint.dir="$tmp/lowp/cpu" \
+    "${lowp[@]}" &&
+  FLEET_DEVSIM_TABLE=ref launch "$dev" 1 lowp_dev mlp -o train.device=gpu \
+    -o checkpoint.dir="$tmp/lowp/dev" "${lowp[@]}" &&
+  cat "$tmp/lowp_dev.out" "$tmp/lowp_dev.err" |
+    grep -q 'native float16 activations on the devsim table (5 of 5 layers' &&
+  echo "ok: lowp: native float16 activations on devsim" &&
+  same_lines lowp lowp_ref lowp_dev 1 &&
+  same_end "lowp: ref and devsim over ref" "$tmp/lowp/cpu" "$tmp/lowp/dev" 1 ||
+  { echo "FAIL: lowp: native float16 on devsim over the ref table"; fail=1; }
 
 # 8. device selection refused before training, naming train.device
 refused() { # refused WHAT PATTERN PROG ARGS...

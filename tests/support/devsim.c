@@ -1,4 +1,5 @@
-/* devsim.c - the guarded device stand-in (devsim.h): the cpu table behind wrappers that check
+/* devsim.c - the guarded device stand-in (devsim.h): the cpu table (or the ref table, under
+ * FLEET_DEVSIM_TABLE=ref, for its low dtypes) behind wrappers that check
  * each data pointer is backend memory, open the allocations those pointers are in (PROT_READ |
  * PROT_WRITE) for the duration of the cpu kernel and close them again (PROT_NONE). Host code
  * touching backend memory between table calls faults; the SIGSEGV handler says which
@@ -276,7 +277,8 @@ static void ds_free(void *p) {
     pthread_mutex_unlock(&lock);
 }
 
-static const fl_backend *cpu(void) { return fl_backend_cpu(); }
+/* the table whose kernels run: cpu, or ref under FLEET_DEVSIM_TABLE=ref (set by init) */
+static const fl_backend *under;
 
 /* Checks a copy's pointers and opens them for the next enter(). */
 static void copy_args(void *dst, const void *src, size_t bytes, fl_copy_kind kind) {
@@ -299,7 +301,7 @@ static void copy_args(void *dst, const void *src, size_t bytes, fl_copy_kind kin
 static void run_copy(void *dst, const void *src, size_t bytes, fl_copy_kind kind) {
     copy_args(dst, src, bytes, kind);
     enter();
-    cpu()->copy(dst, src, bytes, kind, NULL);
+    under->copy(dst, src, bytes, kind, NULL);
     leave();
 }
 
@@ -497,26 +499,37 @@ static void check_unqueued(const char *base, size_t len) {
 }
 
 static size_t es(fl_dtype t) { return fl_dtype_size(t); }
+/* the element size of what stays f32 when t is a low dtype (biases, batch norm's scale and
+ * shift and their gradients; backend.h "Low dtypes"), else of t */
+static size_t side(fl_dtype t) {
+    return t == FL_DTYPE_F16 || t == FL_DTYPE_BF16 ? sizeof(float) : es(t);
+}
 static size_t nb(int64_t n, size_t size) { return n > 0 ? (size_t)n * size : 0; }
 /* extent of a (rows, cols) matrix with leading dimension ld */
 static size_t mat(int64_t rows, int64_t cols, int64_t ld, size_t size) {
     return rows > 0 && cols > 0 ? ((size_t)(rows - 1) * (size_t)ld + (size_t)cols) * size : 0;
 }
 
-/* Wraps a void table function: checks, then the cpu kernel with memory open. */
+/* Wraps a void table function: checks, then the kernel with memory open. */
 #define RUN(call)                                                                              \
     do {                                                                                       \
         enter();                                                                               \
-        cpu()->call;                                                                           \
+        under->call;                                                                           \
         leave();                                                                               \
     } while (0)
 #define RUN_RET(type, call)                                                                    \
     do {                                                                                       \
         enter();                                                                               \
-        type r_ = cpu()->call;                                                                 \
+        type r_ = under->call;                                                                 \
         leave();                                                                               \
         return r_;                                                                             \
     } while (0)
+
+static void ds_convert(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n) {
+    dev("convert", "src", src, nb(n, es(from)));
+    dev("convert", "dst", dst, nb(n, es(to)));
+    RUN(convert(from, src, to, dst, n));
+}
 
 static void ds_fill(fl_dtype t, void *x, int64_t n, double v) {
     dev("fill", "x", x, nb(n, es(t)));
@@ -546,14 +559,14 @@ static void ds_gemm(fl_dtype t, bool ta, bool tb, int64_t m, int64_t n, int64_t 
 static void ds_add_bias(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols) {
     dev("add_bias", "y", y, nb(rows * cols, es(t)));
     if (rows > 0)
-        dev("add_bias", "bias", bias, nb(cols, es(t)));
+        dev("add_bias", "bias", bias, nb(cols, side(t)));
     RUN(add_bias(t, y, bias, rows, cols));
 }
 
 static void ds_sum_rows(fl_dtype t, const void *dy, void *db, int64_t rows, int64_t cols,
                         bool acc) {
     dev("sum_rows", "dy", dy, nb(rows * cols, es(t)));
-    dev("sum_rows", "db", db, nb(cols, es(t)));
+    dev("sum_rows", "db", db, nb(cols, side(t)));
     RUN(sum_rows(t, dy, db, rows, cols, acc));
 }
 
@@ -637,13 +650,13 @@ static void ds_momentum_update(fl_dtype t, int64_t n, void *w, const void *g, vo
 
 static fl_conv_plan *ds_conv_plan_create(const fl_conv_desc *d) {
     host("conv_plan_create", "d", d);
-    return cpu()->conv_plan_create(d);
+    return under->conv_plan_create(d);
 }
 
-static void ds_conv_plan_free(fl_conv_plan *p) { cpu()->conv_plan_free(p); }
+static void ds_conv_plan_free(fl_conv_plan *p) { under->conv_plan_free(p); }
 
 static size_t ds_conv_scratch_bytes(const fl_conv_plan *p) {
-    return cpu()->conv_scratch_bytes(p);
+    return under->conv_scratch_bytes(p);
 }
 
 static void ds_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
@@ -706,8 +719,8 @@ static void ds_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, in
                           bool training, double *mean, double *var, bool relu, void *y) {
     const char *fn = "bn_forward";
     dev(fn, "x", x, nb(n * c * hw, es(t)));
-    dev(fn, "gamma", gamma, nb(c, es(t)));
-    dev(fn, "beta", beta, nb(c, es(t)));
+    dev(fn, "gamma", gamma, nb(c, side(t)));
+    dev(fn, "beta", beta, nb(c, side(t)));
     dev(fn, "mean", mean, nb(c, sizeof *mean));
     dev(fn, "var", var, nb(c, sizeof *var));
     dev(fn, "y", y, nb(n * c * hw, es(t)));
@@ -719,7 +732,7 @@ static void ds_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, i
                            const double *mean, const double *var, double eps, bool training,
                            void *dx, void *dgamma, void *dbeta, bool acc) {
     const char *fn = "bn_backward";
-    size_t act = nb(n * c * hw, es(t)), ch = nb(c, es(t));
+    size_t act = nb(n * c * hw, es(t)), ch = nb(c, side(t));
     dev(fn, "x", x, act);
     if (relu_y)
         dev(fn, "relu_y", relu_y, act);
@@ -931,8 +944,16 @@ static void init(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGSEGV, &sa, NULL);
 
-    table = *cpu();
+    const char *which = getenv("FLEET_DEVSIM_TABLE");
+    if (which && strcmp(which, "ref") != 0 && strcmp(which, "cpu") != 0) {
+        fprintf(stderr, "devsim: FLEET_DEVSIM_TABLE=%s: not a table devsim runs on (cpu, ref)\n",
+                which);
+        abort();
+    }
+    under = which && strcmp(which, "ref") == 0 ? fl_backend_ref() : fl_backend_cpu();
+    table = *under; /* low_dtypes as the table's: ref has them, cpu not */
     table.name = "devsim";
+    table.convert = under->convert ? ds_convert : NULL;
     table.host_memory = false;
     table.alloc = ds_alloc;
     table.free = ds_free;

@@ -6,7 +6,9 @@
  * was allocated and where the host touched it. Every table function also checks that the data
  * pointers it is given are backend memory (backend.h's memory rule), so host memory passed to
  * the "device" aborts with the function and argument named. Results are the cpu table's, bit
- * for bit. Streams made with stream_create are lazy: their copies run only when an event
+ * for bit (FLEET_DEVSIM_TABLE=ref: the ref table's, whose low dtypes and convert devsim then
+ * has too, so that native f16 / bf16 activations run under the memory rule; docs/amp.md).
+ * Streams made with stream_create are lazy: their copies run only when an event
  * recorded after them is waited for or the stream is synced (the default stream runs
  * everything at once), so a read of a staging buffer that forgot to wait finds stale data, and
  * freeing memory a queued copy uses aborts.
