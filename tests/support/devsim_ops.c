@@ -338,15 +338,20 @@ static void ds_xent_smooth_backward(fl_dtype t, const int32_t *labels, void *dlo
 
 /* --- DGC --- */
 
-static void ds_dgc_accumulate(int64_t n, const float *grad, const float *w, float *u, float *v,
-                              const fl_dgc_accum_args *a) {
-    const char *fn = "dgc_accumulate";
+/* the arguments of DGC's accumulation (dgc_accumulate and dgc_accumulate_select) */
+static void accumulate_args(const char *fn, int64_t n, const float *grad, const float *w,
+                            const float *u, const float *v, const fl_dgc_accum_args *a) {
     ds_check_dev(fn, "grad", grad, nb(n, 4));
     ds_check_dev(fn, "w", w, nb(n, 4));
     if (u || a->correction)
         ds_check_dev(fn, "u", u, nb(n, 4));
     ds_check_dev(fn, "v", v, nb(n, 4));
     ds_check_host(fn, "a", a);
+}
+
+static void ds_dgc_accumulate(int64_t n, const float *grad, const float *w, float *u, float *v,
+                              const fl_dgc_accum_args *a) {
+    accumulate_args("dgc_accumulate", n, grad, w, u, v, a);
     RUN(dgc_accumulate(n, grad, w, u, v, a));
 }
 
@@ -365,12 +370,7 @@ static int64_t ds_dgc_accumulate_select(int64_t n, const float *grad, const floa
                                         float *hint, int *passes) {
     const char *fn = "dgc_accumulate_select";
     int64_t sample = n / 100 > 4096 ? n / 100 : 4096;
-    ds_check_dev(fn, "grad", grad, nb(n, 4));
-    ds_check_dev(fn, "w", w, nb(n, 4));
-    if (u || a->correction)
-        ds_check_dev(fn, "u", u, nb(n, 4));
-    ds_check_dev(fn, "v", v, nb(n, 4));
-    ds_check_host(fn, "a", a);
+    accumulate_args(fn, n, grad, w, u, v, a);
     ds_check_dev(fn, "idx", idx, nb(n, 4));
     ds_check_dev(fn, "scratch", scratch, n > 0 ? nb(n + sample, 4) : 0);
     ds_check_host(fn, "hint", hint);
