@@ -72,6 +72,10 @@ done
 check "no worker left behind" test "$(count_left)" -eq 0
 
 # --- 2. strangers on the worker ports while the loop runs
+# (a pause comm_check refuses, before it joins any job: exit 2 naming the option)
+out=$("$check_prog" --loop 1 --loop-pause 60001 2>&1)
+check "--loop-pause 60001 refused: exit 2 naming it" \
+  test $? -eq 2 -a -n "$(grep -- '--loop-pause 60001: want milliseconds' <<<"$out")"
 # 1 MiB allreduces with 20 ms pauses between them: the job stays in its loop, its connections
 # busy every 20 ms, at a fraction of the CPU of back-to-back 16 MiB allreduces
 "$run" --nproc_per_node 3 --log_dir "$tmp/strangers" "$check_prog" --loop 8 --loop-count 262144 \
