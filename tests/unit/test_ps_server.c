@@ -734,6 +734,10 @@ static void life_worker(job *j, int w, fl_ps *ps) {
     int rc = fl_ps_sparse_init_opts(ps, 2, LDIM, &r, &in, &o);
     if (c->phase == 2 && w == 0)
         pthread_barrier_wait(&j->bar);
+    /* worker 0 stays connected until worker 1 has its answer: leaving earlier would let
+     * a server fail on worker 0's closed connection before it reads worker 1's declaration */
+    if (c->phase == 2)
+        pthread_barrier_wait(&j->bar);
     if (!wok(j, w, rc) || c->phase == 2)
         return;
     float rows[LA * LDIM];
