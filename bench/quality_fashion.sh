@@ -16,8 +16,9 @@
 # Usage: bench/quality_fashion.sh [BUILD_DIR]
 #   MODELS="mlp resnet"   ROWS="dense dgc k4 k16 postlocal adaptive adacomm"   SEEDS="1 2 3"
 #   NPROC=4   EXTRA="-o key=value ..." (every run)   KEEP=DIR (keep logs and metrics there; a
-#   run whose metrics.jsonl is already complete in DIR is not run again, so an interrupted
-#   table resumes, and ROWS can be run in batches)   SUMMARY_ONLY=1 (with KEEP: only the table)
+#   run whose metrics.jsonl is already complete in DIR is not run again, one interrupted goes
+#   on from its last checkpoint (every log_interval steps), so an interrupted table resumes,
+#   and ROWS can be run in batches)   SUMMARY_ONLY=1 (with KEEP: only the table)
 # Accuracy does not depend on the link, so the workers talk over loopback; timings mean nothing
 # here (bench/dgc_netlab.sh and bench/localsgd_netlab.sh measure those).
 set -euo pipefail
@@ -79,7 +80,41 @@ row_args() { # ROW MODEL EPOCH_STEPS
   esac
 }
 
+# field NAME of the last record of phase PHASE in a metrics file
+last() { grep "\"phase\":\"$2\"" "$1" | tail -1 | sed -nE "s/.*\"$3\":(null|[-0-9.eE+]*).*/\1/p"; }
+# field NAME of RUN's last train records, summed over its segments
+seg_sum() {
+  local m t=0
+  for m in "$1"/metrics.part*.jsonl "$1/metrics.jsonl"; do
+    [[ -s $m ]] && t=$(awk -v a="$t" -v b="$(last "$m" train "$2")" 'BEGIN { printf "%.0f", a + b }')
+  done
+  echo "$t"
+}
 complete() { [[ -s $1/metrics.jsonl ]] && grep -q '"phase":"eval"' "$1/metrics.jsonl" && [[ -e $1/done ]]; }
+
+# Runs save a checkpoint every log_interval steps (keeping the newest) and start with
+# checkpoint.resume=auto, so that a run interrupted (the machine needed, the session over) goes
+# on from its last checkpoint when the table is run again, to the same bytes as an uninterrupted
+# run (docs/checkpoint.md). The interrupted segment's records up to that checkpoint are kept as
+# metrics.part<NN>.jsonl; a run's bytes, synchronised updates and seconds are summed over its
+# segments (each process counts from its own start).
+log_interval() {
+  "$bin/fleet-train" -c "$(config_of "$1")" "${extra[@]}" --print-config |
+    sed -nE 's/^train\.log_interval: *([0-9]+)$/\1/p'
+}
+# set RUN's interrupted segment aside; false when there is nothing to resume from
+keep_segment() {
+  local run=$1 s n
+  s=$(sed -nE 's/^step_0*([0-9]+)$/\1/p' "$run/ckpt/latest" 2>/dev/null)
+  [[ -n $s && -s $run/metrics.jsonl ]] || return 1
+  n=$(find "$run" -maxdepth 1 -name 'metrics.part*.jsonl' | wc -l)
+  awk -v s="$s" 'match($0, /"step":[0-9]+/) && substr($0, RSTART + 7, RLENGTH - 7) + 0 <= s' \
+    "$run/metrics.jsonl" >"$(printf '%s/metrics.part%02d.jsonl' "$run" "$n")"
+  rm -f "$run/metrics.jsonl"
+  echo "# resuming $(basename "$run") from step $s" >&2
+}
+# a run's metrics, its segments in order
+metrics_of() { cat "$1"/metrics.part*.jsonl "$1/metrics.jsonl" 2>/dev/null; }
 
 if [[ -z ${SUMMARY_ONLY:-} ]]; then
   for model in "${models[@]}"; do
@@ -89,25 +124,31 @@ if [[ -z ${SUMMARY_ONLY:-} ]]; then
       for seed in "${seeds[@]}"; do
         run=$work/$model.$row.s$seed
         complete "$run" && continue
-        rm -rf "$run"
+        keep_segment "$run" || { rm -rf "$run"; : >"$run.out"; }
         echo "# running $model $row seed $seed" >&2
         start=$(date +%s)
         if ! FLEET_JOB_TOKEN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n') \
           "$bin/fleetrun" --nproc_per_node "$nproc" --log_dir "$run/log" \
           "$bin/fleet-train" -c "$(config_of "$model")" "${extra[@]}" "${args[@]}" \
-          -o "train.seed=$seed" -o "data.seed=$seed" -o "train.log_dir=$run" >"$run.out" 2>&1; then
+          -o "train.seed=$seed" -o "data.seed=$seed" -o "train.log_dir=$run" \
+          -o "checkpoint.dir=$run/ckpt" -o "checkpoint.save_interval=$(log_interval "$model")" \
+          -o checkpoint.keep=1 -o checkpoint.resume=auto >>"$run.out" 2>&1; then
           echo "quality_fashion.sh: $model $row seed $seed failed:" >&2
           tail -20 "$run.out" >&2
           exit 1
         fi
+        # seconds: this segment's, and the earlier segments' up to their checkpoints
+        for part in "$run"/metrics.part*.jsonl; do
+          [[ -e $part ]] && start=$(awk -v s="$start" -v t="$(last "$part" train time)" \
+            'BEGIN { printf "%d", s - t }')
+        done
         echo "$(($(date +%s) - start))" >"$run/done"
+        rm -rf "$run/ckpt"
       done
     done
   done
 fi
 
-# field NAME of the last record of phase PHASE in a metrics file
-last() { grep "\"phase\":\"$2\"" "$1" | tail -1 | sed -nE "s/.*\"$3\":(null|[-0-9.eE+]*).*/\1/p"; }
 # "epoch:k" of the last train record of each epoch
 intervals() {
   awk '/"phase":"train"/ { match($0, /"epoch":[0-9]*/); e = substr($0, RSTART + 8, RLENGTH - 8) + 0
@@ -131,9 +172,9 @@ for model in "${models[@]}"; do
       m=$work/$model.$row.s$seed/metrics.jsonl
       complete "$work/$model.$row.s$seed" || continue
       accs+=("$(last "$m" eval val_acc1)")
-      bytes+=("$(last "$m" train bytes_sent)")
+      bytes+=("$(seg_sum "$work/$model.$row.s$seed" bytes_sent)")
       secs+=("$(cat "$work/$model.$row.s$seed/done")")
-      [[ -n $synced ]] || { synced=$(last "$m" train synced_steps); steps=$(last "$m" train step); }
+      [[ -n $synced ]] || { synced=$(seg_sum "$work/$model.$row.s$seed" synced_steps); steps=$(last "$m" train step); }
     done
     [[ ${#accs[@]} -gt 0 ]] || { echo "| $row | - | | | | | | |"; continue; }
     read -r mean lo hi mb sec < <(printf '%s\n' "${accs[@]}" | paste -sd' ' |
@@ -148,9 +189,9 @@ for model in "${models[@]}"; do
     echo "| $row | $mean | $lo .. $hi | $delta | $mb | $ratio | $synced of $steps | $sec |"
   done
   for row in "${rows[@]}"; do
-    m=$work/$model.$row.s${seeds[0]}/metrics.jsonl
-    [[ ($row == adaptive || $row == adacomm) && -s $m ]] || continue
+    r=$work/$model.$row.s${seeds[0]}
+    [[ ($row == adaptive || $row == adacomm) && -s $r/metrics.jsonl ]] || continue
     echo
-    echo "$row, seed ${seeds[0]}: the interval k at the end of each epoch: $(intervals "$m")"
+    echo "$row, seed ${seeds[0]}: the interval k at the end of each epoch: $(metrics_of "$r" | intervals /dev/stdin)"
   done
 done
