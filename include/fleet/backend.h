@@ -320,20 +320,27 @@ typedef struct fl_backend {
                           const fl_conv_geom *g, const void *x, const void *dy, void *dx);
 
     /* --- batch norm over the channels of x (N, C, HW) in layout (Ioffe & Szegedy 2015) --- */
-    /* y = [relu](gamma (x - mean) / sqrt(var + eps) + beta). training: mean and var (C, in
-     * double) receive the batch's mean and biased variance; else they are read (running
-     * statistics). y may alias x. Low t: gamma and beta f32 (dgamma, dbeta too). */
+    /* y = act(z), z = gamma (x - mean) / sqrt(var + eps) + beta, computed in t as
+     * z = x a + b with a = gamma / sqrt(var + eps) and b = beta - mean a rounded to t per
+     * channel; act is FL_ACT_NONE, FL_ACT_RELU or FL_ACT_HARDSWISH (the activation that follows
+     * fused in: PP-HGNet's and ResNet's ReLUs, PP-LCNet's hardswish). training: mean and var
+     * (C, in double) receive the batch's mean and biased variance; else they are read
+     * (running statistics). y may alias x unless act is FL_ACT_HARDSWISH (whose backward reads
+     * x). Low t: gamma and beta f32 (dgamma, dbeta too). */
     void (*bn_forward)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                        const void *x, const void *gamma, const void *beta, double eps,
-                       bool training, double *mean, double *var, bool relu, void *y);
-    /* Backward of bn_forward with the mean and var it used. relu_y, when not NULL, is the
-     * relu's output y: dy counts only where y > 0. Writes dgamma, dbeta (adding when
-     * accumulate) and, unless dx is NULL, dx: with batch statistics (training)
-     * dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)), else dx = gamma invstd dy. */
+                       bool training, double *mean, double *var, fl_act act, void *y);
+    /* Backward of bn_forward with the act, mean and var it used: dz = dy where act is none,
+     * dy where y > 0 for relu (y is bn_forward's output; read only then), dy hardswish'(z)
+     * for hardswish with z = x a + b recomputed as the forward computed it (act_backward's
+     * hardswish'). Writes dgamma, dbeta (adding when accumulate) and, unless dx is NULL, dx:
+     * with batch statistics (training) dx = gamma invstd (dz - mean(dz) - xhat mean(dz xhat)),
+     * else dx = gamma invstd dz. */
     void (*bn_backward)(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
-                        const void *x, const void *relu_y, const void *dy, const void *gamma,
-                        const double *mean, const double *var, double eps, bool training,
-                        void *dx, void *dgamma, void *dbeta, bool accumulate);
+                        const void *x, fl_act act, const void *y, const void *dy,
+                        const void *gamma, const void *beta, const double *mean,
+                        const double *var, double eps, bool training, void *dx, void *dgamma,
+                        void *dbeta, bool accumulate);
 
     /* --- the small layers --- */
     /* y = a + b, then max(0, .) when relu (the residual join); y may alias a or b */

@@ -220,9 +220,11 @@ fl_layer *fl_conv2d_create(const char *name, const fl_conv2d_opts *o);
  * bias (C) trainable (init 1, 0); running_mean, running_var (C) persistable buffers (init 0, 1).
  * Training forward normalises with the batch's mean and biased variance and updates
  * running = (1 - 0.1) running + 0.1 batch (running_var with the unbiased variance), eps 1e-5:
- * PyTorch's BatchNorm2d defaults. Inference uses the running statistics. relu fuses a ReLU
- * after it (y = max(0, bn(x)); no parameter changes). */
-fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu);
+ * PyTorch's BatchNorm2d defaults. Inference uses the running statistics. act fuses the
+ * activation after it: FL_ACT_RELU (y = max(0, bn(x))) or FL_ACT_HARDSWISH (y =
+ * hardswish(bn(x))), FL_ACT_NONE for none; no parameter changes; another act: NULL,
+ * FL_EINVAL. */
+fl_layer *fl_batch_norm_create(const char *name, int64_t channels, fl_act act);
 /* Max or average pooling (B, C, H, W) -> (B, C, OH, OW), kernel k, stride s (0: k), padding p,
  * both dimensions alike; semantics as the kernels (fl_backend.pool_forward). */
 fl_layer *fl_pool2d_create(const char *name, fl_pool pool, int64_t k, int64_t s, int64_t p);

@@ -1,7 +1,8 @@
 /* batch_norm.c - batch normalisation (Ioffe & Szegedy 2015, arXiv:1502.03167) over the channel
  * dimension of (B, C, ...) inputs with PyTorch's BatchNorm2d semantics: batch statistics and a
  * running-average update (momentum 0.1, unbiased running variance) in training, running
- * statistics in inference, eps 1e-5; optionally with the following ReLU fused in. The
+ * statistics in inference, eps 1e-5; optionally with the following ReLU or hardswish fused in
+ * (one pass over the activations instead of two each way, one tensor fewer kept). The
  * computation is the backend's (bn_forward, bn_backward); the layer keeps the mean and
  * variance a forward used (C doubles each, the backend's memory, allocated when the network is
  * built) for backward, and updates the running statistics on the host: in place on the CPU
@@ -20,7 +21,8 @@
 typedef struct {
     int64_t   c, hw;
     fl_layout layout;         /* of the input: the network's for (C, H, W), else NCHW */
-    bool      relu, training; /* training: of the last forward */
+    fl_act    act;            /* fused: none, relu or hardswish */
+    bool      training;       /* of the last forward */
     const fl_backend *mk;     /* the backend whose memory holds mean and var */
     double   *mean, *var;     /* (C) each, one allocation of mk's: what the last forward used */
     /* host copies where mk's memory is not the host's (NULL on the CPU backends): the
@@ -129,7 +131,7 @@ static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
         fl_backend_stage_in(k, bn->mean, hmean, sbytes, NULL);
     }
     k->bn_forward(l->adtype, bn->layout, b, c, bn->hw, x->data, gamma, beta, BN_EPS, training,
-                  bn->mean, bn->var, bn->relu, y->data);
+                  bn->mean, bn->var, bn->act, y->data);
     if (training && !l->replay) { /* a recomputation changes no state */
         const double *mean = fl_backend_stage_out(k, bn->mean, bn->hstat, sbytes, NULL);
         const double *var = mean + c;
@@ -151,9 +153,9 @@ static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
 static int bn_backward(fl_layer *l, const fl_tensor *x, const fl_tensor *y, const fl_tensor *dy,
                        fl_tensor *dx, bool accumulate) {
     bn_impl *bn = l->impl;
-    l->k->bn_backward(l->adtype, bn->layout, x->shape[0], bn->c, bn->hw, x->data,
-                      bn->relu ? y->data : NULL, dy->data, l->params[0].value.data, bn->mean,
-                      bn->var, BN_EPS, bn->training, dx ? dx->data : NULL,
+    l->k->bn_backward(l->adtype, bn->layout, x->shape[0], bn->c, bn->hw, x->data, bn->act,
+                      y->data, dy->data, l->params[0].value.data, l->params[1].value.data,
+                      bn->mean, bn->var, BN_EPS, bn->training, dx ? dx->data : NULL,
                       l->params[0].grad.data, l->params[1].grad.data, accumulate);
     return FL_OK;
 }
@@ -175,10 +177,15 @@ static const fl_layer_ops bn_ops = {
     .low = true,
 };
 
-fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu) {
+fl_layer *fl_batch_norm_create(const char *name, int64_t channels, fl_act act) {
     if (channels < 1) {
         fl_fail(FL_EINVAL, "%s: batch_norm needs at least 1 channel (got %lld)", name,
                 (long long)channels);
+        return NULL;
+    }
+    if (act != FL_ACT_NONE && act != FL_ACT_RELU && act != FL_ACT_HARDSWISH) {
+        fl_fail(FL_EINVAL, "%s: batch_norm fuses relu or hardswish, not %s", name,
+                fl_act_name(act));
         return NULL;
     }
     bn_impl *bn = calloc(1, sizeof *bn);
@@ -187,7 +194,7 @@ fl_layer *fl_batch_norm_create(const char *name, int64_t channels, bool relu) {
         return NULL;
     }
     bn->c = channels;
-    bn->relu = relu;
+    bn->act = act;
     fl_layer *l = fl_layer_new(&bn_ops, name, bn);
     if (!l) {
         free(bn);

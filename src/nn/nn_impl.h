@@ -201,9 +201,10 @@ const char *nn_name(char *buf, size_t len, const char *p, const char *s);
  * more 8 where that lost over 10%. */
 int64_t nn_make_divisible(double v);
 /* PaddleClas's ConvBNLayer p reading `from`: p.conv (no bias, `groups`, padding (k - 1) / 2),
- * p.bn with the ReLU fused when relu; the bn's index or -1. */
+ * p.bn with act (FL_ACT_NONE, FL_ACT_RELU or FL_ACT_HARDSWISH) fused; the bn's index or
+ * -1. */
 int nn_conv_bn(fl_net *net, const char *p, int from, int64_t in, int64_t out, int64_t k,
-               int64_t s, int64_t groups, bool relu);
+               int64_t s, int64_t groups, fl_act act);
 
 /* Fills t (F32 or F64) with U(-bound, bound). */
 void nn_fill_uniform(fl_tensor *t, fl_rng *r, double bound);

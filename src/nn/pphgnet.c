@@ -50,7 +50,7 @@ static int hg_block(fl_net *net, const char *p, int in, int64_t in_ch, int64_t m
     FL_ASSERT(layer_num + 1 <= FL_NET_MAX_INPUTS);
     for (int i = 0; i < layer_num; i++) {
         snprintf(q, sizeof q, "%s.layers.%d", p, i);
-        if ((cur = nn_conv_bn(net, q, cur, i ? mid : in_ch, mid, 3, 1, 1, true)) < 0)
+        if ((cur = nn_conv_bn(net, q, cur, i ? mid : in_ch, mid, 3, 1, 1, FL_ACT_RELU)) < 0)
             return -1;
         outs[i + 1] = cur;
     }
@@ -59,7 +59,7 @@ static int hg_block(fl_net *net, const char *p, int in, int64_t in_ch, int64_t m
     if (!cat || fl_net_add_n(net, cat, layer_num + 1, outs) < 0)
         return -1;
     snprintf(q, sizeof q, "%s.aggregation_conv", p);
-    int agg = nn_conv_bn(net, q, -2, in_ch + layer_num * mid, out, 1, 1, 1, true);
+    int agg = nn_conv_bn(net, q, -2, in_ch + layer_num * mid, out, 1, 1, 1, FL_ACT_RELU);
     if (agg < 0)
         return -1;
     /* ESEModule: avg_pool, conv (bias), sigmoid, multiply */
@@ -100,7 +100,7 @@ fl_net *fl_model_pphgnet(fl_dtype t, const char *size, int64_t in_channels, bool
     int64_t ch = in_channels;
     for (int i = 0; i < 3 && cur != -1; i++) {
         snprintf(p, sizeof p, "stem.%d", i);
-        cur = nn_conv_bn(net, p, -2, ch, a->stem[i], 3, i == 0 && !small_input ? 2 : 1, 1, true);
+        cur = nn_conv_bn(net, p, -2, ch, a->stem[i], 3, i == 0 && !small_input ? 2 : 1, 1, FL_ACT_RELU);
         ch = a->stem[i];
     }
     if (cur >= 0)
@@ -109,7 +109,7 @@ fl_net *fl_model_pphgnet(fl_dtype t, const char *size, int64_t in_channels, bool
         const int64_t *st = a->stage[s];
         if (st[4]) {
             snprintf(p, sizeof p, "stages.%d.downsample", s);
-            cur = nn_conv_bn(net, p, cur, st[0], st[0], 3, 2, st[0], false);
+            cur = nn_conv_bn(net, p, cur, st[0], st[0], 3, 2, st[0], FL_ACT_NONE);
         }
         for (int64_t bi = 0; bi < st[3] && cur >= 0; bi++) {
             snprintf(p, sizeof p, "stages.%d.blocks.%lld", s, (long long)bi);

@@ -33,14 +33,11 @@ static const struct {
 static const int stage_of[] = {2, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5, 6, 6};
 #define NBLOCKS ((int)(sizeof net_config / sizeof net_config[0]))
 
-/* ConvBNLayer p: conv (no bias; groups), bn, hardswish; returns the last index or -1 */
+/* ConvBNLayer p: conv (no bias; groups), bn with the hardswish fused (p.bn's output is the
+ * hardswish's); returns the bn's index or -1 */
 static int conv_bn_hs(fl_net *net, const char *p, int64_t in, int64_t out, int64_t k, int64_t s,
                       int64_t groups) {
-    char b[96];
-    if (nn_conv_bn(net, p, -2, in, out, k, s, groups, false) < 0)
-        return -1;
-    return nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "hardswish"),
-                                            FL_ACT_HARDSWISH), -2);
+    return nn_conv_bn(net, p, -2, in, out, k, s, groups, FL_ACT_HARDSWISH);
 }
 
 /* SEModule p on layer `in` of c channels: avg_pool, conv1 (c / 4, bias), relu, conv2 (c,

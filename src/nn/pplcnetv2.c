@@ -46,7 +46,7 @@ static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int
             if (ks == 1 && s != 1)
                 continue;
             snprintf(q, sizeof q, "%s.dw_conv_list.%d", p, nb);
-            if ((br[nb++] = nn_conv_bn(net, q, in, c, c, ks, s, c, false)) < 0)
+            if ((br[nb++] = nn_conv_bn(net, q, in, c, c, ks, s, c, FL_ACT_NONE)) < 0)
                 return -1;
         }
         cur = br[0];
@@ -60,7 +60,7 @@ static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int
             cur =
                 nn_put(net, fl_activation_create(nn_name(b, sizeof b, p, "act"), FL_ACT_RELU), -2);
     } else {
-        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "dw_conv"), in, c, c, k, s, c, true);
+        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "dw_conv"), in, c, c, k, s, c, FL_ACT_RELU);
     }
     if (cur >= 0 && se) { /* SEModule with a sigmoid (PaddleClas names it hardsigmoid) */
         fl_conv2d_opts c1 = {.in_channels = c, .out_channels = c / 4, .kh = 1, .kw = 1,
@@ -87,12 +87,12 @@ static int block(fl_net *net, const char *p, int in, int64_t c, int64_t out, int
     }
     if (cur >= 0 && split) {
         int64_t half = out / 2; /* int(out_channels * 0.5) */
-        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv_1"), -2, c, half, 1, 1, 1, true);
+        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv_1"), -2, c, half, 1, 1, 1, FL_ACT_RELU);
         if (cur >= 0)
             cur =
-                nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv_2"), -2, half, out, 1, 1, 1, true);
+                nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv_2"), -2, half, out, 1, 1, 1, FL_ACT_RELU);
     } else if (cur >= 0) {
-        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv"), -2, c, out, 1, 1, 1, true);
+        cur = nn_conv_bn(net, nn_name(q, sizeof q, p, "pw_conv"), -2, c, out, 1, 1, 1, FL_ACT_RELU);
     }
     if (cur >= 0 && shortcut && s == 1 && c == out) {
         fl_layer *add = fl_add_create(nn_name(b, sizeof b, p, "shortcut"), false);
@@ -113,7 +113,7 @@ static fl_net *build(fl_dtype t, int64_t in_channels, bool small_input, int64_t 
         return NULL;
     /* small inputs: stride 1 in the stem and in stage1, as pplcnet's small-input stem */
     int cur = nn_conv_bn(net, "stem.0", -2, in_channels, nn_make_divisible(32), 3,
-                      small_input ? 1 : 2, 1, true);
+                      small_input ? 1 : 2, 1, FL_ACT_RELU);
     if (cur >= 0)
         cur = block(net, "stem.1", cur, nn_make_divisible(32), nn_make_divisible(64), 1, 3, false,
                     false, false, false, false);

@@ -15,7 +15,7 @@ static int conv_bn(fl_net *net, const char *conv, const char *bn, int from, int6
                         .sw = s, .ph = (k - 1) / 2, .pw = (k - 1) / 2};
     if (nn_put(net, fl_conv2d_create(conv, &o), from) < 0)
         return -1;
-    return nn_put(net, fl_batch_norm_create(bn, out, relu), -2);
+    return nn_put(net, fl_batch_norm_create(bn, out, relu ? FL_ACT_RELU : FL_ACT_NONE), -2);
 }
 
 /* One residual block reading layer `in` (in_ch channels); bottleneck when expansion is 4.

@@ -27,12 +27,12 @@ int64_t nn_make_divisible(double v) {
 }
 
 int nn_conv_bn(fl_net *net, const char *p, int from, int64_t in, int64_t out, int64_t k,
-                   int64_t s, int64_t groups, bool relu) {
+                   int64_t s, int64_t groups, fl_act act) {
     char b[256];
     fl_conv2d_opts o = {.in_channels = in, .out_channels = out, .kh = k, .kw = k, .sh = s,
                         .sw = s, .ph = (k - 1) / 2, .pw = (k - 1) / 2, .groups = groups};
     fl_layer *conv = fl_conv2d_create(nn_name(b, sizeof b, p, "conv"), &o);
     if (nn_put(net, nn_kaiming_in(conv), from) < 0)
         return -1;
-    return nn_put(net, fl_batch_norm_create(nn_name(b, sizeof b, p, "bn"), out, relu), -2);
+    return nn_put(net, fl_batch_norm_create(nn_name(b, sizeof b, p, "bn"), out, act), -2);
 }

@@ -228,7 +228,7 @@ static void ds_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t
 
 static void ds_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                           const void *x, const void *gamma, const void *beta, double eps,
-                          bool training, double *mean, double *var, bool relu, void *y) {
+                          bool training, double *mean, double *var, fl_act act, void *y) {
     const char *fn = "bn_forward";
     ds_check_dev(fn, "x", x, nb(n * c * hw, es(t)));
     ds_check_dev(fn, "gamma", gamma, nb(c, side(t)));
@@ -236,27 +236,29 @@ static void ds_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, in
     ds_check_dev(fn, "mean", mean, nb(c, sizeof *mean));
     ds_check_dev(fn, "var", var, nb(c, sizeof *var));
     ds_check_dev(fn, "y", y, nb(n * c * hw, es(t)));
-    RUN(bn_forward(t, layout, n, c, hw, x, gamma, beta, eps, training, mean, var, relu, y));
+    RUN(bn_forward(t, layout, n, c, hw, x, gamma, beta, eps, training, mean, var, act, y));
 }
 
 static void ds_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
-                           const void *x, const void *relu_y, const void *dy, const void *gamma,
-                           const double *mean, const double *var, double eps, bool training,
-                           void *dx, void *dgamma, void *dbeta, bool acc) {
+                           const void *x, fl_act a, const void *y, const void *dy,
+                           const void *gamma, const void *beta, const double *mean,
+                           const double *var, double eps, bool training, void *dx, void *dgamma,
+                           void *dbeta, bool acc) {
     const char *fn = "bn_backward";
     size_t act = nb(n * c * hw, es(t)), ch = nb(c, side(t));
     ds_check_dev(fn, "x", x, act);
-    if (relu_y)
-        ds_check_dev(fn, "relu_y", relu_y, act);
+    if (a == FL_ACT_RELU) /* read only for the relu's mask */
+        ds_check_dev(fn, "y", y, act);
     ds_check_dev(fn, "dy", dy, act);
     ds_check_dev(fn, "gamma", gamma, ch);
+    ds_check_dev(fn, "beta", beta, ch);
     ds_check_dev(fn, "mean", mean, nb(c, sizeof *mean));
     ds_check_dev(fn, "var", var, nb(c, sizeof *var));
     if (dx)
         ds_check_dev(fn, "dx", dx, act);
     ds_check_dev(fn, "dgamma", dgamma, ch);
     ds_check_dev(fn, "dbeta", dbeta, ch);
-    RUN(bn_backward(t, layout, n, c, hw, x, relu_y, dy, gamma, mean, var, eps, training, dx,
+    RUN(bn_backward(t, layout, n, c, hw, x, a, y, dy, gamma, beta, mean, var, eps, training, dx,
                     dgamma, dbeta, acc));
 }
 

@@ -381,15 +381,16 @@ static void check_bn(const bn_case *bc) {
     char pre[160], what[300];
 
     for (int training = 1; training >= 0; training--) {
-        for (int relu = 0; relu < 2; relu++) {
-            /* the reference: forward (the ReLU's output is the backward's relu_y), backward */
+        for (int ai = 0; ai < 3; ai++) {
+            /* the fused activation: none, relu, hardswish */
+            fl_act act = ai == 0 ? FL_ACT_NONE : ai == 1 ? FL_ACT_RELU : FL_ACT_HARDSWISH;
+            /* the reference: forward (its output is the backward's y), backward */
             double *sm = training ? mean_ref : rmean, *sv = training ? var_ref : rvar;
             R->bn_forward(FL_DTYPE_F32, FL_LAYOUT_NCHW, n, c, hw, x, gamma, beta, eps, training,
-                          sm, sv, relu, y_ref);
-            if (relu)
-                memcpy(yr_ref, y_ref, fb);
-            R->bn_backward(FL_DTYPE_F32, FL_LAYOUT_NCHW, n, c, hw, x, relu ? yr_ref : NULL, dy,
-                           gamma, sm, sv, eps, training, dx_ref, dg_ref, db_ref, false);
+                          sm, sv, act, y_ref);
+            memcpy(yr_ref, y_ref, fb);
+            R->bn_backward(FL_DTYPE_F32, FL_LAYOUT_NCHW, n, c, hw, x, act, yr_ref, dy, gamma,
+                           beta, sm, sv, eps, training, dx_ref, dg_ref, db_ref, false);
             for (int64_t i = 0; i < c; i++) {
                 dga_ref[i] = (float)((double)dg0[i] + dg_ref[i]);
                 dba_ref[i] = (float)((double)db0[i] + db_ref[i]);
@@ -401,7 +402,8 @@ static void check_bn(const bn_case *bc) {
                 cur_layout = l;
                 snprintf(pre, sizeof pre, "bn (%lld, %lld, %lld) %s %s%s", (long long)n,
                          (long long)c, (long long)hw, fl_layout_name(l),
-                         training ? "training" : "inference", relu ? " relu" : "");
+                         training ? "training" : "inference",
+                         act == FL_ACT_NONE ? "" : act == FL_ACT_RELU ? " relu" : " hardswish");
                 to_layout(l, n, c, hw, x, xl);
                 to_layout(l, n, c, hw, dy, dyl);
                 to_layout(l, n, c, hw, yr_ref, ryl);
@@ -411,7 +413,7 @@ static void check_bn(const bn_case *bc) {
                     memcpy(m, rmean, db);
                     memcpy(v, rvar, db);
                     O->bn_forward(FL_DTYPE_F32, l, n, c, hw, xl, gamma, beta, eps, training, m, v,
-                                  relu, y[r]);
+                                  act, y[r]);
                     memcpy(st[r], m, db);
                     memcpy(st[r] + c, v, db);
                     if (r < 2 && training) {
@@ -434,13 +436,13 @@ static void check_bn(const bn_case *bc) {
                     note_bytes(opf, l, pre, stp, 2 * db);
                 /* y may alias x */
                 memcpy(t, xl, fb);
-                O->bn_forward(FL_DTYPE_F32, l, n, c, hw, t, gamma, beta, eps, training, m, v, relu,
+                O->bn_forward(FL_DTYPE_F32, l, n, c, hw, t, gamma, beta, eps, training, m, v, act,
                               t);
                 CHECK(!memcmp(t, y[NRUNS - 1], fb));
                 /* backward, with the statistics the ref's forward used */
                 for (int r = 0; r < NRUNS; r++) {
                     fl_kernels_set_threads(THREADS[r]);
-                    O->bn_backward(FL_DTYPE_F32, l, n, c, hw, xl, relu ? ryl : NULL, dyl, gamma,
+                    O->bn_backward(FL_DTYPE_F32, l, n, c, hw, xl, act, ryl, dyl, gamma, beta,
                                    sm, sv, eps, training, dx[r], dg[r], dbt[r], false);
                 }
                 fl_kernels_set_threads(2);
@@ -460,7 +462,7 @@ static void check_bn(const bn_case *bc) {
                 for (int with_dx = 0; with_dx < 2; with_dx++) {
                     memcpy(dga, dg0, cb);
                     memcpy(dba, db0, cb);
-                    O->bn_backward(FL_DTYPE_F32, l, n, c, hw, xl, relu ? ryl : NULL, dyl, gamma,
+                    O->bn_backward(FL_DTYPE_F32, l, n, c, hw, xl, act, ryl, dyl, gamma, beta,
                                    sm, sv, eps, training, with_dx ? t : NULL, dga, dba, true);
                     snprintf(what, sizeof what, "%s%s: dgamma accumulated", pre,
                              with_dx ? "" : " no dx");
@@ -480,9 +482,78 @@ static void check_bn(const bn_case *bc) {
     free(dba_ref), free(dga), free(dba), free(ms[0]), free(ms[1]), free(vs[0]), free(vs[1]);
 }
 
+/* largest |a - b| / (1 + max |b|) over n */
+static double rel_diff(const float *a, const float *b, int64_t n) {
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return d / (1 + m);
+}
+
+/* A batch norm with the hardswish fused gives the bits of a batch norm followed by the
+ * hardswish activation (forward y; backward dx, dgamma, dbeta through act_backward's dz) on
+ * this table (both layouts), in training and inference; on the ref table (NCHW: the cpu
+ * table's batch norm) within 1e-6, since its activations compute in double and round once. */
+static void test_bn_hardswish_fused(void) {
+    const int64_t n = 3, c = 19, hw = 37, nx = n * c * hw;
+    const double eps = 1e-5;
+    size_t fb = (size_t)nx * sizeof(float), cb = (size_t)c * sizeof(float);
+    float *x = fbuf(nx), *dy = fbuf(nx), *gamma = fbuf(c), *beta = fbuf(c);
+    fill(x, nx, -3, 5);
+    fill(dy, nx, -1, 1);
+    fill(gamma, c, 0.5, 3); /* wide enough that z reaches both sides of -3 and 3 */
+    fill(beta, c, -2, 2);
+    float *z = fbuf(nx), *y[2] = {fbuf(nx), fbuf(nx)}, *dz = fbuf(nx), *dx[2] = {fbuf(nx), fbuf(nx)};
+    float *dg[2] = {fbuf(c), fbuf(c)}, *dbt[2] = {fbuf(c), fbuf(c)};
+    double mean[2][64], var[2][64];
+    for (int training = 1; training >= 0; training--)
+        for (int ti = 0; ti < 3; ti++) {
+            const fl_backend *k = ti == 0 ? R : O;
+            fl_layout l = ti == 2 ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+            for (int64_t i = 0; i < c; i++)
+                mean[0][i] = mean[1][i] = 0.3 * (double)i - 1, var[0][i] = var[1][i] = 0.5 + i;
+            /* unfused: bn, hardswish; fused: one call */
+            k->bn_forward(FL_DTYPE_F32, l, n, c, hw, x, gamma, beta, eps, training, mean[0],
+                          var[0], FL_ACT_NONE, z);
+            k->act_forward(FL_DTYPE_F32, FL_ACT_HARDSWISH, z, y[0], nx);
+            k->act_backward(FL_DTYPE_F32, FL_ACT_HARDSWISH, z, y[0], dy, dz, nx);
+            k->bn_backward(FL_DTYPE_F32, l, n, c, hw, x, FL_ACT_NONE, NULL, dz, gamma, beta,
+                           mean[0], var[0], eps, training, dx[0], dg[0], dbt[0], false);
+            k->bn_forward(FL_DTYPE_F32, l, n, c, hw, x, gamma, beta, eps, training, mean[1],
+                          var[1], FL_ACT_HARDSWISH, y[1]);
+            k->bn_backward(FL_DTYPE_F32, l, n, c, hw, x, FL_ACT_HARDSWISH, y[1], dy, gamma, beta,
+                           mean[1], var[1], eps, training, dx[1], dg[1], dbt[1], false);
+            bool same = !memcmp(y[0], y[1], fb) && !memcmp(dx[0], dx[1], fb) &&
+                        !memcmp(dg[0], dg[1], cb) && !memcmp(dbt[0], dbt[1], cb);
+            if (ti == 0) /* ref: close */
+                same = rel_diff(y[1], y[0], nx) <= 1e-6 && rel_diff(dx[1], dx[0], nx) <= 1e-6 &&
+                       rel_diff(dg[1], dg[0], c) <= 1e-6 && rel_diff(dbt[1], dbt[0], c) <= 1e-6;
+            int64_t below = 0, above = 0;
+            for (int64_t i = 0; i < nx; i++)
+                below += z[i] < -3, above += z[i] > 3;
+            if (!same || below == 0 || above == 0) {
+                fprintf(stderr, "bn + hardswish fused, %s %s %s: %s (z below -3 %lld, above 3 "
+                        "%lld times)\n", ti ? "onednn" : "ref", fl_layout_name(l),
+                        training ? "training" : "inference",
+                        same ? "z does not reach both kinks"
+                        : memcmp(y[0], y[1], fb) ? "y not the unfused bits"
+                        : memcmp(dx[0], dx[1], fb) ? "dx not the unfused bits"
+                                                   : "dgamma or dbeta not the unfused bits",
+                        (long long)below, (long long)above);
+                test_failures++;
+            }
+        }
+    free(x), free(dy), free(gamma), free(beta), free(z), free(dz);
+    for (int i = 0; i < 2; i++)
+        free(y[i]), free(dx[i]), free(dg[i]), free(dbt[i]);
+}
+
 static void test_bn(void) {
     for (size_t i = 0; i < N_BN_CASES; i++)
         check_bn(&bn_cases[i]);
+    test_bn_hardswish_fused();
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -558,9 +629,9 @@ static void test_f64(void) {
         by[k] = dbuf(n * in), bm[k] = dbuf(4), bv[k] = dbuf(4), bdx[k] = dbuf(n * in);
         bdg[k] = dbuf(4), bdb[k] = dbuf(4);
         be->bn_forward(FL_DTYPE_F64, FL_LAYOUT_NCHW, n, 4, 72, x, gam, bet, 1e-5, true, bm[k],
-                       bv[k], true, by[k]);
-        be->bn_backward(FL_DTYPE_F64, FL_LAYOUT_NCHW, n, 4, 72, x, by[k], bdy, gam, bm[k], bv[k],
-                        1e-5, true, bdx[k], bdg[k], bdb[k], false);
+                       bv[k], FL_ACT_RELU, by[k]);
+        be->bn_backward(FL_DTYPE_F64, FL_LAYOUT_NCHW, n, 4, 72, x, FL_ACT_RELU, by[k], bdy, gam,
+                        bet, bm[k], bv[k], 1e-5, true, bdx[k], bdg[k], bdb[k], false);
     }
     check_close_f64("f64 bn forward", by[1], by[0], n * in);
     check_close_f64("f64 bn mean", bm[1], bm[0], 4);

@@ -988,11 +988,12 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
     void *gg = dput(gamma, cb), *gbeta = dput(beta, cb), *gdg = G->alloc(cb), *gdb = G->alloc(cb);
     double *gm = G->alloc(db), *gv = G->alloc(db);
     for (int training = 1; training >= 0; training--)
-        for (int relu = 0; relu < 2; relu++) {
+        for (int ai = 0; ai < 3; ai++) { /* the fused activation: none, relu, hardswish */
+            fl_act act = ai == 0 ? FL_ACT_NONE : ai == 1 ? FL_ACT_RELU : FL_ACT_HARDSWISH;
             double *sm = training ? mref : rmean, *sv = training ? vref : rvar;
             R->bn_forward(t, FL_LAYOUT_NCHW, n, c, hw, x, gamma, beta, eps, training, sm, sv,
-                          relu, y_ref);
-            R->bn_backward(t, FL_LAYOUT_NCHW, n, c, hw, x, relu ? y_ref : NULL, dy, gamma, sm, sv,
+                          act, y_ref);
+            R->bn_backward(t, FL_LAYOUT_NCHW, n, c, hw, x, act, y_ref, dy, gamma, beta, sm, sv,
                            eps, training, dx_ref, dg_ref, db_ref, false);
             for (int64_t i = 0; i < c; i++) {
                 set(t, dga_ref, i, get(t, dg0, i) + get(t, dg_ref, i));
@@ -1003,7 +1004,8 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                 char pre[200], what[300];
                 snprintf(pre, sizeof pre, "bn (%lld, %lld, %lld) %s %s%s", (long long)n,
                          (long long)c, (long long)hw, fl_layout_name(l),
-                         training ? "training" : "inference", relu ? " relu" : "");
+                         training ? "training" : "inference",
+                         act == FL_ACT_NONE ? "" : act == FL_ACT_RELU ? " relu" : " hardswish");
                 const char *opf = training ? "bn forward training" : "bn forward inference";
                 const char *opb = training ? "bn backward training" : "bn backward inference";
                 to_layout(t, l, n, c, hw, x, xl);
@@ -1013,7 +1015,7 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                 void *gry = dput(ryl, xb), *gdx = G->alloc(xb);
                 G->copy(gm, rmean, db, FL_COPY_H2D, NULL);
                 G->copy(gv, rvar, db, FL_COPY_H2D, NULL);
-                G->bn_forward(t, l, n, c, hw, gx, gg, gbeta, eps, training, gm, gv, relu, gy);
+                G->bn_forward(t, l, n, c, hw, gx, gg, gbeta, eps, training, gm, gv, act, gy);
                 void *hy = dget(gy, xb);
                 from_layout(t, l, n, c, hw, hy, tmp);
                 snprintf(what, sizeof what, "%s: y", pre);
@@ -1029,7 +1031,7 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                     same_bits(opf, "running var untouched", hv, rvar, db);
                 }
                 /* repeatable, and y may alias x */
-                G->bn_forward(t, l, n, c, hw, gx, gg, gbeta, eps, training, gm, gv, relu, gx);
+                G->bn_forward(t, l, n, c, hw, gx, gg, gbeta, eps, training, gm, gv, act, gx);
                 void *hy2 = dget(gx, xb);
                 same_bits(opf, "again, in place", hy2, hy, xb);
                 /* the same bits from arrays one element off 16-byte alignment (the kernels'
@@ -1037,7 +1039,7 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                 char *ux = G->alloc(xb + e), *uy = G->alloc(xb + e), *udy = G->alloc(xb + e);
                 char *ury = G->alloc(xb + e), *udx = G->alloc(xb + e);
                 G->copy(ux + e, xl, xb, FL_COPY_H2D, NULL);
-                G->bn_forward(t, l, n, c, hw, ux + e, gg, gbeta, eps, training, gm, gv, relu,
+                G->bn_forward(t, l, n, c, hw, ux + e, gg, gbeta, eps, training, gm, gv, act,
                               uy + e);
                 void *hy3 = dget(uy + e, xb);
                 same_bits(opf, "arrays not 16-byte aligned", hy3, hy, xb);
@@ -1048,7 +1050,7 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                 G->copy(gm, sm, db, FL_COPY_H2D, NULL);
                 G->copy(gv, sv, db, FL_COPY_H2D, NULL);
                 G->copy(gx, xl, xb, FL_COPY_H2D, NULL);
-                G->bn_backward(t, l, n, c, hw, gx, relu ? gry : NULL, gdy, gg, gm, gv, eps,
+                G->bn_backward(t, l, n, c, hw, gx, act, gry, gdy, gg, gbeta, gm, gv, eps,
                                training, gdx, gdg, gdb, false);
                 void *hdx = dget(gdx, xb), *hdg = dget(gdg, cb), *hdb = dget(gdb, cb);
                 from_layout(t, l, n, c, hw, hdx, tmp);
@@ -1058,15 +1060,15 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                 rel(opb, what, t, hdg, dg_ref, c, tb);
                 snprintf(what, sizeof what, "%s: dbeta", pre);
                 rel(opb, what, t, hdb, db_ref, c, tb);
-                G->bn_backward(t, l, n, c, hw, gx, relu ? gry : NULL, gdy, gg, gm, gv, eps,
+                G->bn_backward(t, l, n, c, hw, gx, act, gry, gdy, gg, gbeta, gm, gv, eps,
                                training, gdx, gdg, gdb, false);
                 void *hdx2 = dget(gdx, xb);
                 same_bits(opb, "run twice", hdx2, hdx, xb);
                 G->copy(ux + e, xl, xb, FL_COPY_H2D, NULL);
                 G->copy(udy + e, dyl, xb, FL_COPY_H2D, NULL);
                 G->copy(ury + e, ryl, xb, FL_COPY_H2D, NULL);
-                G->bn_backward(t, l, n, c, hw, ux + e, relu ? ury + e : NULL, udy + e, gg, gm, gv,
-                               eps, training, udx + e, gdg, gdb, false);
+                G->bn_backward(t, l, n, c, hw, ux + e, act, ury + e, udy + e, gg, gbeta, gm,
+                               gv, eps, training, udx + e, gdg, gdb, false);
                 void *hdx3 = dget(udx + e, xb), *hdg3 = dget(gdg, cb), *hdb3 = dget(gdb, cb);
                 same_bits(opb, "arrays not 16-byte aligned: dx", hdx3, hdx, xb);
                 same_bits(opb, "arrays not 16-byte aligned: dgamma", hdg3, hdg, cb);
@@ -1076,7 +1078,7 @@ static void check_bn(fl_dtype t, const bn_case *bc) {
                 for (int with_dx = 0; with_dx < 2; with_dx++) { /* accumulating */
                     G->copy(gdg, dg0, cb, FL_COPY_H2D, NULL);
                     G->copy(gdb, db0, cb, FL_COPY_H2D, NULL);
-                    G->bn_backward(t, l, n, c, hw, gx, relu ? gry : NULL, gdy, gg, gm, gv, eps,
+                    G->bn_backward(t, l, n, c, hw, gx, act, gry, gdy, gg, gbeta, gm, gv, eps,
                                    training, with_dx ? gdx : NULL, gdg, gdb, true);
                     void *a1 = dget(gdg, cb), *a2 = dget(gdb, cb);
                     snprintf(what, sizeof what, "%s%s: dgamma accumulated", pre,

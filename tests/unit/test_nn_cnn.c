@@ -150,13 +150,19 @@ static void test_conv(const fl_backend *k) {
 
 static void test_bn(const fl_backend *k) {
     int64_t s[] = {3, 4, 5}, flat[] = {4};
-    gradcheck("batch_norm train", one(k, fl_batch_norm_create("bn", 3, false)), 3, s, 3, 1);
-    gradcheck("batch_norm train relu", one(k, fl_batch_norm_create("bn", 3, true)), 3, s, 3, 1);
-    gradcheck("batch_norm (B, C) train", one(k, fl_batch_norm_create("bn", 4, false)), 1, flat,
+    gradcheck("batch_norm train", one(k, fl_batch_norm_create("bn", 3, FL_ACT_NONE)), 3, s, 3, 1);
+    gradcheck("batch_norm train relu", one(k, fl_batch_norm_create("bn", 3, FL_ACT_RELU)), 3, s, 3, 1);
+    gradcheck("batch_norm train hardswish",
+              one(k, fl_batch_norm_create("bn", 3, FL_ACT_HARDSWISH)), 3, s, 3, 1);
+    gradcheck("batch_norm (B, C) train", one(k, fl_batch_norm_create("bn", 4, FL_ACT_NONE)), 1, flat,
               5, 1);
     train_mode = false;
-    gradcheck("batch_norm eval", one(k, fl_batch_norm_create("bn", 3, false)), 3, s, 2, 1);
-    gradcheck("batch_norm eval relu", one(k, fl_batch_norm_create("bn", 3, true)), 3, s, 2, 1);
+    gradcheck("batch_norm eval", one(k, fl_batch_norm_create("bn", 3, FL_ACT_NONE)), 3, s, 2, 1);
+    gradcheck("batch_norm eval relu", one(k, fl_batch_norm_create("bn", 3, FL_ACT_RELU)), 3, s, 2, 1);
+    gradcheck("batch_norm eval hardswish",
+              one(k, fl_batch_norm_create("bn", 3, FL_ACT_HARDSWISH)), 3, s, 2, 1);
+    CHECK(fl_batch_norm_create("bn", 3, FL_ACT_TANH) == NULL);
+    CHECK_MSG("fuses relu or hardswish, not tanh");
     train_mode = true;
 }
 
@@ -188,9 +194,9 @@ static void test_misc(const fl_backend *k) {
                          .pw = 1};
     CHECK_OK(fl_net_add(net, fl_conv2d_create("conv0", &c3)));
     CHECK_OK(fl_net_add(net, fl_conv2d_create("conv1", &c3)));
-    CHECK_OK(fl_net_add(net, fl_batch_norm_create("bn1", 3, true)));
+    CHECK_OK(fl_net_add(net, fl_batch_norm_create("bn1", 3, FL_ACT_RELU)));
     CHECK_OK(fl_net_add(net, fl_conv2d_create("conv2", &c3)));
-    CHECK_OK(fl_net_add(net, fl_batch_norm_create("bn2", 3, false)));
+    CHECK_OK(fl_net_add(net, fl_batch_norm_create("bn2", 3, FL_ACT_NONE)));
     CHECK(fl_net_add2(net, fl_add_create("add", true), 4, 0) == 5);
     CHECK(fl_net_add_from(net, fl_pool2d_create("pool", FL_POOL_MAX, 2, 0, 0), 5) == 6);
     CHECK_OK(fl_net_add(net, fl_fc_create("fc", 3 * 2 * 2, 3, true)));
@@ -212,7 +218,7 @@ static void test_misc(const fl_backend *k) {
 /* running statistics, inference mode, dropout statistics */
 static void test_bn_stats(void) {
     enum { B = 4, C = 2, HW = 6 };
-    fl_net *net = one(fl_backend_cpu(), fl_batch_norm_create("bn", C, false));
+    fl_net *net = one(fl_backend_cpu(), fl_batch_norm_create("bn", C, FL_ACT_NONE));
     CHECK_OK(fl_net_build(net, 2, (int64_t[]){C, HW}, B, 1));
     double xd[B * C * HW];
     for (int i = 0; i < B * C * HW; i++)
@@ -350,11 +356,11 @@ static void test_graph_api(void) {
     fl_net *net = fl_net_create(FL_DTYPE_F32, NULL);
     CHECK_RC(fl_net_add_from(net, fl_add_create("add", false), FL_NET_INPUT), FL_EINVAL);
     CHECK_MSG("add: a add layer takes two inputs");
-    CHECK_RC(fl_net_add2(net, fl_batch_norm_create("bn", 2, false), -1, -1), FL_EINVAL);
+    CHECK_RC(fl_net_add2(net, fl_batch_norm_create("bn", 2, FL_ACT_NONE), -1, -1), FL_EINVAL);
     CHECK_MSG("bn: a batch_norm layer takes one input");
-    CHECK_RC(fl_net_add_from(net, fl_batch_norm_create("bn", 2, false), 3), FL_EINVAL);
+    CHECK_RC(fl_net_add_from(net, fl_batch_norm_create("bn", 2, FL_ACT_NONE), 3), FL_EINVAL);
     CHECK_MSG("bn: input 3 is not the network input");
-    CHECK(fl_net_add_from(net, fl_batch_norm_create("bn", 2, false), FL_NET_INPUT) == 0);
+    CHECK(fl_net_add_from(net, fl_batch_norm_create("bn", 2, FL_ACT_NONE), FL_NET_INPUT) == 0);
     CHECK(fl_net_add_from(net, fl_pool2d_create("pool", FL_POOL_MAX, 2, 0, 0), FL_NET_INPUT) ==
           1);
     CHECK(fl_net_add2(net, fl_add_create("add", false), 0, 1) == 2);
@@ -362,8 +368,8 @@ static void test_graph_api(void) {
     CHECK_MSG("add: inputs (2, 4, 4) and (2, 2, 2) differ in shape");
     fl_net_free(net);
     net = fl_net_create(FL_DTYPE_F32, NULL);
-    CHECK_OK(fl_net_add(net, fl_batch_norm_create("bn1", 2, false)));
-    CHECK(fl_net_add_from(net, fl_batch_norm_create("bn2", 2, false), FL_NET_INPUT) == 1);
+    CHECK_OK(fl_net_add(net, fl_batch_norm_create("bn1", 2, FL_ACT_NONE)));
+    CHECK(fl_net_add_from(net, fl_batch_norm_create("bn2", 2, FL_ACT_NONE), FL_NET_INPUT) == 1);
     CHECK_RC(fl_net_build(net, 3, (int64_t[]){2, 4, 4}, 2, 1), FL_ESHAPE);
     CHECK_MSG("bn1: its output feeds no layer");
     fl_net_free(net);

@@ -425,18 +425,21 @@ static void test_bn(fl_dtype t, fl_layout l) {
         double *y64 = xalloc((size_t)e * 8), *dx64 = xalloc((size_t)e * 8);
         double *mean = xalloc((size_t)c * 8), *var = xalloc((size_t)c * 8),
                *mean64 = xalloc((size_t)c * 8), *var64 = xalloc((size_t)c * 8);
-        for (int mode = 0; mode < 4; mode++) {
-            bool training = mode & 1, relu = mode & 2;
+        for (int mode = 0; mode < 6; mode++) { /* training or not, times none, relu, hardswish */
+            bool training = mode & 1;
+            fl_act act = mode >> 1 == 0 ? FL_ACT_NONE : mode >> 1 == 1 ? FL_ACT_RELU
+                                                                        : FL_ACT_HARDSWISH;
             char what[128];
             snprintf(what, sizeof what, "bn (%lld, %lld, %lld) %s%s %s", (long long)n,
                      (long long)c, (long long)hw, training ? "training" : "inference",
-                     relu ? " relu" : "", fl_layout_name(l));
+                     act == FL_ACT_NONE ? "" : act == FL_ACT_RELU ? " relu" : " hardswish",
+                     fl_layout_name(l));
             if (!training) /* running statistics, the same for both */
                 for (int64_t i = 0; i < c; i++)
                     mean[i] = mean64[i] = 0.3 * (double)i - 0.5, var[i] = var64[i] = 0.5 + (double)i;
-            ref->bn_forward(t, l, n, c, hw, xl, gamma, beta, 1e-5, training, mean, var, relu, yl);
+            ref->bn_forward(t, l, n, c, hw, xl, gamma, beta, 1e-5, training, mean, var, act, yl);
             ref->bn_forward(FL_DTYPE_F64, FL_LAYOUT_NCHW, n, c, hw, x.d, g64, b64, 1e-5,
-                            training, mean64, var64, relu, y64);
+                            training, mean64, var64, act, y64);
             for (int64_t i = 0; i < c; i++)
                 if (fabs(mean[i] - mean64[i]) > 1e-12 || fabs(var[i] - var64[i]) > 1e-12 * var64[i]) {
                     fprintf(stderr, "%s: channel %lld: mean %.17g var %.17g, want %.17g %.17g\n",
@@ -456,18 +459,17 @@ static void test_bn(fl_dtype t, fl_layout l) {
             for (int64_t i = 0; i < c; i++)
                 dg64[i] = dg[i], db64[i] = db[i];
             for (int acc = 1; acc >= 0; acc--) {
-                ref->bn_backward(t, l, n, c, hw, xl, relu ? yl : NULL, dyl, gamma, mean, var,
+                ref->bn_backward(t, l, n, c, hw, xl, act, yl, dyl, gamma, beta, mean, var,
                                  1e-5, training, dxl, dg, db, acc);
-                ref->bn_backward(FL_DTYPE_F64, FL_LAYOUT_NCHW, n, c, hw, x.d,
-                                 relu ? ry64 : NULL, dy.d, g64, mean64, var64, 1e-5, training,
-                                 dx64, dg64, db64, acc);
+                ref->bn_backward(FL_DTYPE_F64, FL_LAYOUT_NCHW, n, c, hw, x.d, act, ry64, dy.d,
+                                 g64, b64, mean64, var64, 1e-5, training, dx64, dg64, db64, acc);
                 uint16_t *dx = from_layout(t, l, dxl, n, c, hw);
                 check_low(acc ? "bn backward dx (accumulate)" : "bn backward dx", t, dx, dx64, e, 1);
                 check_f32("bn backward dgamma", t, dg, dg64, c);
                 check_f32("bn backward dbeta", t, db, db64, c);
                 fl_free_aligned(dx);
             }
-            ref->bn_backward(t, l, n, c, hw, xl, relu ? yl : NULL, dyl, gamma, mean, var, 1e-5,
+            ref->bn_backward(t, l, n, c, hw, xl, act, yl, dyl, gamma, beta, mean, var, 1e-5,
                              training, NULL, dg, db, false);
             check_f32("bn backward dgamma without dx", t, dg, dg64, c);
             fl_free_aligned(y), fl_free_aligned(ry64), fl_free_aligned(dg), fl_free_aligned(db),

@@ -4,6 +4,8 @@
  * and would dominate a small MLP's step); f64 keeps libm, since it exists for gradient checks. */
 #include "backend_private.h"
 
+#include "kernels/hardswish.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -99,19 +101,13 @@ static void run_span(void (*span)(const float *, float *, int64_t), const float 
     }
 }
 
-/* hardsigmoid(x) = min(max(x + 3, 0), 6) / 6 and hardswish(x) = x hardsigmoid(x), written as
- * PyTorch computes them (hardswish: 0 at or below -3, x at or above 3, so that -inf gives 0),
- * with their derivatives (backend.h); NaN passes through: every comparison fails on it. */
+/* hardsigmoid(x) = min(max(x + 3, 0), 6) / 6, written as PyTorch computes it, with its
+ * derivative (backend.h); NaN passes through: every comparison fails on it. hardswish(x) =
+ * x hardsigmoid(x) is kernels/hardswish.h's. */
 #define STAMP_HARD(T, S)                                                                     \
     static inline T hardsigmoid_##S(T x) {                                                   \
         T v = x + (T)3;                                                                      \
         return (v < (T)0 ? (T)0 : v > (T)6 ? (T)6 : v) / (T)6;                               \
-    }                                                                                        \
-    static inline T hardswish_##S(T x) {                                                     \
-        return x <= (T)-3 ? (T)0 : x >= (T)3 ? x : x * (x + (T)3) / (T)6;                    \
-    }                                                                                        \
-    static inline T hardswish_grad_##S(T x) {                                                \
-        return x < (T)-3 ? (T)0 : x > (T)3 ? (T)1 : x / (T)3 + (T)0.5;                       \
     }                                                                                        \
     static inline T hardsigmoid_grad_##S(T x) {                                              \
         return x > (T)-3 && x < (T)3 ? (T)1 / (T)6 : (T)0;                                   \

@@ -370,23 +370,24 @@ static void ref_pool_backward(fl_dtype t, fl_layout l, fl_pool pool, int64_t n,
 
 static void ref_bn_forward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
                            const void *x, const void *gamma, const void *beta, double eps,
-                           bool training, double *mean, double *var, bool relu, void *y) {
+                           bool training, double *mean, double *var, fl_act act, void *y) {
     if (ref_lowp_is(t))
-        ref_lowp_bn_forward(t, l, n, c, hw, x, gamma, beta, eps, training, mean, var, relu, y);
+        ref_lowp_bn_forward(t, l, n, c, hw, x, gamma, beta, eps, training, mean, var, act, y);
     else
-        cpu_bn_forward(t, l, n, c, hw, x, gamma, beta, eps, training, mean, var, relu, y);
+        cpu_bn_forward(t, l, n, c, hw, x, gamma, beta, eps, training, mean, var, act, y);
 }
 
 static void ref_bn_backward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
-                            const void *x, const void *relu_y, const void *dy, const void *gamma,
-                            const double *mean, const double *var, double eps, bool training,
-                            void *dx, void *dgamma, void *dbeta, bool accumulate) {
+                            const void *x, fl_act act, const void *y, const void *dy,
+                            const void *gamma, const void *beta, const double *mean,
+                            const double *var, double eps, bool training, void *dx,
+                            void *dgamma, void *dbeta, bool accumulate) {
     if (ref_lowp_is(t))
-        ref_lowp_bn_backward(t, l, n, c, hw, x, relu_y, dy, gamma, mean, var, eps, training, dx,
-                             dgamma, dbeta, accumulate);
+        ref_lowp_bn_backward(t, l, n, c, hw, x, act, y, dy, gamma, beta, mean, var, eps,
+                             training, dx, dgamma, dbeta, accumulate);
     else
-        cpu_bn_backward(t, l, n, c, hw, x, relu_y, dy, gamma, mean, var, eps, training, dx,
-                        dgamma, dbeta, accumulate);
+        cpu_bn_backward(t, l, n, c, hw, x, act, y, dy, gamma, beta, mean, var, eps, training,
+                        dx, dgamma, dbeta, accumulate);
 }
 
 /* f32 / f64: conv.c's im2col + gemm on this table's gemm, NCHW; f16 / bf16: a plan that holds

@@ -7,6 +7,7 @@
  * are held to. */
 #include "ref_lowp.h"
 
+#include "kernels/hardswish.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
 
@@ -228,9 +229,14 @@ void ref_lowp_pool_backward(fl_dtype t, fl_layout l, fl_pool pool, int64_t n,
 
 /* --- batch norm (Ioffe & Szegedy 2015, arXiv:1502.03167), per channel in double --- */
 
+/* the activation of a fused batch norm at z (bn_forward's act), in double */
+static double bn_act(fl_act act, double z) {
+    return act == FL_ACT_RELU ? (z > 0 ? z : 0.0) : act == FL_ACT_HARDSWISH ? hardswish_f64(z) : z;
+}
+
 void ref_lowp_bn_forward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
                          const void *x, const void *gamma, const void *beta, double eps,
-                         bool training, double *mean, double *var, bool relu, void *y) {
+                         bool training, double *mean, double *var, fl_act act, void *y) {
     ASSERT_LOW(t);
     for (int64_t ch = 0; ch < c; ch++) {
         if (training) { /* the batch's mean, then the mean squared deviation from it */
@@ -251,23 +257,37 @@ void ref_lowp_bn_forward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t 
         for (int64_t i = 0; i < n; i++)
             for (int64_t p = 0; p < hw; p++) {
                 int64_t e = at(l, c, hw, i, ch, p);
-                double v = ref_lowp_get(t, x, e) * sc + sh;
-                ref_lowp_put(t, y, e, relu && !(v > 0) ? 0.0 : v);
+                ref_lowp_put(t, y, e, bn_act(act, ref_lowp_get(t, x, e) * sc + sh));
             }
     }
 }
 
+/* dz at element e: dy masked by y > 0 (relu), dy hardswish'(z) with z recomputed in double as
+ * the forward computed it (hardswish), or dy */
+static double bn_dz(fl_dtype t, fl_act act, const void *x, const void *y, const void *dy,
+                    double sc, double sh, int64_t e) {
+    double d = ref_lowp_get(t, dy, e);
+    if (act == FL_ACT_RELU)
+        return ref_lowp_get(t, y, e) > 0 ? d : 0.0;
+    if (act == FL_ACT_HARDSWISH)
+        return d * hardswish_grad_f64(ref_lowp_get(t, x, e) * sc + sh);
+    return d;
+}
+
 void ref_lowp_bn_backward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t hw,
-                          const void *x, const void *relu_y, const void *dy, const void *gamma,
-                          const double *mean, const double *var, double eps, bool training,
-                          void *dx, void *dgamma, void *dbeta, bool accumulate) {
+                          const void *x, fl_act act, const void *y, const void *dy,
+                          const void *gamma, const void *beta, const double *mean,
+                          const double *var, double eps, bool training, void *dx, void *dgamma,
+                          void *dbeta, bool accumulate) {
     ASSERT_LOW(t);
     for (int64_t ch = 0; ch < c; ch++) {
         double m = mean[ch], is = 1.0 / sqrt(var[ch] + eps), sdy = 0, sdyx = 0;
+        /* the forward's z = x sc + sh */
+        double sc = getf(gamma, ch) / sqrt(var[ch] + eps), sh = getf(beta, ch) - m * sc;
         for (int64_t i = 0; i < n; i++)
             for (int64_t p = 0; p < hw; p++) {
                 int64_t e = at(l, c, hw, i, ch, p);
-                double d = relu_y && !(ref_lowp_get(t, relu_y, e) > 0) ? 0 : ref_lowp_get(t, dy, e);
+                double d = bn_dz(t, act, x, y, dy, sc, sh, e);
                 sdy += d;
                 sdyx += d * (ref_lowp_get(t, x, e) - m) * is; /* d xhat */
             }
@@ -282,7 +302,7 @@ void ref_lowp_bn_backward(fl_dtype t, fl_layout l, int64_t n, int64_t c, int64_t
         for (int64_t i = 0; i < n; i++)
             for (int64_t p = 0; p < hw; p++) {
                 int64_t e = at(l, c, hw, i, ch, p);
-                double d = relu_y && !(ref_lowp_get(t, relu_y, e) > 0) ? 0 : ref_lowp_get(t, dy, e);
+                double d = bn_dz(t, act, x, y, dy, sc, sh, e);
                 double xhat = (ref_lowp_get(t, x, e) - m) * is;
                 ref_lowp_put(t, dx, e, k * (d - mdy - xhat * mdyx));
             }

@@ -60,11 +60,12 @@ void ref_lowp_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t 
 /* gamma, beta, dgamma, dbeta: f32; mean, var: double */
 void ref_lowp_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                          const void *x, const void *gamma, const void *beta, double eps,
-                         bool training, double *mean, double *var, bool relu, void *y);
+                         bool training, double *mean, double *var, fl_act act, void *y);
 void ref_lowp_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
-                          const void *x, const void *relu_y, const void *dy, const void *gamma,
-                          const double *mean, const double *var, double eps, bool training,
-                          void *dx, void *dgamma, void *dbeta, bool accumulate);
+                          const void *x, fl_act act, const void *y, const void *dy,
+                          const void *gamma, const void *beta, const double *mean, const double *var,
+                          double eps, bool training, void *dx, void *dgamma, void *dbeta,
+                          bool accumulate);
 
 /* The convolution of a plan whose d->dtype is low (checked by fl_conv_desc_check_low), direct
  * loops in either layout, no scratch: x, y, dx, dy low; w, bias, dw, dbias f32 (w read rounded

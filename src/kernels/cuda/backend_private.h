@@ -160,11 +160,12 @@ void cuda_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
 /* bn.cu */
 void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                      const void *x, const void *gamma, const void *beta, double eps,
-                     bool training, double *mean, double *var, bool relu, void *y);
+                     bool training, double *mean, double *var, fl_act act, void *y);
 void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
-                      const void *x, const void *relu_y, const void *dy, const void *gamma,
-                      const double *mean, const double *var, double eps, bool training,
-                      void *dx, void *dgamma, void *dbeta, bool accumulate);
+                      const void *x, fl_act act, const void *y, const void *dy,
+                      const void *gamma, const void *beta, const double *mean, const double *var,
+                      double eps, bool training, void *dx, void *dgamma, void *dbeta,
+                      bool accumulate);
 
 /* dgc.cu */
 void cuda_dgc_accumulate(int64_t n, const float *grad, const float *w, float *u, float *v,

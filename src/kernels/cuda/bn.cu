@@ -1,6 +1,7 @@
 /* bn.cu - the cuda backend's batch norm (Ioffe & Szegedy 2015, arXiv:1502.03167), NCHW and
  * NHWC, forward (training: the batch's mean and biased variance, in double, into the caller's
- * device arrays; inference: those arrays read) with the fused ReLU, and backward with relu_y.
+ * device arrays; inference: those arrays read) with the fused ReLU or hardswish, and backward
+ * masking by the ReLU's output or recomputing the hardswish's input.
  * fleet's own kernels, not cuDNN's: cuDNN keeps a float inverse variance and updates running
  * statistics itself, where fleet's contract is double statistics returned to the layer. The
  * per-channel sums are this file's fixed-order reductions in double (bn_sums: NCHW planes a
@@ -275,7 +276,8 @@ template <class T> struct stat_store {
     }
 };
 
-/* --- y = [relu](x a + b), a = gamma / sqrt(var + eps), b = beta - mean a --- */
+/* --- y = act(x a + b), a = gamma / sqrt(var + eps), b = beta - mean a; act none, relu or
+ * hardswish --- */
 
 template <class T>
 __global__ void bn_coef_k(const T *gamma, const T *beta, const double *mean, const double *var,
@@ -287,27 +289,38 @@ __global__ void bn_coef_k(const T *gamma, const T *beta, const double *mean, con
     }
 }
 
-template <class T> __device__ __forceinline__ T bn_affine(T x, T a, T b, bool relu) {
+template <class T> __device__ __forceinline__ T bn_affine(T x, T a, T b, fl_act act) {
     T v = x * a + b;
-    return relu ? (v > (T)0 ? v : (T)0) : v;
+    return act == FL_ACT_RELU        ? (v > (T)0 ? v : (T)0)
+           : act == FL_ACT_HARDSWISH ? act_hardswish(v)
+                                     : v;
+}
+
+/* the gradient dz of the activation at z = x a + b (recomputed for hardswish; the relu's mask
+ * from its output y) */
+template <class T>
+__device__ __forceinline__ T bn_dz(fl_act act, T x, T y, T dy, T a, T b) {
+    return act == FL_ACT_RELU        ? relu_keep(y, dy)
+           : act == FL_ACT_HARDSWISH ? dy * act_hardswish_grad(x * a + b)
+                                     : dy;
 }
 
 /* VEC: element i = 4 q and the next three, one channel (NCHW) or channels c .. c + 3 (NHWC) */
 template <class T, bool SMALL, bool VEC>
-__global__ void bn_apply_k(bn_shape s, int64_t total, const T *x, const T *ab, bool relu, T *y) {
+__global__ void bn_apply_k(bn_shape s, int64_t total, const T *x, const T *ab, fl_act act, T *y) {
     if (VEC) {
         GRID_STRIDE(q, total / 4) {
             int64_t i = 4 * q, c = bn_channel<SMALL>(s, i), d = s.nhwc ? 1 : 0;
             T v[4];
             load4(x + i, v);
             for (int j = 0; j < 4; j++)
-                v[j] = bn_affine(v[j], ab[c + d * j], ab[s.C + c + d * j], relu);
+                v[j] = bn_affine(v[j], ab[c + d * j], ab[s.C + c + d * j], act);
             store4(y + i, v);
         }
     } else {
         GRID_STRIDE(i, total) {
             int64_t c = bn_channel<SMALL>(s, i);
-            y[i] = bn_affine(x[i], ab[c], ab[s.C + c], relu);
+            y[i] = bn_affine(x[i], ab[c], ab[s.C + c], act);
         }
     }
 }
@@ -319,7 +332,7 @@ static void check_layout(const char *op, fl_layout layout) {
 
 extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                                 const void *x, const void *gamma, const void *beta, double eps,
-                                bool training, double *mean, double *var, bool relu, void *y) {
+                                bool training, double *mean, double *var, fl_act act, void *y) {
     const char *op = "bn_forward";
     check_layout(op, layout);
     if (c <= 0)
@@ -341,7 +354,7 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
         if (total > 0) {
             DISPATCH_BOOL(S, small, DISPATCH_BOOL(V, vec, {
                 bn_apply_k<T, S, V><<<blocks_for_vec(total, V), THREADS, 0, cuda_stream()>>>(
-                    s, total, xt, ab, relu, (T *)y);
+                    s, total, xt, ab, act, (T *)y);
             }));
             CU_LAUNCHED(op);
         }
@@ -351,17 +364,22 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
 
 /* --- backward --- */
 
-/* (d, d (x - mean)) with d = dy masked by relu_y > 0; x - mean in T as the cpu table */
+/* (d, d (x - mean)) with d = bn_dz (ry: the relu's output, ab: the forward's a, b for
+ * hardswish); x - mean in T as the cpu table */
 template <class T> struct grad_f {
-    const T      *x, *ry, *dy;
+    const T      *x, *ry, *dy, *ab;
     const double *mean;
+    fl_act        act;
+    int64_t       C;
     struct ch {
-        T m;
+        T m, a, b;
     };
     struct vals {
         T x[4], ry[4], dy[4];
     };
-    __device__ ch channel(int64_t c) const { return ch{(T)mean[c]}; }
+    __device__ ch channel(int64_t c) const {
+        return ab ? ch{(T)mean[c], ab[c], ab[C + c]} : ch{(T)mean[c], (T)0, (T)0};
+    }
     __device__ void load1(int64_t i, vals &v, int j) const {
         v.x[j] = x[i], v.dy[j] = dy[i];
         if (ry)
@@ -373,7 +391,7 @@ template <class T> struct grad_f {
             ::load4(ry + i, v.ry);
     }
     __device__ void add(const ch &h, const vals &v, int j, double2 &acc) const {
-        T d = ry ? relu_keep(v.ry[j], v.dy[j]) : v.dy[j];
+        T d = bn_dz(act, v.x[j], ry ? v.ry[j] : (T)0, v.dy[j], h.a, h.b);
         acc.x += (double)d, acc.y += (double)(d * (v.x[j] - h.m));
     }
 };
@@ -400,15 +418,15 @@ template <class T> struct grad_store {
 };
 
 template <class T>
-__device__ __forceinline__ T bn_dx(const T *coef, int64_t C, int64_t c, const double *mean, T x,
-                                   T ry, T dy, bool has_ry) {
-    T d = has_ry ? relu_keep(ry, dy) : dy;
+__device__ __forceinline__ T bn_dx(const T *coef, const T *ab, int64_t C, int64_t c,
+                                   const double *mean, fl_act act, T x, T ry, T dy) {
+    T d = bn_dz(act, x, ry, dy, ab ? ab[c] : (T)0, ab ? ab[C + c] : (T)0);
     return coef[c] * d + coef[C + c] * (x - (T)mean[c]) + coef[2 * C + c];
 }
 
 template <class T, bool SMALL, bool VEC>
-__global__ void bn_dx_k(bn_shape s, int64_t total, const T *x, const T *ry, const T *dy,
-                        const double *mean, const T *coef, T *dx) {
+__global__ void bn_dx_k(bn_shape s, int64_t total, const T *x, fl_act act, const T *ry,
+                        const T *dy, const T *ab, const double *mean, const T *coef, T *dx) {
     int64_t C = s.C;
     if (VEC) {
         GRID_STRIDE(q, total / 4) {
@@ -418,22 +436,22 @@ __global__ void bn_dx_k(bn_shape s, int64_t total, const T *x, const T *ry, cons
             if (ry)
                 load4(ry + i, rv);
             for (int j = 0; j < 4; j++)
-                xv[j] = bn_dx(coef, C, c + d * j, mean, xv[j], rv[j], dv[j], ry != NULL);
+                xv[j] = bn_dx(coef, ab, C, c + d * j, mean, act, xv[j], rv[j], dv[j]);
             store4(dx + i, xv);
         }
     } else {
         GRID_STRIDE(i, total) {
             int64_t c = bn_channel<SMALL>(s, i);
-            dx[i] = bn_dx(coef, C, c, mean, x[i], ry ? ry[i] : (T)0, dy[i], ry != NULL);
+            dx[i] = bn_dx(coef, ab, C, c, mean, act, x[i], ry ? ry[i] : (T)0, dy[i]);
         }
     }
 }
 
 extern "C" void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
-                                 const void *x, const void *relu_y, const void *dy,
-                                 const void *gamma, const double *mean, const double *var,
-                                 double eps, bool training, void *dx, void *dgamma, void *dbeta,
-                                 bool accumulate) {
+                                 const void *x, fl_act act, const void *y, const void *dy,
+                                 const void *gamma, const void *beta, const double *mean,
+                                 const double *var, double eps, bool training, void *dx,
+                                 void *dgamma, void *dbeta, bool accumulate) {
     const char *op = "bn_backward";
     check_layout(op, layout);
     if (c <= 0)
@@ -441,18 +459,25 @@ extern "C" void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_
     bool nhwc = layout == FL_LAYOUT_NHWC;
     int64_t R = n * hw, total = R * c;
     bool small = total < INT32_MAX && hw >= 1;
+    const void *relu_y = act == FL_ACT_RELU ? y : NULL;
     bool vec = vec_ok(nhwc, c, hw, x, relu_y, dy, dx);
     bn_shape s = shape_of(nhwc, c, hw, small);
     DISPATCH_T(op, t, {
         const T *xt = (const T *)x, *ry = (const T *)relu_y, *dyt = (const T *)dy;
-        T *coef = (T *)cuda_get((size_t)(3 * c) * sizeof(T), op);
+        T *coef = (T *)cuda_get((size_t)(5 * c) * sizeof(T), op), *ab = NULL;
+        if (act == FL_ACT_HARDSWISH) { /* the forward's a, b, for z */
+            ab = coef + 3 * c;
+            bn_coef_k<T><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
+                (const T *)gamma, (const T *)beta, mean, var, eps, c, ab);
+            CU_LAUNCHED(op);
+        }
         grad_store<T> st = {(const T *)gamma, mean, var, eps, (double)R, training, accumulate,
                             (T *)dgamma, (T *)dbeta, coef, c};
-        bn_sums(small, vec, s, grad_f<T>{xt, ry, dyt, mean}, st, R, op);
+        bn_sums(small, vec, s, grad_f<T>{xt, ry, dyt, ab, mean, act, c}, st, R, op);
         if (dx && total > 0) {
             DISPATCH_BOOL(S, small, DISPATCH_BOOL(V, vec, {
                 bn_dx_k<T, S, V><<<blocks_for_vec(total, V), THREADS, 0, cuda_stream()>>>(
-                    s, total, xt, ry, dyt, mean, coef, (T *)dx);
+                    s, total, xt, act, ry, dyt, ab, mean, coef, (T *)dx);
             }));
             CU_LAUNCHED(op);
         }

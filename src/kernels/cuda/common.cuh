@@ -50,6 +50,15 @@ __device__ __forceinline__ double relu_keep(double y, double d) {
     return __double_as_longlong(y) > 0 ? d : 0.0;
 }
 
+/* hardswish (MobileNetV3, arXiv:1905.02244) and its derivative, written as the CPU table's
+ * (kernels/hardswish.h): the activation kernels and batch norm's fused hardswish */
+template <class T> __device__ __forceinline__ T act_hardswish(T x) {
+    return x <= (T)-3 ? (T)0 : x >= (T)3 ? x : x * (x + (T)3) / (T)6;
+}
+template <class T> __device__ __forceinline__ T act_hardswish_grad(T x) {
+    return x < (T)-3 ? (T)0 : x > (T)3 ? (T)1 : x / (T)3 + (T)0.5;
+}
+
 /* The sum of v over the block (blockDim.x a power of two <= 1024), valid in thread 0; every
  * thread must call it. */
 __device__ __forceinline__ double block_sum(double v, double *sh) {

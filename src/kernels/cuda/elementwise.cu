@@ -86,13 +86,11 @@ __device__ __forceinline__ float act_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double act_tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float act_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ double act_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-/* MobileNetV3's hard activations (arXiv:1905.02244), written as the CPU table's */
+/* MobileNetV3's hardsigmoid (arXiv:1905.02244), written as the CPU table's; hardswish is
+ * common.cuh's */
 template <class T> __device__ __forceinline__ T act_hardsigmoid(T x) {
     T v = x + (T)3;
     return (v < (T)0 ? (T)0 : v > (T)6 ? (T)6 : v) / (T)6;
-}
-template <class T> __device__ __forceinline__ T act_hardswish(T x) {
-    return x <= (T)-3 ? (T)0 : x >= (T)3 ? x : x * (x + (T)3) / (T)6;
 }
 
 template <class T> __global__ void act_fwd_k(fl_act a, const T *x, T *y, int64_t n) {
@@ -118,11 +116,7 @@ __global__ void act_bwd_k(fl_act a, const T *x, const T *y, const T *dy, T *dx, 
         case FL_ACT_RELU: d = x[i] > (T)0 ? d : (T)0; break;
         case FL_ACT_TANH: d = d * ((T)1 - y[i] * y[i]); break;
         case FL_ACT_SIGMOID: d = d * y[i] * ((T)1 - y[i]); break;
-        case FL_ACT_HARDSWISH: {
-            T xi = x[i];
-            d = d * (xi < (T)-3 ? (T)0 : xi > (T)3 ? (T)1 : xi / (T)3 + (T)0.5);
-            break;
-        }
+        case FL_ACT_HARDSWISH: d = d * act_hardswish_grad(x[i]); break;
         case FL_ACT_HARDSIGMOID: d = x[i] > (T)-3 && x[i] < (T)3 ? d * ((T)1 / (T)6) : (T)0; break;
         default: break;
         }

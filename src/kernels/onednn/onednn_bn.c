@@ -4,13 +4,15 @@
  * fewer than the threads). x is N HW rows of C contiguous channels, cut into blocks of rows and
  * channels fixed by the shape; each block sums its rows (float over a few rows, then double,
  * one vector lane per channel), and the blocks' per-channel partials are added in row-block
- * order; the normalisation and dx are elementwise, blocks of rows over threads. The fused ReLU
- * is applied in the forward's loop, and the backward masks dy by the ReLU's output (relu_y > 0)
- * as it reads it. NCHW and f64 go to the cpu table, whose per-channel sums are fixed likewise.
+ * order; the normalisation and dx are elementwise, blocks of rows over threads. A fused ReLU
+ * or hardswish is applied in the forward's loop; the backward masks dy by the ReLU's output
+ * (y > 0) as it reads it, or multiplies it by hardswish' at z = x a + b, recomputed from x with
+ * the forward's a and b (the forward's own expression, so the same bits). NCHW and f64 go to the cpu table, whose per-channel sums are fixed likewise.
  * As fast as oneDNN's kernels or faster (all batch norms of a ResNet-50 training step, batch
  * 8, 1 thread: forward 29-31 ms against 30-31, backward 49-53 against 57-60). */
 #include "onednn_impl.h"
 
+#include "kernels/hardswish.h"
 #include "kernels/relu_mask.h"
 
 #include <math.h>
@@ -100,11 +102,37 @@ MULTIVERSION static void stats_block(const float *x, int64_t ld, int64_t r0, int
     memcpy(o2, a2, (size_t)cn * sizeof(double));
 }
 
-/* o1, o2 (cn) = sums over rows [r0, r1) of d and d (x - m), d = dy, or 0 where relu_y (when
- * given) is not > 0; float over FROWS rows, then double, as stats_block */
-MULTIVERSION static void grad_block(const float *x, const float *ry, const float *dy, int64_t ld,
-                                    int64_t r0, int64_t r1, int64_t cn, const float *m,
-                                    double *o1, double *o2) {
+/* The activation's gradient dz of a fused batch norm from dy at channel j of a row: masked
+ * by the ReLU's output y > 0, times hardswish' at z = x a + b (a, b: the forward's per-channel
+ * scale and shift), or dy as it is; act is a constant where the loops below call it. */
+static inline float dz_of(fl_act act, const float *xr, const float *yr, const float *dr,
+                          const float *a, const float *b, int64_t j) {
+    return act == FL_ACT_RELU        ? keep_f32(yr[j], dr[j])
+           : act == FL_ACT_HARDSWISH ? dr[j] * hardswish_grad_f32(xr[j] * a[j] + b[j])
+                                     : dr[j];
+}
+
+/* BODY over j in [0, cn) as a simd loop, one loop per activation, with A the constant act */
+#define ACT_LOOP(act, cn, BODY)                                                               \
+    do {                                                                                      \
+        if ((act) == FL_ACT_RELU) {                                                           \
+            const fl_act A = FL_ACT_RELU;                                                     \
+            _Pragma("omp simd") for (int64_t j = 0; j < (cn); j++) BODY                       \
+        } else if ((act) == FL_ACT_HARDSWISH) {                                               \
+            const fl_act A = FL_ACT_HARDSWISH;                                                \
+            _Pragma("omp simd") for (int64_t j = 0; j < (cn); j++) BODY                       \
+        } else {                                                                              \
+            const fl_act A = FL_ACT_NONE;                                                     \
+            _Pragma("omp simd") for (int64_t j = 0; j < (cn); j++) BODY                       \
+        }                                                                                     \
+    } while (0)
+
+/* o1, o2 (cn) = sums over rows [r0, r1) of dz and dz (x - m) (dz_of; y read for relu, za, zb
+ * for hardswish); float over FROWS rows, then double, as stats_block */
+MULTIVERSION static void grad_block(const float *x, fl_act act, const float *ry, const float *dy,
+                                    int64_t ld, int64_t r0, int64_t r1, int64_t cn,
+                                    const float *m, const float *za, const float *zb, double *o1,
+                                    double *o2) {
     double a1[CB], a2[CB];
     float f1[CB], f2[CB];
     for (int64_t j = 0; j < cn; j++)
@@ -114,22 +142,12 @@ MULTIVERSION static void grad_block(const float *x, const float *ry, const float
         for (int64_t j = 0; j < cn; j++)
             f1[j] = 0, f2[j] = 0;
         for (int64_t q = r; q < re; q++) {
-            const float *xr = x + q * ld, *dr = dy + q * ld;
-            if (ry) {
-                const float *yr = ry + q * ld;
-#pragma omp simd
-                for (int64_t j = 0; j < cn; j++) {
-                    float d = keep_f32(yr[j], dr[j]);
-                    f1[j] += d;
-                    f2[j] += d * (xr[j] - m[j]);
-                }
-            } else {
-#pragma omp simd
-                for (int64_t j = 0; j < cn; j++) {
-                    f1[j] += dr[j];
-                    f2[j] += dr[j] * (xr[j] - m[j]);
-                }
-            }
+            const float *xr = x + q * ld, *dr = dy + q * ld, *yr = ry ? ry + q * ld : NULL;
+            ACT_LOOP(act, cn, {
+                float d = dz_of(A, xr, yr, dr, za, zb, j);
+                f1[j] += d;
+                f2[j] += d * (xr[j] - m[j]);
+            });
         }
 #pragma omp simd
         for (int64_t j = 0; j < cn; j++) {
@@ -154,16 +172,17 @@ static void nhwc_stats_partials(const bn_blocks *k, const float *x, const float 
     }
 }
 
-/* p1, p2 (nrb, C): per row block, the sums over its rows of d and d (x - m) (grad_block) */
-static void nhwc_grad_partials(const bn_blocks *k, const float *x, const float *ry,
-                               const float *dy, const float *m, double *p1, double *p2) {
+/* p1, p2 (nrb, C): per row block, the sums over its rows of dz and dz (x - m) (grad_block) */
+static void nhwc_grad_partials(const bn_blocks *k, const float *x, fl_act act, const float *ry,
+                               const float *dy, const float *m, const float *za,
+                               const float *zb, double *p1, double *p2) {
     int64_t nt = k->nrb * k->ncb;
 #pragma omp parallel for schedule(static) if (k->rows * k->c >= PAR_FLOATS)
     for (int64_t t = 0; t < nt; t++) {
         int64_t r0, r1, c0, cn, o = t / k->ncb * k->c;
         block_range(k, t, &r0, &r1, &c0, &cn);
-        grad_block(x + c0, ry ? ry + c0 : NULL, dy + c0, k->c, r0, r1, cn, m + c0, p1 + o + c0,
-                   p2 + o + c0);
+        grad_block(x + c0, act, ry ? ry + c0 : NULL, dy + c0, k->c, r0, r1, cn, m + c0, za + c0,
+                   zb + c0, p1 + o + c0, p2 + o + c0);
     }
 }
 
@@ -182,18 +201,22 @@ static void sum_partials(const bn_blocks *k, const double *p, double *s) {
     }
 }
 
-/* y = [relu](x a + b) per channel (a, b: C floats), rows [r0, r1) */
+/* y = act(x a + b) per channel (a, b: C floats), rows [r0, r1) */
 MULTIVERSION static void apply_rows(int64_t r0, int64_t r1, int64_t c, const float *x,
-                                    const float *a, const float *b, bool relu, float *y) {
+                                    const float *a, const float *b, fl_act act, float *y) {
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * c;
         float *yr = y + r * c;
-        if (relu) {
+        if (act == FL_ACT_RELU) {
 #pragma omp simd
             for (int64_t j = 0; j < c; j++) {
                 float v = xr[j] * a[j] + b[j];
                 yr[j] = v > 0 ? v : 0;
             }
+        } else if (act == FL_ACT_HARDSWISH) {
+#pragma omp simd
+            for (int64_t j = 0; j < c; j++)
+                yr[j] = hardswish_f32(xr[j] * a[j] + b[j]);
         } else {
 #pragma omp simd
             for (int64_t j = 0; j < c; j++)
@@ -202,51 +225,53 @@ MULTIVERSION static void apply_rows(int64_t r0, int64_t r1, int64_t c, const flo
     }
 }
 
-/* dx = a d + bx (x - m) + c0 per channel, d = dy masked by relu_y (when given), rows
- * [r0, r1) */
-MULTIVERSION static void dx_rows(int64_t r0, int64_t r1, int64_t c, const float *x,
-                                 const float *ry, const float *dy, const float *a,
-                                 const float *bx, const float *m, const float *c0, float *dx) {
+/* dx = a dz + bx (x - m) + c0 per channel, dz = dz_of(act, ...) (za, zb: the forward's scale
+ * and shift), rows [r0, r1) */
+MULTIVERSION static void dx_rows(int64_t r0, int64_t r1, int64_t c, const float *x, fl_act act,
+                                 const float *ry, const float *dy, const float *za,
+                                 const float *zb, const float *a, const float *bx,
+                                 const float *m, const float *c0, float *dx) {
     for (int64_t r = r0; r < r1; r++) {
         int64_t off = r * c;
-        const float *xr = x + off, *dr = dy + off;
+        const float *xr = x + off, *dr = dy + off, *yr = ry ? ry + off : NULL;
         float *o = dx + off;
-        if (ry) {
-            const float *yr = ry + off;
-#pragma omp simd
-            for (int64_t j = 0; j < c; j++)
-                o[j] = a[j] * keep_f32(yr[j], dr[j]) + bx[j] * (xr[j] - m[j]) + c0[j];
-        } else {
-#pragma omp simd
-            for (int64_t j = 0; j < c; j++)
-                o[j] = a[j] * dr[j] + bx[j] * (xr[j] - m[j]) + c0[j];
-        }
+        ACT_LOOP(act, c, { o[j] = a[j] * dz_of(A, xr, yr, dr, za, zb, j) + bx[j] * (xr[j] - m[j]) + c0[j]; });
     }
 }
 
 /* The elementwise passes over rows in blocks of about ROW_FLOATS floats, blocks over threads
  * (which rows a thread gets changes no result). */
 static void nhwc_apply(int64_t rows, int64_t c, const float *x, const float *a, const float *b,
-                       bool relu, float *y) {
+                       fl_act act, float *y) {
     int64_t rb = ROW_FLOATS / c > 1 ? ROW_FLOATS / c : 1, nrb = (rows + rb - 1) / rb;
 #pragma omp parallel for schedule(static) if (rows * c >= PAR_FLOATS)
     for (int64_t i = 0; i < nrb; i++)
-        apply_rows(i * rb, (i + 1) * rb < rows ? (i + 1) * rb : rows, c, x, a, b, relu, y);
+        apply_rows(i * rb, (i + 1) * rb < rows ? (i + 1) * rb : rows, c, x, a, b, act, y);
 }
 
-static void nhwc_dx(int64_t rows, int64_t c, const float *x, const float *ry, const float *dy,
-                    const float *a, const float *bx, const float *m, const float *c0,
-                    float *dx) {
+static void nhwc_dx(int64_t rows, int64_t c, const float *x, fl_act act, const float *ry,
+                    const float *dy, const float *za, const float *zb, const float *a,
+                    const float *bx, const float *m, const float *c0, float *dx) {
     int64_t rb = ROW_FLOATS / c > 1 ? ROW_FLOATS / c : 1, nrb = (rows + rb - 1) / rb;
 #pragma omp parallel for schedule(static) if (rows * c >= PAR_FLOATS)
     for (int64_t i = 0; i < nrb; i++)
-        dx_rows(i * rb, (i + 1) * rb < rows ? (i + 1) * rb : rows, c, x, ry, dy, a, bx, m, c0,
-                dx);
+        dx_rows(i * rb, (i + 1) * rb < rows ? (i + 1) * rb : rows, c, x, act, ry, dy, za, zb, a,
+                bx, m, c0, dx);
+}
+
+/* a, b (C floats) = the forward's scale gamma / sqrt(var + eps) and shift beta - mean scale */
+static void affine_of(int64_t c, const float *gamma, const float *beta, const double *mean,
+                      const double *var, double eps, float *a, float *b) {
+    for (int64_t j = 0; j < c; j++) {
+        double sc = (double)gamma[j] / sqrt(var[j] + eps);
+        a[j] = (float)sc;
+        b[j] = (float)((double)beta[j] - mean[j] * sc);
+    }
 }
 
 static void nhwc_forward(int64_t rows, int64_t c, const float *x, const float *gamma,
                          const float *beta, double eps, bool training, double *mean, double *var,
-                         bool relu, float *y) {
+                         fl_act act, float *y) {
     bn_blocks k = blocks_of(rows, c);
     /* the calling thread's: scale, shift, the statistics' shift (C floats each), then when
      * training the partials (2 nrb C doubles) and their sums (2 C) */
@@ -265,26 +290,25 @@ static void nhwc_forward(int64_t rows, int64_t c, const float *x, const float *g
             var[j] = v > 0 ? v : 0;
         }
     }
-    for (int64_t j = 0; j < c; j++) {
-        double sc = (double)gamma[j] / sqrt(var[j] + eps);
-        a[j] = (float)sc;
-        b[j] = (float)((double)beta[j] - mean[j] * sc);
-    }
-    nhwc_apply(rows, c, x, a, b, relu, y);
+    affine_of(c, gamma, beta, mean, var, eps, a, b);
+    nhwc_apply(rows, c, x, a, b, act, y);
 }
 
-static void nhwc_backward(int64_t rows, int64_t c, const float *x, const float *ry,
-                          const float *dy, const float *gamma, const double *mean,
-                          const double *var, double eps, bool training, float *dx, float *dgamma,
-                          float *dbeta, bool accumulate) {
+static void nhwc_backward(int64_t rows, int64_t c, const float *x, fl_act act, const float *ry,
+                          const float *dy, const float *gamma, const float *beta,
+                          const double *mean, const double *var, double eps, bool training,
+                          float *dx, float *dgamma, float *dbeta, bool accumulate) {
     bn_blocks k = blocks_of(rows, c);
     size_t pd = 2 * (size_t)((k.nrb + 1) * c);
-    double *p1 = onednn_tls_buf(pd * sizeof(double) + 4 * (size_t)c * sizeof(float));
+    double *p1 = onednn_tls_buf(pd * sizeof(double) + 6 * (size_t)c * sizeof(float));
     double *p2 = p1 + k.nrb * c, *sdy = p2 + k.nrb * c, *sdyx = sdy + c;
-    float *a = (float *)(p1 + pd), *bx = a + c, *m = bx + c, *c0 = m + c;
+    float *a = (float *)(p1 + pd), *bx = a + c, *m = bx + c, *c0 = m + c, *za = c0 + c;
+    float *zb = za + c;
     for (int64_t j = 0; j < c; j++)
         m[j] = (float)mean[j];
-    nhwc_grad_partials(&k, x, ry, dy, m, p1, p2);
+    if (act == FL_ACT_HARDSWISH)
+        affine_of(c, gamma, beta, mean, var, eps, za, zb);
+    nhwc_grad_partials(&k, x, act, ry, dy, m, za, zb, p1, p2);
     sum_partials(&k, p1, sdy);
     sum_partials(&k, p2, sdyx);
     for (int64_t j = 0; j < c; j++) {
@@ -301,35 +325,36 @@ static void nhwc_backward(int64_t rows, int64_t c, const float *x, const float *
         c0[j] = (float)(-kk * mdy - kk * is * mdyx * ((double)m[j] - mean[j]));
     }
     if (dx)
-        nhwc_dx(rows, c, x, ry, dy, a, bx, m, c0, dx);
+        nhwc_dx(rows, c, x, act, ry, dy, za, zb, a, bx, m, c0, dx);
 }
 
 /* ------------------------------------------------------------------------------------------ */
 
 void onednn_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                        const void *x, const void *gamma, const void *beta, double eps,
-                       bool training, double *mean, double *var, bool relu, void *y) {
+                       bool training, double *mean, double *var, fl_act act, void *y) {
     if (t != FL_DTYPE_F32 || layout == FL_LAYOUT_NCHW) {
         onednn_cpu()->bn_forward(t, layout, n, c, hw, x, gamma, beta, eps, training, mean, var,
-                                 relu, y);
+                                 act, y);
         return;
     }
     if (n == 0 || c == 0 || hw == 0)
         return;
-    nhwc_forward(n * hw, c, x, gamma, beta, eps, training, mean, var, relu, y);
+    nhwc_forward(n * hw, c, x, gamma, beta, eps, training, mean, var, act, y);
 }
 
 void onednn_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
-                        const void *x, const void *relu_y, const void *dy, const void *gamma,
-                        const double *mean, const double *var, double eps, bool training,
-                        void *dx, void *dgamma, void *dbeta, bool accumulate) {
+                        const void *x, fl_act act, const void *y, const void *dy,
+                        const void *gamma, const void *beta, const double *mean,
+                        const double *var, double eps, bool training, void *dx, void *dgamma,
+                        void *dbeta, bool accumulate) {
     if (t != FL_DTYPE_F32 || layout == FL_LAYOUT_NCHW) {
-        onednn_cpu()->bn_backward(t, layout, n, c, hw, x, relu_y, dy, gamma, mean, var, eps,
-                                  training, dx, dgamma, dbeta, accumulate);
+        onednn_cpu()->bn_backward(t, layout, n, c, hw, x, act, y, dy, gamma, beta, mean, var,
+                                  eps, training, dx, dgamma, dbeta, accumulate);
         return;
     }
     if (c == 0)
         return;
-    nhwc_backward(n * hw, c, x, relu_y, dy, gamma, mean, var, eps, training, dx, dgamma, dbeta,
-                  accumulate);
+    nhwc_backward(n * hw, c, x, act, act == FL_ACT_RELU ? y : NULL, dy, gamma, beta, mean, var,
+                  eps, training, dx, dgamma, dbeta, accumulate);
 }
