@@ -4,14 +4,15 @@
  * and would dominate a small MLP's step); f64 keeps libm, since it exists for gradient checks. */
 #include "backend_private.h"
 
-#include "kernels/hardswish.h"
-
 #include <math.h>
 #include <string.h>
 
 /* Both sides of tanh's branch select and the clamps must be computed unconditionally for the
  * loops to vectorise; GCC only if-converts a division when FP traps are declared unobserved. */
 #pragma GCC optimize("no-trapping-math")
+
+/* after the pragma: an inline function of other optimisation options is not inlined here */
+#include "kernels/hardswish.h"
 
 /* e^y for y in [-87, 89] (callers clamp; above ln(FLT_MAX) = 88.72 it returns +inf):
  * y = n ln2 + r, |r| <= ln2/2, e^r by Taylor to r^7 (truncation < 1e-8 relative), 2^n built

@@ -5,12 +5,19 @@
  * over OpenMP threads, so results do not depend on the thread count. */
 #include "backend_private.h"
 
-#include "kernels/hardswish.h"
 #include "kernels/relu_mask.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* no FP exception is ever enabled: the fused hardswish's division may then run in every lane,
+ * and its loops vectorise (as in act_kernels.c); hardswish.h after it, so that its inline
+ * functions carry the same options and inline */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include "kernels/hardswish.h"
 
 /* BODY over i in [0, hw) under PRAGMA, one loop for the relu and one for none, with A the
  * constant act (each loop's bn_dz folds to its one expression) */

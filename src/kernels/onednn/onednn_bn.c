@@ -12,11 +12,18 @@
  * 8, 1 thread: forward 29-31 ms against 30-31, backward 49-53 against 57-60). */
 #include "onednn_impl.h"
 
-#include "kernels/hardswish.h"
 #include "kernels/relu_mask.h"
 
 #include <math.h>
 #include <string.h>
+
+/* no FP exception is ever enabled: the fused hardswish's division may then run in every lane of
+ * a vector, and the loops with it vectorise (as in src/kernels/cpu/act_kernels.c); hardswish.h
+ * after it, so that its inline functions carry the same options and inline */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include "kernels/hardswish.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* channels-last by hand */
@@ -127,14 +134,16 @@ static inline float dz_of(fl_act act, const float *xr, const float *yr, const fl
         }                                                                                     \
     } while (0)
 
-/* o1, o2 (cn) = sums over rows [r0, r1) of dz and dz (x - m) (dz_of; y read for relu, za, zb
- * for hardswish); float over FROWS rows, then double, as stats_block */
+/* o1, o2 (cn) = sums over rows [r0, r1) of dz and dz (x - m): dz = dy, masked by y > 0 for
+ * the relu, or for the hardswish first written to a row buffer by dz_of (so that the sums' own
+ * loops stay the simple ones that vectorise); float over FROWS rows, then double, as
+ * stats_block */
 MULTIVERSION static void grad_block(const float *x, fl_act act, const float *ry, const float *dy,
                                     int64_t ld, int64_t r0, int64_t r1, int64_t cn,
                                     const float *m, const float *za, const float *zb, double *o1,
                                     double *o2) {
     double a1[CB], a2[CB];
-    float f1[CB], f2[CB];
+    float f1[CB], f2[CB], dz[CB];
     for (int64_t j = 0; j < cn; j++)
         a1[j] = 0, a2[j] = 0;
     for (int64_t r = r0; r < r1; r += FROWS) {
@@ -142,12 +151,28 @@ MULTIVERSION static void grad_block(const float *x, fl_act act, const float *ry,
         for (int64_t j = 0; j < cn; j++)
             f1[j] = 0, f2[j] = 0;
         for (int64_t q = r; q < re; q++) {
-            const float *xr = x + q * ld, *dr = dy + q * ld, *yr = ry ? ry + q * ld : NULL;
-            ACT_LOOP(act, cn, {
-                float d = dz_of(A, xr, yr, dr, za, zb, j);
-                f1[j] += d;
-                f2[j] += d * (xr[j] - m[j]);
-            });
+            const float *xr = x + q * ld, *dr = dy + q * ld;
+            if (act == FL_ACT_RELU) {
+                const float *yr = ry + q * ld;
+#pragma omp simd
+                for (int64_t j = 0; j < cn; j++) {
+                    float d = keep_f32(yr[j], dr[j]);
+                    f1[j] += d;
+                    f2[j] += d * (xr[j] - m[j]);
+                }
+                continue;
+            }
+            if (act == FL_ACT_HARDSWISH) {
+#pragma omp simd
+                for (int64_t j = 0; j < cn; j++)
+                    dz[j] = dz_of(FL_ACT_HARDSWISH, xr, NULL, dr, za, zb, j);
+                dr = dz;
+            }
+#pragma omp simd
+            for (int64_t j = 0; j < cn; j++) {
+                f1[j] += dr[j];
+                f2[j] += dr[j] * (xr[j] - m[j]);
+            }
         }
 #pragma omp simd
         for (int64_t j = 0; j < cn; j++) {
