@@ -82,6 +82,7 @@ struct fl_conv_plan {
     fl_conv_plan *cpu; /* non-NULL: every call goes to this cpu-table plan */
     bool slot_fwd;     /* the forward runs in batch slots (NCHW) */
     bool dw_own;       /* NHWC depthwise: the weight gradient is onednn_dw.c's */
+    bool wino;         /* NHWC 3x3 stride 1: forward and backward data are onednn_wino.c's */
     dnnl_memory_desc_t w_md, b_md; /* user weights (OC, IC/G, KH, KW) or (G, OC/G, ...); bias */
     conv_entry e[MAX_ENTRIES];
     int ne, evict;
@@ -670,6 +671,20 @@ static void bwd_w_block(void *ctx, int s) {
 
 /* --- the table's entry points --- */
 
+/* Whether d's forward and backward data run Winograd (onednn_wino.c): env
+ * FLEET_ONEDNN_WINOGRAD, read at each plan's creation, 0 never, 1 wherever onednn_wino.c can
+ * (tests, measurements), unset or anything else where it measured faster than oneDNN. */
+static bool wino_wanted(const fl_conv_desc *d) {
+    if (!onednn_wino_supported(d))
+        return false;
+    const char *e = getenv("FLEET_ONEDNN_WINOGRAD");
+    if (e && strcmp(e, "0") == 0)
+        return false;
+    if (e && strcmp(e, "1") == 0)
+        return true;
+    return onednn_wino_faster(d);
+}
+
 fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
     const fl_conv_geom *g = &d->g;
     if (fl_conv_desc_check(d, "onednn conv") < 0)
@@ -700,6 +715,7 @@ fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
     p->b_md = onednn_vec_md(d->oc);
     p->slot_fwd = d->layout == FL_LAYOUT_NCHW;
     p->dw_own = d->layout == FL_LAYOUT_NHWC && G == g->c && G == d->oc && onednn_dw_supported(g);
+    p->wino = wino_wanted(d);
     /* the max batch's primitives now (the pieces of its weight gradient, and of its forward
      * where that runs in slots), so that a shape oneDNN cannot run fails here */
     int64_t b = d->max_batch, ns = b < SLOTS ? b : SLOTS, nb = oc_blocks(p, b);
@@ -737,6 +753,10 @@ fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
         piece_plan_for(p, b, false, &pw);
         p->lent = pw.bytes > p->lent ? pw.bytes : p->lent;
     }
+    if (p->wino) {
+        size_t wb = onednn_wino_scratch_bytes(d);
+        p->lent = wb > p->lent ? wb : p->lent;
+    }
     if (p->slot_fwd) {
         piece_plan_for(p, b, true, &pf);
         p->lent = pf.bytes > p->lent ? pf.bytes : p->lent;
@@ -773,6 +793,11 @@ void onednn_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *
     FL_ASSERT((bias != NULL) == p->d.bias);
     if (n == 0)
         return;
+    if (p->wino) {
+        onednn_wino_forward(&p->d, n, x, w, bias, y,
+                            scratch_for(p, onednn_wino_scratch_bytes(&p->d), scratch));
+        return;
+    }
     if (p->slot_fwd) {
         piece_plan pp;
         piece_plan_for(p, n, true, &pp);
@@ -807,6 +832,11 @@ void onednn_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const
     }
     if (n == 0)
         return;
+    if (p->wino) {
+        onednn_wino_backward_data(&p->d, n, dy, w, dx,
+                                  scratch_for(p, onednn_wino_scratch_bytes(&p->d), scratch));
+        return;
+    }
     conv_entry *e = entry_get(p, n);
     char *s = scratch_for(p, e->bytes, scratch);
     onednn_args a = {0};

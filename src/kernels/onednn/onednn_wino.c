@@ -1,0 +1,265 @@
+/* onednn_wino.c - Winograd's minimal filtering F(4x4, 3x3) (Lavin & Gray 2016, "Fast Algorithms
+ * for Convolutional Neural Networks", arXiv:1509.09308, section 4.2 and eq. 10) for channels-last
+ * f32 3x3 stride-1 convolutions: forward, and backward data as the forward of dy with the
+ * weights turned 180 degrees and their channels swapped. oneDNN 2.6 runs Winograd on AVX-512
+ * only; on AVX2 its direct kernels do 36 multiply-adds per output and channel pair where this
+ * does 36 per 4x4 outputs (2.25 per output, 4x fewer), paid in transforms and rounding.
+ *
+ * The output is cut in 4x4 tiles (6x6 input tiles overlapping by 2), tiles numbered image by
+ * image, row by row; a piece is a fixed range of tiles (set by the shape and batch alone, never
+ * by the thread count), whose inputs are transformed channel-wise (in NHWC a pixel's channels
+ * are contiguous, so a block of 8 channels is one vector), multiplied at each of the 36
+ * transformed positions by the transformed weights as one GEMM [tiles x C] x [C x OC]
+ * (dnnl_sgemm, single-threaded: inside a parallel region, or with OpenMP's count set to 1),
+ * and transformed back into its output tiles. Each output is computed by one piece in one
+ * order: the bits do not depend on the thread count. */
+#include "onednn_impl.h"
+
+#include <omp.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define MULTIVERSION
+#endif
+
+/* input tile side, output tile side, transformed positions */
+#define TI 6
+#define TO 4
+#define NPOS (TI * TI)
+/* lanes per vector */
+#define VL 8
+/* A piece has at most this many tiles: the GEMMs' M. dnnl_sgemm measured near its peak
+ * (80-88 GFLOP/s, one core of the development machine) from M = 64 at K = N = 48..384. */
+#define TILES_MAX 64
+
+/* 8 floats at any 4-byte alignment (GCC's vector extension: one AVX register in the
+ * x86-64-v3 clone, two SSE ones in the baseline) */
+typedef float f8 __attribute__((vector_size(32), aligned(4)));
+
+bool onednn_wino_supported(const fl_conv_desc *d) {
+    const fl_conv_geom *g = &d->g;
+    return d->dtype == FL_DTYPE_F32 && d->layout == FL_LAYOUT_NHWC && d->groups == 1 &&
+           g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 &&
+           g->ph <= 2 && g->pw <= 2;
+}
+
+size_t onednn_wino_scratch_bytes(const fl_conv_desc *d) {
+    return (size_t)(NPOS * d->g.c * d->oc) * sizeof(float);
+}
+
+/* --- the transforms (Lavin & Gray's B^T, G and A^T for the points 0, 1, -1, 2, -2, inf) --- */
+
+/* u (6) = G g (3), in double */
+static void filter_1d(const double g[3], double u[TI]) {
+    u[0] = g[0] / 4;
+    u[1] = -(g[0] + g[1] + g[2]) / 6;
+    u[2] = -(g[0] - g[1] + g[2]) / 6;
+    u[3] = g[0] / 24 + g[1] / 12 + g[2] / 6;
+    u[4] = g[0] / 24 - g[1] / 12 + g[2] / 6;
+    u[5] = g[2];
+}
+
+/* t (6) = B^T d (6), vectors; d and t at stride s */
+static inline __attribute__((always_inline)) void input_1d(const f8 *d, int s, f8 *t, int ts) {
+    f8 d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
+    t[0] = 4 * d0 - 5 * d2 + d4;
+    t[ts] = d4 + d3 - 4 * (d1 + d2);
+    t[2 * ts] = d4 - d3 + 4 * (d1 - d2);
+    t[3 * ts] = d4 - d2 + 2 * (d3 - d1);
+    t[4 * ts] = d4 - d2 - 2 * (d3 - d1);
+    t[5 * ts] = 4 * d1 - 5 * d3 + d5;
+}
+
+/* o (4) = A^T m (6), vectors; m at stride s, o at stride os */
+static inline __attribute__((always_inline)) void output_1d(const f8 *m, int s, f8 *o, int os) {
+    f8 a = m[s] + m[2 * s], b = m[s] - m[2 * s], c = m[3 * s] + m[4 * s],
+       e = m[3 * s] - m[4 * s];
+    o[0] = m[0] + a + c;
+    o[os] = b + 2 * e;
+    o[2 * os] = a + 4 * c;
+    o[3 * os] = b + 8 * e + m[5 * s];
+}
+
+/* U (36, K, N): position p's (K, N) matrix the transform G g G^T of the 3x3 kernel that
+ * connects input channel k to output channel n; forward: w (N, K, 3, 3) as given; turned
+ * (backward data): w (K, N, 3, 3), its kernels turned 180 degrees. */
+static void weights_transform(const float *w, int64_t K, int64_t N, bool turned, float *U) {
+#pragma omp parallel for schedule(static) if (K * N >= 4096)
+    for (int64_t k = 0; k < K; k++) {
+        for (int64_t n = 0; n < N; n++) {
+            const float *g = turned ? w + (k * N + n) * 9 : w + (n * K + k) * 9;
+            double r[3][3], t[TI][3], u[TI][TI];
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++)
+                    r[i][j] = turned ? g[(2 - i) * 3 + 2 - j] : g[i * 3 + j];
+            for (int j = 0; j < 3; j++) { /* columns: t = G r */
+                double col[3] = {r[0][j], r[1][j], r[2][j]}, tc[TI];
+                filter_1d(col, tc);
+                for (int i = 0; i < TI; i++)
+                    t[i][j] = tc[i];
+            }
+            for (int i = 0; i < TI; i++) /* rows: u = t G^T */
+                filter_1d(t[i], u[i]);
+            for (int p = 0; p < NPOS; p++)
+                U[(p * K + k) * N + n] = (float)u[p / TI][p % TI];
+        }
+    }
+}
+
+/* --- one piece --- */
+
+/* A convolution as this file runs it: x (N, H, W, C) -> y (N, OH, OW, OC), 3x3, stride 1,
+ * padding ph, pw; U the transformed weights (36, C, OC); bias (OC) or NULL. */
+typedef struct wino_conv {
+    int64_t n, h, w, c, oh, ow, oc, ph, pw;
+    int64_t th, tw, tiles; /* tiles down, across, in all */
+    const float *x, *U, *bias;
+    float *y;
+} wino_conv;
+
+/* *v = the 8 (cw <= 8) floats at p, zero beyond cw (through a pointer: a function returning
+ * an AVX vector would change the baseline clone's ABI) */
+static inline __attribute__((always_inline)) void load_part(f8 *v, const float *p, int64_t cw) {
+    if (cw == VL) {
+        *v = *(const f8 *)p;
+    } else {
+        *v = (f8){0};
+        memcpy(v, p, (size_t)cw * sizeof(float));
+    }
+}
+
+/* V (36, nt, C): the input transforms B^T d B of tiles [t0, t0 + nt), channels at a time */
+static inline __attribute__((always_inline)) void input_tiles(const wino_conv *cv, int64_t t0, int64_t nt, float *V) {
+    int64_t C = cv->c, ps = nt * C, per = cv->th * cv->tw;
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t b = (t0 + t) / per, r = (t0 + t) % per;
+        int64_t iy0 = r / cv->tw * TO - cv->ph, ix0 = r % cv->tw * TO - cv->pw;
+        bool inner = iy0 >= 0 && ix0 >= 0 && iy0 + TI <= cv->h && ix0 + TI <= cv->w;
+        const float *xb = cv->x + b * cv->h * cv->w * C;
+        for (int64_t c0 = 0; c0 < C; c0 += VL) {
+            int64_t cw = C - c0 < VL ? C - c0 : VL;
+            f8 d[NPOS], s[NPOS];
+            for (int i = 0; i < TI; i++) {
+                int64_t iy = iy0 + i;
+                for (int j = 0; j < TI; j++) {
+                    int64_t ix = ix0 + j;
+                    if (inner || (iy >= 0 && iy < cv->h && ix >= 0 && ix < cv->w))
+                        load_part(&d[i * TI + j], xb + (iy * cv->w + ix) * C + c0, cw);
+                    else
+                        d[i * TI + j] = (f8){0};
+                }
+            }
+            for (int j = 0; j < TI; j++) /* columns, then rows */
+                input_1d(d + j, TI, s + j, TI);
+            for (int i = 0; i < TI; i++)
+                input_1d(s + i * TI, 1, d + i * TI, 1);
+            float *v = V + t * C + c0;
+            if (cw == VL) {
+                for (int p = 0; p < NPOS; p++)
+                    *(f8 *)(v + p * ps) = d[p];
+            } else {
+                for (int p = 0; p < NPOS; p++)
+                    memcpy(v + p * ps, &d[p], (size_t)cw * sizeof(float));
+            }
+        }
+    }
+}
+
+/* y's tiles [t0, t0 + nt) from M (36, nt, OC): A^T m A, plus the bias, cut at the image's
+ * edge */
+static inline __attribute__((always_inline)) void output_tiles(const wino_conv *cv, int64_t t0, int64_t nt, const float *M) {
+    int64_t OC = cv->oc, ps = nt * OC, per = cv->th * cv->tw;
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t b = (t0 + t) / per, r = (t0 + t) % per;
+        int64_t oy0 = r / cv->tw * TO, ox0 = r % cv->tw * TO;
+        int64_t ny = cv->oh - oy0 < TO ? cv->oh - oy0 : TO, nx = cv->ow - ox0 < TO ? cv->ow - ox0 : TO;
+        float *yb = cv->y + ((b * cv->oh + oy0) * cv->ow + ox0) * OC;
+        for (int64_t o0 = 0; o0 < OC; o0 += VL) {
+            int64_t cw = OC - o0 < VL ? OC - o0 : VL;
+            const float *m = M + t * OC + o0;
+            f8 mv[NPOS], s[TO * TI], o[TO * TO];
+            for (int p = 0; p < NPOS; p++)
+                load_part(&mv[p], m + p * ps, cw);
+            for (int j = 0; j < TI; j++) /* columns: s (4, 6) */
+                output_1d(mv + j, TI, s + j, TI);
+            for (int i = 0; i < TO; i++) /* rows: o (4, 4) */
+                output_1d(s + i * TI, 1, o + i * TO, 1);
+            f8 bv = {0};
+            if (cv->bias)
+                load_part(&bv, cv->bias + o0, cw);
+            for (int i = 0; i < ny; i++) {
+                for (int j = 0; j < nx; j++) {
+                    float *q = yb + (i * cv->ow + j) * OC + o0;
+                    f8 v = o[i * TO + j] + bv;
+                    if (cw == VL)
+                        *(f8 *)q = v;
+                    else
+                        memcpy(q, &v, (size_t)cw * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+/* tiles [t0, t0 + nt): transforms in, 36 GEMMs, transforms out; buf (36 nt (C + OC)) */
+MULTIVERSION static void piece(const wino_conv *cv, int64_t t0, int64_t nt, float *buf) {
+    float *V = buf, *M = buf + NPOS * nt * cv->c;
+    input_tiles(cv, t0, nt, V);
+    for (int p = 0; p < NPOS; p++)
+        DNNL_MUST(dnnl_sgemm('N', 'N', nt, cv->oc, cv->c, 1.0f, V + p * nt * cv->c, cv->c,
+                             cv->U + p * cv->c * cv->oc, cv->oc, 0.0f, M + p * nt * cv->oc,
+                             cv->oc));
+    output_tiles(cv, t0, nt, M);
+}
+
+/* Runs cv in pieces of equal tile counts (at most TILES_MAX each, the count fixed by the
+ * tiles alone), in parallel over pieces. */
+static void run(wino_conv *cv) {
+    cv->th = (cv->oh + TO - 1) / TO;
+    cv->tw = (cv->ow + TO - 1) / TO;
+    cv->tiles = cv->n * cv->th * cv->tw;
+    int64_t np = (cv->tiles + TILES_MAX - 1) / TILES_MAX, most = (cv->tiles + np - 1) / np;
+    size_t bytes = (size_t)(NPOS * most * (cv->c + cv->oc)) * sizeof(float);
+    int nthr = omp_get_max_threads();
+    int team = (int64_t)nthr < np ? nthr : (int)np;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team > 1 ? team : 1) if (team > 1)
+    for (int64_t k = 0; k < np; k++) {
+        /* dnnl_sgemm on one thread: inside an active parallel region it takes one; outside
+         * (one thread, or one piece) OpenMP's count says 1 */
+        omp_set_num_threads(1);
+        int64_t a = cv->tiles * k / np, e = cv->tiles * (k + 1) / np;
+        piece(cv, a, e - a, onednn_tls_buf(bytes));
+    }
+    omp_set_num_threads(nthr);
+}
+
+void onednn_wino_forward(const fl_conv_desc *d, int64_t n, const float *x, const float *w,
+                         const float *bias, float *y, void *scratch) {
+    FL_ASSERT(onednn_wino_supported(d));
+    const fl_conv_geom *g = &d->g;
+    float *U = scratch;
+    weights_transform(w, g->c, d->oc, false, U);
+    wino_conv cv = {.n = n, .h = g->h, .w = g->w, .c = g->c, .oh = g->oh, .ow = g->ow,
+                    .oc = d->oc, .ph = g->ph, .pw = g->pw, .x = x, .U = U, .bias = bias, .y = y};
+    run(&cv);
+}
+
+void onednn_wino_backward_data(const fl_conv_desc *d, int64_t n, const float *dy,
+                               const float *w, float *dx, void *scratch) {
+    FL_ASSERT(onednn_wino_supported(d));
+    const fl_conv_geom *g = &d->g;
+    float *U = scratch;
+    weights_transform(w, d->oc, g->c, true, U);
+    /* dx = dy (N, OH, OW, OC) convolved with the turned kernels, padding 2 - p: OH + 2 (2 -
+     * p) - 2 = H */
+    wino_conv cv = {.n = n, .h = g->oh, .w = g->ow, .c = d->oc, .oh = g->h, .ow = g->w,
+                    .oc = g->c, .ph = 2 - g->ph, .pw = 2 - g->pw, .x = dy, .U = U, .y = dx};
+    run(&cv);
+}
+
+bool onednn_wino_faster(const fl_conv_desc *d) {
+    (void)d;
+    return false; /* not measured yet */
+}
