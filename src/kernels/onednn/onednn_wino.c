@@ -51,14 +51,17 @@ size_t onednn_wino_scratch_bytes(const fl_conv_desc *d) {
 
 /* --- the transforms (Lavin & Gray's B^T, G and A^T for the points 0, 1, -1, 2, -2, inf) --- */
 
-/* u (6) = G g (3), in double */
-static void filter_1d(const double g[3], double u[TI]) {
-    u[0] = g[0] / 4;
-    u[1] = -(g[0] + g[1] + g[2]) / 6;
-    u[2] = -(g[0] - g[1] + g[2]) / 6;
-    u[3] = g[0] / 24 + g[1] / 12 + g[2] / 6;
-    u[4] = g[0] / 24 - g[1] / 12 + g[2] / 6;
-    u[5] = g[2];
+/* u (6) = G g (3), vectors; g at stride gs, u at stride us (multiplications by 1/4, 1/6, 1/12
+ * and 1/24 rounded to float: an error of an eps in the weights, below the transforms') */
+static inline __attribute__((always_inline)) void filter_1d(const f8 *g, int gs, f8 *u,
+                                                            int us) {
+    f8 g0 = g[0], g1 = g[gs], g2 = g[2 * gs], e = g0 + g2;
+    u[0] = g0 * 0.25f;
+    u[us] = (e + g1) * (-1.0f / 6);
+    u[2 * us] = (e - g1) * (-1.0f / 6);
+    u[3 * us] = g0 * (1.0f / 24) + g1 * (1.0f / 12) + g2 * (1.0f / 6);
+    u[4 * us] = g0 * (1.0f / 24) - g1 * (1.0f / 12) + g2 * (1.0f / 6);
+    u[5 * us] = g2;
 }
 
 /* t (6) = B^T d (6), vectors; d and t at stride s */
@@ -84,26 +87,34 @@ static inline __attribute__((always_inline)) void output_1d(const f8 *m, int s, 
 
 /* U (36, K, N): position p's (K, N) matrix the transform G g G^T of the 3x3 kernel that
  * connects input channel k to output channel n; forward: w (N, K, 3, 3) as given; turned
- * (backward data): w (K, N, 3, 3), its kernels turned 180 degrees. */
-static void weights_transform(const float *w, int64_t K, int64_t N, bool turned, float *U) {
-#pragma omp parallel for schedule(static) if (K * N >= 4096)
+ * (backward data): w (K, N, 3, 3), its kernels turned 180 degrees. 8 output channels at once,
+ * their taps gathered into vectors. */
+MULTIVERSION static void weights_transform(const float *w, int64_t K, int64_t N, bool turned,
+                                           float *U) {
+    int64_t sk = turned ? N * 9 : 9, sn = turned ? 9 : K * 9;
+#pragma omp parallel for schedule(static) if (K * N >= 16384)
     for (int64_t k = 0; k < K; k++) {
-        for (int64_t n = 0; n < N; n++) {
-            const float *g = turned ? w + (k * N + n) * 9 : w + (n * K + k) * 9;
-            double r[3][3], t[TI][3], u[TI][TI];
-            for (int i = 0; i < 3; i++)
-                for (int j = 0; j < 3; j++)
-                    r[i][j] = turned ? g[(2 - i) * 3 + 2 - j] : g[i * 3 + j];
-            for (int j = 0; j < 3; j++) { /* columns: t = G r */
-                double col[3] = {r[0][j], r[1][j], r[2][j]}, tc[TI];
-                filter_1d(col, tc);
-                for (int i = 0; i < TI; i++)
-                    t[i][j] = tc[i];
+        for (int64_t n0 = 0; n0 < N; n0 += VL) {
+            int64_t nw = N - n0 < VL ? N - n0 : VL;
+            f8 r[9], t[TI * 3], u[NPOS];
+            for (int tap = 0; tap < 9; tap++) {
+                const float *q = w + k * sk + n0 * sn + (turned ? 8 - tap : tap);
+                float v[VL] = {0};
+                for (int64_t l = 0; l < nw; l++)
+                    v[l] = q[l * sn];
+                memcpy(&r[tap], v, sizeof v);
             }
-            for (int i = 0; i < TI; i++) /* rows: u = t G^T */
-                filter_1d(t[i], u[i]);
-            for (int p = 0; p < NPOS; p++)
-                U[(p * K + k) * N + n] = (float)u[p / TI][p % TI];
+            for (int j = 0; j < 3; j++) /* columns: t (6, 3) = G r */
+                filter_1d(r + j, 3, t + j, 3);
+            for (int i = 0; i < TI; i++) /* rows: u (6, 6) = t G^T */
+                filter_1d(t + i * 3, 1, u + i * TI, 1);
+            float *o = U + k * N + n0;
+            for (int p = 0; p < NPOS; p++) {
+                if (nw == VL)
+                    *(f8 *)(o + p * K * N) = u[p];
+                else
+                    memcpy(o + p * K * N, &u[p], (size_t)nw * sizeof(float));
+            }
         }
     }
 }
@@ -259,7 +270,24 @@ void onednn_wino_backward_data(const fl_conv_desc *d, int64_t n, const float *dy
     run(&cv);
 }
 
+/* Where this measured faster than oneDNN 2.6's jit:avx2 direct kernel (forward and backward
+ * data, one thread of the development machine's AMD EPYC, padding 1, ms, oneDNN against this;
+ * a throw-away program timing both plans alternately, best of 5):
+ *   batch 8: 48->48 48x48 10.7 / 6.2, 48->96 48x48 19.7 / 10.4, 96->96 24x24 10.0 / 4.3,
+ *   128->128 12x12 5.0 / 2.3, 224->128 12x12 7.9 / 4.1, 64->64 12x12 1.04 / 0.64,
+ *   160->160 10x10 5.7 / 3.6, 160->160 8x8 2.9 / 2.2, 64->64 56x56 25.1 / 11.0;
+ *   slower: 160->160 6x6 1.6 / 2.1, 512->160 6x6 5.3 / 6.3, 192->192 3x3 0.62 / 1.73 (a 6x6
+ *   or 3x3 output fills its 4x4 tiles to 56%), 16->16 32x32 0.59 / 0.81 (transforms dominate);
+ *   32->32 32x32 1.86 / 1.77 and 24->24 48x48 2.5 / 2.4: even;
+ *   batch 2: 96->96 24x24 2.6 / 1.5, 128->128 12x12 1.10 / 0.99, 64->64 12x12 0.27 / 0.28,
+ *   160->160 10x10 1.4 / 1.7, 256->256 8x8 2.3 / 3.9 (fewer than 32 tiles: the weights'
+ *   transform, C OC 36 floats, and the GEMMs' packing are paid for few tiles).
+ * Hence: at least 40 channels in and out, 32 tiles in the plan's largest batch, and outputs
+ * that fill at least two thirds of their tiles. */
 bool onednn_wino_faster(const fl_conv_desc *d) {
-    (void)d;
-    return false; /* not measured yet */
+    const fl_conv_geom *g = &d->g;
+    int64_t th = (g->oh + TO - 1) / TO, tw = (g->ow + TO - 1) / TO;
+    int64_t tiles = d->max_batch * th * tw;
+    bool filled = 3 * g->oh * g->ow >= 2 * TO * TO * th * tw;
+    return g->c >= 40 && d->oc >= 40 && tiles >= 32 && filled;
 }
