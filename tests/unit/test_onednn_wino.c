@@ -35,10 +35,17 @@ static void fill(float *a, int64_t n) {
         a[i] = (float)(2 * fl_rng_uniform(&rng) - 1);
 }
 
-/* y (N, OH, OW, OC) and its scale S; dx (N, H, W, C) and its scale, in double */
+/* y (N, OH, OW, OC) and its scale S; dx (N, H, W, C) and its scale; dw (OC, C, 3, 3), db
+ * (OC) and their scale; in double */
 static void direct(const wcase *k, const fl_conv_geom *g, const float *x, const float *w,
                    const float *b, const float *dy, double *y, double *dx, double *sy,
-                   double *sdx) {
+                   double *sdx, double *dw, double *db, double *sdw) {
+    int64_t nw = k->oc * k->c * 9;
+    double *adw = calloc((size_t)nw, sizeof(double));
+    for (int64_t i = 0; i < nw; i++)
+        dw[i] = 0;
+    for (int64_t o = 0; o < k->oc; o++)
+        db[o] = 0;
     int64_t C = k->c, OC = k->oc;
     *sy = *sdx = 0;
     for (int64_t i = 0; i < k->n * g->oh * g->ow * OC; i++)
@@ -64,11 +71,18 @@ static void direct(const wcase *k, const fl_conv_geom *g, const float *x, const 
                                 ay[yi] += fabs(x[xi + c] * wv);
                                 dx[xi + c] += dy[yi] * wv;
                                 adx[xi + c] += fabs(dy[yi] * wv);
+                                dw[((o * C + c) * 3 + i) * 3 + j] += (double)dy[yi] * x[xi + c];
+                                adw[((o * C + c) * 3 + i) * 3 + j] += fabs(dy[yi] * x[xi + c]);
                             }
                         }
                     if (b)
                         y[yi] += b[o], ay[yi] += fabs(b[o]);
+                    db[o] += dy[yi];
                 }
+    *sdw = 0;
+    for (int64_t i = 0; i < nw; i++)
+        *sdw = fmax(*sdw, adw[i]);
+    free(adw);
     for (int64_t i = 0; i < k->n * g->oh * g->ow * OC; i++)
         *sy = fmax(*sy, ay[i]);
     for (int64_t i = 0; i < k->n * k->h * k->w * C; i++)
@@ -88,7 +102,7 @@ static double rel_err(const char *what, const float *got, const double *want, in
     return md / scale;
 }
 
-static double worst_fwd, worst_bwd;
+static double worst_fwd, worst_bwd, worst_w;
 
 static void check_case(const wcase *k) {
     fl_conv_desc d = {.dtype = FL_DTYPE_F32, .layout = FL_LAYOUT_NHWC, .max_batch = k->n,
@@ -104,8 +118,15 @@ static void check_case(const wcase *k) {
     float *b = malloc(sizeof(float) * (size_t)k->oc), *dy = malloc(sizeof(float) * (size_t)ny);
     fill(x, nx), fill(w, nw), fill(b, k->oc), fill(dy, ny);
     double *yr = malloc(sizeof(double) * (size_t)ny), *dxr = malloc(sizeof(double) * (size_t)nx);
-    double sy, sdx;
-    direct(k, g, x, w, k->bias ? b : NULL, dy, yr, dxr, &sy, &sdx);
+    double *dwr = malloc(sizeof(double) * (size_t)nw), *dwar = malloc(sizeof(double) * (size_t)nw);
+    double dbr[64], dbar[64]; /* the cases' OC <= 64 */
+    double sy, sdx, sdw;
+    direct(k, g, x, w, k->bias ? b : NULL, dy, yr, dxr, &sy, &sdx, dwr, dbr, &sdw);
+    /* accumulated: the gradient added to w's values (and b's) */
+    for (int64_t i = 0; i < nw; i++)
+        dwar[i] = dwr[i] + w[i];
+    for (int64_t o = 0; o < k->oc; o++)
+        dbar[o] = dbr[o] + b[o];
 
     setenv("FLEET_ONEDNN_WINOGRAD", "1", 1);
     fl_conv_plan *p = O->conv_plan_create(&d);
@@ -115,13 +136,18 @@ static void check_case(const wcase *k) {
         return;
     }
     void *s = O->alloc(O->conv_scratch_bytes(p));
-    float *y[4], *dx[4];
+    float *y[4], *dx[4], *dw[4], *db[4], *dwa = malloc(sizeof(float) * (size_t)nw), dba[64];
     for (int t = 0; t < 4; t++) {
         y[t] = malloc(sizeof(float) * (size_t)ny), dx[t] = malloc(sizeof(float) * (size_t)nx);
+        dw[t] = malloc(sizeof(float) * (size_t)nw), db[t] = malloc(sizeof(float) * 64);
         fl_kernels_set_threads(t + 1);
         O->conv_forward(p, k->n, x, w, k->bias ? b : NULL, y[t], s);
         O->conv_backward_data(p, k->n, dy, w, dx[t], s);
+        O->conv_backward_filter(p, k->n, x, dy, dw[t], k->bias ? db[t] : NULL, false, s);
     }
+    memcpy(dwa, w, sizeof(float) * (size_t)nw);
+    memcpy(dba, b, sizeof(float) * (size_t)k->oc);
+    O->conv_backward_filter(p, k->n, x, dy, dwa, k->bias ? dba : NULL, true, s);
     fl_kernels_set_threads(2);
     char what[200];
     snprintf(what, sizeof what, "%s: forward", k->name);
@@ -130,10 +156,24 @@ static void check_case(const wcase *k) {
     snprintf(what, sizeof what, "%s: backward data", k->name);
     double eb = rel_err(what, dx[0], dxr, nx, sdx);
     CHECK(eb <= TOL);
+    snprintf(what, sizeof what, "%s: weight gradient", k->name);
+    double ew = rel_err(what, dw[0], dwr, nw, sdw);
+    CHECK(ew <= TOL);
+    snprintf(what, sizeof what, "%s: weight gradient accumulated", k->name);
+    CHECK(rel_err(what, dwa, dwar, nw, sdw) <= TOL);
+    if (k->bias) {
+        snprintf(what, sizeof what, "%s: bias gradient", k->name);
+        CHECK(rel_err(what, db[0], dbr, k->oc, sdw) <= TOL);
+        snprintf(what, sizeof what, "%s: bias gradient accumulated", k->name);
+        CHECK(rel_err(what, dba, dbar, k->oc, sdw) <= TOL);
+    }
     worst_fwd = fmax(worst_fwd, ef), worst_bwd = fmax(worst_bwd, eb);
+    worst_w = fmax(worst_w, ew);
     for (int t = 1; t < 4; t++) {
         if (memcmp(y[t], y[0], sizeof(float) * (size_t)ny) ||
-            memcmp(dx[t], dx[0], sizeof(float) * (size_t)nx)) {
+            memcmp(dx[t], dx[0], sizeof(float) * (size_t)nx) ||
+            memcmp(dw[t], dw[0], sizeof(float) * (size_t)nw) ||
+            (k->bias && memcmp(db[t], db[0], sizeof(float) * (size_t)k->oc))) {
             fprintf(stderr, "%s: %d threads' bits differ from 1 thread's\n", k->name, t + 1);
             CHECK(!"the same bits for any thread count");
         }
@@ -145,9 +185,11 @@ static void check_case(const wcase *k) {
     CHECK(memcmp(yd, y[0], sizeof(float) * (size_t)ny) == 0);
     O->free(ws);
     free(yd);
-    fprintf(stderr, "%-34s forward %.2g  backward data %.2g (of S)\n", k->name, ef, eb);
+    fprintf(stderr, "%-34s forward %.2g  backward data %.2g  weights %.2g (of S)\n", k->name,
+            ef, eb, ew);
     for (int t = 0; t < 4; t++)
-        free(y[t]), free(dx[t]);
+        free(y[t]), free(dx[t]), free(dw[t]), free(db[t]);
+    free(dwa), free(dwr), free(dwar);
     O->free(s);
     O->conv_plan_free(p);
     free(x), free(w), free(b), free(dy), free(yr), free(dxr);
@@ -211,7 +253,8 @@ int main(void) {
     check_outside("groups 2", 1, 1, 2);
     unsetenv("FLEET_ONEDNN_WINOGRAD");
     fl_kernels_set_threads(0);
-    fprintf(stderr, "worst error (of S): forward %.2g, backward data %.2g; tolerance %.2g\n",
-            worst_fwd, worst_bwd, TOL);
+    fprintf(stderr,
+            "worst error (of S): forward %.2g, backward data %.2g, weights %.2g; tolerance %.2g\n",
+            worst_fwd, worst_bwd, worst_w, TOL);
     TEST_DONE();
 }

@@ -107,6 +107,16 @@ void onednn_wino_forward(const fl_conv_desc *d, int64_t n, const float *x, const
 /* dx (N, H, W, C) = the gradient of n images' input from dy (N, OH, OW, OC), written. */
 void onednn_wino_backward_data(const fl_conv_desc *d, int64_t n, const float *dy,
                                const float *w, float *dx, void *scratch);
+/* Whether onednn_wino_backward_filter measured faster than oneDNN for d's shape. */
+bool onednn_wino_wgrad_faster(const fl_conv_desc *d);
+/* The scratch onednn_wino_backward_filter needs for up to max_batch images (the batch's
+ * transformed tiles of x and dy, and the 36 sums), 4-byte aligned. */
+size_t onednn_wino_wgrad_scratch_bytes(const fl_conv_desc *d, int64_t max_batch);
+/* dw (OC, C, 3, 3) and db (OC; NULL: none) = the gradient of n >= 1 images' x and dy, added
+ * to dw's and db's values when accumulate; by F(3x3, 4x4). */
+void onednn_wino_backward_filter(const fl_conv_desc *d, int64_t n, const float *x,
+                                 const float *dy, float *dw, float *db, bool accumulate,
+                                 void *scratch);
 
 /* onednn_pool.c */
 void onednn_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,

@@ -1,7 +1,8 @@
 /* onednn_wino.c - Winograd's minimal filtering F(4x4, 3x3) (Lavin & Gray 2016, "Fast Algorithms
  * for Convolutional Neural Networks", arXiv:1509.09308, section 4.2 and eq. 10) for channels-last
- * f32 3x3 stride-1 convolutions: forward, and backward data as the forward of dy with the
- * weights turned 180 degrees and their channels swapped. oneDNN 2.6 runs Winograd on AVX-512
+ * f32 3x3 stride-1 convolutions: forward, backward data as the forward of dy with the
+ * weights turned 180 degrees and their channels swapped, and the weight gradient by
+ * F(3x3, 4x4) (its section below). oneDNN 2.6 runs Winograd on AVX-512
  * only; on AVX2 its direct kernels do 36 multiply-adds per output and channel pair where this
  * does 36 per 4x4 outputs (2.25 per output, 4x fewer), paid in transforms and rounding.
  *
@@ -141,9 +142,11 @@ static inline __attribute__((always_inline)) void load_part(f8 *v, const float *
     }
 }
 
-/* V (36, nt, C): the input transforms B^T d B of tiles [t0, t0 + nt), channels at a time */
-static inline __attribute__((always_inline)) void input_tiles(const wino_conv *cv, int64_t t0, int64_t nt, float *V) {
-    int64_t C = cv->c, ps = nt * C, per = cv->th * cv->tw;
+/* V (36, nt, C), position p's matrix at V + p ps: the input transforms B^T d B of tiles
+ * [t0, t0 + nt), channels at a time */
+static inline __attribute__((always_inline)) void input_tiles(const wino_conv *cv, int64_t t0,
+                                                              int64_t nt, float *V, int64_t ps) {
+    int64_t C = cv->c, per = cv->th * cv->tw;
     for (int64_t t = 0; t < nt; t++) {
         int64_t b = (t0 + t) / per, r = (t0 + t) % per;
         int64_t iy0 = r / cv->tw * TO - cv->ph, ix0 = r % cv->tw * TO - cv->pw;
@@ -217,7 +220,7 @@ static inline __attribute__((always_inline)) void output_tiles(const wino_conv *
 /* tiles [t0, t0 + nt): transforms in, 36 GEMMs, transforms out; buf (36 nt (C + OC)) */
 MULTIVERSION static void piece(const wino_conv *cv, int64_t t0, int64_t nt, float *buf) {
     float *V = buf, *M = buf + NPOS * nt * cv->c;
-    input_tiles(cv, t0, nt, V);
+    input_tiles(cv, t0, nt, V, nt * cv->c);
     for (int p = 0; p < NPOS; p++)
         DNNL_MUST(dnnl_sgemm('N', 'N', nt, cv->oc, cv->c, 1.0f, V + p * nt * cv->c, cv->c,
                              cv->U + p * cv->c * cv->oc, cv->oc, 0.0f, M + p * nt * cv->oc,
@@ -225,12 +228,16 @@ MULTIVERSION static void piece(const wino_conv *cv, int64_t t0, int64_t nt, floa
     output_tiles(cv, t0, nt, M);
 }
 
-/* Runs cv in pieces of equal tile counts (at most TILES_MAX each, the count fixed by the
- * tiles alone), in parallel over pieces. */
-static void run(wino_conv *cv) {
+static void tiles_of(wino_conv *cv) {
     cv->th = (cv->oh + TO - 1) / TO;
     cv->tw = (cv->ow + TO - 1) / TO;
     cv->tiles = cv->n * cv->th * cv->tw;
+}
+
+/* Runs cv in pieces of equal tile counts (at most TILES_MAX each, the count fixed by the
+ * tiles alone), in parallel over pieces. */
+static void run(wino_conv *cv) {
+    tiles_of(cv);
     int64_t np = (cv->tiles + TILES_MAX - 1) / TILES_MAX, most = (cv->tiles + np - 1) / np;
     size_t bytes = (size_t)(NPOS * most * (cv->c + cv->oc)) * sizeof(float);
     int nthr = omp_get_max_threads();
@@ -296,4 +303,150 @@ bool onednn_wino_faster(const fl_conv_desc *d) {
     int64_t tiles = d->max_batch * th * tw;
     bool filled = 3 * g->oh * g->ow >= 2 * TO * TO * th * tw;
     return g->c >= 40 && d->oc >= 40 && tiles >= 32 && filled;
+}
+
+/* --- the weight gradient: F(3x3, 4x4) ---
+ * dw's 3x3 kernel of (o, c) is the correlation of x with dy, summed over images: per tile, the
+ * 3x3 correlation of a 6x6 input tile with the 4x4 dy tile, F(3x3, 4x4) on the same points.
+ * By the transposition principle (Lavin & Gray sec. 4; F(4x4, 3x3)'s bilinear form
+ * sum e_i g_k d_(i+k) = sum_p (A e)_p (G g)_p (B^T d)_p, differentiated by g), it is
+ * G^T [(A E A^T) . (B^T X B)] G: dy's tiles take A (6x4), the output G^T (3x6). The sum over
+ * tiles is, at each of the 36 positions, one GEMM [C x tiles] x [tiles x OC] over all the
+ * batch's tiles (transformed whole first), the positions' GEMMs in parallel, each on one
+ * thread: nothing is split by the thread count. */
+
+/* t (6) = A e (4), vectors; e at stride s, t at stride ts */
+static inline __attribute__((always_inline)) void dy_1d(const f8 *e, int s, f8 *t, int ts) {
+    f8 e0 = e[0], e1 = e[s], e2 = e[2 * s], e3 = e[3 * s];
+    f8 a = e0 + e2, b = e1 + e3, c = e0 + 4 * e2, d = 2 * e1 + 8 * e3;
+    t[0] = e0;
+    t[ts] = a + b;
+    t[2 * ts] = a - b;
+    t[3 * ts] = c + d;
+    t[4 * ts] = c - d;
+    t[5 * ts] = e3;
+}
+
+/* D (36, *, OC), position p's matrix at D + p ps: A E A^T of dy's tiles [t0, t0 + nt) (dy
+ * (N, OH, OW, OC); zero beyond the output's edge) */
+static inline __attribute__((always_inline)) void dy_tiles(const wino_conv *cv, int64_t t0,
+                                                           int64_t nt, const float *dy,
+                                                           float *D, int64_t ps) {
+    int64_t OC = cv->oc, per = cv->th * cv->tw;
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t b = (t0 + t) / per, r = (t0 + t) % per;
+        int64_t oy0 = r / cv->tw * TO, ox0 = r % cv->tw * TO;
+        int64_t ny = cv->oh - oy0 < TO ? cv->oh - oy0 : TO, nx = cv->ow - ox0 < TO ? cv->ow - ox0 : TO;
+        const float *yb = dy + ((b * cv->oh + oy0) * cv->ow + ox0) * OC;
+        for (int64_t o0 = 0; o0 < OC; o0 += VL) {
+            int64_t cw = OC - o0 < VL ? OC - o0 : VL;
+            f8 e[TO * TO], s[TO * TI], u[NPOS];
+            for (int i = 0; i < TO; i++)
+                for (int j = 0; j < TO; j++) {
+                    if (i < ny && j < nx)
+                        load_part(&e[i * TO + j], yb + (i * cv->ow + j) * OC + o0, cw);
+                    else
+                        e[i * TO + j] = (f8){0};
+                }
+            for (int i = 0; i < TO; i++) /* rows: s (4, 6) */
+                dy_1d(e + i * TO, 1, s + i * TI, 1);
+            for (int j = 0; j < TI; j++) /* columns: u (6, 6) */
+                dy_1d(s + j, TI, u + j, TI);
+            float *v = D + t * OC + o0;
+            for (int p = 0; p < NPOS; p++) {
+                if (cw == VL)
+                    *(f8 *)(v + p * ps) = u[p];
+                else
+                    memcpy(v + p * ps, &u[p], (size_t)cw * sizeof(float));
+            }
+        }
+    }
+}
+
+/* tiles [t0, t0 + nt) of x into V (36, T, C) and of dy into D (36, T, OC) */
+MULTIVERSION static void wgrad_tiles(const wino_conv *cv, int64_t t0, int64_t nt,
+                                     const float *dy, float *V, float *D) {
+    input_tiles(cv, t0, nt, V + t0 * cv->c, cv->tiles * cv->c);
+    dy_tiles(cv, t0, nt, dy, D + t0 * cv->oc, cv->tiles * cv->oc);
+}
+
+/* G's entries, multiplied by rather than divided by (a division costs ten multiplications) */
+#define Q4 0.25
+#define Q6 (1.0 / 6)
+#define Q12 (1.0 / 12)
+#define Q24 (1.0 / 24)
+
+size_t onednn_wino_wgrad_scratch_bytes(const fl_conv_desc *d, int64_t max_batch) {
+    const fl_conv_geom *g = &d->g;
+    int64_t tiles = max_batch * ((g->oh + TO - 1) / TO) * ((g->ow + TO - 1) / TO);
+    return (size_t)(NPOS * (tiles * (g->c + d->oc) + g->c * d->oc)) * sizeof(float);
+}
+
+void onednn_wino_backward_filter(const fl_conv_desc *d, int64_t n, const float *x,
+                                 const float *dy, float *dw, float *db, bool accumulate,
+                                 void *scratch) {
+    FL_ASSERT(onednn_wino_supported(d) && n >= 1);
+    const fl_conv_geom *g = &d->g;
+    wino_conv cv = {.n = n, .h = g->h, .w = g->w, .c = g->c, .oh = g->oh, .ow = g->ow,
+                    .oc = d->oc, .ph = g->ph, .pw = g->pw, .x = x};
+    tiles_of(&cv);
+    int64_t T = cv.tiles, C = g->c, OC = d->oc;
+    float *V = scratch, *D = V + NPOS * T * C, *W = D + NPOS * T * OC;
+    int64_t nc = (T + TILES_MAX - 1) / TILES_MAX;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < nc; k++) {
+        int64_t a = T * k / nc, e = T * (k + 1) / nc;
+        wgrad_tiles(&cv, a, e - a, dy, V, D);
+    }
+    int nthr = omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) if (nthr > 1)
+    for (int p = 0; p < NPOS; p++) {
+        omp_set_num_threads(1); /* dnnl_sgemm on one thread, as in run() */
+        DNNL_MUST(dnnl_sgemm('T', 'N', C, OC, T, 1.0f, V + p * T * C, C, D + p * T * OC, OC,
+                             0.0f, W + p * C * OC, OC));
+    }
+    omp_set_num_threads(nthr);
+    /* dw (OC, C, 3, 3) = G^T m G of each (c, o)'s 36 sums, in double */
+#pragma omp parallel for schedule(static) if (C * OC >= 4096)
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t o = 0; o < OC; o++) { /* W's 36 rows read along o */
+            double m[NPOS], h[TI][3];
+            for (int p = 0; p < NPOS; p++)
+                m[p] = W[(p * C + c) * OC + o];
+            for (int i = 0; i < TI; i++) { /* rows: h (6, 3) = m G */
+                const double *r = m + i * TI;
+                h[i][0] = r[0] * Q4 - (r[1] + r[2]) * Q6 + (r[3] + r[4]) * Q24;
+                h[i][1] = (r[2] - r[1]) * Q6 + (r[3] - r[4]) * Q12;
+                h[i][2] = (r[3] + r[4] - r[1] - r[2]) * Q6 + r[5];
+            }
+            float *q = dw + (o * C + c) * 9;
+            for (int j = 0; j < 3; j++) { /* columns: G^T h */
+                double v[3] = {h[0][j] * Q4 - (h[1][j] + h[2][j]) * Q6 + (h[3][j] + h[4][j]) * Q24,
+                               (h[2][j] - h[1][j]) * Q6 + (h[3][j] - h[4][j]) * Q12,
+                               (h[3][j] + h[4][j] - h[1][j] - h[2][j]) * Q6 + h[5][j]};
+                for (int i = 0; i < 3; i++)
+                    q[i * 3 + j] = (float)(accumulate ? q[i * 3 + j] + v[i] : v[i]);
+            }
+        }
+    }
+    if (db) { /* the bias: dy's sum per channel, pixels in order, in double */
+        double *sb = onednn_tls_buf((size_t)OC * sizeof(double));
+        for (int64_t o = 0; o < OC; o++)
+            sb[o] = accumulate ? db[o] : 0;
+        for (int64_t i = 0; i < n * g->oh * g->ow; i++)
+            for (int64_t o = 0; o < OC; o++)
+                sb[o] += dy[i * OC + o];
+        for (int64_t o = 0; o < OC; o++)
+            db[o] = (float)sb[o];
+    }
+}
+
+/* Where the weight gradient measured faster than oneDNN's (one thread, batch 8 unless said,
+ * oneDNN / this, ms): 48->48 48x48 12.3 / 6.6, 48->96 48x48 25.3 / 11.6, 96->96 24x24
+ * 12.0 / 5.8 (batch 2: 2.6 / 2.0); 64->64 12x12 1.14 / 1.04; slower: 128->128 12x12 4.7 / 5.4,
+ * 224->128 12x12 8.3 / 8.7, 160->160 8x8 3.3 / 5.7 (its GEMMs' K, the tiles, is short, and
+ * the 36 C OC sums are transformed whatever the batch). Hence: where the forward runs
+ * Winograd and the output has at least 16x16 pixels. */
+bool onednn_wino_wgrad_faster(const fl_conv_desc *d) {
+    return onednn_wino_faster(d) && d->g.oh * d->g.ow >= 256;
 }
