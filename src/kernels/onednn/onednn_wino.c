@@ -1,10 +1,11 @@
 /* onednn_wino.c - Winograd's minimal filtering F(4x4, 3x3) (Lavin & Gray 2016, "Fast Algorithms
- * for Convolutional Neural Networks", arXiv:1509.09308, section 4.2 and eq. 10) for channels-last
- * f32 3x3 stride-1 convolutions: forward, backward data as the forward of dy with the
- * weights turned 180 degrees and their channels swapped, and the weight gradient by
- * F(3x3, 4x4) (its section below). oneDNN 2.6 runs Winograd on AVX-512
- * only; on AVX2 its direct kernels do 36 multiply-adds per output and channel pair where this
- * does 36 per 4x4 outputs (2.25 per output, 4x fewer), paid in transforms and rounding.
+ * for Convolutional Neural Networks", arXiv:1509.09308: Y = A^T [(G g G^T) . (B^T d B)] A, the
+ * matrices of its points 0, 1, -1, 2, -2 and infinity) for channels-last f32 3x3 stride-1
+ * convolutions: forward, backward data as the forward of dy with the weights turned 180
+ * degrees and their channels swapped, and the weight gradient by F(3x3, 4x4) (its section
+ * below). oneDNN 2.6 runs Winograd on AVX-512 only; on AVX2 its direct kernels do 9
+ * multiply-adds per output and channel pair where this does 36 per 4x4 outputs (2.25 per
+ * output, 4x fewer), paid in transforms and rounding.
  *
  * The output is cut in 4x4 tiles (6x6 input tiles overlapping by 2), tiles numbered image by
  * image, row by row; a piece is a fixed range of tiles (set by the shape and batch alone, never
@@ -183,12 +184,14 @@ static inline __attribute__((always_inline)) void input_tiles(const wino_conv *c
 
 /* y's tiles [t0, t0 + nt) from M (36, nt, OC): A^T m A, plus the bias, cut at the image's
  * edge */
-static inline __attribute__((always_inline)) void output_tiles(const wino_conv *cv, int64_t t0, int64_t nt, const float *M) {
+static inline __attribute__((always_inline)) void output_tiles(const wino_conv *cv, int64_t t0,
+                                                               int64_t nt, const float *M) {
     int64_t OC = cv->oc, ps = nt * OC, per = cv->th * cv->tw;
     for (int64_t t = 0; t < nt; t++) {
         int64_t b = (t0 + t) / per, r = (t0 + t) % per;
         int64_t oy0 = r / cv->tw * TO, ox0 = r % cv->tw * TO;
-        int64_t ny = cv->oh - oy0 < TO ? cv->oh - oy0 : TO, nx = cv->ow - ox0 < TO ? cv->ow - ox0 : TO;
+        int64_t ny = cv->oh - oy0 < TO ? cv->oh - oy0 : TO;
+        int64_t nx = cv->ow - ox0 < TO ? cv->ow - ox0 : TO;
         float *yb = cv->y + ((b * cv->oh + oy0) * cv->ow + ox0) * OC;
         for (int64_t o0 = 0; o0 < OC; o0 += VL) {
             int64_t cw = OC - o0 < VL ? OC - o0 : VL;
@@ -336,7 +339,8 @@ static inline __attribute__((always_inline)) void dy_tiles(const wino_conv *cv, 
     for (int64_t t = 0; t < nt; t++) {
         int64_t b = (t0 + t) / per, r = (t0 + t) % per;
         int64_t oy0 = r / cv->tw * TO, ox0 = r % cv->tw * TO;
-        int64_t ny = cv->oh - oy0 < TO ? cv->oh - oy0 : TO, nx = cv->ow - ox0 < TO ? cv->ow - ox0 : TO;
+        int64_t ny = cv->oh - oy0 < TO ? cv->oh - oy0 : TO;
+        int64_t nx = cv->ow - ox0 < TO ? cv->ow - ox0 : TO;
         const float *yb = dy + ((b * cv->oh + oy0) * cv->ow + ox0) * OC;
         for (int64_t o0 = 0; o0 < OC; o0 += VL) {
             int64_t cw = OC - o0 < VL ? OC - o0 : VL;
