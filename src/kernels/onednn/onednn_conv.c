@@ -10,7 +10,8 @@
  *   own, nothing to add (dy copied into a dense block each);
  * - the NCHW forward in batch slots (no sums between images).
  * The channels-last depthwise weight gradient is onednn_dw.c's instead (no slots: its pieces are
- * its own).
+ * its own), and channels-last 3x3 stride-1 convolutions' passes are onednn_wino.c's Winograd
+ * where it measured faster (the plan decides at creation; FLEET_ONEDNN_WINOGRAD).
  * The NHWC forward and both layouts' backward data compute each output on one thread in an
  * order that does not depend on the thread count (the test checks 1-4 threads), so they keep
  * oneDNN's own threading; except where oneDNN runs one of them as a gemm (no direct kernel for
@@ -82,6 +83,8 @@ struct fl_conv_plan {
     fl_conv_plan *cpu; /* non-NULL: every call goes to this cpu-table plan */
     bool slot_fwd;     /* the forward runs in batch slots (NCHW) */
     bool dw_own;       /* NHWC depthwise: the weight gradient is onednn_dw.c's */
+    bool wino;         /* NHWC 3x3 stride 1: forward and backward data are onednn_wino.c's */
+    bool wino_w;       /* and the weight gradient */
     dnnl_memory_desc_t w_md, b_md; /* user weights (OC, IC/G, KH, KW) or (G, OC/G, ...); bias */
     conv_entry e[MAX_ENTRIES];
     int ne, evict;
@@ -670,6 +673,21 @@ static void bwd_w_block(void *ctx, int s) {
 
 /* --- the table's entry points --- */
 
+/* Whether d's forward and backward data (wgrad: its weight gradient) run Winograd
+ * (onednn_wino.c): env FLEET_ONEDNN_WINOGRAD, read at each plan's creation, 0 never, 1
+ * wherever onednn_wino.c can (tests, measurements), unset or anything else where it measured
+ * faster than oneDNN. */
+static bool wino_wanted(const fl_conv_desc *d, bool wgrad) {
+    if (!onednn_wino_supported(d))
+        return false;
+    const char *e = getenv("FLEET_ONEDNN_WINOGRAD");
+    if (e && strcmp(e, "0") == 0)
+        return false;
+    if (e && strcmp(e, "1") == 0)
+        return true;
+    return wgrad ? onednn_wino_wgrad_faster(d) : onednn_wino_faster(d);
+}
+
 fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
     const fl_conv_geom *g = &d->g;
     if (fl_conv_desc_check(d, "onednn conv") < 0)
@@ -700,6 +718,8 @@ fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
     p->b_md = onednn_vec_md(d->oc);
     p->slot_fwd = d->layout == FL_LAYOUT_NCHW;
     p->dw_own = d->layout == FL_LAYOUT_NHWC && G == g->c && G == d->oc && onednn_dw_supported(g);
+    p->wino = wino_wanted(d, false);
+    p->wino_w = p->wino && wino_wanted(d, true);
     /* the max batch's primitives now (the pieces of its weight gradient, and of its forward
      * where that runs in slots), so that a shape oneDNN cannot run fails here */
     int64_t b = d->max_batch, ns = b < SLOTS ? b : SLOTS, nb = oc_blocks(p, b);
@@ -737,6 +757,12 @@ fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
         piece_plan_for(p, b, false, &pw);
         p->lent = pw.bytes > p->lent ? pw.bytes : p->lent;
     }
+    if (p->wino) {
+        size_t wb = onednn_wino_scratch_bytes(d);
+        size_t wg = p->wino_w ? onednn_wino_wgrad_scratch_bytes(d, b) : 0;
+        wb = wg > wb ? wg : wb;
+        p->lent = wb > p->lent ? wb : p->lent;
+    }
     if (p->slot_fwd) {
         piece_plan_for(p, b, true, &pf);
         p->lent = pf.bytes > p->lent ? pf.bytes : p->lent;
@@ -773,6 +799,11 @@ void onednn_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *
     FL_ASSERT((bias != NULL) == p->d.bias);
     if (n == 0)
         return;
+    if (p->wino) {
+        onednn_wino_forward(&p->d, n, x, w, bias, y,
+                            scratch_for(p, onednn_wino_scratch_bytes(&p->d), scratch));
+        return;
+    }
     if (p->slot_fwd) {
         piece_plan pp;
         piece_plan_for(p, n, true, &pp);
@@ -807,6 +838,11 @@ void onednn_conv_backward_data(fl_conv_plan *p, int64_t n, const void *dy, const
     }
     if (n == 0)
         return;
+    if (p->wino) {
+        onednn_wino_backward_data(&p->d, n, dy, w, dx,
+                                  scratch_for(p, onednn_wino_scratch_bytes(&p->d), scratch));
+        return;
+    }
     conv_entry *e = entry_get(p, n);
     char *s = scratch_for(p, e->bytes, scratch);
     onednn_args a = {0};
@@ -880,6 +916,12 @@ void onednn_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, cons
             if (dbias)
                 memset(dbias, 0, (size_t)p->d.oc * sizeof(float));
         }
+        return;
+    }
+    if (p->wino_w) {
+        onednn_wino_backward_filter(
+            &p->d, n, x, dy, dw, dbias, accumulate,
+            scratch_for(p, onednn_wino_wgrad_scratch_bytes(&p->d, n), scratch));
         return;
     }
     if (p->dw_own) {

@@ -92,6 +92,32 @@ void onednn_dw_backward_filter(const fl_conv_geom *g, int64_t n, const float *x,
                                const float *dy, float *dw, float *db, bool accumulate,
                                double *scratch);
 
+/* onednn_wino.c: Winograd F(4x4, 3x3) for NHWC f32 3x3 stride-1 convolutions (groups 1,
+ * dilation 1, padding 0..2), forward and backward data; the same bits for any thread count. */
+/* Whether d is such a convolution (the plan also asks onednn_wino_faster). */
+bool onednn_wino_supported(const fl_conv_desc *d);
+/* Whether it measured faster than oneDNN's direct kernel for d's shape (onednn_wino.c). */
+bool onednn_wino_faster(const fl_conv_desc *d);
+/* The scratch either pass needs (the transformed weights), any batch; 4-byte aligned. */
+size_t onednn_wino_scratch_bytes(const fl_conv_desc *d);
+/* y (N, OH, OW, OC) = the convolution of n images x (N, H, W, C) with w (OC, C, 3, 3), plus
+ * bias (OC; NULL: none). */
+void onednn_wino_forward(const fl_conv_desc *d, int64_t n, const float *x, const float *w,
+                         const float *bias, float *y, void *scratch);
+/* dx (N, H, W, C) = the gradient of n images' input from dy (N, OH, OW, OC), written. */
+void onednn_wino_backward_data(const fl_conv_desc *d, int64_t n, const float *dy,
+                               const float *w, float *dx, void *scratch);
+/* Whether onednn_wino_backward_filter measured faster than oneDNN for d's shape. */
+bool onednn_wino_wgrad_faster(const fl_conv_desc *d);
+/* The scratch onednn_wino_backward_filter needs for up to max_batch images (the batch's
+ * transformed tiles of x and dy, and the 36 sums), 4-byte aligned. */
+size_t onednn_wino_wgrad_scratch_bytes(const fl_conv_desc *d, int64_t max_batch);
+/* dw (OC, C, 3, 3) and db (OC; NULL: none) = the gradient of n >= 1 images' x and dy, added
+ * to dw's and db's values when accumulate; by F(3x3, 4x4). */
+void onednn_wino_backward_filter(const fl_conv_desc *d, int64_t n, const float *x,
+                                 const float *dy, float *dw, float *db, bool accumulate,
+                                 void *scratch);
+
 /* onednn_pool.c */
 void onednn_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, int64_t n,
                          const fl_conv_geom *g, const void *x, void *y);
