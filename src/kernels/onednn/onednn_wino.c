@@ -243,17 +243,25 @@ static void run(wino_conv *cv) {
     tiles_of(cv);
     int64_t np = (cv->tiles + TILES_MAX - 1) / TILES_MAX, most = (cv->tiles + np - 1) / np;
     size_t bytes = (size_t)(NPOS * most * (cv->c + cv->oc)) * sizeof(float);
+    bytes = (bytes + 63) / 64 * 64;
     int nthr = omp_get_max_threads();
     int team = (int64_t)nthr < np ? nthr : (int)np;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team > 1 ? team : 1) if (team > 1)
+    team = team > 1 ? team : 1;
+    /* a piece's transformed tiles, one buffer per thread of the team, for this call only (a
+     * thread-local buffer would outlive, unfreed, the OpenMP threads that a smaller team
+     * retires) */
+    char *bufs = onednn_alloc((size_t)team * bytes);
+    FL_ASSERT(bufs);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (team > 1)
     for (int64_t k = 0; k < np; k++) {
         /* dnnl_sgemm on one thread: inside an active parallel region it takes one; outside
          * (one thread, or one piece) OpenMP's count says 1 */
         omp_set_num_threads(1);
         int64_t a = cv->tiles * k / np, e = cv->tiles * (k + 1) / np;
-        piece(cv, a, e - a, onednn_tls_buf(bytes));
+        piece(cv, a, e - a, (float *)(void *)(bufs + (size_t)omp_get_thread_num() * bytes));
     }
     omp_set_num_threads(nthr);
+    onednn_free(bufs);
 }
 
 void onednn_wino_forward(const fl_conv_desc *d, int64_t n, const float *x, const float *w,
