@@ -120,7 +120,8 @@ static void check_case(const wcase *k) {
     fill(x, nx), fill(w, nw), fill(b, k->oc), fill(dy, ny);
     double *yr = malloc(sizeof(double) * (size_t)ny), *dxr = malloc(sizeof(double) * (size_t)nx);
     double *dwr = malloc(sizeof(double) * (size_t)nw), *dwar = malloc(sizeof(double) * (size_t)nw);
-    double dbr[64], dbar[64]; /* the cases' OC <= 64 */
+    double *dbr = malloc(sizeof(double) * (size_t)k->oc);
+    double *dbar = malloc(sizeof(double) * (size_t)k->oc);
     double sy, sdx, sdw;
     direct(k, g, x, w, k->bias ? b : NULL, dy, yr, dxr, &sy, &sdx, dwr, dbr, &sdw);
     /* accumulated: the gradient added to w's values (and b's) */
@@ -137,10 +138,11 @@ static void check_case(const wcase *k) {
         return;
     }
     void *s = O->alloc(O->conv_scratch_bytes(p));
-    float *y[4], *dx[4], *dw[4], *db[4], *dwa = malloc(sizeof(float) * (size_t)nw), dba[64];
+    float *y[4], *dx[4], *dw[4], *db[4], *dwa = malloc(sizeof(float) * (size_t)nw);
+    float *dba = malloc(sizeof(float) * (size_t)k->oc);
     for (int t = 0; t < 4; t++) {
         y[t] = malloc(sizeof(float) * (size_t)ny), dx[t] = malloc(sizeof(float) * (size_t)nx);
-        dw[t] = malloc(sizeof(float) * (size_t)nw), db[t] = malloc(sizeof(float) * 64);
+        dw[t] = malloc(sizeof(float) * (size_t)nw), db[t] = malloc(sizeof(float) * (size_t)k->oc);
         fl_kernels_set_threads(t + 1);
         O->conv_forward(p, k->n, x, w, k->bias ? b : NULL, y[t], s);
         O->conv_backward_data(p, k->n, dy, w, dx[t], s);
@@ -190,7 +192,7 @@ static void check_case(const wcase *k) {
             ef, eb, ew);
     for (int t = 0; t < 4; t++)
         free(y[t]), free(dx[t]), free(dw[t]), free(db[t]);
-    free(dwa), free(dwr), free(dwar);
+    free(dwa), free(dba), free(dwr), free(dwar), free(dbr), free(dbar);
     O->free(s);
     O->conv_plan_free(p);
     free(x), free(w), free(b), free(dy), free(yr), free(dxr);
@@ -246,6 +248,8 @@ int main(void) {
         {"7x5 p(0,2), 24 -> 7", 3, 24, 7, 5, 7, 0, 2, true},
         {"24x24 p1, 20 -> 16 (2 pieces)", 3, 20, 24, 24, 16, 1, 1, true},
         {"23x21 p1, 40 -> 33 (3 pieces)", 3, 40, 23, 21, 33, 1, 1, false},
+        /* ResNet-50's widest 3x3 (layer4: 512 channels at 7x7): the sums over 4608 products */
+        {"7x7 p1, 512 -> 512 (ResNet-50's layer4)", 1, 512, 7, 7, 512, 1, 1, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_case(&cases[i]);
