@@ -47,7 +47,7 @@ void cuda_fatal(const char *op, const char *call, const char *what, const char *
 #define CU_LAUNCHED(op) CU_CHECK(op, cudaGetLastError())
 /* the ops that run before device_bind abort naming it */
 void cuda_require_bound(const char *op);
-/* t must be f32 or f64 */
+/* aborts naming the op: t is not a dtype it takes (f32 or f64; f16 or bf16 for the low ops) */
 void cuda_bad_dtype(const char *op, fl_dtype t) __attribute__((noreturn));
 /* The CUDA runtime's current device is per host thread: every op first makes the bound device
  * current on the calling thread (once per thread), so threads other than the one that called
