@@ -440,10 +440,10 @@ extern "C" void cuda_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_
     if (forward)
         DISPATCH_TL("channel_pad", t,
                     pad_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                       nhwc, total, c, h, w, stride, oc, oh, ow, (const T *)x, (T *)y));
+                        nhwc, total, c, h, w, stride, oc, oh, ow, (const T *)x, (T *)y));
     else
         DISPATCH_TL("channel_pad", t,
                     pad_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                       nhwc, total, c, h, w, stride, oc, oh, ow, (T *)x, (const T *)y));
+                        nhwc, total, c, h, w, stride, oc, oh, ow, (T *)x, (const T *)y));
     CU_LAUNCHED("channel_pad");
 }
