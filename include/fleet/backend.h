@@ -63,7 +63,9 @@
  * GPU runs them in); its preferred_layout stays NCHW. Not low: softmax cross-entropy and label
  * smoothing (the loss is f32), the optimizer updates, amp_round, DGC. Whether a table has them
  * is its low_dtypes flag (ref: true). A table without low dtypes refuses a low convolution plan (FL_EUNSUPPORTED, fl_conv_desc_check's message) and asserts on
- * a low t elsewhere: the cpu and onednn tables, and the cuda table for now. */
+ * a low t elsewhere: the cpu and onednn tables, and the cuda table's gemm and convolution
+ * plans (its other ops over activations take f16 / bf16 already, ahead of its low_dtypes,
+ * which stays false until they have passed their tests on a GPU: docs/amp.md). */
 #ifndef FLEET_BACKEND_H
 #define FLEET_BACKEND_H
 
@@ -200,7 +202,8 @@ typedef struct fl_backend {
     /* The table runs the ops over activations in FL_DTYPE_F16 and FL_DTYPE_BF16 natively, with
      * the "Low dtypes" contract above, and has `convert`: a network may then keep its
      * activations in the low dtype (fl_net_set_amp_native, docs/amp.md). true: ref; false:
-     * cpu, onednn, and cuda until its low ops exist (fl_net_set_amp then emulates). */
+     * cpu, onednn, and cuda until its low ops have passed their tests on a GPU and its low gemm
+     * and convolutions exist (fl_net_set_amp then emulates). */
     bool low_dtypes;
 
     /* --- memory --- */
@@ -216,8 +219,9 @@ typedef struct fl_backend {
      * nearest even as fl_f32_to_f16 / fl_f32_to_bf16 do (f16 beyond 65504 becomes inf, inf and
      * NaN stay), f16 / bf16 to f32 is exact, equal dtypes copy; src and dst do not overlap.
      * Where a network running low activations meets an f32 one (its input, its output for the
-     * loss, layers that stay f32) and for fc's low copy of its weights. NULL where low_dtypes is
-     * false. */
+     * loss, layers that stay f32) and for fc's low copy of its weights. NULL on the cpu and
+     * onednn tables; the cuda table has it ahead of its low_dtypes, which is what a caller
+     * checks. */
     void (*convert)(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n);
     /* Reorders n images of c channels and hw pixels between NCHW and NHWC (either direction:
      * to_nhwc); src and dst do not overlap. The network calls it at its edges. */

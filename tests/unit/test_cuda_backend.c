@@ -3,8 +3,9 @@
  * backend_cases.h, forward and backward, f32 (TF32 off) and f64: inputs made on the host, copied
  * to the device with the table's copy, results copied back and compared on the host. Also the
  * allocator (zero-filled, aligned, peak reused), streams and events, determinism (ops run twice
- * give the same bits), and device_bind's errors. Skipped (77) without a GPU; a summary table of
- * the worst error per op against its tolerance ends the run. */
+ * give the same bits), and device_bind's errors; and the low dtypes (f16, bf16) of the ops over
+ * activations and convert against the ref table's low ops (test_low). Skipped (77) without a
+ * GPU; a summary table of the worst error per op against its tolerance ends the run. */
 #include "fleet/backend.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
@@ -75,7 +76,7 @@ static void dback(void *h, const void *d, size_t bytes) {
 /* ------------------------------------------------------------------------------------------ */
 /* comparisons, and the worst error seen per op for the summary */
 
-#define MAX_OPS 64
+#define MAX_OPS 96
 static struct {
     const char *op;
     double worst, tol;
@@ -1328,6 +1329,581 @@ static void test_dgc_pairs(void) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* low dtypes (backend.h, "Low dtypes"): each op in f16 and bf16 against the ref table's low op
+ * on the same inputs. The ref computes every output in double from the values read and rounds
+ * it once; the cuda kernels compute in float and round once on store. A float result within
+ * less than one low unit of the exact one rounds to the correctly rounded value or a neighbour,
+ * so an elementwise op is held to 1 ulp of the low dtype (ulp of the ref's value); copies (the
+ * reorder, channel pad and slice, add_backward, max pooling's forward, convert) to the bits.
+ * Where float arithmetic cancels (axpy, batch norm's z = x a + b and its dx, dgamma, dbeta) the
+ * bound adds the float error of the terms, derived per op below. The cuda table's low_dtypes
+ * stays false until these pass on a GPU (docs/amp.md). These tests' rows in the summary are
+ * "low ..." and their worst error is the fraction of the tolerance used (1: at the bound). */
+
+static const fl_dtype lows[] = {FL_DTYPE_F16, FL_DTYPE_BF16};
+
+static double lget(fl_dtype t, const void *p, int64_t i) {
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == FL_DTYPE_F16 ? (double)fl_f16_to_f32(h) : (double)fl_bf16_to_f32(h);
+}
+static void lset(fl_dtype t, void *p, int64_t i, double v) {
+    ((uint16_t *)p)[i] = t == FL_DTYPE_F16 ? fl_f32_to_f16((float)v) : fl_f32_to_bf16((float)v);
+}
+/* n low values uniform in [lo, hi) (rounded to t), host memory */
+static void *lrand(fl_dtype t, int64_t n, double lo, double hi) {
+    void *p = hbuf((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        lset(t, p, i, lo + (hi - lo) * fl_rng_uniform_f64(&rng));
+    return p;
+}
+static double lmaxabs(fl_dtype t, const void *p, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs(lget(t, p, i)));
+    return m;
+}
+/* one unit in the last place of t at |v|: 2^(e - 10) for f16, 2^(e - 7) for bf16, e the
+ * exponent of v, no lower than the smallest normal's (the subnormals' spacing) */
+static double lulp(fl_dtype t, double v) {
+    int mant = t == FL_DTYPE_F16 ? 10 : 7, emin = t == FL_DTYPE_F16 ? -14 : -126, e = emin + 1;
+    if (v != 0 && isfinite(v))
+        frexp(fabs(v), &e);
+    e -= 1; /* v = 1.f 2^e */
+    return ldexp(1.0, (e < emin ? emin : e) - mant);
+}
+
+/* |got - want| <= ulps ulp(want) + atol elementwise over n low elements (NaN only against
+ * NaN, inf only against the same inf); prints the first miss */
+static int low_near(const char *op, const char *what, fl_dtype t, const void *got,
+                    const void *want, int64_t n, double ulps, double atol) {
+    double worst = 0;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double g = lget(t, got, i), w = lget(t, want, i);
+        if (isnan(g) && isnan(w))
+            continue;
+        if (g == w)
+            continue;
+        double lim = ulps * lulp(t, w) + atol, d = fabs(g - w);
+        double r = isfinite(w) && isfinite(d) ? d / lim : INFINITY;
+        worst = fmax(worst, r);
+        if (bad < 0 && !(r <= 1))
+            bad = i;
+    }
+    note(op, worst, 1);
+    if (bad < 0)
+        return 1;
+    fprintf(stderr, "%s: %s [%s]: element %lld: got %.9g want %.9g (bound %g ulp + %.3g)\n",
+            op, what, fl_dtype_name(t), (long long)bad, lget(t, got, bad), lget(t, want, bad),
+            ulps, atol);
+    test_failures++;
+    return 0;
+}
+/* an f32 result (db, dgamma, dbeta): |got - want| <= atol + 2^-23 |want| (a double sum in
+ * another order, rounded once to f32: one f32 unit, plus the float terms' error atol) */
+static int f32_near(const char *op, const char *what, const float *got, const float *want,
+                    int64_t n, double atol) {
+    double worst = 0;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        double lim = atol + ldexp(fabs((double)want[i]), -23) + 1e-30;
+        worst = fmax(worst, isnan(d) ? INFINITY : d / lim);
+        if (bad < 0 && !(d <= lim))
+            bad = i;
+    }
+    note(op, worst, 1);
+    if (bad < 0)
+        return 1;
+    fprintf(stderr, "%s: %s: element %lld: got %.9g want %.9g (atol %.3g)\n", op, what,
+            (long long)bad, (double)got[bad], (double)want[bad], atol);
+    test_failures++;
+    return 0;
+}
+/* device <-> host of n low elements */
+static void *lput(const void *h, int64_t n) { return dput(h, (size_t)n * 2); }
+static void *lback(const void *d, int64_t n) { return dget(d, (size_t)n * 2); }
+
+/* convert: f32 -> low the bits of the ref's (one rounding to nearest even; overflow to inf,
+ * NaN to a NaN), low -> f32 exact, equal dtypes a copy; inf, NaN, f16's overflow threshold,
+ * subnormals and ties among the values */
+static void test_low_convert(fl_dtype t) {
+    static const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f,
+                                    1e9f, -1e9f, 5.96e-8f, 2.98e-8f, 1e-40f, 1.0009765625f,
+                                    1.00048828125f, 1.001953125f, 3.0e38f};
+    const int nsp = (int)(sizeof special / sizeof special[0]);
+    for (size_t ci = 0; ci < NCOUNTS; ci++) {
+        int64_t n = counts[ci];
+        float *x = hbuf((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++)
+            x[i] = i < nsp ? special[i] : (float)(8 * fl_rng_uniform_f64(&rng) - 4);
+        if (n > nsp + 1)
+            x[nsp] = INFINITY, x[nsp + 1] = NAN;
+        uint16_t *want = hbuf((size_t)n * 2);
+        R->convert(FL_DTYPE_F32, x, t, want, n);
+        float *gx = dput(x, (size_t)n * 4), *gf = G->alloc((size_t)n * 4);
+        void *gh = G->alloc((size_t)n * 2), *gc = G->alloc((size_t)n * 2);
+        G->convert(FL_DTYPE_F32, gx, t, gh, n);
+        uint16_t *got = lback(gh, n);
+        char what[200];
+        snprintf(what, sizeof what, "f32 -> %s, n %lld", fl_dtype_name(t), (long long)n);
+        for (int64_t i = 0; i < n; i++) /* any NaN for a NaN */
+            if (isnan(lget(t, got, i)) && isnan(lget(t, want, i)))
+                got[i] = want[i];
+        same_bits("low convert", what, got, want, (size_t)n * 2);
+        G->convert(t, gh, FL_DTYPE_F32, gf, n);
+        float *back = dget(gf, (size_t)n * 4), *back_ref = hbuf((size_t)n * 4);
+        uint16_t *h = lback(gh, n);
+        R->convert(t, h, FL_DTYPE_F32, back_ref, n);
+        for (int64_t i = 0; i < n; i++)
+            if (isnan(back[i]) && isnan(back_ref[i]))
+                back[i] = back_ref[i];
+        snprintf(what, sizeof what, "%s -> f32, n %lld", fl_dtype_name(t), (long long)n);
+        same_bits("low convert", what, back, back_ref, (size_t)n * 4);
+        G->convert(t, gh, t, gc, n); /* equal dtypes: a copy */
+        uint16_t *copy = lback(gc, n);
+        snprintf(what, sizeof what, "%s -> %s (copy), n %lld", fl_dtype_name(t),
+                 fl_dtype_name(t), (long long)n);
+        same_bits("low convert", what, copy, h, (size_t)n * 2);
+        G->free(gx), G->free(gf), G->free(gh), G->free(gc);
+        free(x), free(want), free(got), free(back), free(back_ref), free(h), free(copy);
+    }
+}
+
+/* fill (1 ulp: the value goes through float), the elementwise ops (1 ulp), axpy (1 ulp plus
+ * the float error of y + a x: a rounded to float and the product, 2^-23 |a x|, and the sum,
+ * 2^-24 |y + a x|: at most 2^-22 (|y| + |a x|), which cancellation can make more than an ulp
+ * of the result), scale, the residual add, dropout (the same mask: kept elements 1 ulp, dropped
+ * ones exactly 0), add_backward (bits), sum and sumsq (double sums of exact values in another
+ * order: 1e-12 relative) */
+static void test_low_elementwise(fl_dtype t) {
+    static const double fills[] = {0, 1, -2.5, 0.1, 1e-6, 7e4, -1e39};
+    for (size_t ci = 0; ci < NCOUNTS; ci++) {
+        int64_t n = counts[ci];
+        char what[200];
+        void *want = hbuf((size_t)n * 2), *gx = G->alloc((size_t)n * 2);
+        for (size_t k = 0; k < sizeof fills / sizeof fills[0]; k++) {
+            R->fill(t, want, n, fills[k]);
+            G->fill(t, gx, n, fills[k]);
+            void *got = lback(gx, n);
+            snprintf(what, sizeof what, "fill %g, n %lld", fills[k], (long long)n);
+            low_near("low fill", what, t, got, want, n, 1, 0);
+            free(got);
+        }
+        G->free(gx), free(want);
+
+        void *x = lrand(t, n, -4, 4), *dy = lrand(t, n, -1, 1), *y0 = lrand(t, n, -1, 1);
+        if (n > 2)
+            lset(t, x, 0, 3), lset(t, x, 1, -3), lset(t, x, 2, 0); /* the kinks */
+        void *wy = hbuf((size_t)n * 2), *wdx = hbuf((size_t)n * 2);
+        void *gxd = lput(x, n), *gdy = lput(dy, n), *gy = G->alloc((size_t)n * 2);
+        void *gdx = G->alloc((size_t)n * 2);
+        for (int a = 0; a < FL_ACT_COUNT; a++) {
+            R->act_forward(t, (fl_act)a, x, wy, n);
+            R->act_backward(t, (fl_act)a, x, wy, dy, wdx, n);
+            G->act_forward(t, (fl_act)a, gxd, gy, n);
+            void *got = lback(gy, n);
+            snprintf(what, sizeof what, "%s, n %lld", fl_act_name((fl_act)a), (long long)n);
+            low_near("low act_forward", what, t, got, wy, n, 1, 0);
+            G->copy(gy, wy, (size_t)n * 2, FL_COPY_H2D, NULL); /* the ref's y for tanh, sigmoid */
+            G->act_backward(t, (fl_act)a, gxd, gy, gdy, gdx, n);
+            void *gotd = lback(gdx, n);
+            low_near("low act_backward", what, t, gotd, wdx, n, 1, 0);
+            free(got), free(gotd);
+        }
+
+        /* axpy, scale */
+        const double a = 0.7;
+        memcpy(wy, y0, (size_t)n * 2);
+        R->axpy(t, n, a, x, wy);
+        G->copy(gy, y0, (size_t)n * 2, FL_COPY_H2D, NULL);
+        G->axpy(t, n, a, gxd, gy);
+        void *got = lback(gy, n);
+        snprintf(what, sizeof what, "a %g, n %lld", a, (long long)n);
+        low_near("low axpy", what, t, got, wy, n, 1,
+                 ldexp(lmaxabs(t, y0, n) + a * lmaxabs(t, x, n), -22));
+        free(got);
+        memcpy(wy, x, (size_t)n * 2);
+        R->scale(t, n, -1.3, wy);
+        G->scale(t, n, -1.3, gxd);
+        got = lback(gxd, n);
+        low_near("low scale", what, t, got, wy, n, 1, 0);
+        free(got);
+        G->copy(gxd, x, (size_t)n * 2, FL_COPY_H2D, NULL);
+
+        /* the residual add, forward and backward, with and without the ReLU */
+        void *gb = lput(y0, n);
+        for (int relu = 0; relu < 2; relu++) {
+            R->add_forward(t, x, y0, wy, n, relu);
+            G->add_forward(t, gxd, gb, gy, n, relu);
+            got = lback(gy, n);
+            snprintf(what, sizeof what, "%s n %lld", relu ? "relu," : "", (long long)n);
+            low_near("low add_forward", what, t, got, wy, n, 1, 0);
+            free(got);
+            /* backward with the ref's y as the mask */
+            void *wda = hbuf((size_t)n * 2), *wdb = hbuf((size_t)n * 2);
+            R->add_backward(t, wy, dy, wda, wdb, n, relu);
+            G->copy(gy, wy, (size_t)n * 2, FL_COPY_H2D, NULL);
+            void *gda = G->alloc((size_t)n * 2), *gdb = G->alloc((size_t)n * 2);
+            G->add_backward(t, gy, gdy, gda, gdb, n, relu);
+            void *hda = lback(gda, n), *hdb = lback(gdb, n);
+            same_bits("low add_backward", what, hda, wda, (size_t)n * 2);
+            same_bits("low add_backward", what, hdb, wdb, (size_t)n * 2);
+            G->fill(t, gdb, n, 0);
+            G->add_backward(t, gy, gdy, NULL, gdb, n, relu); /* da NULL */
+            dback(hdb, gdb, (size_t)n * 2);
+            same_bits("low add_backward", "da NULL", hdb, wdb, (size_t)n * 2);
+            G->free(gda), G->free(gdb), free(wda), free(wdb), free(hda), free(hdb);
+        }
+        G->free(gb);
+
+        /* dropout: the mask is the ref's, kept values in * 1 / (1 - p) */
+        R->dropout_mask(t, 0x1234567890ull, 17, 0.3, x, wy, n);
+        G->dropout_mask(t, 0x1234567890ull, 17, 0.3, gxd, gy, n);
+        got = lback(gy, n);
+        low_near("low dropout_mask", what, t, got, wy, n, 1, 0);
+        int64_t mask_diff = 0;
+        for (int64_t i = 0; i < n; i++)
+            mask_diff += (lget(t, got, i) == 0) != (lget(t, wy, i) == 0);
+        CHECK(mask_diff == 0);
+        free(got);
+
+        G->free(gxd), G->free(gdy), G->free(gy), G->free(gdx);
+        free(x), free(dy), free(y0), free(wy), free(wdx);
+    }
+    for (size_t i = 0; i < sizeof reduce_ns / sizeof reduce_ns[0]; i++) {
+        int64_t n = reduce_ns[i];
+        void *x = lrand(t, n, -2, 3), *gx = lput(x, n);
+        double s = G->sum(t, gx, n), q = G->sumsq(t, gx, n);
+        double ws = R->sum(t, x, n), wq = R->sumsq(t, x, n), ab = 0;
+        for (int64_t k = 0; k < n; k++)
+            ab += fabs(lget(t, x, k));
+        char what[120];
+        snprintf(what, sizeof what, "sum n %lld [%s]", (long long)n, fl_dtype_name(t));
+        note("low sum", fabs(s - ws) / (1e-12 * (1 + ab)), 1);
+        CHECK_CLOSE(what, &s, &ws, 1, 1e-12 * (1 + ab), 0);
+        snprintf(what, sizeof what, "sumsq n %lld [%s]", (long long)n, fl_dtype_name(t));
+        note("low sumsq", fabs(q - wq) / (1e-12 * (1 + wq)), 1);
+        CHECK_CLOSE(what, &q, &wq, 1, 1e-12 * (1 + wq), 0);
+        G->free(gx), free(x);
+    }
+}
+
+/* add_bias (bias f32: 1 ulp) and sum_rows (db f32: a double sum, rounded to f32; accumulating
+ * adds to db's f32 value in double first) */
+static void test_low_bias(fl_dtype t) {
+    for (size_t i = 0; i < NSHAPES2D; i++) {
+        int64_t rows = shapes2d[i][0], cols = shapes2d[i][1], n = rows * cols;
+        void *y = lrand(t, n, -2, 2), *want = hdup(y, (size_t)n * 2);
+        float *bias = hrand(FL_DTYPE_F32, cols, -1, 1), *db0 = hrand(FL_DTYPE_F32, cols, -1, 1);
+        float *wdb = hbuf((size_t)cols * 4);
+        void *gy = lput(y, n);
+        float *gbias = dput(bias, (size_t)cols * 4), *gdb = G->alloc((size_t)cols * 4);
+        R->add_bias(t, want, bias, rows, cols);
+        G->add_bias(t, gy, gbias, rows, cols);
+        void *got = lback(gy, n);
+        char what[120];
+        snprintf(what, sizeof what, "(%lld, %lld)", (long long)rows, (long long)cols);
+        low_near("low add_bias", what, t, got, want, n, 1, 0);
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(wdb, db0, (size_t)cols * 4);
+            G->copy(gdb, db0, (size_t)cols * 4, FL_COPY_H2D, NULL);
+            G->copy(gy, y, (size_t)n * 2, FL_COPY_H2D, NULL); /* dy: y before the bias */
+            R->sum_rows(t, y, wdb, rows, cols, acc);
+            G->sum_rows(t, gy, gdb, rows, cols, acc);
+            float *hdb = dget(gdb, (size_t)cols * 4);
+            f32_near("low sum_rows", what, hdb, wdb, cols, 0);
+            free(hdb);
+        }
+        G->free(gy), G->free(gbias), G->free(gdb);
+        free(y), free(want), free(bias), free(db0), free(wdb), free(got);
+    }
+}
+
+/* element (b, ch, p) of an (N, C, HW) tensor in layout l */
+static int64_t lat(fl_layout l, int64_t c, int64_t hw, int64_t b, int64_t ch, int64_t p) {
+    return l == FL_LAYOUT_NHWC ? (b * hw + p) * c + ch : (b * c + ch) * hw + p;
+}
+
+/* the layout ops in both layouts: reorder, channel_pad and channel_slice (bits), channel_mul
+ * (y and dx 1 ulp: one float product of two low values, exact in float, rounded once; ds 1
+ * ulp: a double sum rounded once) */
+static void test_low_channel_ops(fl_dtype t) {
+    static const int64_t shapes[][3] = {{0, 3, 4}, {1, 1, 1}, {2, 5, 9}, {3, 16, 49}, {2, 7, 13}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t n = shapes[si][0], c = shapes[si][1], hw = shapes[si][2], nx = n * c * hw;
+        char what[200];
+        void *x = lrand(t, nx, -2, 2), *dy = lrand(t, nx, -1, 1), *s = lrand(t, n * c, 0, 1);
+        void *want = hbuf((size_t)nx * 2), *gx = lput(x, nx), *gy = G->alloc((size_t)nx * 2);
+        for (int to = 0; to < 2; to++) {
+            R->reorder(t, to, n, c, hw, x, want);
+            G->reorder(t, to, n, c, hw, gx, gy);
+            void *got = lback(gy, nx);
+            snprintf(what, sizeof what, "reorder %s (%lld, %lld, %lld)", to ? "to NHWC" : "to NCHW",
+                     (long long)n, (long long)c, (long long)hw);
+            same_bits("low reorder", what, got, want, (size_t)nx * 2);
+            free(got);
+        }
+        void *gs = lput(s, n * c), *gdy = lput(dy, nx), *gdx = G->alloc((size_t)nx * 2);
+        void *gds = G->alloc((size_t)(n * c) * 2), *wdx = hbuf((size_t)nx * 2);
+        void *wds = hbuf((size_t)(n * c) * 2);
+        for (int li = 0; li < 2; li++) {
+            fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+            snprintf(what, sizeof what, "(%lld, %lld, %lld) %s", (long long)n, (long long)c,
+                     (long long)hw, fl_layout_name(l));
+            R->channel_mul_forward(t, l, n, c, hw, x, s, want);
+            G->channel_mul_forward(t, l, n, c, hw, gx, gs, gy);
+            void *got = lback(gy, nx);
+            low_near("low channel_mul_forward", what, t, got, want, nx, 1, 0);
+            R->channel_mul_backward(t, l, n, c, hw, x, s, dy, wdx, wds);
+            G->channel_mul_backward(t, l, n, c, hw, gx, gs, gdy, gdx, gds);
+            void *hdx = lback(gdx, nx), *hds = lback(gds, n * c);
+            low_near("low channel_mul_backward", what, t, hdx, wdx, nx, 1, 0);
+            low_near("low channel_mul_backward", what, t, hds, wds, n * c, 1, 0);
+            free(got), free(hdx), free(hds);
+
+            /* slice: x's c channels at offset 2 of 2 c + 3 */
+            int64_t oc = 2 * c + 3, off = 2, ny = n * oc * hw;
+            void *ybig = lrand(t, ny, -1, 1), *wybig = hdup(ybig, (size_t)ny * 2);
+            void *gybig = lput(ybig, ny);
+            R->channel_slice(t, l, n, hw, c, x, oc, off, wybig, true);
+            G->channel_slice(t, l, n, hw, c, gx, oc, off, gybig, true);
+            void *hyb = lback(gybig, ny);
+            same_bits("low channel_slice", what, hyb, wybig, (size_t)ny * 2);
+            void *xs = hbuf((size_t)nx * 2), *gxs = G->alloc((size_t)nx * 2);
+            R->channel_slice(t, l, n, hw, c, xs, oc, off, ybig, false);
+            G->copy(gybig, ybig, (size_t)ny * 2, FL_COPY_H2D, NULL);
+            G->channel_slice(t, l, n, hw, c, gxs, oc, off, gybig, false);
+            void *hxs = lback(gxs, nx);
+            same_bits("low channel_slice", "backward", hxs, xs, (size_t)nx * 2);
+            G->free(gybig), G->free(gxs), free(ybig), free(wybig), free(hyb), free(xs), free(hxs);
+        }
+        G->free(gx), G->free(gy), G->free(gs), G->free(gdy), G->free(gdx), G->free(gds);
+        free(x), free(dy), free(s), free(want), free(wdx), free(wds);
+    }
+    /* the option-A shortcut (n, c, h, w, stride, oc), forward and backward: bits */
+    static const int64_t pads[][6] = {{2, 3, 5, 7, 2, 8}, {1, 1, 1, 1, 1, 1}, {3, 4, 6, 6, 1, 4},
+                                      {0, 2, 3, 3, 2, 4}};
+    for (size_t pi = 0; pi < sizeof pads / sizeof pads[0]; pi++) {
+        int64_t n = pads[pi][0], c = pads[pi][1], h = pads[pi][2], w = pads[pi][3];
+        int64_t st = pads[pi][4], oc = pads[pi][5], oh = (h + st - 1) / st, ow = (w + st - 1) / st;
+        int64_t nx = n * c * h * w, ny = n * oc * oh * ow;
+        for (int li = 0; li < 2; li++) {
+            fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+            char what[200];
+            snprintf(what, sizeof what, "pad (%lld, %lld, %lld, %lld) s%lld -> %lld %s",
+                     (long long)n, (long long)c, (long long)h, (long long)w, (long long)st,
+                     (long long)oc, fl_layout_name(l));
+            void *x = lrand(t, nx, -1, 1), *y = lrand(t, ny, -1, 1);
+            void *wy = hbuf((size_t)ny * 2), *wx = hbuf((size_t)nx * 2);
+            void *gx = lput(x, nx), *gy = lput(y, ny); /* garbage in y: every element written */
+            R->channel_pad(t, l, n, c, h, w, st, oc, x, wy, true);
+            G->channel_pad(t, l, n, c, h, w, st, oc, gx, gy, true);
+            void *hy = lback(gy, ny);
+            same_bits("low channel_pad", what, hy, wy, (size_t)ny * 2);
+            G->copy(gy, y, (size_t)ny * 2, FL_COPY_H2D, NULL);
+            R->channel_pad(t, l, n, c, h, w, st, oc, wx, y, false);
+            G->channel_pad(t, l, n, c, h, w, st, oc, gx, gy, false);
+            void *hx = lback(gx, nx);
+            same_bits("low channel_pad", "backward", hx, wx, (size_t)nx * 2);
+            G->free(gx), G->free(gy), free(x), free(y), free(wy), free(wx), free(hy), free(hx);
+        }
+    }
+}
+
+/* pooling in both layouts (the ref's low pooling takes either): max forward the bits (a copy
+ * of the first largest), average forward 1 ulp (the window's double sum, in the ref's order,
+ * times 1 / (KH KW), rounded once), both backwards 1 ulp (double sums of dy, or dy / (KH KW),
+ * in another order than the ref's, rounded once) */
+static void test_low_pool(fl_dtype t) {
+    for (size_t i = 0; i < N_POOL_CASES; i++) {
+        const pool_case *pc = &pool_cases[i];
+        fl_conv_geom g = {.c = pc->c, .h = pc->h, .w = pc->w, .kh = pc->kh, .kw = pc->kw,
+                          .sh = pc->sh, .sw = pc->sw, .ph = pc->ph, .pw = pc->pw, .dh = pc->dh,
+                          .dw = pc->dw};
+        CHECK(fl_conv_geom_out(&g));
+        int64_t n = pc->n, nx = n * pc->c * pc->h * pc->w, ny = n * pc->c * g.oh * g.ow;
+        void *x = hbuf((size_t)nx * 2), *dy = lrand(t, ny, -1, 1);
+        for (int64_t k = 0; k < nx; k++)
+            lset(t, x, k, pc->ties ? (fl_rng_below(&rng, 8) < 5 ? 0 : (double)fl_rng_below(&rng, 3))
+                                   : 2 * fl_rng_uniform_f64(&rng) - 1);
+        void *gx = lput(x, nx), *gdy = lput(dy, ny), *gy = G->alloc((size_t)ny * 2);
+        void *gdx = G->alloc((size_t)nx * 2), *wy = hbuf((size_t)ny * 2), *wdx = hbuf((size_t)nx * 2);
+        for (int pm = 0; pm < 2; pm++)
+            for (int li = 0; li < 2; li++) {
+                fl_pool pool = pm ? FL_POOL_AVG : FL_POOL_MAX;
+                fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+                char what[300];
+                snprintf(what, sizeof what, "%s pool %s %s", pm ? "avg" : "max", pc->name,
+                         fl_layout_name(l));
+                R->pool_forward(t, l, pool, n, &g, x, wy);
+                R->pool_backward(t, l, pool, n, &g, x, dy, wdx);
+                G->pool_forward(t, l, pool, n, &g, gx, gy);
+                G->pool_backward(t, l, pool, n, &g, gx, gdy, gdx);
+                void *hy = lback(gy, ny), *hdx = lback(gdx, nx);
+                if (pm)
+                    low_near("low avg pool forward", what, t, hy, wy, ny, 1, 0);
+                else
+                    same_bits("low max pool forward", what, hy, wy, (size_t)ny * 2);
+                low_near(pm ? "low avg pool backward" : "low max pool backward", what, t, hdx, wdx,
+                         nx, 1, 0);
+                free(hy), free(hdx);
+            }
+        G->free(gx), G->free(gdy), G->free(gy), G->free(gdx);
+        free(x), free(dy), free(wy), free(wdx);
+    }
+}
+
+/* batch norm, both layouts, training and inference, act none, relu, hardswish; gamma, beta,
+ * dgamma, dbeta f32, mean and var double. The bounds, from the float arithmetic of the cuda
+ * kernels (u = 2^-24), with A = max over channels of max|x| |a| + |b| (z = x a + b, a and b
+ * rounded to float), K = max |gamma invstd|, S = max |dz| (1.5 max|dy| for hardswish), Xh =
+ * max |xhat|, M = max |mean| invstd, N = the count per channel: y, 1 ulp + 2^-20 A (z's float
+ * error is 4 u A, times hardswish's slope); dx = k d + bx (x - mean) + c0 in float, 1 ulp +
+ * 2^-19 K (S (2 + Xh^2 + Xh M) + max|dy| A) (each term's rounding, mean rounded to float, the
+ * means of d from float terms, hardswish' of a float z); dbeta and dgamma, double sums of N
+ * float terms: N 2^-21 (S + max|dy| A), times (Xh + M + max|x| invstd) for dgamma. At
+ * hardswish's kinks (z = +-3) hardswish' jumps by 1/2, and a float z within its error of a kink
+ * can fall on the other side of the ref's double z: those elements (|z -+ 3| < 2^-18 A) are
+ * left out of dx, and each adds its jump, dy / 2, to the sums' bounds. */
+static void check_low_bn(fl_dtype t, const bn_case *bc) {
+    int64_t n = bc->n, c = bc->c, hw = bc->hw, nx = n * c * hw, N = n * hw;
+    const double eps = 1e-5;
+    size_t xb = (size_t)nx * 2, cb = (size_t)c * 4, db = (size_t)c * sizeof(double);
+    float *gamma = hrand(FL_DTYPE_F32, c, 0.5, 1.5), *beta = hrand(FL_DTYPE_F32, c, -0.5, 0.5);
+    float *dg0 = hrand(FL_DTYPE_F32, c, -1, 1), *db0 = hrand(FL_DTYPE_F32, c, -1, 1);
+    double *rmean = hbuf(db), *rvar = hbuf(db), *mref = hbuf(db), *vref = hbuf(db);
+    void *x = hbuf(xb), *dy = lrand(t, nx, -1, 1), *wy = hbuf(xb), *wdx = hbuf(xb);
+    float *wdg = hbuf(cb), *wdb = hbuf(cb);
+    void *gg = dput(gamma, cb), *gbeta = dput(beta, cb), *gdg = G->alloc(cb), *gdb = G->alloc(cb);
+    double *gm = G->alloc(db), *gv = G->alloc(db);
+    double maxdy = lmaxabs(t, dy, nx);
+    for (int li = 0; li < 2; li++) {
+        fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+        for (int64_t ch = 0; ch < c; ch++) {
+            double off = 4 * fl_rng_uniform_f64(&rng) - 2, sc = 0.2 + 2 * fl_rng_uniform_f64(&rng);
+            for (int64_t b = 0; b < n; b++)
+                for (int64_t p = 0; p < hw; p++)
+                    lset(t, x, lat(l, c, hw, b, ch, p), off + sc * (2 * fl_rng_uniform_f64(&rng) - 1));
+            rmean[ch] = off + 0.1 * (fl_rng_uniform_f64(&rng) - 0.5);
+            rvar[ch] = sc * sc / 3 * (0.5 + fl_rng_uniform_f64(&rng));
+        }
+        double maxx = lmaxabs(t, x, nx);
+        void *gx = lput(x, nx), *gdy = lput(dy, nx), *gy = G->alloc(xb), *gdx = G->alloc(xb);
+        void *gry = G->alloc(xb);
+        for (int training = 1; training >= 0; training--)
+            for (int ai = 0; ai < 3; ai++) {
+                fl_act act = ai == 0 ? FL_ACT_NONE : ai == 1 ? FL_ACT_RELU : FL_ACT_HARDSWISH;
+                double *sm = training ? mref : rmean, *sv = training ? vref : rvar;
+                char pre[200], what[300];
+                snprintf(pre, sizeof pre, "bn (%lld, %lld, %lld) %s %s %s", (long long)n,
+                         (long long)c, (long long)hw, fl_layout_name(l),
+                         training ? "training" : "inference", fl_act_name(act));
+                R->bn_forward(t, l, n, c, hw, x, gamma, beta, eps, training, sm, sv, act, wy);
+                R->bn_backward(t, l, n, c, hw, x, act, wy, dy, gamma, beta, sm, sv, eps, training,
+                               wdx, wdg, wdb, false);
+                /* the bounds (above) from the ref's statistics */
+                double A = 0, K = 0, Xh = 0, M = 0, ismax = 0, kink_dy = 0;
+                bool *kink = hbuf((size_t)nx * sizeof(bool));
+                for (int64_t ch = 0; ch < c; ch++) {
+                    double is = 1 / sqrt(sv[ch] + eps), a = gamma[ch] * is;
+                    double b = beta[ch] - sm[ch] * a;
+                    A = fmax(A, maxx * fabs(a) + fabs(b)), K = fmax(K, fabs(a));
+                    M = fmax(M, fabs(sm[ch]) * is), ismax = fmax(ismax, is);
+                    for (int64_t bi = 0; bi < n; bi++)
+                        for (int64_t p = 0; p < hw; p++)
+                            Xh = fmax(Xh, fabs(lget(t, x, lat(l, c, hw, bi, ch, p)) - sm[ch]) * is);
+                }
+                for (int64_t ch = 0; ch < c && act == FL_ACT_HARDSWISH; ch++) {
+                    double is = 1 / sqrt(sv[ch] + eps), a = gamma[ch] * is;
+                    double b = beta[ch] - sm[ch] * a;
+                    for (int64_t bi = 0; bi < n; bi++)
+                        for (int64_t p = 0; p < hw; p++) {
+                            int64_t e = lat(l, c, hw, bi, ch, p);
+                            double z = lget(t, x, e) * a + b;
+                            if (fabs(fabs(z) - 3) < ldexp(A, -18))
+                                kink[e] = true, kink_dy += 0.5 * fabs(lget(t, dy, e));
+                        }
+                }
+                double S = (act == FL_ACT_HARDSWISH ? 1.5 : 1) * maxdy;
+                double tol_y = ldexp(A, -20);
+                double tol_dx = ldexp(K * (S * (2 + Xh * Xh + Xh * M) + maxdy * A), -19) +
+                                K * kink_dy * (1 + Xh * Xh) / (double)(N > 0 ? N : 1);
+                double tol_db = ldexp((double)N * (S + maxdy * A), -21) + kink_dy;
+                double tol_dg = ldexp((double)N * (S + maxdy * A), -21) * (Xh + M + maxx * ismax) +
+                                kink_dy * Xh;
+
+                G->copy(gm, rmean, db, FL_COPY_H2D, NULL);
+                G->copy(gv, rvar, db, FL_COPY_H2D, NULL);
+                G->bn_forward(t, l, n, c, hw, gx, gg, gbeta, eps, training, gm, gv, act, gy);
+                void *hy = lback(gy, nx);
+                snprintf(what, sizeof what, "%s: y", pre);
+                low_near("low bn forward", what, t, hy, wy, nx, 1, tol_y);
+                double *hm = dget(gm, db), *hv = dget(gv, db);
+                if (training) { /* both double sums of the same exact values */
+                    snprintf(what, sizeof what, "%s: mean", pre);
+                    rel("low bn forward", what, FL_DTYPE_F64, hm, mref, c, 1e-10);
+                    snprintf(what, sizeof what, "%s: var", pre);
+                    rel("low bn forward", what, FL_DTYPE_F64, hv, vref, c, 1e-10);
+                } else {
+                    same_bits("low bn forward", "running mean untouched", hm, rmean, db);
+                    same_bits("low bn forward", "running var untouched", hv, rvar, db);
+                }
+                /* backward with the ref's statistics and y (the relu's mask) */
+                G->copy(gm, sm, db, FL_COPY_H2D, NULL);
+                G->copy(gv, sv, db, FL_COPY_H2D, NULL);
+                G->copy(gry, wy, xb, FL_COPY_H2D, NULL);
+                G->bn_backward(t, l, n, c, hw, gx, act, gry, gdy, gg, gbeta, gm, gv, eps,
+                               training, gdx, gdg, gdb, false);
+                uint16_t *hdx = lback(gdx, nx);
+                float *hdg = dget(gdg, cb), *hdb = dget(gdb, cb);
+                for (int64_t e = 0; e < nx; e++)
+                    if (kink[e])
+                        hdx[e] = ((const uint16_t *)wdx)[e];
+                snprintf(what, sizeof what, "%s: dx", pre);
+                low_near("low bn backward", what, t, hdx, wdx, nx, 1, tol_dx);
+                snprintf(what, sizeof what, "%s: dgamma", pre);
+                f32_near("low bn backward", what, hdg, wdg, c, tol_dg);
+                snprintf(what, sizeof what, "%s: dbeta", pre);
+                f32_near("low bn backward", what, hdb, wdb, c, tol_db);
+                /* accumulating, without dx */
+                float *adg = hdup(dg0, cb), *adb = hdup(db0, cb);
+                R->bn_backward(t, l, n, c, hw, x, act, wy, dy, gamma, beta, sm, sv, eps,
+                               training, NULL, adg, adb, true);
+                G->copy(gdg, dg0, cb, FL_COPY_H2D, NULL);
+                G->copy(gdb, db0, cb, FL_COPY_H2D, NULL);
+                G->bn_backward(t, l, n, c, hw, gx, act, gry, gdy, gg, gbeta, gm, gv, eps,
+                               training, NULL, gdg, gdb, true);
+                float *a1 = dget(gdg, cb), *a2 = dget(gdb, cb);
+                snprintf(what, sizeof what, "%s: dgamma accumulated, no dx", pre);
+                f32_near("low bn backward", what, a1, adg, c, tol_dg);
+                snprintf(what, sizeof what, "%s: dbeta accumulated, no dx", pre);
+                f32_near("low bn backward", what, a2, adb, c, tol_db);
+                free(kink), free(hy), free(hm), free(hv), free(hdx), free(hdg), free(hdb);
+                free(adg), free(adb), free(a1), free(a2);
+            }
+        G->free(gx), G->free(gdy), G->free(gy), G->free(gdx), G->free(gry);
+    }
+    G->free(gg), G->free(gbeta), G->free(gdg), G->free(gdb), G->free(gm), G->free(gv);
+    free(gamma), free(beta), free(dg0), free(db0), free(rmean), free(rvar), free(mref);
+    free(vref), free(x), free(dy), free(wy), free(wdx), free(wdg), free(wdb);
+}
+
+/* every low op, f16 and bf16 */
+static void test_low(void) {
+    for (size_t i = 0; i < sizeof lows / sizeof lows[0]; i++) {
+        fl_dtype t = lows[i];
+        test_low_convert(t);
+        test_low_elementwise(t);
+        test_low_bias(t);
+        test_low_channel_ops(t);
+        test_low_pool(t);
+        for (size_t k = 0; k < N_BN_CASES; k++)
+            check_low_bn(t, &bn_cases[k]);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 int main(void) {
     G = fl_backend_cuda();
@@ -1361,6 +1937,7 @@ int main(void) {
     test_dgc_select();
     test_dgc_accumulate();
     test_dgc_pairs();
+    test_low();
     fprintf(stderr, "%-34s %8s %-11s %-11s\n", "op", "checks", "worst", "tolerance");
     for (int i = 0; i < nops; i++)
         fprintf(stderr, "%-34s %8ld %-11.2g %-11.2g\n", ops[i].op, ops[i].checks, ops[i].worst,

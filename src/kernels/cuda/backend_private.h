@@ -47,7 +47,7 @@ void cuda_fatal(const char *op, const char *call, const char *what, const char *
 #define CU_LAUNCHED(op) CU_CHECK(op, cudaGetLastError())
 /* the ops that run before device_bind abort naming it */
 void cuda_require_bound(const char *op);
-/* t must be f32 or f64 */
+/* aborts naming the op: t is not a dtype it takes (f32 or f64; f16 or bf16 for the low ops) */
 void cuda_bad_dtype(const char *op, fl_dtype t) __attribute__((noreturn));
 /* The CUDA runtime's current device is per host thread: every op first makes the bound device
  * current on the calling thread (once per thread), so threads other than the one that called
@@ -107,6 +107,9 @@ void cuda_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_
 /* y (N, C, HW) in layout += bias (C) per channel (the convolution's bias) */
 void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                            void *y, const void *bias);
+
+/* convert.cu: the table's convert (f32 <-> f16 / bf16, equal dtypes copied) */
+void cuda_convert(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n);
 
 /* channel_ops.cu: squeeze-and-excitation's channel-wise scale and concatenation's copies */
 void cuda_channel_mul_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,

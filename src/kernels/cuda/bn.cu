@@ -10,7 +10,9 @@
  * once, as the cpu table does, and the elementwise passes apply them, 4 elements a thread with
  * 16-byte loads where shape and alignment allow (the same bits either way). Every kernel finds
  * an element's channel with fastdiv.h's multiply-and-shift where the call's indices fit in 31
- * bits. */
+ * bits. f16 / bf16 activations (x, y, dy, dx) are read exactly and computed with in float, each
+ * output rounded once on store; gamma, beta, dgamma, dbeta and the coefficients are then f32
+ * (acc_t), mean and var double as always. */
 #include "fastdiv.h"
 #include "reduce.cuh"
 
@@ -253,12 +255,12 @@ template <class T> struct stat_f {
         T x[4];
     };
     __device__ ch channel(int64_t c) const {
-        return ch{(double)x[s.nhwc ? c : c * s.hw]}; /* element (0, c) */
+        return ch{(double)lo_get(x[s.nhwc ? c : c * s.hw])}; /* element (0, c) */
     }
     __device__ void load1(int64_t i, vals &v, int j) const { v.x[j] = x[i]; }
     __device__ void load4(int64_t i, vals &v) const { ::load4(x + i, v.x); }
     __device__ void add(const ch &h, const vals &v, int j, double2 &acc) const {
-        double d = (double)v.x[j] - h.k;
+        double d = (double)lo_get(v.x[j]) - h.k;
         acc.x += d, acc.y += d * d;
     }
 };
@@ -269,7 +271,7 @@ template <class T> struct stat_store {
     double  *mean, *var;
     double   cnt;
     __device__ void operator()(int64_t c, double2 t) const {
-        double k = cnt > 0 ? (double)x[s.nhwc ? c : c * s.hw] : 0, m = t.x / cnt;
+        double k = cnt > 0 ? (double)lo_get(x[s.nhwc ? c : c * s.hw]) : 0, m = t.x / cnt;
         double v = t.y / cnt - m * m;
         mean[c] = k + m;
         var[c] = v > 0 ? v : 0 * v; /* rounding can leave -1e-17; NaN stays NaN */
@@ -277,15 +279,15 @@ template <class T> struct stat_store {
 };
 
 /* --- y = act(x a + b), a = gamma / sqrt(var + eps), b = beta - mean a; act none, relu or
- * hardswish --- */
+ * hardswish. The coefficients, gamma and beta are of A = acc_t<T> (f32 beside low T). --- */
 
-template <class T>
-__global__ void bn_coef_k(const T *gamma, const T *beta, const double *mean, const double *var,
-                          double eps, int64_t C, T *ab) {
+template <class A>
+__global__ void bn_coef_k(const A *gamma, const A *beta, const double *mean, const double *var,
+                          double eps, int64_t C, A *ab) {
     GRID_STRIDE(c, C) {
         double s = (double)gamma[c] / sqrt(var[c] + eps);
-        ab[c] = (T)s;
-        ab[C + c] = (T)((double)beta[c] - mean[c] * s);
+        ab[c] = (A)s;
+        ab[C + c] = (A)((double)beta[c] - mean[c] * s);
     }
 }
 
@@ -307,20 +309,21 @@ __device__ __forceinline__ T bn_dz(fl_act act, T x, T y, T dy, T a, T b) {
 
 /* VEC: element i = 4 q and the next three, one channel (NCHW) or channels c .. c + 3 (NHWC) */
 template <class T, bool SMALL, bool VEC>
-__global__ void bn_apply_k(bn_shape s, int64_t total, const T *x, const T *ab, fl_act act, T *y) {
+__global__ void bn_apply_k(bn_shape s, int64_t total, const T *x, const acc_t<T> *ab, fl_act act,
+                           T *y) {
     if (VEC) {
         GRID_STRIDE(q, total / 4) {
             int64_t i = 4 * q, c = bn_channel<SMALL>(s, i), d = s.nhwc ? 1 : 0;
             T v[4];
             load4(x + i, v);
             for (int j = 0; j < 4; j++)
-                v[j] = bn_affine(v[j], ab[c + d * j], ab[s.C + c + d * j], act);
+                v[j] = lo_put<T>(bn_affine(lo_get(v[j]), ab[c + d * j], ab[s.C + c + d * j], act));
             store4(y + i, v);
         }
     } else {
         GRID_STRIDE(i, total) {
             int64_t c = bn_channel<SMALL>(s, i);
-            y[i] = bn_affine(x[i], ab[c], ab[s.C + c], act);
+            y[i] = lo_put<T>(bn_affine(lo_get(x[i]), ab[c], ab[s.C + c], act));
         }
     }
 }
@@ -342,14 +345,15 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
     bool small = total < INT32_MAX && hw >= 1;
     bool vec = vec_ok(nhwc, c, hw, x, y, NULL, NULL);
     bn_shape s = shape_of(nhwc, c, hw, small);
-    DISPATCH_T(op, t, {
+    DISPATCH_TL(op, t, {
+        typedef acc_t<T> A;
         const T *xt = (const T *)x;
         if (training)
             bn_sums(small, vec, s, stat_f<T>{xt, s}, stat_store<T>{xt, s, mean, var, (double)R},
                     R, op);
-        T *ab = (T *)cuda_get((size_t)(2 * c) * sizeof(T), op);
-        bn_coef_k<T><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
-            (const T *)gamma, (const T *)beta, mean, var, eps, c, ab);
+        A *ab = (A *)cuda_get((size_t)(2 * c) * sizeof(A), op);
+        bn_coef_k<A><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
+            (const A *)gamma, (const A *)beta, mean, var, eps, c, ab);
         CU_LAUNCHED(op);
         if (total > 0) {
             DISPATCH_BOOL(S, small, DISPATCH_BOOL(V, vec, {
@@ -365,20 +369,22 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
 /* --- backward --- */
 
 /* (d, d (x - mean)) with d = bn_dz (ry: the relu's output, ab: the forward's a, b for
- * hardswish); x - mean in T as the cpu table */
+ * hardswish); x - mean in acc_t<T> (T as the cpu table for f32 / f64) */
 template <class T> struct grad_f {
-    const T      *x, *ry, *dy, *ab;
+    typedef acc_t<T> A;
+    const T      *x, *ry, *dy;
+    const A      *ab;
     const double *mean;
     fl_act        act;
     int64_t       C;
     struct ch {
-        T m, a, b;
+        A m, a, b;
     };
     struct vals {
         T x[4], ry[4], dy[4];
     };
     __device__ ch channel(int64_t c) const {
-        return ab ? ch{(T)mean[c], ab[c], ab[C + c]} : ch{(T)mean[c], (T)0, (T)0};
+        return ab ? ch{(A)mean[c], ab[c], ab[C + c]} : ch{(A)mean[c], (A)0, (A)0};
     }
     __device__ void load1(int64_t i, vals &v, int j) const {
         v.x[j] = x[i], v.dy[j] = dy[i];
@@ -391,58 +397,65 @@ template <class T> struct grad_f {
             ::load4(ry + i, v.ry);
     }
     __device__ void add(const ch &h, const vals &v, int j, double2 &acc) const {
-        T d = bn_dz(act, v.x[j], ry ? v.ry[j] : (T)0, v.dy[j], h.a, h.b);
-        acc.x += (double)d, acc.y += (double)(d * (v.x[j] - h.m));
+        A xj = lo_get(v.x[j]);
+        A d = bn_dz(act, xj, ry ? lo_get(v.ry[j]) : (A)0, lo_get(v.dy[j]), h.a, h.b);
+        acc.x += (double)d, acc.y += (double)(d * (xj - h.m));
     }
 };
 
 /* dgamma, dbeta (adding when accumulate), and dx's coefficients per channel:
  * dx = k (d - mean(d) - xhat mean(d xhat)) = a d + bx (x - mean) + c0 */
 template <class T> struct grad_store {
-    const T      *gamma;
+    typedef acc_t<T> A;
+    const A      *gamma;
     const double *mean, *var;
     double        eps, cnt;
     bool          training, accumulate;
-    T            *dgamma, *dbeta, *coef; /* coef: a (C), bx (C), c0 (C) */
+    A            *dgamma, *dbeta, *coef; /* coef: a (C), bx (C), c0 (C) */
     int64_t       C;
     __device__ void operator()(int64_t c, double2 s) const {
         double is = 1.0 / sqrt(var[c] + eps), sdy = s.x, sdyx = s.y * is;
-        dgamma[c] = (T)((accumulate ? (double)dgamma[c] : 0.0) + sdyx);
-        dbeta[c] = (T)((accumulate ? (double)dbeta[c] : 0.0) + sdy);
+        dgamma[c] = (A)((accumulate ? (double)dgamma[c] : 0.0) + sdyx);
+        dbeta[c] = (A)((accumulate ? (double)dbeta[c] : 0.0) + sdy);
         double k = (double)gamma[c] * is;
         double mdy = training ? sdy / cnt : 0, mdyx = training ? sdyx / cnt : 0;
-        coef[c] = (T)k;
-        coef[C + c] = (T)(-k * is * mdyx);
-        coef[2 * C + c] = (T)(-k * mdy);
+        coef[c] = (A)k;
+        coef[C + c] = (A)(-k * is * mdyx);
+        coef[2 * C + c] = (A)(-k * mdy);
     }
 };
 
-template <class T>
-__device__ __forceinline__ T bn_dx(const T *coef, const T *ab, int64_t C, int64_t c,
-                                   const double *mean, fl_act act, T x, T ry, T dy) {
-    T d = bn_dz(act, x, ry, dy, ab ? ab[c] : (T)0, ab ? ab[C + c] : (T)0);
-    return coef[c] * d + coef[C + c] * (x - (T)mean[c]) + coef[2 * C + c];
+/* in A = acc_t of the activations' dtype */
+template <class A>
+__device__ __forceinline__ A bn_dx(const A *coef, const A *ab, int64_t C, int64_t c,
+                                   const double *mean, fl_act act, A x, A ry, A dy) {
+    A d = bn_dz(act, x, ry, dy, ab ? ab[c] : (A)0, ab ? ab[C + c] : (A)0);
+    return coef[c] * d + coef[C + c] * (x - (A)mean[c]) + coef[2 * C + c];
 }
 
 template <class T, bool SMALL, bool VEC>
 __global__ void bn_dx_k(bn_shape s, int64_t total, const T *x, fl_act act, const T *ry,
-                        const T *dy, const T *ab, const double *mean, const T *coef, T *dx) {
+                        const T *dy, const acc_t<T> *ab, const double *mean,
+                        const acc_t<T> *coef, T *dx) {
+    typedef acc_t<T> A;
     int64_t C = s.C;
     if (VEC) {
         GRID_STRIDE(q, total / 4) {
             int64_t i = 4 * q, c = bn_channel<SMALL>(s, i), d = s.nhwc ? 1 : 0;
-            T xv[4], rv[4] = {}, dv[4];
+            T xv[4], rv[4], dv[4];
             load4(x + i, xv), load4(dy + i, dv);
             if (ry)
                 load4(ry + i, rv);
             for (int j = 0; j < 4; j++)
-                xv[j] = bn_dx(coef, ab, C, c + d * j, mean, act, xv[j], rv[j], dv[j]);
+                xv[j] = lo_put<T>(bn_dx(coef, ab, C, c + d * j, mean, act, lo_get(xv[j]),
+                                        ry ? lo_get(rv[j]) : (A)0, lo_get(dv[j])));
             store4(dx + i, xv);
         }
     } else {
         GRID_STRIDE(i, total) {
             int64_t c = bn_channel<SMALL>(s, i);
-            dx[i] = bn_dx(coef, ab, C, c, mean, act, x[i], ry ? ry[i] : (T)0, dy[i]);
+            dx[i] = lo_put<T>(bn_dx(coef, ab, C, c, mean, act, lo_get(x[i]),
+                                    ry ? lo_get(ry[i]) : (A)0, lo_get(dy[i])));
         }
     }
 }
@@ -462,17 +475,18 @@ extern "C" void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_
     const void *relu_y = act == FL_ACT_RELU ? y : NULL;
     bool vec = vec_ok(nhwc, c, hw, x, relu_y, dy, dx);
     bn_shape s = shape_of(nhwc, c, hw, small);
-    DISPATCH_T(op, t, {
+    DISPATCH_TL(op, t, {
+        typedef acc_t<T> A;
         const T *xt = (const T *)x, *ry = (const T *)relu_y, *dyt = (const T *)dy;
-        T *coef = (T *)cuda_get((size_t)(5 * c) * sizeof(T), op), *ab = NULL;
+        A *coef = (A *)cuda_get((size_t)(5 * c) * sizeof(A), op), *ab = NULL;
         if (act == FL_ACT_HARDSWISH) { /* the forward's a, b, for z */
             ab = coef + 3 * c;
-            bn_coef_k<T><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
-                (const T *)gamma, (const T *)beta, mean, var, eps, c, ab);
+            bn_coef_k<A><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
+                (const A *)gamma, (const A *)beta, mean, var, eps, c, ab);
             CU_LAUNCHED(op);
         }
-        grad_store<T> st = {(const T *)gamma, mean, var, eps, (double)R, training, accumulate,
-                            (T *)dgamma, (T *)dbeta, coef, c};
+        grad_store<T> st = {(const A *)gamma, mean, var, eps, (double)R, training, accumulate,
+                            (A *)dgamma, (A *)dbeta, coef, c};
         bn_sums(small, vec, s, grad_f<T>{xt, ry, dyt, ab, mean, act, c}, st, R, op);
         if (dx && total > 0) {
             DISPATCH_BOOL(S, small, DISPATCH_BOOL(V, vec, {

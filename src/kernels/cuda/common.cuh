@@ -1,4 +1,5 @@
-/* common.cuh - what the cuda backend's kernels share: launch sizes, the f32/f64 dispatch, the
+/* common.cuh - what the cuda backend's kernels share: launch sizes, the f32/f64 dispatch and the
+ * one with the low dtypes (f16 / bf16 storage computed in float, rounded once on store), the
  * fused ReLU's mask, 4-element vector loads and stores, and a fixed-order block reduction in
  * double (a tree over shared memory whose shape depends on the block size only, so sums are
  * bit-repeatable run to run). */
@@ -7,6 +8,8 @@
 
 #include "backend_private.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -41,6 +44,76 @@ static inline unsigned blocks_for_vec(int64_t n, bool vec) {
         }                                                                                     \
     } while (0)
 
+/* --- low dtypes (backend.h, "Low dtypes") ---
+ * A kernel over activations is a template on its storage type S (float, double, __half,
+ * __nv_bfloat16) and computes in acc_t<S>: float for f32, f16 and bf16, double for f64. lo_get
+ * reads an element into acc_t (exact), lo_put rounds a value of acc_t once to S (to nearest
+ * even, f16 overflowing to inf, as fl_f32_to_f16 / fl_f32_to_bf16); for f32 and f64 both are
+ * the identity, so those kernels give the bits they gave before. What stays f32 beside low
+ * activations (biases and their gradients, batch norm's gamma, beta, dgamma, dbeta) is of type
+ * acc_t<S> too: f32 for low S, S itself for f32 and f64. */
+template <class S> struct acc_of {
+    typedef float type;
+};
+template <> struct acc_of<double> {
+    typedef double type;
+};
+template <class S> using acc_t = typename acc_of<S>::type;
+
+__device__ __forceinline__ float lo_get(float v) { return v; }
+__device__ __forceinline__ double lo_get(double v) { return v; }
+__device__ __forceinline__ float lo_get(__half v) { return __half2float(v); }
+__device__ __forceinline__ float lo_get(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class S> __device__ __forceinline__ S lo_put(acc_t<S> v);
+template <> __device__ __forceinline__ float lo_put<float>(float v) { return v; }
+template <> __device__ __forceinline__ double lo_put<double>(double v) { return v; }
+template <> __device__ __forceinline__ __half lo_put<__half>(float v) {
+    return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 lo_put<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+/* v rounded once to S from a double (a sum kept in double): the same rounding as the ref
+ * table's for f16 and bf16 (nearest even from the exact double, no detour through float) */
+template <class S> __device__ __forceinline__ S lo_put_d(double v);
+template <> __device__ __forceinline__ float lo_put_d<float>(double v) { return (float)v; }
+template <> __device__ __forceinline__ double lo_put_d<double>(double v) { return v; }
+template <> __device__ __forceinline__ __half lo_put_d<__half>(double v) {
+    return __double2half(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 lo_put_d<__nv_bfloat16>(double v) {
+    return __double2bfloat16(v);
+}
+
+/* Whether S is a low dtype's storage (2 bytes). */
+template <class S> struct is_low {
+    static constexpr bool value = sizeof(S) == 2;
+};
+
+/* Runs BODY with T = float, double, __half or __nv_bfloat16 according to t (f32, f64, f16,
+ * bf16), the storage type of the activations; compute in acc_t<T>. Other dtypes abort naming
+ * op. The ops of backend.h's low-dtype list use it; the rest keep DISPATCH_T. */
+#define DISPATCH_TL(op, t, ...)                                                               \
+    do {                                                                                      \
+        if ((t) == FL_DTYPE_F32) {                                                            \
+            typedef float T;                                                                  \
+            __VA_ARGS__;                                                                      \
+        } else if ((t) == FL_DTYPE_F64) {                                                     \
+            typedef double T;                                                                 \
+            __VA_ARGS__;                                                                      \
+        } else if ((t) == FL_DTYPE_F16) {                                                     \
+            typedef __half T;                                                                 \
+            __VA_ARGS__;                                                                      \
+        } else if ((t) == FL_DTYPE_BF16) {                                                    \
+            typedef __nv_bfloat16 T;                                                          \
+            __VA_ARGS__;                                                                      \
+        } else {                                                                              \
+            cuda_bad_dtype(op, t);                                                            \
+        }                                                                                     \
+    } while (0)
+
 /* d where y > 0 (y a ReLU's output), on the bits as the CPU's keep_f32 / keep_f64: -0 and
  * negative y drop d, NaN keeps it */
 __device__ __forceinline__ float relu_keep(float y, float d) {
@@ -48,6 +121,13 @@ __device__ __forceinline__ float relu_keep(float y, float d) {
 }
 __device__ __forceinline__ double relu_keep(double y, double d) {
     return __double_as_longlong(y) > 0 ? d : 0.0;
+}
+/* the same on f16 / bf16 bits (add_backward's low copy of dy: no arithmetic) */
+__device__ __forceinline__ __half relu_keep(__half y, __half d) {
+    return __half_as_short(y) > 0 ? d : __ushort_as_half((unsigned short)0);
+}
+__device__ __forceinline__ __nv_bfloat16 relu_keep(__nv_bfloat16 y, __nv_bfloat16 d) {
+    return __bfloat16_as_short(y) > 0 ? d : __ushort_as_bfloat16((unsigned short)0);
 }
 
 /* hardswish (MobileNetV3, arXiv:1905.02244) and its derivative, written as the CPU table's

@@ -24,8 +24,9 @@ void cuda_require_bound(const char *op) {
 }
 
 void cuda_bad_dtype(const char *op, fl_dtype t) {
-    char what[64];
-    snprintf(what, sizeof what, "dtype %d is not f32 or f64", (int)t);
+    char what[96];
+    snprintf(what, sizeof what, "dtype %d (%s) is not one this op takes", (int)t,
+             fl_dtype_name(t));
     cuda_fatal(op, "the dtype check", what, __FILE__, __LINE__);
 }
 

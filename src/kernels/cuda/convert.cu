@@ -1,5 +1,6 @@
 /* convert.cu - f32 <-> f16 / bf16 conversion kernels (convert.h), with CUDA's round-to-nearest-
- * even intrinsics, for mixed precision's master weights and loss-scaled gradients. */
+ * even intrinsics, for mixed precision's master weights and loss-scaled gradients; and the
+ * table's `convert` entry over them (backend.h). */
 #include "common.cuh"
 #include "convert.h"
 
@@ -43,4 +44,17 @@ extern "C" int fl_cuda_convert(fl_dtype dst_t, void *dst, fl_dtype src_t, const 
                        fl_dtype_name(src_t), fl_dtype_name(dst_t));
     CU_LAUNCHED("convert");
     return FL_OK;
+}
+
+/* backend.h's convert: equal dtypes copy, the pairs above convert in the backend's stream; any
+ * other pair is a programming error (the table's ops abort on a dtype they do not take). */
+extern "C" void cuda_convert(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n) {
+    if (n <= 0)
+        return;
+    if (from == to) {
+        cuda_copy(dst, src, (size_t)n * fl_dtype_size(from), FL_COPY_D2D, NULL);
+        return;
+    }
+    if (fl_cuda_convert(to, dst, from, src, n, NULL) != FL_OK)
+        cuda_fatal("convert", "the dtype check", fl_errmsg(), __FILE__, __LINE__);
 }

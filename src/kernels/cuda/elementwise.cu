@@ -2,21 +2,25 @@
  * activations (hardswish and hardsigmoid included), axpy and scale, the SGD and Momentum updates over a flat block in one launch,
  * the residual add, dropout's Philox mask (bit-identical to the CPU's), the option-A shortcut
  * and the convolution's per-channel bias. Grid-stride loops; arithmetic as the CPU table's
- * (same float operations, no FMA contraction: --fmad=false), so the updates give its bits. */
+ * (same float operations, no FMA contraction: --fmad=false), so the updates give its bits.
+ * The ops over activations also take f16 / bf16 (DISPATCH_TL: stored low, computed in float,
+ * rounded once on store; biases f32); the optimizer updates stay f32 / f64. */
 #include "common.cuh"
 
 #include <math.h>
 
 /* --- fill, reorder --- */
 
-template <class T> __global__ void fill_k(T *x, int64_t n, T v) {
-    GRID_STRIDE(i, n) x[i] = v;
+template <class T> __global__ void fill_k(T *x, int64_t n, acc_t<T> v) {
+    T s = lo_put<T>(v);
+    GRID_STRIDE(i, n) x[i] = s;
 }
 
 extern "C" void cuda_fill(fl_dtype t, void *x, int64_t n, double v) {
     if (n <= 0)
         return;
-    DISPATCH_T("fill", t, fill_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>((T *)x, n, (T)v));
+    DISPATCH_TL("fill", t,
+                fill_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>((T *)x, n, (acc_t<T>)v));
     CU_LAUNCHED("fill");
 }
 
@@ -41,7 +45,7 @@ extern "C" void cuda_reorder(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int
     int64_t total = n * c * hw;
     if (total <= 0)
         return;
-    DISPATCH_T("reorder", t,
+    DISPATCH_TL("reorder", t,
                reorder_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                    to_nhwc, total, c, hw, (const T *)src, (T *)dst));
     CU_LAUNCHED("reorder");
@@ -49,24 +53,26 @@ extern "C" void cuda_reorder(fl_dtype t, bool to_nhwc, int64_t n, int64_t c, int
 
 /* --- bias --- */
 
-template <class T> __global__ void add_bias_k(T *y, const T *b, int64_t total, int64_t cols) {
-    GRID_STRIDE(i, total) y[i] += b[i % cols];
+/* low T: the bias f32 (acc_t) */
+template <class T>
+__global__ void add_bias_k(T *y, const acc_t<T> *b, int64_t total, int64_t cols) {
+    GRID_STRIDE(i, total) y[i] = lo_put<T>(lo_get(y[i]) + b[i % cols]);
 }
 
 extern "C" void cuda_add_bias(fl_dtype t, void *y, const void *bias, int64_t rows, int64_t cols) {
     int64_t total = rows * cols;
     if (total <= 0)
         return;
-    DISPATCH_T("add_bias", t,
-               add_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                   (T *)y, (const T *)bias, total, cols));
+    DISPATCH_TL("add_bias", t,
+                add_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                    (T *)y, (const acc_t<T> *)bias, total, cols));
     CU_LAUNCHED("add_bias");
 }
 
 template <class T>
-__global__ void add_channel_bias_k(bool nhwc, T *y, const T *b, int64_t total, int64_t c,
+__global__ void add_channel_bias_k(bool nhwc, T *y, const acc_t<T> *b, int64_t total, int64_t c,
                                    int64_t hw) {
-    GRID_STRIDE(i, total) y[i] += b[nhwc ? i % c : (i / hw) % c];
+    GRID_STRIDE(i, total) y[i] = lo_put<T>(lo_get(y[i]) + b[nhwc ? i % c : (i / hw) % c]);
 }
 
 extern "C" void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, int64_t c,
@@ -74,9 +80,9 @@ extern "C" void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, i
     int64_t total = n * c * hw;
     if (total <= 0)
         return;
-    DISPATCH_T("conv bias", t,
-               add_channel_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                   layout == FL_LAYOUT_NHWC, (T *)y, (const T *)bias, total, c, hw));
+    DISPATCH_TL("conv bias", t,
+                add_channel_bias_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                    layout == FL_LAYOUT_NHWC, (T *)y, (const acc_t<T> *)bias, total, c, hw));
     CU_LAUNCHED("conv bias");
 }
 
@@ -94,33 +100,38 @@ template <class T> __device__ __forceinline__ T act_hardsigmoid(T x) {
 }
 
 template <class T> __global__ void act_fwd_k(fl_act a, const T *x, T *y, int64_t n) {
+    typedef acc_t<T> A;
     GRID_STRIDE(i, n) {
-        T v = x[i];
+        A v = lo_get(x[i]);
         switch (a) {
-        case FL_ACT_RELU: v = v < (T)0 ? (T)0 : v; break;
+        case FL_ACT_RELU: v = v < (A)0 ? (A)0 : v; break;
         case FL_ACT_TANH: v = act_tanh(v); break;
         case FL_ACT_SIGMOID: v = act_sigmoid(v); break;
         case FL_ACT_HARDSWISH: v = act_hardswish(v); break;
         case FL_ACT_HARDSIGMOID: v = act_hardsigmoid(v); break;
         default: break;
         }
-        y[i] = v;
+        y[i] = lo_put<T>(v);
     }
 }
 
 template <class T>
 __global__ void act_bwd_k(fl_act a, const T *x, const T *y, const T *dy, T *dx, int64_t n) {
+    typedef acc_t<T> A;
     GRID_STRIDE(i, n) {
-        T d = dy[i];
+        A d = lo_get(dy[i]), xi, yi;
         switch (a) {
-        case FL_ACT_RELU: d = x[i] > (T)0 ? d : (T)0; break;
-        case FL_ACT_TANH: d = d * ((T)1 - y[i] * y[i]); break;
-        case FL_ACT_SIGMOID: d = d * y[i] * ((T)1 - y[i]); break;
-        case FL_ACT_HARDSWISH: d = d * act_hardswish_grad(x[i]); break;
-        case FL_ACT_HARDSIGMOID: d = x[i] > (T)-3 && x[i] < (T)3 ? d * ((T)1 / (T)6) : (T)0; break;
+        case FL_ACT_RELU: d = lo_get(x[i]) > (A)0 ? d : (A)0; break;
+        case FL_ACT_TANH: yi = lo_get(y[i]), d = d * ((A)1 - yi * yi); break;
+        case FL_ACT_SIGMOID: yi = lo_get(y[i]), d = d * yi * ((A)1 - yi); break;
+        case FL_ACT_HARDSWISH: d = d * act_hardswish_grad(lo_get(x[i])); break;
+        case FL_ACT_HARDSIGMOID:
+            xi = lo_get(x[i]);
+            d = xi > (A)-3 && xi < (A)3 ? d * ((A)1 / (A)6) : (A)0;
+            break;
         default: break;
         }
-        dx[i] = d;
+        dx[i] = lo_put<T>(d);
     }
 }
 
@@ -133,7 +144,7 @@ extern "C" void cuda_act_forward(fl_dtype t, fl_act act, const void *x, void *y,
     check_act("act_forward", act);
     if (n <= 0 || (act == FL_ACT_NONE && x == y))
         return;
-    DISPATCH_T("act_forward", t,
+    DISPATCH_TL("act_forward", t,
                act_fwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(act, (const T *)x,
                                                                           (T *)y, n));
     CU_LAUNCHED("act_forward");
@@ -144,7 +155,7 @@ extern "C" void cuda_act_backward(fl_dtype t, fl_act act, const void *x, const v
     check_act("act_backward", act);
     if (n <= 0 || (act == FL_ACT_NONE && dx == dy))
         return;
-    DISPATCH_T("act_backward", t,
+    DISPATCH_TL("act_backward", t,
                act_bwd_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(
                    act, (const T *)x, (const T *)y, (const T *)dy, (T *)dx, n));
     CU_LAUNCHED("act_backward");
@@ -155,40 +166,41 @@ extern "C" void cuda_act_backward(fl_dtype t, fl_act act, const void *x, const v
 /* The elementwise kernels below take 4 elements a thread where every array is 16-byte aligned
  * (VEC): quads q < n / 4, then the n % 4 left one by one; the same values either way. */
 
-template <class T, bool VEC> __global__ void axpy_k(int64_t n, T a, const T *x, T *y) {
+template <class T, bool VEC>
+__global__ void axpy_k(int64_t n, acc_t<T> a, const T *x, T *y) {
     int64_t done = 0;
     if (VEC) {
         GRID_STRIDE(q, n / 4) {
             T xv[4], yv[4];
             load4(x + 4 * q, xv), load4(y + 4 * q, yv);
             for (int j = 0; j < 4; j++)
-                yv[j] += a * xv[j];
+                yv[j] = lo_put<T>(lo_get(yv[j]) + a * lo_get(xv[j]));
             store4(y + 4 * q, yv);
         }
         done = n / 4 * 4;
     }
-    GRID_STRIDE(i, n - done) y[done + i] += a * x[done + i];
+    GRID_STRIDE(i, n - done) y[done + i] = lo_put<T>(lo_get(y[done + i]) + a * lo_get(x[done + i]));
 }
-template <class T> __global__ void scale_k(int64_t n, T a, T *x) {
-    GRID_STRIDE(i, n) x[i] *= a;
+template <class T> __global__ void scale_k(int64_t n, acc_t<T> a, T *x) {
+    GRID_STRIDE(i, n) x[i] = lo_put<T>(lo_get(x[i]) * a);
 }
 
 extern "C" void cuda_axpy(fl_dtype t, int64_t n, double a, const void *x, void *y) {
     if (n <= 0)
         return;
     bool vec = all_aligned16(x, y);
-    DISPATCH_T("axpy", t, DISPATCH_BOOL(V, vec, {
-                   axpy_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
-                       n, (T)a, (const T *)x, (T *)y);
-               }));
+    DISPATCH_TL("axpy", t, DISPATCH_BOOL(V, vec, {
+                    axpy_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
+                        n, (acc_t<T>)a, (const T *)x, (T *)y);
+                }));
     CU_LAUNCHED("axpy");
 }
 
 extern "C" void cuda_scale(fl_dtype t, int64_t n, double a, void *x) {
     if (n <= 0)
         return;
-    DISPATCH_T("scale", t,
-               scale_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (T)a, (T *)x));
+    DISPATCH_TL("scale", t,
+                scale_k<T><<<blocks_for(n), THREADS, 0, cuda_stream()>>>(n, (acc_t<T>)a, (T *)x));
     CU_LAUNCHED("scale");
 }
 
@@ -267,9 +279,11 @@ extern "C" void cuda_momentum_update(fl_dtype t, int64_t n, void *w, const void 
 
 /* --- the residual add --- */
 
+/* a + b, then max(0, .) when relu, in acc_t and rounded once to T */
 template <class T> __device__ __forceinline__ T add_relu(T a, T b, bool relu) {
-    T v = a + b;
-    return relu ? (v > (T)0 ? v : (T)0) : v;
+    typedef acc_t<T> A;
+    A v = lo_get(a) + lo_get(b);
+    return lo_put<T>(relu ? (v > (A)0 ? v : (A)0) : v);
 }
 
 template <class T, bool VEC>
@@ -322,10 +336,10 @@ extern "C" void cuda_add_forward(fl_dtype t, const void *a, const void *b, void 
     if (n <= 0)
         return;
     bool vec = all_aligned16(a, b, y);
-    DISPATCH_T("add_forward", t, DISPATCH_BOOL(V, vec, {
-                   add_fwd_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
-                       (const T *)a, (const T *)b, (T *)y, n, relu);
-               }));
+    DISPATCH_TL("add_forward", t, DISPATCH_BOOL(V, vec, {
+                    add_fwd_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
+                        (const T *)a, (const T *)b, (T *)y, n, relu);
+                }));
     CU_LAUNCHED("add_forward");
 }
 
@@ -334,10 +348,10 @@ extern "C" void cuda_add_backward(fl_dtype t, const void *y, const void *dy, voi
     if (n <= 0 || (!da && !db))
         return;
     bool vec = all_aligned16(dy, relu ? y : NULL, da, db);
-    DISPATCH_T("add_backward", t, DISPATCH_BOOL(V, vec, {
-                   add_bwd_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
-                       (const T *)y, (const T *)dy, (T *)da, (T *)db, n, relu);
-               }));
+    DISPATCH_TL("add_backward", t, DISPATCH_BOOL(V, vec, {
+                    add_bwd_k<T, V><<<blocks_for_vec(n, V), THREADS, 0, cuda_stream()>>>(
+                        (const T *)y, (const T *)dy, (T *)da, (T *)db, n, relu);
+                }));
     CU_LAUNCHED("add_backward");
 }
 
@@ -363,8 +377,8 @@ __device__ __forceinline__ void philox4x32(uint32_t c0, uint32_t c1, uint32_t c2
 /* one thread per block of 4 elements: element i kept when word i % 4 of the block at counter
  * (i / 4, step), key seed, is >= thresh */
 template <class T>
-__global__ void dropout_k(uint32_t k0, uint32_t k1, uint64_t step, uint32_t thresh, T scale,
-                          const T *in, T *out, int64_t n) {
+__global__ void dropout_k(uint32_t k0, uint32_t k1, uint64_t step, uint32_t thresh,
+                          acc_t<T> scale, const T *in, T *out, int64_t n) {
     int64_t quads = (n + 3) / 4;
     GRID_STRIDE(q, quads) {
         uint32_t r[4];
@@ -372,7 +386,7 @@ __global__ void dropout_k(uint32_t k0, uint32_t k1, uint64_t step, uint32_t thre
                    (uint32_t)(step >> 32), k0, k1, r);
         for (int j = 0; j < 4 && 4 * q + j < n; j++) {
             int64_t i = 4 * q + j;
-            out[i] = r[j] >= thresh ? in[i] * scale : (T)0;
+            out[i] = lo_put<T>(r[j] >= thresh ? lo_get(in[i]) * scale : (acc_t<T>)0);
         }
     }
 }
@@ -382,10 +396,10 @@ extern "C" void cuda_dropout_mask(fl_dtype t, uint64_t seed, uint64_t step, doub
     if (n <= 0)
         return;
     uint32_t thresh = (uint32_t)(uint64_t)(p * 4294967296.0); /* the CPU's conversion */
-    DISPATCH_T("dropout_mask", t,
-               dropout_k<T><<<blocks_for((n + 3) / 4), THREADS, 0, cuda_stream()>>>(
-                   (uint32_t)seed, (uint32_t)(seed >> 32), step, thresh, (T)(1.0 / (1.0 - p)),
-                   (const T *)in, (T *)out, n));
+    DISPATCH_TL("dropout_mask", t,
+                dropout_k<T><<<blocks_for((n + 3) / 4), THREADS, 0, cuda_stream()>>>(
+                    (uint32_t)seed, (uint32_t)(seed >> 32), step, thresh,
+                    (acc_t<T>)(1.0 / (1.0 - p)), (const T *)in, (T *)out, n));
     CU_LAUNCHED("dropout_mask");
 }
 
@@ -399,7 +413,7 @@ __global__ void pad_fwd_k(bool nhwc, int64_t total, int64_t c, int64_t h, int64_
         coord4<int64_t> k = coord_of(nhwc, i, oc, oh, ow);
         int64_t ch = k.c - off;
         y[i] = ch >= 0 && ch < c ? x[index_of(nhwc, k.n, ch, k.y * stride, k.x * stride, c, h, w)]
-                                 : (T)0;
+                                 : lo_put<T>(0);
     }
 }
 
@@ -411,7 +425,7 @@ __global__ void pad_bwd_k(bool nhwc, int64_t total, int64_t c, int64_t h, int64_
         coord4<int64_t> k = coord_of(nhwc, i, c, h, w);
         bool hit = k.y % stride == 0 && k.x % stride == 0;
         x[i] = hit ? y[index_of(nhwc, k.n, k.c + off, k.y / stride, k.x / stride, oc, oh, ow)]
-                   : (T)0;
+                   : lo_put<T>(0);
     }
 }
 
@@ -424,12 +438,12 @@ extern "C" void cuda_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_
         return;
     bool nhwc = layout == FL_LAYOUT_NHWC;
     if (forward)
-        DISPATCH_T("channel_pad", t,
-                   pad_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                       nhwc, total, c, h, w, stride, oc, oh, ow, (const T *)x, (T *)y));
+        DISPATCH_TL("channel_pad", t,
+                    pad_fwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                        nhwc, total, c, h, w, stride, oc, oh, ow, (const T *)x, (T *)y));
     else
-        DISPATCH_T("channel_pad", t,
-                   pad_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
-                       nhwc, total, c, h, w, stride, oc, oh, ow, (T *)x, (const T *)y));
+        DISPATCH_TL("channel_pad", t,
+                    pad_bwd_k<T><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                        nhwc, total, c, h, w, stride, oc, oh, ow, (T *)x, (const T *)y));
     CU_LAUNCHED("channel_pad");
 }

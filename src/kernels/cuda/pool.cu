@@ -6,7 +6,8 @@
  * order the ref table adds them, so it gives the ref's bits (no atomics); max pool's windows
  * find their largest once, in a pass over the outputs before (recomputing each window for each
  * of its pixels made the gather read x up to KH KW times per window: 4 ms of a ResNet-50
- * step on an H100). */
+ * step on an H100). f16 / bf16 too (x, y, dy, dx low): max copies the largest, average's window
+ * sum and the backward's gather are kept in double and rounded once, as the ref table does. */
 #include "common.cuh"
 
 /* The geometry in index type I (common.cuh's coord_of): int where every index of the call
@@ -24,8 +25,8 @@ template <class I> static pool_geom<I> geom(const fl_conv_geom *g) {
 /* the window (oy, ox) of image n, channel c: max (first largest) and its position, and sum */
 template <class T, class I>
 __device__ __forceinline__ void window(const pool_geom<I> &g, bool nhwc, const T *x, I n, I c,
-                                       I oy, I ox, T *best, I *at, double *sum) {
-    T b = 0;
+                                       I oy, I ox, acc_t<T> *best, I *at, double *sum) {
+    acc_t<T> b = 0;
     I where = -1;
     double s = 0;
     for (I i = 0; i < g.KH; i++) {
@@ -37,7 +38,7 @@ __device__ __forceinline__ void window(const pool_geom<I> &g, bool nhwc, const T
             if (ix < 0 || ix >= g.W)
                 continue;
             I p = index_of(nhwc, n, c, iy, ix, g.C, g.H, g.W);
-            T v = x[p];
+            acc_t<T> v = lo_get(x[p]);
             if (where < 0 || v > b)
                 b = v, where = p;
             s += (double)v;
@@ -48,14 +49,21 @@ __device__ __forceinline__ void window(const pool_geom<I> &g, bool nhwc, const T
 
 template <class T, class I>
 __global__ void pool_fwd_k(pool_geom<I> g, bool nhwc, bool max, I total, const T *x, T *y) {
-    T inv = (T)(1.0 / (double)(g.KH * g.KW));
+    typedef acc_t<T> A;
+    double invd = 1.0 / (double)(g.KH * g.KW);
+    A inv = (A)invd;
     GRID_STRIDE(i, total) {
         coord4<I> k = coord_of(nhwc, (I)i, g.C, g.OH, g.OW);
-        T best;
+        A best;
         I at;
         double sum;
         window(g, nhwc, x, k.n, k.c, k.y, k.x, &best, &at, &sum);
-        y[i] = max ? best : (T)sum * inv;
+        if (max)
+            y[i] = lo_put<T>(best);
+        else if (is_low<T>::value) /* the ref's double sum times 1 / (KH KW), rounded once */
+            y[i] = lo_put_d<T>(sum * invd);
+        else
+            y[i] = lo_put<T>((A)sum * inv);
     }
 }
 
@@ -64,7 +72,7 @@ template <class T, class I>
 __global__ void pool_argmax_k(pool_geom<I> g, bool nhwc, I total, const T *x, I *at) {
     GRID_STRIDE(i, total) {
         coord4<I> k = coord_of(nhwc, (I)i, g.C, g.OH, g.OW);
-        T best;
+        acc_t<T> best;
         double sum;
         window(g, nhwc, x, k.n, k.c, k.y, k.x, &best, &at[i], &sum);
     }
@@ -81,14 +89,26 @@ __device__ __forceinline__ void undilated_range(I y, I P, I K, I S, I O, I *lo, 
 }
 
 /* window o's share of input pixel p's gradient: average pool's dy / (KH KW), max pool's dy
- * where o's largest is p */
-template <class T, class I>
-__device__ __forceinline__ void take_window(const T *dy, const I *at, I o, I p, T inv, T *acc) {
+ * where o's largest is p; added in P (pool_sum_t) */
+template <class T, class I, class P>
+__device__ __forceinline__ void take_window(const T *dy, const I *at, I o, I p, P inv, P *acc) {
     if (!at)
-        *acc += dy[o] * inv;
+        *acc += (P)lo_get(dy[o]) * inv;
     else if (at[o] == p)
-        *acc += dy[o];
+        *acc += (P)lo_get(dy[o]);
 }
+
+/* what the backward's gather adds in: T for f32 and f64 (the bits they always had), double for
+ * f16 / bf16 (the ref's double sum, so the one rounding on store is all that differs) */
+template <class T> struct pool_sum {
+    typedef typename acc_of<T>::type type;
+};
+template <> struct pool_sum<__half> {
+    typedef double type;
+};
+template <> struct pool_sum<__nv_bfloat16> {
+    typedef double type;
+};
 
 /* the outputs whose window holds input row iy: oy = (iy + PH - i DH) / SH for the taps i that
  * divide, visited with i descending (oy ascending); max pool takes a window's gradient where
@@ -96,12 +116,13 @@ __device__ __forceinline__ void take_window(const T *dy, const I *at, I o, I p, 
  * outputs' range is computed once instead of testing each tap for divisibility. */
 template <class T, class I>
 __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, const I *at, I total, const T *dy, T *dx) {
-    T inv = (T)(1.0 / (double)(g.KH * g.KW));
+    typedef typename pool_sum<T>::type P;
+    P inv = (P)(1.0 / (double)(g.KH * g.KW));
     bool plain = g.DH == 1 && g.DW == 1;
     GRID_STRIDE(q, total) {
         I p = (I)q;
         coord4<I> k = coord_of(nhwc, p, g.C, g.H, g.W);
-        T acc = 0;
+        P acc = 0;
         if (plain) {
             I ylo, yhi, xlo, xhi;
             undilated_range(k.y, g.PH, g.KH, g.SH, g.OH, &ylo, &yhi);
@@ -110,7 +131,7 @@ __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, const I *at, I total, cons
                 for (I ox = xlo; ox <= xhi; ox++)
                     take_window(dy, at, index_of(nhwc, k.n, k.c, oy, ox, g.C, g.OH, g.OW), p,
                                 inv, &acc);
-            dx[p] = acc;
+            dx[p] = lo_put_d<T>((double)acc);
             continue;
         }
         for (I i = g.KH - 1; i >= 0; i--) {
@@ -131,7 +152,7 @@ __global__ void pool_bwd_k(pool_geom<I> g, bool nhwc, const I *at, I total, cons
                             &acc);
             }
         }
-        dx[p] = acc;
+        dx[p] = lo_put_d<T>((double)acc);
     }
 }
 
@@ -178,11 +199,11 @@ extern "C" void cuda_pool_forward(fl_dtype t, fl_layout layout, fl_pool pool, in
         return;
     bool nhwc = layout == FL_LAYOUT_NHWC, max = pool == FL_POOL_MAX;
     if (fits_int(n, g))
-        DISPATCH_T("pool_forward", t,
+        DISPATCH_TL("pool_forward", t,
                    pool_fwd_k<T, int><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                        geom<int>(g), nhwc, max, (int)total, (const T *)x, (T *)y));
     else
-        DISPATCH_T("pool_forward", t,
+        DISPATCH_TL("pool_forward", t,
                    pool_fwd_k<T, int64_t><<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
                        geom<int64_t>(g), nhwc, max, total, (const T *)x, (T *)y));
     CU_LAUNCHED("pool_forward");
@@ -197,7 +218,7 @@ extern "C" void cuda_pool_backward(fl_dtype t, fl_layout layout, fl_pool pool, i
         return;
     bool nhwc = layout == FL_LAYOUT_NHWC, max = pool == FL_POOL_MAX;
     if (fits_int(n, g))
-        DISPATCH_T("pool_backward", t, pool_backward_in<T, int>(g, nhwc, max, n, x, dy, dx));
+        DISPATCH_TL("pool_backward", t, pool_backward_in<T, int>(g, nhwc, max, n, x, dy, dx));
     else
-        DISPATCH_T("pool_backward", t, pool_backward_in<T, int64_t>(g, nhwc, max, n, x, dy, dx));
+        DISPATCH_TL("pool_backward", t, pool_backward_in<T, int64_t>(g, nhwc, max, n, x, dy, dx));
 }
