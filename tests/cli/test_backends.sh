@@ -54,12 +54,20 @@ within() {
           printf "  %d steps, largest relative difference %.3g (line %g)\n", m, worst, tol
           exit bad || n != m || m == 0 }' "$2" "$3"
 }
-one() { # one NAME BACKEND ARGS...: a single-process run logging every step
+one() { # one NAME BACKEND ARGS...: a single-process run logging every step, on one thread
   local name=$1 be=$2; shift 2
-  timeout 300 "$bin" "$@" -o train.backend="$be" -o train.log_interval=1 -o train.threads=2 \
+  timeout 300 "$bin" "$@" -o train.backend="$be" -o train.log_interval=1 -o train.threads=1 \
     -o train.log_dir="$tmp/$name.$be" >"$tmp/$name.$be.out" 2>&1
   check "$name on $be: exit 0" test $? -eq 0
   losses "$tmp/$name.$be" >"$tmp/$name.$be.loss"
+}
+pair() { # pair NAME ARGS...: one NAME on cpu and on onednn, side by side (neither backend's
+  # bits depend on the thread count, so one thread each costs fewer CPU-s than two in turn)
+  local name=$1 pid; shift
+  (one "$name" cpu "$@"; exit "$fail") &
+  pid=$!
+  one "$name" onednn "$@"
+  wait "$pid" || fail=1
 }
 
 # ResNet-20, 30 steps of 32 images: convolutions, batch norm, option-A shortcuts and global
@@ -75,16 +83,14 @@ slow=(-o optimizer.lr.base=0.005 -o optimizer.lr.warmup_steps=0 -o optimizer.lr.
   -o optimizer.momentum=0)
 r20=(-c "$src/configs/shapes_resnet.yaml" -o train.batch_size=32 -o train.max_steps=30
   -o data.num_workers=0 -o data.train_size=4096 -o data.val_size=0 "${slow[@]}")
-one r20 cpu "${r20[@]}"
-one r20 onednn "${r20[@]}"
+pair r20 "${r20[@]}"
 echo "ResNet-20, onednn vs cpu:"
 check "ResNet-20: the first 5 losses within 1e-4, 30 within 5e-3" \
   within 5e-3 "$tmp/r20.onednn.loss" "$tmp/r20.cpu.loss" 1e-4 5
 
 # the quick-start MLP (no convolutions: the same kernels on both backends): identical
 mlp=(-c "$src/configs/mlp.yaml" -o train.max_steps=30 -o data.train_size=8192)
-one mlp cpu "${mlp[@]}"
-one mlp onednn "${mlp[@]}"
+pair mlp "${mlp[@]}"
 echo "MLP, onednn vs cpu:"
 check "MLP: 30 losses identical" within 0 "$tmp/mlp.onednn.loss" "$tmp/mlp.cpu.loss"
 
