@@ -39,7 +39,7 @@ args=(-c "$src/configs/shapes_resnet.yaml" -o model.type=pphgnet -o model.size=t
   -o train.batch_size=8 -o train.max_steps=10 -o train.epochs=10 -o data.num_workers=0
   -o data.train_size=32 -o data.val_size=0 -o optimizer.lr.base=0.02
   -o optimizer.lr.warmup_steps=0 -o optimizer.lr.schedule=constant -o optimizer.momentum=0
-  -o train.log_interval=1 -o train.threads=2 -o model.init=torch)
+  -o train.log_interval=1 -o train.threads=1 -o model.init=torch)
 one() { # one BACKEND
   timeout 400 "$bin" "${args[@]}" -o train.backend="$1" -o train.log_dir="$tmp/$1" \
     >"$tmp/$1.out" 2>&1

@@ -32,7 +32,7 @@ cd "$tmp" || exit 1
 args=(-c "$src/configs/shapes_resnet.yaml" -o model.type=pplcnetv2 -o train.batch_size=16
   -o train.max_steps=40 -o train.epochs=10 -o data.num_workers=0 -o data.train_size=640
   -o data.val_size=256 -o data.image_size=16 -o data.classes=5 -o optimizer.lr.base=0.05 -o optimizer.lr.warmup_steps=0
-  -o optimizer.lr.schedule=constant -o train.log_interval=8 -o train.threads=2
+  -o optimizer.lr.schedule=constant -o train.log_interval=8 -o train.threads=1
   -o train.backend=cpu)
 timeout 500 "$bin/fleet-train" "${args[@]}" -o checkpoint.inference_model="$tmp/v2.safetensors" \
   >"$tmp/train.out" 2>&1
