@@ -109,33 +109,18 @@ MULTIVERSION static void stats_block(const float *x, int64_t ld, int64_t r0, int
     memcpy(o2, a2, (size_t)cn * sizeof(double));
 }
 
-/* The activation's gradient dz of a fused batch norm from dy at channel j of a row: masked
- * by the ReLU's output y > 0, times hardswish' at z = x a + b (a, b: the forward's per-channel
- * scale and shift), or dy as it is; act is a constant where the loops below call it. */
-static inline float dz_of(fl_act act, const float *xr, const float *yr, const float *dr,
-                          const float *a, const float *b, int64_t j) {
-    return act == FL_ACT_RELU        ? keep_f32(yr[j], dr[j])
-           : act == FL_ACT_HARDSWISH ? dr[j] * hardswish_grad_f32(xr[j] * a[j] + b[j])
-                                     : dr[j];
+/* dz[j] = dy[j] hardswish'(z), z = x a + b recomputed with the forward's per-channel scale a
+ * and shift b (its own expression, so the same bits), for j < cn: a fused hardswish's
+ * gradient, written to a buffer that the loops below then read as they read dy */
+MULTIVERSION static void hardswish_dz(const float *x, const float *dy, const float *a,
+                                      const float *b, int64_t cn, float *dz) {
+#pragma omp simd
+    for (int64_t j = 0; j < cn; j++)
+        dz[j] = dy[j] * hardswish_grad_f32(x[j] * a[j] + b[j]);
 }
 
-/* BODY over j in [0, cn) as a simd loop, one loop per activation, with A the constant act */
-#define ACT_LOOP(act, cn, BODY)                                                               \
-    do {                                                                                      \
-        if ((act) == FL_ACT_RELU) {                                                           \
-            const fl_act A = FL_ACT_RELU;                                                     \
-            _Pragma("omp simd") for (int64_t j = 0; j < (cn); j++) BODY                       \
-        } else if ((act) == FL_ACT_HARDSWISH) {                                               \
-            const fl_act A = FL_ACT_HARDSWISH;                                                \
-            _Pragma("omp simd") for (int64_t j = 0; j < (cn); j++) BODY                       \
-        } else {                                                                              \
-            const fl_act A = FL_ACT_NONE;                                                     \
-            _Pragma("omp simd") for (int64_t j = 0; j < (cn); j++) BODY                       \
-        }                                                                                     \
-    } while (0)
-
 /* o1, o2 (cn) = sums over rows [r0, r1) of dz and dz (x - m): dz = dy, masked by y > 0 for
- * the relu, or for the hardswish first written to a row buffer by dz_of (so that the sums' own
+ * the relu, or for the hardswish first written to a row buffer by hardswish_dz (so that the sums' own
  * loops stay the simple ones that vectorise); float over FROWS rows, then double, as
  * stats_block */
 MULTIVERSION static void grad_block(const float *x, fl_act act, const float *ry, const float *dy,
@@ -163,9 +148,7 @@ MULTIVERSION static void grad_block(const float *x, fl_act act, const float *ry,
                 continue;
             }
             if (act == FL_ACT_HARDSWISH) {
-#pragma omp simd
-                for (int64_t j = 0; j < cn; j++)
-                    dz[j] = dz_of(FL_ACT_HARDSWISH, xr, NULL, dr, za, zb, j);
+                hardswish_dz(xr, dr, za, zb, cn, dz);
                 dr = dz;
             }
 #pragma omp simd
@@ -250,17 +233,36 @@ MULTIVERSION static void apply_rows(int64_t r0, int64_t r1, int64_t c, const flo
     }
 }
 
-/* dx = a dz + bx (x - m) + c0 per channel, dz = dz_of(act, ...) (za, zb: the forward's scale
- * and shift), rows [r0, r1) */
+/* dx = a dz + bx (x - m) + c0 per channel, rows [r0, r1): dz = dy, masked by y > 0 for the
+ * relu, or for the hardswish hardswish_dz's, CB channels at a time (za, zb: the forward's scale
+ * and shift) */
 MULTIVERSION static void dx_rows(int64_t r0, int64_t r1, int64_t c, const float *x, fl_act act,
                                  const float *ry, const float *dy, const float *za,
                                  const float *zb, const float *a, const float *bx,
                                  const float *m, const float *c0, float *dx) {
+    float dz[CB];
     for (int64_t r = r0; r < r1; r++) {
         int64_t off = r * c;
-        const float *xr = x + off, *dr = dy + off, *yr = ry ? ry + off : NULL;
+        const float *xr = x + off, *dr = dy + off;
         float *o = dx + off;
-        ACT_LOOP(act, c, { o[j] = a[j] * dz_of(A, xr, yr, dr, za, zb, j) + bx[j] * (xr[j] - m[j]) + c0[j]; });
+        if (act == FL_ACT_RELU) {
+            const float *yr = ry + off;
+#pragma omp simd
+            for (int64_t j = 0; j < c; j++)
+                o[j] = a[j] * keep_f32(yr[j], dr[j]) + bx[j] * (xr[j] - m[j]) + c0[j];
+            continue;
+        }
+        for (int64_t j0 = 0; j0 < c; j0 += CB) {
+            int64_t cn = c - j0 < CB ? c - j0 : CB;
+            const float *d = dr + j0;
+            if (act == FL_ACT_HARDSWISH) {
+                hardswish_dz(xr + j0, d, za + j0, zb + j0, cn, dz);
+                d = dz;
+            }
+#pragma omp simd
+            for (int64_t j = 0; j < cn; j++)
+                o[j0 + j] = a[j0 + j] * d[j] + bx[j0 + j] * (xr[j0 + j] - m[j0 + j]) + c0[j0 + j];
+        }
     }
 }
 
