@@ -97,18 +97,25 @@ static int amp_setup(fl_dist_optim *d) {
 
 /* The gradient-ready hook under strategy.amp, called for every trainable parameter of the
  * update's last backward as its (scaled, merged) gradient becomes final: the test hook's inf,
- * then this rank's found-inf flag, then the strategy's own hook when it may run (amp_next). */
+ * then the strategy's own hook when it may run (amp_next). The found-inf check is not here but
+ * after backward, over the whole gradient block (amp_check_grads). */
 static void amp_grad_ready(void *ctx, fl_param *p) {
     fl_dist_optim *d = ctx;
-    const fl_backend *k = fl_net_backend(d->net);
     if (d->inject_now) {
-        k->fill(FL_DTYPE_F32, p->grad.data, 1, INFINITY);
+        fl_net_backend(d->net)->fill(FL_DTYPE_F32, p->grad.data, 1, INFINITY);
         d->inject_now = false;
     }
-    if (!d->amp_found && !isfinite(k->sum(FL_DTYPE_F32, p->grad.data, p->grad.numel)))
-        d->amp_found = true;
     if (d->amp_next)
         d->amp_next(ctx, p);
+}
+
+/* This rank's found-inf flag: whether the sum of every trainable gradient, one flat block (in
+ * double: finite f32 values cannot overflow it), is not finite, i.e. whether any gradient is
+ * inf or NaN. One reduction and one wait per update, where a check per parameter cost a wait
+ * for each (about 160 per ResNet-50 step on a GPU, PyTorch's GradScaler waits once). */
+static void amp_check_grads(fl_dist_optim *d) {
+    const fl_backend *k = fl_net_backend(d->net);
+    d->amp_found = !isfinite(k->sum(FL_DTYPE_F32, fl_net_flat_grads(d->net), fl_net_numel(d->net)));
 }
 
 /* Whether any worker found an inf or NaN in this update's gradients: one allreduce (max) of a
@@ -260,7 +267,6 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
         /* the strategy sees unscaled gradients: grad_scale divides by the loss scale (dense
          * averages the scaled ones and unscales the average: an inf survives the sum) */
         d->grad_scale = d->merge_scale / d->amp_mem[FL_AMP_SCALE];
-        d->amp_found = false;
         d->amp_next = hook && d->ops->grad_ready_undoable ? hook : NULL;
         d->inject_now = d->inject_step == DIST_STEP(d) + 1 &&
                         (d->inject_rank < 0 || d->inject_rank == d->rank);
@@ -277,6 +283,7 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
     fl_net_set_accumulate(d->net, false);
     bool skip = false;
     if (d->amp) {
+        amp_check_grads(d);
         rc = amp_found_anywhere(d, &skip);
         if (rc < 0) {
             char msg[512];
