@@ -1,7 +1,7 @@
 /* cnn_step.c - times one training step (forward, softmax cross-entropy, backward, Momentum
  * update) of a ResNet, the workload of bench/cnn_step_torch.py, for the comparison that
  * bench/cnn_step.sh prints, and of bench/recompute.sh. Usage:
- *   cnn_step MODEL BATCH ITERS REPEATS [BACKEND [CHECKPOINTS]]
+ *   [CNN_STEP_AMP=f16|bf16] cnn_step MODEL BATCH ITERS REPEATS [BACKEND [CHECKPOINTS]]
  * MODEL one of resnet20 (CIFAR, option A, 3x32x32, 10 classes), resnet18/34/50/101/152
  * (3x224x224, 1000 classes), mlpD (D hidden ReLU layers of 1024, 1024 inputs, 10 classes), or
  * PaddleClas's pplcnet_x<scale> (x0_25 .. x2_5), pplcnetv2 (base, training form) and
@@ -20,8 +20,22 @@
  * sampled top-k selection, encoding, the pairs copied to the host) for each parameter of at
  * least the strategy's min_compress_numel (16384) values, all in one batched call
  * (fl_backend_dgc_batch; CNN_STEP_DGC_BATCH=0: tensor by tensor, as the strategy does on the
- * CPU), and stderr says what that work costs as a share of the step. */
+ * CPU), and stderr says what that work costs as a share of the step.
+ * CNN_STEP_AMP=f16|bf16 (unset or f32: off) runs strategy.amp's step instead, as fleet-train
+ * does under strategy.amp (docs/amp.md): the distributed optimizer of a job of one
+ * (fl_distributed_optimizer, fl_dist_minimize) makes the network compute Paddle's white list
+ * (conv2d, fc) in float16 / bfloat16, natively where the table has low_dtypes (ref; cuda with
+ * FLEET_CUDA_LOW_DTYPES=1: 2-byte activations), else emulated (f32 kernels, rounded values);
+ * the loss gradient is scaled by a static 1024, the gradients are checked for inf/NaN (such a
+ * step is skipped) and unscaled before the Momentum update. stderr has the strategy's start-up
+ * line ("strategy amp: native float16 activations on the ref table (N of M layers, ...)" or
+ * "emulated on the cpu table ...") and the last line adds "amp float16 native N of M layers"
+ * (or "emulated"), the steps skipped and the losses that were not finite. Not with
+ * CNN_STEP_DGC. The step is the strategy's, costs included: its inf/NaN check is a sum per
+ * parameter from the gradient-ready hook, which on a GPU returns each to the host (a wait per
+ * parameter during backward; PyTorch's GradScaler checks every gradient in one fused pass). */
 #include "fleet/backend.h"
+#include "fleet/fleet.h"
 #include "fleet/log.h"
 #include "fleet/nn.h"
 #include "fleet/optim.h"
@@ -31,6 +45,7 @@
 #include "strategy/dgc_math.h"
 #include "bench_time.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <sys/resource.h>
 #include <stdlib.h>
@@ -141,11 +156,49 @@ static double dgc_work_step(dgc_work *w, const fl_backend *k, int step) {
     return fl_now() - t0;
 }
 
+/* CNN_STEP_AMP: strategy.amp (dtype from env, static loss scale 1024) over opt, set up by the
+ * distributed optimizer of a job of one, whose fl_dist_minimize then replaces backward and
+ * the optimizer's step; *fleet and *out are NULL when env is unset, "" or f32. Says in how
+ * (64 bytes) which precision runs: "float16 native 21 of 21 layers" or "float16 emulated 8
+ * of 21 layers". FL_EINVAL naming CNN_STEP_AMP for another value; the strategy's failures. */
+static int amp_setup(const char *env, fl_net *net, fl_optim *opt, fl_fleet **fleet,
+                     fl_dist_optim **out, char *how) {
+    *fleet = NULL, *out = NULL;
+    snprintf(how, 64, "f32");
+    if (!env || !env[0] || !strcmp(env, "f32"))
+        return FL_OK;
+    fl_strategy s;
+    fl_strategy_defaults(&s);
+    if (!strcmp(env, "f16") || !strcmp(env, "float16"))
+        s.amp_configs.dtype = FL_AMP_FLOAT16;
+    else if (!strcmp(env, "bf16") || !strcmp(env, "bfloat16"))
+        s.amp_configs.dtype = FL_AMP_BFLOAT16;
+    else
+        return fl_fail(FL_EINVAL, "CNN_STEP_AMP=%s: not f16, bf16 or f32", env);
+    s.amp = true;
+    s.amp_configs.init_loss_scaling = 1024;
+    s.amp_configs.use_dynamic_loss_scaling = false;
+    FL_TRY(fl_fleet_init(NULL, fleet));
+    if (!(*out = fl_distributed_optimizer(*fleet, net, opt, &s)))
+        return fl_fail_prefix(FL_ESTATE, "CNN_STEP_AMP=%s", env);
+    int n = fl_net_num_layers(net), low = 0, white = 0;
+    for (int i = 0; i < n; i++) {
+        low += fl_net_amp_low(net, i);
+        white += fl_net_amp_white(net, i);
+    }
+    const char *dname = s.amp_configs.dtype == FL_AMP_BFLOAT16 ? "bfloat16" : "float16";
+    if (low > 0)
+        snprintf(how, 64, "%s native %d of %d layers", dname, low, n);
+    else
+        snprintf(how, 64, "%s emulated %d of %d layers", dname, white, n);
+    return FL_OK;
+}
+
 /* CPU seconds of the whole process (all threads): less disturbed by other jobs than wall time */
 int main(int argc, char **argv) {
     if (argc < 5 || argc > 7) {
-        fprintf(stderr, "usage: cnn_step MODEL BATCH ITERS REPEATS [auto|onednn|cpu|ref "
-                        "[none|auto|LAYER,...]]\n");
+        fprintf(stderr, "usage: [CNN_STEP_AMP=f16|bf16] cnn_step MODEL BATCH ITERS REPEATS "
+                        "[auto|onednn|cpu|ref|cuda [none|auto|LAYER,...]]\n");
         return 2;
     }
     int64_t batch = atoll(argv[2]);
@@ -254,6 +307,17 @@ int main(int argc, char **argv) {
         xin = &xdev, pout = &pdev;
         klabels = dl;
     }
+    fl_fleet *fleet;
+    fl_dist_optim *amp; /* CNN_STEP_AMP: strategy.amp's step, else NULL */
+    char amp_how[64];
+    if (amp_setup(getenv("CNN_STEP_AMP"), net, opt, &fleet, &amp, amp_how) < 0) {
+        fprintf(stderr, "cnn_step: %s: %s\n", argv[1], fl_errmsg());
+        return 1;
+    }
+    if (amp && getenv("CNN_STEP_DGC")) {
+        fprintf(stderr, "cnn_step: CNN_STEP_DGC with CNN_STEP_AMP: not measured together\n");
+        return 2;
+    }
     dgc_work dgc = {0};
     if (getenv("CNN_STEP_DGC") && dgc_work_init(&dgc, net, atof(getenv("CNN_STEP_DGC"))) < 0) {
         fprintf(stderr, "cnn_step: CNN_STEP_DGC: %s\n", fl_errmsg());
@@ -261,6 +325,7 @@ int main(int argc, char **argv) {
     }
     double times[64], cpu[64], dgc_ms[64];
     double loss = 0;
+    int64_t nonfinite = 0; /* steps whose loss was inf or NaN */
     int warmup = getenv("CNN_STEP_WARMUP") ? atoi(getenv("CNN_STEP_WARMUP")) : 1;
     double min_s = getenv("CNN_STEP_MIN_S") ? atof(getenv("CNN_STEP_MIN_S")) : 0, timed = 0;
     for (int rep = -warmup; rep < repeats || (timed < min_s && rep < 64); rep++) {
@@ -271,10 +336,14 @@ int main(int argc, char **argv) {
             if (fl_net_forward(net, xin, true, &logits) < 0 ||
                 fl_softmax_xent_forward(k, logits, klabels, pout, &loss) < 0 ||
                 fl_softmax_xent_backward(k, pout, klabels, pout) < 0 ||
-                fl_net_backward(net, pout, NULL, NULL) < 0) {
+                (amp ? fl_dist_minimize(amp, pout, 0.01, NULL)
+                     : fl_net_backward(net, pout, NULL, NULL)) < 0) {
                 fprintf(stderr, "cnn_step: %s\n", fl_errmsg());
                 return 1;
             }
+            nonfinite += !isfinite(loss);
+            if (amp) /* backward, the inf check, unscaling and the update are done */
+                continue;
             if (dgc.n)
                 in_dgc += dgc_work_step(&dgc, k, rep * iters + it);
             if (fl_optim_step(opt, 0.01, NULL) < 0) {
@@ -305,19 +374,30 @@ int main(int argc, char **argv) {
     if (k->memory_peak)
         fprintf(stderr, "cnn_step: device memory peak %.1f MiB\n",
                 (double)k->memory_peak() / (1 << 20));
+    if (amp) {
+        fl_dist_stats st;
+        fl_dist_get_stats(amp, &st);
+        fprintf(stderr, "cnn_step: amp %s, loss scale %g (static), %lld of %lld updates "
+                "(warm-up included) skipped (inf/NaN gradients), %lld losses not finite\n",
+                amp_how, st.loss_scale, (long long)st.skipped, (long long)st.updates,
+                (long long)nonfinite);
+    }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     size_t kept, arena, grads;
     fl_net_activation_parts(net, &kept, &arena, &grads);
-    fprintf(stderr, "cnn_step: %s (%s, %s, recompute %s) params %lld, steps %d, final loss %.4f, "
-            "cpu %.1f ms per step, act %.1f MB (outputs %.1f arena %.1f grads %.1f), maxrss %.1f MB\n", argv[1],
-            be->name, fl_layout_name(fl_net_layout(net)), checkpoints ? checkpoints : "none",
-            (long long)fl_net_numel(net), repeats * iters, loss, cpu[repeats / 2], (double)fl_net_activation_bytes(net) / 1e6,
-            (double)kept / 1e6, (double)arena / 1e6, (double)grads / 1e6,
-            (double)ru.ru_maxrss / 1024.0);
+    fprintf(stderr, "cnn_step: %s (%s, %s, recompute %s, amp %s) params %lld, steps %d, "
+            "final loss %.4f, cpu %.1f ms per step, act %.1f MB (outputs %.1f arena %.1f grads "
+            "%.1f), maxrss %.1f MB\n", argv[1], be->name, fl_layout_name(fl_net_layout(net)),
+            checkpoints ? checkpoints : "none", amp_how, (long long)fl_net_numel(net),
+            repeats * iters, loss, cpu[repeats / 2],
+            (double)fl_net_activation_bytes(net) / 1e6, (double)kept / 1e6, (double)arena / 1e6,
+            (double)grads / 1e6, (double)ru.ru_maxrss / 1024.0);
     free(labels);
     fl_tensor_free(probs);
     fl_tensor_free(x);
+    fl_dist_optim_free(amp);
+    fl_fleet_free(fleet);
     fl_optim_free(opt);
     fl_net_free(net);
     return 0;

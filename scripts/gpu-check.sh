@@ -3,11 +3,14 @@
 # for minutes: one call does it all). Brings the build libraries from DEBS (scripts/gpu-deps.sh)
 # where the machine lacks them, configures without oneDNN for the machine's GPU architecture,
 # builds, and runs the GPU tests (the cuda and nccl unit tests, test_fleet_train_gpu.sh), each
-# log under OUT; with --bench also bench/gpu_step.sh (f32 and TF32 rows, deterministic and fast,
-# beside PyTorch; DGC's share), after the unit tests and before the slower training test, so
-# that a run cut short by the machine's 10-minute limit still brings the table. The bench's
-# knobs (PRECISIONS, BATCHES, ROUNDS, REPEATS, ITERS) pass through; its defaults here fit the
-# whole command in about 8 minutes on an H100.
+# log under OUT; with --bench also bench/gpu_step.sh (at batch 64 the AMP float16 and bfloat16
+# rows first, fleet with the cuda table's low dtypes (FLEET_CUDA_LOW_DTYPES=1; its last column
+# says native or emulated), then f32 and TF32; deterministic and fast, beside PyTorch; DGC's
+# share), after the unit tests and before the slower training test, so that a run cut short by
+# the machine's 10-minute limit still brings the table, the rows not measured before first.
+# The bench's knobs (PRECISIONS, BATCHES, ROUNDS, REPEATS, ITERS) pass through; its defaults
+# here (batch 256 only with BATCHES="64 256") fit the whole command in about 8 minutes on an
+# H100.
 #   scripts/gpu-check.sh DEBS OUT [--bench]      (DEBS: scripts/gpu-deps.sh download DEBS)
 # --profile adds bench/gpu_profile.sh's table of a step at batch 64 (ncu) after the bench, for
 # each of PROFILE (default tf32; also f32, tf32nhwc).
@@ -71,8 +74,8 @@ verdict $?
 (cd "$build/tests" && FLEET_CUDNN_DETERMINISTIC=0 step test_cuda_backend_fast 120 ./test_cuda_backend)
 verdict $?
 if [[ $bench == --bench ]]; then
-  PRECISIONS=${PRECISIONS-f32 tf32} ROUNDS=${ROUNDS:-1} REPEATS=${REPEATS:-3} ITERS=${ITERS:-5} \
-    step gpu_step 420 bash "$src/bench/gpu_step.sh" "$build"
+  PRECISIONS=${PRECISIONS-f16 bf16 f32 tf32} BATCHES=${BATCHES:-64} ROUNDS=${ROUNDS:-1} \
+    REPEATS=${REPEATS:-3} ITERS=${ITERS:-5} step gpu_step 420 bash "$src/bench/gpu_step.sh" "$build"
   cat "$out/gpu_step.log"
 fi
 if [[ $profile == --profile ]]; then
