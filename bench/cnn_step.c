@@ -31,9 +31,8 @@
  * line ("strategy amp: native float16 activations on the ref table (N of M layers, ...)" or
  * "emulated on the cpu table ...") and the last line adds "amp float16 native N of M layers"
  * (or "emulated"), the steps skipped and the losses that were not finite. Not with
- * CNN_STEP_DGC. The step is the strategy's, costs included: its inf/NaN check is a sum per
- * parameter from the gradient-ready hook, which on a GPU returns each to the host (a wait per
- * parameter during backward; PyTorch's GradScaler checks every gradient in one fused pass). */
+ * CNN_STEP_DGC. The step is the strategy's, costs included (its inf/NaN check: one sum over the
+ * gradient block, one wait per update on a GPU, as PyTorch's GradScaler). */
 #include "fleet/backend.h"
 #include "fleet/fleet.h"
 #include "fleet/log.h"
