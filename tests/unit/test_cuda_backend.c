@@ -4,8 +4,10 @@
  * to the device with the table's copy, results copied back and compared on the host. Also the
  * allocator (zero-filled, aligned, peak reused), streams and events, determinism (ops run twice
  * give the same bits), and device_bind's errors; and the low dtypes (f16, bf16) of the ops over
- * activations and convert against the ref table's low ops (test_low). Skipped (77) without a
- * GPU; a summary table of the worst error per op against its tolerance ends the run. */
+ * activations, gemm, the convolution plans and convert against the ref table's low ops
+ * (test_low), and the table's low_dtypes flag and preferred layouts (test_low_flag). Skipped
+ * (77) without a GPU; a summary table of the worst error per op against its tolerance ends the
+ * run. */
 #include "fleet/backend.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
@@ -1337,9 +1339,11 @@ static void test_dgc_pairs(void) {
  * so an elementwise op is held to 1 ulp of the low dtype (ulp of the ref's value); copies (the
  * reorder, channel pad and slice, add_backward, max pooling's forward, convert) to the bits.
  * Where float arithmetic cancels (axpy, batch norm's z = x a + b and its dx, dgamma, dbeta) the
- * bound adds the float error of the terms, derived per op below. The cuda table's low_dtypes
- * stays false until these pass on a GPU (docs/amp.md). These tests' rows in the summary are
- * "low ..." and their worst error is the fraction of the tolerance used (1: at the bound). */
+ * bound adds the float error of the terms, derived per op below; gemm and the convolutions add
+ * the error of their f32 accumulation (acc_err). The cuda table's low_dtypes stays false
+ * (FLEET_CUDA_LOW_DTYPES=1 turns it on) until these pass on a GPU (docs/amp.md). These tests'
+ * rows in the summary are "low ..." and their worst error is the fraction of the tolerance
+ * used (1: at the bound). */
 
 static const fl_dtype lows[] = {FL_DTYPE_F16, FL_DTYPE_BF16};
 

@@ -1,6 +1,8 @@
 /* cuda.c - the fl_backend_cuda() table: binding the device (stream, cuBLAS and cuDNN handles,
- * made once by device_bind, into context.c's context), and streams and events as real
- * cudaStream_t / cudaEvent_t. The ops live in the files beside it (backend_private.h). */
+ * made once by device_bind, into context.c's context), streams and events as real
+ * cudaStream_t / cudaEvent_t, and the table's low_dtypes, opt-in (FLEET_CUDA_LOW_DTYPES=1) until
+ * its f16 / bf16 ops have passed on a GPU. The ops live in the files beside it
+ * (backend_private.h). */
 #include "backend_private.h"
 #include "cublas_load.h"
 
