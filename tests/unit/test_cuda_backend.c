@@ -2038,9 +2038,13 @@ static bool low_conv_small(const conv_case *cc) {
  * (the ref's convolution of |x|, |w| or |dy|, rounded to t, so times 1 + 2^-7) over K terms
  * (forward IC/G KH KW, backward data OC/G KH KW, backward filter n OH OW), acc_err above:
  * forward without bias and backward data, 1 ulp + acc_err(K, S) (f32 accumulation, one rounding
- * to t); forward with bias, cuDNN's y rounded to t and then the f32 bias added by fleet's kernel
- * and rounded again: 1 ulp + acc_err(K, S) + half an ulp of t at S (the first rounding) +
- * 2^-23 (|y| + 1 ulp) (the float add); dw (written), the low gradient converted exactly: 1 ulp
+ * to t: the two results are neighbours or closer); forward with bias, cuDNN's y rounded to t
+ * and then the f32 bias added by fleet's kernel and rounded again: before that last rounding
+ * the GPU's value is f = acc_err(K, S) + half an ulp of t at S (the first rounding) + 2^-23
+ * (|y| + 1 ulp) (the float add) from the exact one, so the bound is f plus half an ulp at the
+ * ref's value and half an ulp at |y| + f + 1 ulp (the GPU's can lie a binade above, where the
+ * spacing doubles; a bias that cancels y makes the first rounding's ulp larger than y's);
+ * dw (written), the low gradient converted exactly: 1 ulp
  * of t + acc_err(K, S); dw accumulated, dw0 + that in one f32 add on both sides: the written
  * bound times 1 + 2^-23, plus 2^-23 |want|; dbias, a double sum rounded to f32 (f32_near). The
  * bounds assume GEMM-like algorithms (implicit GEMM, the tensor-core kernels); were cuDNN to
@@ -2112,10 +2116,15 @@ static void check_low_conv(fl_dtype t, const conv_case *cc) {
         int64_t ny = N * out;
         double *want = ldoubles(t, y_ref, ny), *lim = hbuf((size_t)ny * sizeof *lim);
         for (int64_t i = 0; i < ny; i++) {
-            double S = lget(t, sy, i) * sfac, e = acc_err(kf, S);
-            lim[i] = lulp(t, want[i]) + e;
-            if (cc->bias)
-                lim[i] += 0.5 * lulp(t, S + e) + ldexp(fabs(want[i]) + lulp(t, want[i]), -23);
+            double S = lget(t, sy, i) * sfac, e = acc_err(kf, S), u = lulp(t, want[i]);
+            if (!cc->bias) {
+                lim[i] = u + e;
+                continue;
+            }
+            /* before the last rounding the GPU's value is within f of the exact one, so it
+             * rounds to within half an ulp at |want| + f + u (a binade above want's, maybe) */
+            double f = e + 0.5 * lulp(t, S + e) + ldexp(fabs(want[i]) + u, -23);
+            lim[i] = f + 0.5 * u + 0.5 * lulp(t, fabs(want[i]) + f + u);
         }
         for (int k = 0; k < 2; k++) {
             int64_t nn = k ? n : N;
