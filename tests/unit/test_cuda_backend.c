@@ -1979,7 +1979,8 @@ static void test_low_gemm(fl_dtype t) {
                     R->gemm(t, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cr, ldc);
                     uint16_t *cg = lback(dc, nc);
                     char what[160];
-                    snprintf(what, sizeof what, "gemm %c%c m=%lld n=%lld k=%lld alpha=%g beta=%g [%s]",
+                    snprintf(what, sizeof what,
+                             "gemm %c%c m=%lld n=%lld k=%lld alpha=%g beta=%g [%s]",
                              ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n,
                              (long long)k, alpha, beta, fl_dtype_name(t));
                     /* the elements of c (m x n) and their bounds; the padding by its bits */
@@ -2223,7 +2224,8 @@ static void test_low_flag(void) {
     CHECK(G->convert != NULL);
     CHECK(G->preferred_layout(FL_DTYPE_F16) == FL_LAYOUT_NHWC);
     CHECK(G->preferred_layout(FL_DTYPE_BF16) == FL_LAYOUT_NHWC);
-    CHECK(G->preferred_layout(FL_DTYPE_F32) == (nh && nh[0] == '1' ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW));
+    CHECK(G->preferred_layout(FL_DTYPE_F32) ==
+          (nh && nh[0] == '1' ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW));
     CHECK(G->preferred_layout(FL_DTYPE_F64) == FL_LAYOUT_NCHW);
     static const fl_dtype all[] = {FL_DTYPE_F32, FL_DTYPE_F64, FL_DTYPE_F16, FL_DTYPE_BF16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

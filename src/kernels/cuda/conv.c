@@ -353,7 +353,8 @@ fl_conv_plan *cuda_conv_plan_create(const fl_conv_desc *d) {
             (long long)d->oc, (long long)d->groups, (long long)g->h, (long long)g->w,
             (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw,
             (long long)g->dh, (long long)g->dw, nhwc_first ? " with an NHWC filter" : "",
-            why[0], tries < 2 ? "" : nhwc_first ? "; with an NCHW filter: " : "; with an NHWC filter: ",
+            why[0],
+            tries < 2 ? "" : nhwc_first ? "; with an NCHW filter: " : "; with an NHWC filter: ",
             why[1]);
     return NULL;
 }
