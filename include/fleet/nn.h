@@ -357,8 +357,8 @@ int  fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types);
  * makes it run layers in low natively where the backend's table has low_dtypes (ref; not cpu,
  * onednn, nor cuda unless FLEET_CUDA_LOW_DTYPES=1): a white layer whose ops->low, and every
  * other ops->low layer ("gray": elementwise, pooling, batch norm, add, flatten, dropout, ...)
- * all of whose inputs are such layers' outputs, keeps its output and output gradient in low (2-byte arrays: the activation
- * bytes halve), computing with the table's low ops (batch norm's scale, shift and statistics
+ * all of whose inputs are such layers' outputs, keeps its output and output gradient in low
+ * (2-byte arrays: the activation bytes halve), computing with the table's low ops (batch norm's scale, shift and statistics
  * f32; fc keeps a low copy of its f32 weights, converted at each forward, and converts its low
  * weight gradient into the f32 gradient block; convolution plans of dtype low do both
  * themselves). Every other layer stays f32 (white ones emulated as above); where dtypes meet
