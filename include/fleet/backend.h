@@ -11,8 +11,7 @@
  * fl_backend_ref() (plain single-threaded loops; the reference tests compare against), and
  * fl_backend_onednn() (oneDNN 2.x convolution and pooling and a batch norm of its own, on
  * channels-last activations, the rest from the cpu table; NULL when fleet was built without
- * oneDNN). A CUDA
- * backend joins behind the same table.
+ * oneDNN), and fl_backend_cuda() (cuBLAS, cuDNN and fleet's own kernels on an NVIDIA GPU).
  *
  * Memory rule (what a device backend relies on; tests/support/devsim.c enforces it on the CPU):
  * every data pointer a table function takes is backend memory, from its alloc: activations,
@@ -38,7 +37,7 @@
  * OpenBLAS keeps its thread count in globals, so concurrent gemm calls from several threads must
  * be serialised by the caller (fleet runs them on the training thread only).
  *
- * Low dtypes (mixed precision, docs/amp.md; the ref table today, the cuda table next): the ops
+ * Low dtypes (mixed precision, docs/amp.md; the ref table, and the cuda table opt-in): the ops
  * over activations also take t = FL_DTYPE_F16 or FL_DTYPE_BF16 - fill, reorder, gemm, add_bias,
  * sum_rows, act_forward / backward, axpy, scale, sum, sumsq, convolution plans, pool_forward /
  * backward, bn_forward / backward, add_forward / backward, dropout_mask, channel_pad,
@@ -62,10 +61,13 @@
  * and f64 convolution, pooling and batch norm are NCHW only, they also run NHWC (the layout a
  * GPU runs them in); its preferred_layout stays NCHW. Not low: softmax cross-entropy and label
  * smoothing (the loss is f32), the optimizer updates, amp_round, DGC. Whether a table has them
- * is its low_dtypes flag (ref: true). A table without low dtypes refuses a low convolution plan (FL_EUNSUPPORTED, fl_conv_desc_check's message) and asserts on
- * a low t elsewhere: the cpu and onednn tables, and the cuda table's gemm and convolution
- * plans (its other ops over activations take f16 / bf16 already, ahead of its low_dtypes,
- * which stays false until they have passed their tests on a GPU: docs/amp.md). */
+ * is its low_dtypes flag (ref: true). A table without low dtypes refuses a low convolution
+ * plan (FL_EUNSUPPORTED, fl_conv_desc_check's message) and asserts on a low t elsewhere: the
+ * cpu and onednn tables. The cuda table takes f16 / bf16 in every op above (gemm through
+ * cuBLAS's f32-computing GemmEx, convolution plans on cuDNN's half / bfloat16 kernels with f32
+ * compute) ahead of its low_dtypes, which stays false until they have passed their tests on a
+ * GPU unless FLEET_CUDA_LOW_DTYPES=1 in the environment when fl_backend_cuda() is first called
+ * (docs/amp.md); its preferred_layout for f16 / bf16 is NHWC. */
 #ifndef FLEET_BACKEND_H
 #define FLEET_BACKEND_H
 
@@ -202,8 +204,8 @@ typedef struct fl_backend {
     /* The table runs the ops over activations in FL_DTYPE_F16 and FL_DTYPE_BF16 natively, with
      * the "Low dtypes" contract above, and has `convert`: a network may then keep its
      * activations in the low dtype (fl_net_set_amp_native, docs/amp.md). true: ref; false:
-     * cpu, onednn, and cuda until its low ops have passed their tests on a GPU and its low gemm
-     * and convolutions exist (fl_net_set_amp then emulates). */
+     * cpu, onednn, and cuda until its low ops have passed their tests on a GPU, unless
+     * FLEET_CUDA_LOW_DTYPES=1 turns it on (fl_net_set_amp then emulates where false). */
     bool low_dtypes;
 
     /* --- memory --- */
@@ -459,7 +461,8 @@ const fl_backend *fl_backend_ref(void);
  * says which). */
 const fl_backend *fl_backend_onednn(void);
 /* cuBLAS, cuDNN and fleet's own CUDA kernels on an NVIDIA GPU; NULL when fleet was built
- * without CUDA (configure says which). Call device_bind first. */
+ * without CUDA (configure says which). Call device_bind first. Its low_dtypes is read from
+ * FLEET_CUDA_LOW_DTYPES (1: on) at the first call, once per process (thread-safe). */
 const fl_backend *fl_backend_cuda(void);
 /* The backend called name: "cpu", "ref", "onednn", "cuda", or "auto" (onednn where built, else
  * cpu).

@@ -353,21 +353,21 @@ void   fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena
  * FL_EINVAL for another dtype, an unknown type (listed in the message) or an f64 network,
  * FL_ESTATE before build, FL_EUNSUPPORTED on a backend without amp_round. */
 int  fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types);
-/* Mixed precision for real (docs/amp.md, "Real f16 / bf16"): called before fl_net_set_amp, on
- * makes it run layers in low natively where the backend's table has low_dtypes (ref; not cpu,
- * onednn, nor cuda yet): a white layer whose ops->low, and every other ops->low layer ("gray":
- * elementwise, pooling, batch norm, add, flatten, dropout, ...) all of whose inputs are such
- * layers' outputs, keeps its output and output gradient in low (2-byte arrays: the activation
- * bytes halve), computing with the table's low ops (batch norm's scale, shift and statistics
- * f32; fc keeps a low copy of its f32 weights, converted at each forward, and converts its low
- * weight gradient into the f32 gradient block; convolution plans of dtype low do both
- * themselves). Every other layer stays f32 (white ones emulated as above); where dtypes meet
- * (the network input, a low layer feeding an f32 one or back, the last output, f32 for the
- * loss) the network converts, and it converts the gradients back. fl_net_set_amp plans the
- * activations again (the parameters stay), so call it before a forward; if that planning
- * fails the network is left unbuilt. Loss scaling, accumulation and recompute work as in the
- * emulation. On other tables the emulation runs, so the strategy may always turn this on.
- * Off by default. FL_ESTATE while amp is set. */
+/* Mixed precision for real (docs/amp.md, "Real f16 / bf16"): called before fl_net_set_amp, on makes
+ * it run layers in low natively where the backend's table has low_dtypes (ref; not cpu, onednn, nor
+ * cuda unless FLEET_CUDA_LOW_DTYPES=1): a white layer whose ops->low, and every other ops->low
+ * layer ("gray": elementwise, pooling, batch norm, add, flatten, dropout, ...) all of whose inputs
+ * are such layers' outputs, keeps its output and output gradient in low (2-byte arrays: the
+ * activation bytes halve), computing with the table's low ops (batch norm's scale, shift and
+ * statistics f32; fc keeps a low copy of its f32 weights, converted at each forward, and converts
+ * its low weight gradient into the f32 gradient block; convolution plans of dtype low do both
+ * themselves). Every other layer stays f32 (white ones emulated as above); where dtypes meet (the
+ * network input, a low layer feeding an f32 one or back, the last output, f32 for the loss) the
+ * network converts, and it converts the gradients back. fl_net_set_amp plans the activations again
+ * (the parameters stay), so call it before a forward; if that planning fails the network is left
+ * unbuilt. Loss scaling, accumulation and recompute work as in the emulation. On other tables the
+ * emulation runs, so the strategy may always turn this on. Off by default. FL_ESTATE while amp is
+ * set. */
 int  fl_net_set_amp_native(fl_net *net, bool on);
 /* Whether layer i runs in the low dtype natively (fl_net_set_amp_native). */
 bool fl_net_amp_low(const fl_net *net, int i);

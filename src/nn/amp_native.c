@@ -1,5 +1,5 @@
 /* amp_native.c - mixed precision with activations really in f16 / bf16 (docs/amp.md, "Real f16
- * / bf16"), on a table whose low_dtypes says it runs them (ref now, cuda next): which layers run
+ * / bf16"), on a table whose low_dtypes says it runs them (ref; cuda with FLEET_CUDA_LOW_DTYPES=1): which layers run
  * low (white ones, and gray ones fed only by low ones: Paddle's O1 runs a gray op in f16 when
  * its inputs are), the network's activations planned again in those dtypes (2-byte outputs and
  * output gradients), and the conversions at the edges between a low layer and an f32 one, the

@@ -4,8 +4,10 @@
  * to the device with the table's copy, results copied back and compared on the host. Also the
  * allocator (zero-filled, aligned, peak reused), streams and events, determinism (ops run twice
  * give the same bits), and device_bind's errors; and the low dtypes (f16, bf16) of the ops over
- * activations and convert against the ref table's low ops (test_low). Skipped (77) without a
- * GPU; a summary table of the worst error per op against its tolerance ends the run. */
+ * activations, gemm, the convolution plans and convert against the ref table's low ops
+ * (test_low), and the table's low_dtypes flag and preferred layouts (test_low_flag). Skipped
+ * (77) without a GPU; a summary table of the worst error per op against its tolerance ends the
+ * run. */
 #include "fleet/backend.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
@@ -897,9 +899,10 @@ static void test_conv(void) {
     CHECK(fl_conv_geom_out(&d.g));
     CHECK(G->conv_plan_create(&d) == NULL); /* 5 output channels in 2 groups */
     CHECK_MSG("groups");
-    d.oc = 6, d.dtype = FL_DTYPE_F16;
-    CHECK(G->conv_plan_create(&d) == NULL);
-    CHECK_MSG("f32 or f64");
+    d.oc = 6, d.dtype = FL_DTYPE_F16; /* f16 and bf16 plans: test_low_flag, test_low_conv */
+    fl_conv_plan *p = G->conv_plan_create(&d);
+    CHECK(p != NULL);
+    G->conv_plan_free(p);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1336,9 +1339,11 @@ static void test_dgc_pairs(void) {
  * so an elementwise op is held to 1 ulp of the low dtype (ulp of the ref's value); copies (the
  * reorder, channel pad and slice, add_backward, max pooling's forward, convert) to the bits.
  * Where float arithmetic cancels (axpy, batch norm's z = x a + b and its dx, dgamma, dbeta) the
- * bound adds the float error of the terms, derived per op below. The cuda table's low_dtypes
- * stays false until these pass on a GPU (docs/amp.md). These tests' rows in the summary are
- * "low ..." and their worst error is the fraction of the tolerance used (1: at the bound). */
+ * bound adds the float error of the terms, derived per op below; gemm and the convolutions add
+ * the error of their f32 accumulation (acc_err). The cuda table's low_dtypes stays false
+ * (FLEET_CUDA_LOW_DTYPES=1 turns it on) until these pass on a GPU (docs/amp.md). These tests'
+ * rows in the summary are "low ..." and their worst error is the fraction of the tolerance
+ * used (1: at the bound). */
 
 static const fl_dtype lows[] = {FL_DTYPE_F16, FL_DTYPE_BF16};
 
@@ -1889,6 +1894,364 @@ static void check_low_bn(fl_dtype t, const bn_case *bc) {
     free(vref), free(x), free(dy), free(wy), free(wdx), free(wdg), free(wdb);
 }
 
+/* |got - want| <= lim elementwise over n values given as doubles (NaN only against NaN); the
+ * worst |got - want| / lim noted for the summary, the first miss printed with its bound. The
+ * low gemm and convolution tests give each element its own bound (below). */
+static int within(const char *op, const char *what, const double *got, const double *want,
+                  const double *lim, int64_t n) {
+    double worst = 0;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if ((isnan(got[i]) && isnan(want[i])) || got[i] == want[i])
+            continue;
+        double d = fabs(got[i] - want[i]), r = isfinite(d) && lim[i] > 0 ? d / lim[i] : INFINITY;
+        worst = fmax(worst, r);
+        if (bad < 0 && !(r <= 1))
+            bad = i;
+    }
+    note(op, worst, 1);
+    if (bad < 0)
+        return 1;
+    fprintf(stderr, "%s: %s: element %lld: got %.9g want %.9g, |diff| %.3g > bound %.3g\n", op,
+            what, (long long)bad, got[bad], want[bad], fabs(got[bad] - want[bad]), lim[bad]);
+    test_failures++;
+    return 0;
+}
+/* n low elements, or n floats, as doubles (a new host array) */
+static double *ldoubles(fl_dtype t, const void *p, int64_t n) {
+    double *d = hbuf((size_t)n * sizeof *d);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = lget(t, p, i);
+    return d;
+}
+static double *fdoubles(const float *p, int64_t n) {
+    double *d = hbuf((size_t)n * sizeof *d);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = p[i];
+    return d;
+}
+
+/* The error of an f32-accumulating product sum of K terms whose magnitudes sum to S (exact: a
+ * product of two f16 or two bf16 values fits f32's 24 bits). Summed in f32 with rounding to
+ * nearest, in any order, it is at most (K - 1) 2^-24 S (Higham, "Accuracy and Stability of
+ * Numerical Algorithms", 2002, eq. 4.4 without the second-order term). Tensor cores add a
+ * block of products to the accumulator at once, aligning them to the largest and truncating
+ * what falls below the f32 significand, and round the block's sum toward zero (Fasi, Higham,
+ * Mikaitis and Pranesh 2021, "Numerical behavior of NVIDIA tensor cores", PeerJ Comput. Sci.
+ * 7:e384): each term can lose up to one f32 unit, 2^-23 of the largest, and the block's sum
+ * another, so a block of b products costs at most (b + 2) 2^-23 times the magnitudes it adds,
+ * no more than 3 2^-23 per term: 2^-21 (K + 2) S covers that with room (cuBLAS's and cuDNN's
+ * split sums in f32 included; device_bind forbids cuBLAS's reductions in the 2-byte type). */
+static double acc_err(int64_t k, double s) { return ldexp((double)(k + 2) * s, -21); }
+
+/* gemm, f16 and bf16 (cublasGemmEx: a, b, c low, f32 compute) against the ref's gemm (the
+ * double result rounded once): all four transposes, m, n, k of 1, odd sizes, k not a multiple
+ * of 8, k = 0 (C = beta C), leading dimensions 3 wider than the rows, alpha and beta exact in
+ * float (so cuBLAS's float scalars are the ref's). The GPU's c is alpha acc + beta c in f32,
+ * acc within acc_err(k, S) of the exact sum, S = sum |a||b| of the element, then the products
+ * with alpha and the add each round once in f32 (2^-24 of |alpha| S and of the result), then
+ * one rounding to the low dtype: 1 ulp of the ref's value (the ref is within half an ulp of
+ * the exact result, the GPU's value within half an ulp of its f32 result) plus
+ * |alpha| acc_err(k, S) + 2^-23 (|alpha| S + |beta c|). C's padding columns keep their bits;
+ * with beta 0, c's NaNs are not read. */
+static void test_low_gemm(fl_dtype t) {
+    static const int64_t sizes[][3] = {{0, 3, 4}, {3, 0, 4}, {1, 1, 1},  {7, 5, 3},
+                                       {2, 9, 1}, {5, 3, 0}, {1, 33, 129}, {17, 1, 13},
+                                       {33, 17, 65}, {64, 40, 256}, {130, 97, 71}};
+    static const double ab[][2] = {{1, 0}, {0.75, -1.25}, {1, 1}, {-2, 0.5}};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (size_t c = 0; c < sizeof ab / sizeof ab[0]; c++) {
+                    double alpha = ab[c][0], beta = ab[c][1];
+                    int64_t arows = ta ? k : m, acols = ta ? m : k;
+                    int64_t brows = tb ? n : k, bcols = tb ? k : n;
+                    int64_t lda = acols + 3, ldb = bcols + 3, ldc = n + 3, nc = m * ldc;
+                    void *a = lrand(t, arows * lda, -1, 1), *b = lrand(t, brows * ldb, -1, 1);
+                    void *c0 = lrand(t, nc, -1, 1);
+                    if (beta == 0) /* not to be read */
+                        for (int64_t i = 0; i < nc; i += 2)
+                            lset(t, c0, i, NAN);
+                    void *cr = hdup(c0, (size_t)nc * 2);
+                    void *da = lput(a, arows * lda), *db = lput(b, brows * ldb), *dc = lput(c0, nc);
+                    G->gemm(t, ta, tb, m, n, k, alpha, da, lda, db, ldb, beta, dc, ldc);
+                    R->gemm(t, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cr, ldc);
+                    uint16_t *cg = lback(dc, nc);
+                    char what[160];
+                    snprintf(what, sizeof what,
+                             "gemm %c%c m=%lld n=%lld k=%lld alpha=%g beta=%g [%s]",
+                             ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n,
+                             (long long)k, alpha, beta, fl_dtype_name(t));
+                    /* the elements of c (m x n) and their bounds; the padding by its bits */
+                    int64_t mn = m * n;
+                    double *got = hbuf((size_t)(mn ? mn : 1) * sizeof *got);
+                    double *want = hbuf((size_t)(mn ? mn : 1) * sizeof *want);
+                    double *lim = hbuf((size_t)(mn ? mn : 1) * sizeof *lim);
+                    bool pad_ok = true;
+                    for (int64_t i = 0; i < m; i++) {
+                        for (int64_t j = n; j < ldc; j++)
+                            pad_ok = pad_ok && cg[i * ldc + j] == ((uint16_t *)c0)[i * ldc + j];
+                        for (int64_t j = 0; j < n; j++) {
+                            double sab = 0;
+                            for (int64_t p = 0; p < k; p++)
+                                sab += fabs(lget(t, a, ta ? p * lda + i : i * lda + p) *
+                                            lget(t, b, tb ? j * ldb + p : p * ldb + j));
+                            double w = lget(t, cr, i * ldc + j);
+                            double bc = beta == 0 ? 0 : fabs(beta * lget(t, c0, i * ldc + j));
+                            got[i * n + j] = lget(t, cg, i * ldc + j), want[i * n + j] = w;
+                            lim[i * n + j] = lulp(t, w) + fabs(alpha) * acc_err(k, sab) +
+                                             ldexp(fabs(alpha) * sab + bc, -23);
+                        }
+                    }
+                    within("low gemm", what, got, want, lim, mn);
+                    note("low gemm", pad_ok ? 0 : INFINITY, 1);
+                    if (!pad_ok) {
+                        fprintf(stderr, "low gemm: %s: c's padding columns changed\n", what);
+                        test_failures++;
+                    }
+                    G->free(da), G->free(db), G->free(dc);
+                    free(a), free(b), free(c0), free(cr), free(cg), free(got), free(want),
+                        free(lim);
+                }
+    }
+}
+
+/* The convolution cases the low test runs: those of backend_cases.h whose forward takes at most
+ * 3M multiply-adds at the max batch (the ref's low convolutions are direct loops in double, run
+ * here six times per case, layout and dtype), and a few random ones. */
+static bool low_conv_small(const conv_case *cc) {
+    fl_conv_geom g = {.c = cc->ic, .h = cc->h, .w = cc->w, .kh = cc->kh, .kw = cc->kw,
+                      .sh = cc->sh, .sw = cc->sw, .ph = cc->ph, .pw = cc->pw, .dh = cc->dh,
+                      .dw = cc->dw};
+    if (!fl_conv_geom_out(&g))
+        return false;
+    double macs = (double)(cc->n + cc->extra) * (double)(cc->oc * g.oh * g.ow) *
+                  (double)(cc->ic / cc->groups * cc->kh * cc->kw);
+    return macs <= 3e6;
+}
+
+/* One convolution case in f16 or bf16, NCHW and NHWC, against the ref table's low plan on the
+ * same inputs (x and dy low; w, bias, dw, dbias f32; w read rounded to t by both; the same
+ * bytes given to both tables in the plan's layout): forward at the max batch and at the case's
+ * smaller batch, backward data, backward filter written and accumulated into f32 dw and
+ * dbias, the backwards bit-repeatable. Bounds per element, S the element's sum of |products|
+ * (the ref's convolution of |x|, |w| or |dy|, rounded to t, so times 1 + 2^-7) over K terms
+ * (forward IC/G KH KW, backward data OC/G KH KW, backward filter n OH OW), acc_err above:
+ * forward without bias and backward data, 1 ulp + acc_err(K, S) (f32 accumulation, one rounding
+ * to t: the two results are neighbours or closer); forward with bias, cuDNN's y rounded to t
+ * and then the f32 bias added by fleet's kernel and rounded again: before that last rounding
+ * the GPU's value is f = acc_err(K, S) + half an ulp of t at S (the first rounding) + 2^-23
+ * (|y| + 1 ulp) (the float add) from the exact one, so the bound is f plus half an ulp at the
+ * ref's value and half an ulp at |y| + f + 1 ulp (the GPU's can lie a binade above, where the
+ * spacing doubles; a bias that cancels y makes the first rounding's ulp larger than y's);
+ * dw (written), the low gradient converted exactly: 1 ulp
+ * of t + acc_err(K, S); dw accumulated, dw0 + that in one f32 add on both sides: the written
+ * bound times 1 + 2^-23, plus 2^-23 |want|; dbias, a double sum rounded to f32 (f32_near). The
+ * bounds assume GEMM-like algorithms (implicit GEMM, the tensor-core kernels); were cuDNN to
+ * pick a transform (FFT, Winograd) for a shape, its error would not be bounded by S (a miss
+ * then names the case: FLEET_CUDA_CONV_LOG=1 shows the algorithms). */
+static void check_low_conv(fl_dtype t, const conv_case *cc) {
+    fl_conv_desc d = {.dtype = t, .oc = cc->oc, .groups = cc->groups, .bias = cc->bias,
+                      .g = {.c = cc->ic, .h = cc->h, .w = cc->w, .kh = cc->kh, .kw = cc->kw,
+                            .sh = cc->sh, .sw = cc->sw, .ph = cc->ph, .pw = cc->pw, .dh = cc->dh,
+                            .dw = cc->dw}};
+    CHECK(fl_conv_geom_out(&d.g));
+    int64_t n = cc->n, N = cc->n + cc->extra, ohw = d.g.oh * d.g.ow;
+    int64_t in = cc->ic * cc->h * cc->w, out = cc->oc * ohw, icg = cc->ic / cc->groups;
+    int64_t nw = cc->oc * icg * cc->kh * cc->kw, oc = cc->oc;
+    int64_t kf = icg * cc->kh * cc->kw, kd = cc->oc / cc->groups * cc->kh * cc->kw, kw_ = n * ohw;
+    double ws = 1 / sqrt((double)kf), sfac = 1 + ldexp(1, -7);
+    size_t wb = (size_t)nw * 4, cb = (size_t)oc * 4;
+    /* x, dy low (random in either layout: the same bytes go to both tables); w, bias f32 */
+    void *x = lrand(t, N * in, -1, 1), *dy = lrand(t, n * out, -1, 1);
+    float *w = hrand(FL_DTYPE_F32, nw, -ws, ws), *b = hrand(FL_DTYPE_F32, oc, -.5, .5);
+    float *dw0 = hrand(FL_DTYPE_F32, nw, -1, 1), *db0 = hrand(FL_DTYPE_F32, oc, -1, 1);
+    void *xa = hbuf((size_t)(N * in) * 2), *dya = hbuf((size_t)(n * out) * 2);
+    float *wa = hbuf(wb);
+    for (int64_t i = 0; i < N * in; i++)
+        lset(t, xa, i, fabs(lget(t, x, i)));
+    for (int64_t i = 0; i < n * out; i++)
+        lset(t, dya, i, fabs(lget(t, dy, i)));
+    for (int64_t i = 0; i < nw; i++)
+        wa[i] = fabsf(w[i]);
+    const float *bias = cc->bias ? b : NULL;
+    void *gw = dput(w, wb), *gb = dput(b, cb), *gx = lput(x, N * in), *gdy = lput(dy, n * out);
+    void *gy = G->alloc((size_t)(N * out) * 2), *gdx = G->alloc((size_t)(n * in) * 2);
+    void *gdw = G->alloc(wb), *gdb = G->alloc(cb);
+    for (int li = 0; li < 2; li++) {
+        fl_layout l = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+        char pre[500], what[600];
+        snprintf(pre, sizeof pre, "conv %s %s [%s]", cc->name, fl_layout_name(l),
+                 fl_dtype_name(t));
+        d.layout = l, d.max_batch = N;
+        /* the reference and the sums of magnitudes */
+        fl_conv_plan *rp = R->conv_plan_create(&d);
+        CHECK(rp);
+        if (!rp)
+            continue;
+        void *y_ref = hbuf((size_t)(N * out) * 2), *dx_ref = hbuf((size_t)(n * in) * 2);
+        void *sy = hbuf((size_t)(N * out) * 2), *sdx = hbuf((size_t)(n * in) * 2);
+        float *dw_ref = hbuf(wb), *db_ref = hbuf(cb), *dwa_ref = hbuf(wb), *dba_ref = hbuf(cb);
+        float *sdw = hbuf(wb);
+        R->conv_forward(rp, N, x, w, bias, y_ref, NULL);
+        R->conv_backward_data(rp, n, dy, w, dx_ref, NULL);
+        R->conv_backward_filter(rp, n, x, dy, dw_ref, cc->bias ? db_ref : NULL, false, NULL);
+        memcpy(dwa_ref, dw0, wb), memcpy(dba_ref, db0, cb);
+        R->conv_backward_filter(rp, n, x, dy, dwa_ref, cc->bias ? dba_ref : NULL, true, NULL);
+        R->conv_forward(rp, N, xa, wa, NULL, sy, NULL);
+        R->conv_backward_data(rp, n, dya, wa, sdx, NULL);
+        R->conv_backward_filter(rp, n, xa, dya, sdw, NULL, false, NULL);
+        R->conv_plan_free(rp);
+
+        fl_conv_plan *p = G->conv_plan_create(&d);
+        CHECK(p);
+        if (!p) {
+            fprintf(stderr, "%s: cuda plan: %s\n", pre, fl_errmsg());
+            free(y_ref), free(dx_ref), free(sy), free(sdx), free(dw_ref), free(db_ref);
+            free(dwa_ref), free(dba_ref), free(sdw);
+            continue;
+        }
+        void *s = G->alloc(G->conv_scratch_bytes(p));
+        /* forward at the max batch, then at n (other algorithms): the first nn images */
+        int64_t ny = N * out;
+        double *want = ldoubles(t, y_ref, ny), *lim = hbuf((size_t)ny * sizeof *lim);
+        for (int64_t i = 0; i < ny; i++) {
+            double S = lget(t, sy, i) * sfac, e = acc_err(kf, S), u = lulp(t, want[i]);
+            if (!cc->bias) {
+                lim[i] = u + e;
+                continue;
+            }
+            /* before the last rounding the GPU's value is within f of the exact one, so it
+             * rounds to within half an ulp at |want| + f + u (a binade above want's, maybe) */
+            double f = e + 0.5 * lulp(t, S + e) + ldexp(fabs(want[i]) + u, -23);
+            lim[i] = f + 0.5 * u + 0.5 * lulp(t, fabs(want[i]) + f + u);
+        }
+        for (int k = 0; k < 2; k++) {
+            int64_t nn = k ? n : N;
+            G->conv_forward(p, nn, gx, gw, cc->bias ? gb : NULL, gy, s);
+            void *h = lback(gy, nn * out);
+            double *got = ldoubles(t, h, nn * out);
+            snprintf(what, sizeof what, "%s: forward, batch %lld%s", pre, (long long)nn,
+                     cc->bias ? ", bias" : "");
+            within("low conv forward", what, got, want, lim, nn * out);
+            free(h), free(got);
+        }
+        free(want), free(lim);
+        /* backward data */
+        G->conv_backward_data(p, n, gdy, gw, gdx, s);
+        void *hdx = lback(gdx, n * in);
+        double *got = ldoubles(t, hdx, n * in);
+        want = ldoubles(t, dx_ref, n * in), lim = hbuf((size_t)(n * in) * sizeof *lim);
+        for (int64_t i = 0; i < n * in; i++)
+            lim[i] = lulp(t, want[i]) + acc_err(kd, lget(t, sdx, i) * sfac);
+        snprintf(what, sizeof what, "%s: backward data", pre);
+        within("low conv backward data", what, got, want, lim, n * in);
+        free(got), free(want), free(lim);
+        /* backward filter, written (dw holding garbage first) */
+        G->copy(gdw, dw0, wb, FL_COPY_H2D, NULL);
+        G->copy(gdb, db0, cb, FL_COPY_H2D, NULL);
+        G->conv_backward_filter(p, n, gx, gdy, gdw, cc->bias ? gdb : NULL, false, s);
+        float *hdw = dget(gdw, wb), *hdb = dget(gdb, cb);
+        got = fdoubles(hdw, nw), want = fdoubles(dw_ref, nw), lim = hbuf(wb * 2);
+        for (int64_t i = 0; i < nw; i++)
+            lim[i] = lulp(t, want[i]) + acc_err(kw_, sdw[i] * sfac);
+        snprintf(what, sizeof what, "%s: dw", pre);
+        within("low conv backward filter", what, got, want, lim, nw);
+        if (cc->bias) {
+            snprintf(what, sizeof what, "%s: dbias", pre);
+            f32_near("low conv backward filter", what, hdb, db_ref, oc, 0);
+        }
+        /* accumulated */
+        G->copy(gdw, dw0, wb, FL_COPY_H2D, NULL);
+        G->copy(gdb, db0, cb, FL_COPY_H2D, NULL);
+        G->conv_backward_filter(p, n, gx, gdy, gdw, cc->bias ? gdb : NULL, true, s);
+        float *hdwa = dget(gdw, wb), *hdba = dget(gdb, cb);
+        double *gota = fdoubles(hdwa, nw), *wanta = fdoubles(dwa_ref, nw);
+        for (int64_t i = 0; i < nw; i++)
+            lim[i] = lim[i] * (1 + ldexp(1, -23)) + ldexp(fabs(wanta[i]), -23);
+        snprintf(what, sizeof what, "%s: dw accumulated", pre);
+        within("low conv backward filter", what, gota, wanta, lim, nw);
+        if (cc->bias) {
+            snprintf(what, sizeof what, "%s: dbias accumulated", pre);
+            f32_near("low conv backward filter", what, hdba, dba_ref, oc, 0);
+        }
+        /* bit-repeatable (unless FLEET_CUDNN_DETERMINISTIC=0) */
+        if (!fast_algorithms()) {
+            G->conv_backward_data(p, n, gdy, gw, gdx, s);
+            G->conv_backward_filter(p, n, gx, gdy, gdw, cc->bias ? gdb : NULL, false, s);
+            void *hdx2 = lback(gdx, n * in);
+            float *hdw2 = dget(gdw, wb);
+            snprintf(what, sizeof what, "%s: run twice", pre);
+            same_bits("low conv backward data (repeat)", what, hdx2, hdx, (size_t)(n * in) * 2);
+            same_bits("low conv backward filter (repeat)", what, hdw2, hdw, wb);
+            free(hdx2), free(hdw2);
+        }
+        G->free(s);
+        G->conv_plan_free(p);
+        free(hdx), free(got), free(want), free(lim), free(hdw), free(hdb), free(hdwa);
+        free(hdba), free(gota), free(wanta);
+        free(y_ref), free(dx_ref), free(sy), free(sdx), free(dw_ref), free(db_ref);
+        free(dwa_ref), free(dba_ref), free(sdw);
+    }
+    G->free(gw), G->free(gb), G->free(gx), G->free(gdy), G->free(gy), G->free(gdx);
+    G->free(gdw), G->free(gdb);
+    free(x), free(dy), free(w), free(b), free(dw0), free(db0), free(xa), free(dya), free(wa);
+}
+
+static void test_low_conv(fl_dtype t) {
+    int ran = 0;
+    for (size_t i = 0; i < N_CONV_CASES; i++)
+        if (low_conv_small(&conv_cases[i]))
+            check_low_conv(t, &conv_cases[i]), ran++;
+    CHECK(ran >= 15); /* 1x1, 3x3 p1, strides, groups, depthwise, dilation, batch 1 among them */
+    for (int i = 0; i < 4; i++) {
+        conv_case c;
+        char name[400];
+        conv_case_random(&rng, i, &c, name, sizeof name);
+        check_low_conv(t, &c);
+    }
+}
+
+/* The low-dtype flag (FLEET_CUDA_LOW_DTYPES, read once by fl_backend_cuda(); this process's
+ * environment says what it must be), the preferred layouts (f16 / bf16 channels-last, f32 as
+ * before), and that low plans do not change what f32 and f64 plans are: an f32 and an f64 plan
+ * of either layout are still made (test_conv checks their values), a low one of either layout
+ * now is, and a bad dtype is still refused naming it. */
+static void test_low_flag(void) {
+    const char *e = getenv("FLEET_CUDA_LOW_DTYPES"), *nh = getenv("FLEET_CUDA_NHWC");
+    CHECK(G->low_dtypes == (e && e[0] == '1'));
+    CHECK(G->convert != NULL);
+    CHECK(G->preferred_layout(FL_DTYPE_F16) == FL_LAYOUT_NHWC);
+    CHECK(G->preferred_layout(FL_DTYPE_BF16) == FL_LAYOUT_NHWC);
+    CHECK(G->preferred_layout(FL_DTYPE_F32) ==
+          (nh && nh[0] == '1' ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW));
+    CHECK(G->preferred_layout(FL_DTYPE_F64) == FL_LAYOUT_NCHW);
+    static const fl_dtype all[] = {FL_DTYPE_F32, FL_DTYPE_F64, FL_DTYPE_F16, FL_DTYPE_BF16};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        for (int li = 0; li < 2; li++) {
+            fl_conv_desc d = {.dtype = all[i], .layout = li ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW,
+                              .max_batch = 2, .oc = 6, .groups = 2, .bias = true,
+                              .g = {.c = 4, .h = 5, .w = 5, .kh = 3, .kw = 3, .sh = 1, .sw = 1,
+                                    .ph = 1, .pw = 1, .dh = 1, .dw = 1}};
+            CHECK(fl_conv_geom_out(&d.g));
+            fl_conv_plan *p = G->conv_plan_create(&d);
+            if (!p && all[i] == FL_DTYPE_F64 && li) /* as test_conv: f64 NHWC may be refused */
+                continue;
+            if (!p)
+                fprintf(stderr, "%s %s plan: %s\n", fl_dtype_name(all[i]),
+                        fl_layout_name(d.layout), fl_errmsg());
+            CHECK(p != NULL);
+            G->conv_plan_free(p);
+        }
+    fl_conv_desc d = {.dtype = FL_DTYPE_I32, .layout = FL_LAYOUT_NCHW, .max_batch = 2, .oc = 6,
+                      .groups = 1, .g = {.c = 4, .h = 5, .w = 5, .kh = 3, .kw = 3, .sh = 1,
+                                         .sw = 1, .dh = 1, .dw = 1}};
+    CHECK(fl_conv_geom_out(&d.g));
+    CHECK(G->conv_plan_create(&d) == NULL);
+    CHECK_MSG("i32");
+}
+
 /* every low op, f16 and bf16 */
 static void test_low(void) {
     for (size_t i = 0; i < sizeof lows / sizeof lows[0]; i++) {
@@ -1900,6 +2263,8 @@ static void test_low(void) {
         test_low_pool(t);
         for (size_t k = 0; k < N_BN_CASES; k++)
             check_low_bn(t, &bn_cases[k]);
+        test_low_gemm(t);
+        test_low_conv(t);
     }
 }
 
@@ -1937,6 +2302,7 @@ int main(void) {
     test_dgc_select();
     test_dgc_accumulate();
     test_dgc_pairs();
+    test_low_flag();
     test_low();
     fprintf(stderr, "%-34s %8s %-11s %-11s\n", "op", "checks", "worst", "tolerance");
     for (int i = 0; i < nops; i++)

@@ -108,8 +108,11 @@ void cuda_channel_pad(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_
 void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,
                            void *y, const void *bias);
 
-/* convert.cu: the table's convert (f32 <-> f16 / bf16, equal dtypes copied) */
+/* convert.cu: the table's convert (f32 <-> f16 / bf16, equal dtypes copied); and dst (n f32)
+ * += src (n elements of low, f16 or bf16) converted exactly, one f32 add per element, in the
+ * backend's stream (a low convolution's weight gradient accumulated into its f32 dw) */
 void cuda_convert(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n);
+void cuda_add_low_to_f32(fl_dtype low, const void *src, float *dst, int64_t n);
 
 /* channel_ops.cu: squeeze-and-excitation's channel-wise scale and concatenation's copies */
 void cuda_channel_mul_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,

@@ -8,7 +8,13 @@
  * gradient by fleet's own kernels (fixed-order sums).
  * Weights stay in PyTorch's (OC, IC / groups, KH, KW) order: cuDNN is given an NCHW filter
  * with NHWC activations, and where it has no algorithm for that mix the plan keeps an NHWC
- * (OHWI) copy of the weights, reordered on every call, and reorders the gradient back. */
+ * (OHWI) copy of the weights, reordered on every call, and reorders the gradient back.
+ * f16 / bf16 plans (backend.h, "Low dtypes"): activations CUDNN_DATA_HALF / BFLOAT16, f32
+ * compute, tensor-op math; the weights and their gradient are the f32 masters, so the plan
+ * converts w into a low copy of its own on every forward and backward-data call (and reorders
+ * that to OHWI where the filter is NHWC: for NHWC activations tried first, the layout of the
+ * tensor-core kernels), and lets cuDNN write the low weight gradient into that copy, then
+ * converts it into dw or adds it to dw in f32. */
 #include "backend_private.h"
 
 #include <cudnn.h>
@@ -46,13 +52,16 @@ typedef struct {
 
 struct fl_conv_plan {
     fl_conv_desc                 d;
-    cudnnDataType_t              dt;
+    cudnnDataType_t              dt;   /* of the activations and the filter */
+    cudnnDataType_t              ct;   /* the convolution's compute type */
+    bool                         low;  /* f16 / bf16: w, dw f32 masters, the filter wlow */
     cudnnTensorFormat_t          fmt;  /* of the activations */
     cudnnTensorDescriptor_t      x, y; /* set to each call's batch */
     cudnnFilterDescriptor_t      w;
     cudnnConvolutionDescriptor_t conv;
     bool                         w_nhwc; /* the filter is an OHWI copy in wbuf */
-    void                        *wbuf;   /* OC IC/G KH KW elements (w_nhwc) */
+    void                        *wbuf;   /* OC IC/G KH KW elements of dt (w_nhwc) */
+    void                        *wlow;   /* OC IC/G KH KW elements of dt in OIHW order (low) */
     size_t                       ws;     /* the caller's scratch (the max batch's choice) */
     void                        *xws;    /* a smaller batch's own workspace where its */
     size_t                       xws_bytes; /* deterministic algorithms need more than ws */
@@ -80,10 +89,12 @@ static cudnnStatus_t set_batch(fl_conv_plan *p, int64_t n) {
     return s;
 }
 
-/* TF32 tensor cores only when FLEET_CUDA_TF32=1 */
+/* f32: TF32 tensor cores only when FLEET_CUDA_TF32=1; f16 / bf16: tensor cores are what the
+ * plan is for (any math); f64: any (cuDNN has no f64 tensor-op convolution) */
 static bool math_ok(const fl_conv_plan *p, cudnnMathType_t m) {
-    return cuda_g.tf32 || p->d.dtype != FL_DTYPE_F32 ||
-           (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+    if (p->low || p->d.dtype != FL_DTYPE_F32)
+        return true;
+    return cuda_g.tf32 || (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
 }
 
 /* The first usable result of a heuristic query (best first): success, TF32 only if allowed,
@@ -222,6 +233,16 @@ static void plan_release(fl_conv_plan *p) {
     p->conv = NULL, p->w = NULL, p->x = NULL, p->y = NULL;
 }
 
+/* The convolution descriptor's math: f32 FMA (TF32 tensor ops under FLEET_CUDA_TF32=1), f16 /
+ * bf16 tensor ops, f64 cuDNN's default. */
+static cudnnMathType_t math_type(const fl_conv_plan *p) {
+    if (p->low)
+        return CUDNN_TENSOR_OP_MATH;
+    if (p->d.dtype == FL_DTYPE_F32)
+        return cuda_g.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+    return CUDNN_DEFAULT_MATH;
+}
+
 /* Descriptors with the filter in filter_fmt, and the max batch's algorithms. */
 static int plan_setup(fl_conv_plan *p, cudnnTensorFormat_t filter_fmt, char *why, size_t whylen) {
     const fl_conv_desc *d = &p->d;
@@ -236,12 +257,10 @@ static int plan_setup(fl_conv_plan *p, cudnnTensorFormat_t filter_fmt, char *why
             CUDNN_STATUS_SUCCESS ||
         (s = cudnnSetConvolution2dDescriptor(p->conv, (int)g->ph, (int)g->pw, (int)g->sh,
                                              (int)g->sw, (int)g->dh, (int)g->dw,
-                                             CUDNN_CROSS_CORRELATION, p->dt)) !=
+                                             CUDNN_CROSS_CORRELATION, p->ct)) !=
             CUDNN_STATUS_SUCCESS ||
         (s = cudnnSetConvolutionGroupCount(p->conv, (int)d->groups)) != CUDNN_STATUS_SUCCESS ||
-        (s = cudnnSetConvolutionMathType(
-             p->conv, d->dtype == FL_DTYPE_F32 ? (cuda_g.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH)
-                                               : CUDNN_DEFAULT_MATH)) != CUDNN_STATUS_SUCCESS) {
+        (s = cudnnSetConvolutionMathType(p->conv, math_type(p))) != CUDNN_STATUS_SUCCESS) {
         snprintf(why, whylen, "descriptors: %s", dnn_err(s));
         return -1;
     }
@@ -265,9 +284,24 @@ static int plan_setup(fl_conv_plan *p, cudnnTensorFormat_t filter_fmt, char *why
     return 0;
 }
 
+/* The plan's own weight buffers, sized once: the OHWI copy where the filter is NHWC, the low
+ * copy of the f32 weights for an f16 / bf16 plan. 0, or -1 with why filled. */
+static int plan_buffers(fl_conv_plan *p, char *why, size_t whylen) {
+    const fl_conv_geom *g = &p->d.g;
+    size_t nw = (size_t)(p->d.oc * (g->c / p->d.groups) * g->kh * g->kw) *
+                fl_dtype_size(p->d.dtype);
+    if ((p->w_nhwc && !(p->wbuf = cuda_alloc(nw))) || (p->low && !(p->wlow = cuda_alloc(nw)))) {
+        snprintf(why, whylen, "%s", fl_errmsg());
+        cuda_free(p->wbuf), cuda_free(p->wlow);
+        p->wbuf = p->wlow = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 fl_conv_plan *cuda_conv_plan_create(const fl_conv_desc *d) {
     const fl_conv_geom *g = &d->g;
-    if (fl_conv_desc_check(d, "cuda conv") < 0)
+    if (fl_conv_desc_check_low(d, "cuda conv") < 0)
         return NULL;
     int64_t big = d->max_batch * (g->c > d->oc ? g->c : d->oc) * g->h * g->w;
     if (d->max_batch > INT_MAX || g->c > INT_MAX || d->oc > INT_MAX || g->h > INT_MAX ||
@@ -288,30 +322,40 @@ fl_conv_plan *cuda_conv_plan_create(const fl_conv_desc *d) {
         return NULL;
     }
     p->d = *d;
-    p->dt = d->dtype == FL_DTYPE_F32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
+    p->low = d->dtype == FL_DTYPE_F16 || d->dtype == FL_DTYPE_BF16;
+    p->dt = d->dtype == FL_DTYPE_F32   ? CUDNN_DATA_FLOAT
+            : d->dtype == FL_DTYPE_F64 ? CUDNN_DATA_DOUBLE
+            : d->dtype == FL_DTYPE_F16 ? CUDNN_DATA_HALF
+                                       : CUDNN_DATA_BFLOAT16;
+    p->ct = p->low ? CUDNN_DATA_FLOAT : p->dt; /* cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 */
     p->fmt = d->layout == FL_LAYOUT_NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-    char why[256] = "", why2[256] = "";
-    if (!plan_setup(p, CUDNN_TENSOR_NCHW, why, sizeof why))
-        return p;
-    plan_release(p);
-    if (d->layout == FL_LAYOUT_NHWC && !plan_setup(p, CUDNN_TENSOR_NHWC, why2, sizeof why2)) {
-        size_t nw = (size_t)(d->oc * (g->c / d->groups) * g->kh * g->kw) *
-                    (d->dtype == FL_DTYPE_F64 ? 8 : 4);
-        if ((p->wbuf = cuda_alloc(nw))) {
-            p->w_nhwc = true;
-            return p;
+    /* the filter formats to try: NCHW (PyTorch's order, no copy), then for NHWC activations an
+     * NHWC filter; a low NHWC plan the other way round (cuDNN's tensor-core kernels are
+     * NHWC activations with an NHWC filter) */
+    bool nhwc_first = p->low && d->layout == FL_LAYOUT_NHWC;
+    cudnnTensorFormat_t fmts[2] = {nhwc_first ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                   nhwc_first ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC};
+    int tries = d->layout == FL_LAYOUT_NHWC ? 2 : 1;
+    char why[2][256] = {"", ""};
+    for (int i = 0; i < tries; i++) {
+        if (!plan_setup(p, fmts[i], why[i], sizeof why[i])) {
+            p->w_nhwc = fmts[i] == CUDNN_TENSOR_NHWC;
+            if (!plan_buffers(p, why[i], sizeof why[i]))
+                return p;
+            p->w_nhwc = false;
         }
-        snprintf(why2, sizeof why2, "%s", fl_errmsg());
+        plan_release(p);
     }
-    plan_release(p);
     free(p);
     fl_fail(FL_EUNSUPPORTED, "cuda conv %s %s: %lld -> %lld channels (groups %lld), %lldx%lld "
-            "input, %lldx%lld window, stride %lldx%lld, dilation %lldx%lld: cuDNN: %s%s%s",
+            "input, %lldx%lld window, stride %lldx%lld, dilation %lldx%lld: cuDNN%s: %s%s%s",
             fl_dtype_name(d->dtype), fl_layout_name(d->layout), (long long)g->c,
             (long long)d->oc, (long long)d->groups, (long long)g->h, (long long)g->w,
             (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw,
-            (long long)g->dh, (long long)g->dw, why, why2[0] ? "; with an NHWC filter: " : "",
-            why2);
+            (long long)g->dh, (long long)g->dw, nhwc_first ? " with an NHWC filter" : "",
+            why[0],
+            tries < 2 ? "" : nhwc_first ? "; with an NCHW filter: " : "; with an NHWC filter: ",
+            why[1]);
     return NULL;
 }
 
@@ -320,6 +364,7 @@ void cuda_conv_plan_free(fl_conv_plan *p) {
         return;
     plan_release(p);
     cuda_free(p->wbuf);
+    cuda_free(p->wlow);
     cuda_free(p->xws);
     free(p);
 }
@@ -371,7 +416,8 @@ static void *ws_of(const fl_conv_plan *p, const algos *a, void *scratch, size_t 
     return p->xws;
 }
 
-/* alpha and beta in the data's type */
+/* alpha and beta in the compute type: double for f64, float for f32 and for f16 / bf16 (whose
+ * compute type is float) */
 typedef union {
     float  f;
     double d;
@@ -385,12 +431,19 @@ static scalar sc(const fl_conv_plan *p, double v) {
     return s;
 }
 
-/* the weights as cuDNN's filter: w itself, or its OHWI copy */
+/* the weights as cuDNN's filter: w itself, or for a low plan w (f32) rounded to the plan's
+ * dtype into wlow; then, where the filter is NHWC, its OHWI copy */
 static const void *filter_of(fl_conv_plan *p, const void *w) {
-    if (!p->w_nhwc)
-        return w;
     const fl_conv_geom *g = &p->d.g;
-    cuda_reorder(p->d.dtype, true, p->d.oc, g->c / p->d.groups, g->kh * g->kw, w, p->wbuf);
+    int64_t icg = g->c / p->d.groups;
+    const void *f = w;
+    if (p->low) {
+        cuda_convert(FL_DTYPE_F32, w, p->d.dtype, p->wlow, p->d.oc * icg * g->kh * g->kw);
+        f = p->wlow;
+    }
+    if (!p->w_nhwc)
+        return f;
+    cuda_reorder(p->d.dtype, true, p->d.oc, icg, g->kh * g->kw, f, p->wbuf);
     return p->wbuf;
 }
 
@@ -404,6 +457,9 @@ void cuda_conv_forward(fl_conv_plan *p, int64_t n, const void *x, const void *w,
     DNN_CHECK("conv_forward",
               cudnnConvolutionForward(cuda_g.dnn, &one, p->x, x, p->w, f, p->conv, a->fwd,
                                       ws, wsb, &zero, p->y, y));
+    /* a low plan: cuDNN has rounded y to the low dtype, the bias (f32) is added to that and
+     * rounded again, two roundings where the reference makes one (PyTorch's cuDNN path adds
+     * its bias to the rounded output too) */
     if (bias)
         cuda_add_channel_bias(p->d.dtype, p->d.layout, n, p->d.oc, p->d.g.oh * p->d.g.ow, y,
                               bias);
@@ -425,21 +481,38 @@ void cuda_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const 
                                void *dw, void *dbias, bool accumulate, void *scratch) {
     const algos *a = for_batch(p, n, "conv_backward_filter");
     const fl_conv_geom *g = &p->d.g;
-    scalar one = sc(p, 1), beta = sc(p, accumulate ? 1 : 0);
     int64_t icg = g->c / p->d.groups, khw = g->kh * g->kw;
-    void *out = dw;
-    if (p->w_nhwc) { /* into the OHWI copy (holding dw when adding), then back */
-        out = p->wbuf;
-        if (accumulate)
-            cuda_reorder(p->d.dtype, true, p->d.oc, icg, khw, dw, out);
-    }
     size_t wsb;
     void *ws = ws_of(p, a, scratch, &wsb);
-    DNN_CHECK("conv_backward_filter",
-              cudnnConvolutionBackwardFilter(cuda_g.dnn, &one, p->x, x, p->y, dy, p->conv,
-                                             a->bwd_filter, ws, wsb, &beta, p->w, out));
-    if (p->w_nhwc)
-        cuda_reorder(p->d.dtype, false, p->d.oc, icg, khw, out, dw);
+    if (p->low) {
+        /* the low gradient into the plan's copy (OHWI where the filter is NHWC, then back to
+         * OIHW in wlow), then into the f32 dw: converted, or added with one f32 add */
+        scalar one = sc(p, 1), zero = sc(p, 0);
+        void *out = p->w_nhwc ? p->wbuf : p->wlow;
+        DNN_CHECK("conv_backward_filter",
+                  cudnnConvolutionBackwardFilter(cuda_g.dnn, &one, p->x, x, p->y, dy, p->conv,
+                                                 a->bwd_filter, ws, wsb, &zero, p->w, out));
+        if (p->w_nhwc)
+            cuda_reorder(p->d.dtype, false, p->d.oc, icg, khw, p->wbuf, p->wlow);
+        if (accumulate)
+            cuda_add_low_to_f32(p->d.dtype, p->wlow, dw, p->d.oc * icg * khw);
+        else
+            cuda_convert(p->d.dtype, p->wlow, FL_DTYPE_F32, dw, p->d.oc * icg * khw);
+    } else {
+        scalar one = sc(p, 1), beta = sc(p, accumulate ? 1 : 0);
+        void *out = dw;
+        if (p->w_nhwc) { /* into the OHWI copy (holding dw when adding), then back */
+            out = p->wbuf;
+            if (accumulate)
+                cuda_reorder(p->d.dtype, true, p->d.oc, icg, khw, dw, out);
+        }
+        DNN_CHECK("conv_backward_filter",
+                  cudnnConvolutionBackwardFilter(cuda_g.dnn, &one, p->x, x, p->y, dy, p->conv,
+                                                 a->bwd_filter, ws, wsb, &beta, p->w, out));
+        if (p->w_nhwc)
+            cuda_reorder(p->d.dtype, false, p->d.oc, icg, khw, out, dw);
+    }
+    /* low: dy low, dbias f32 (the double sum, rounded to f32) */
     if (dbias)
         cuda_sum_channels(p->d.dtype, p->d.layout, n, p->d.oc, g->oh * g->ow, dy, dbias,
                           accumulate);

@@ -1,6 +1,7 @@
 /* convert.cu - f32 <-> f16 / bf16 conversion kernels (convert.h), with CUDA's round-to-nearest-
- * even intrinsics, for mixed precision's master weights and loss-scaled gradients; and the
- * table's `convert` entry over them (backend.h). */
+ * even intrinsics, for mixed precision's master weights and loss-scaled gradients; the table's
+ * `convert` entry over them (backend.h); and the f32 add of a low array into an f32 one (a low
+ * convolution plan's weight gradient accumulated into its f32 dw). */
 #include "common.cuh"
 #include "convert.h"
 
@@ -57,4 +58,23 @@ extern "C" void cuda_convert(fl_dtype from, const void *src, fl_dtype to, void *
     }
     if (fl_cuda_convert(to, dst, from, src, n, NULL) != FL_OK)
         cuda_fatal("convert", "the dtype check", fl_errmsg(), __FILE__, __LINE__);
+}
+
+template <class S, class F> __global__ void add_low_k(float *dst, const S *src, int64_t n, F f) {
+    GRID_STRIDE(i, n) dst[i] = dst[i] + f(src[i]); /* one f32 add (.cu files: --fmad=false) */
+}
+
+extern "C" void cuda_add_low_to_f32(fl_dtype low, const void *src, float *dst, int64_t n) {
+    if (n <= 0)
+        return;
+    cuda_require_bound("add_low_to_f32");
+    cudaStream_t st = cuda_stream();
+    unsigned b = blocks_for(n);
+    if (low == FL_DTYPE_F16)
+        add_low_k<<<b, THREADS, 0, st>>>(dst, (const __half *)src, n, from_f16());
+    else if (low == FL_DTYPE_BF16)
+        add_low_k<<<b, THREADS, 0, st>>>(dst, (const __nv_bfloat16 *)src, n, from_bf16());
+    else
+        cuda_bad_dtype("add_low_to_f32", low);
+    CU_LAUNCHED("add_low_to_f32");
 }

@@ -12,12 +12,14 @@
 extern "C" {
 #endif
 
-/* The cuBLAS functions the backend calls. A field has the name the function has after
- * cublas_v2.h's macros (cublasCreate is cublasCreate_v2), so that cuda_cublas.cublasCreate(...)
- * reads as the call it is. */
+/* The cuBLAS functions the backend calls (cublasGemmEx: the f16 / bf16 gemm). A field has the
+ * name the function has after cublas_v2.h's macros (cublasCreate is cublasCreate_v2), so that
+ * cuda_cublas.cublasCreate(...) reads as the call it is. C only: in C++ cublas_api.h overloads
+ * cublasGemmEx, and __typeof__ of an overload set does not compile. */
 #define CUDA_CUBLAS_FNS(X)                                                                    \
     X(cublasCreate) X(cublasDestroy) X(cublasSetStream) X(cublasSetMathMode)                  \
-    X(cublasSetWorkspace) X(cublasGetStatusString) X(cublasSgemm) X(cublasDgemm)
+    X(cublasSetWorkspace) X(cublasGetStatusString) X(cublasSgemm) X(cublasDgemm)          \
+    X(cublasGemmEx)
 typedef struct cuda_cublas_api {
 #define CUDA_CUBLAS_FIELD(f) __typeof__(f) *f;
     CUDA_CUBLAS_FNS(CUDA_CUBLAS_FIELD)

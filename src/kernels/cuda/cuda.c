@@ -1,11 +1,14 @@
 /* cuda.c - the fl_backend_cuda() table: binding the device (stream, cuBLAS and cuDNN handles,
- * made once by device_bind, into context.c's context), and streams and events as real
- * cudaStream_t / cudaEvent_t. The ops live in the files beside it (backend_private.h). */
+ * made once by device_bind, into context.c's context), streams and events as real
+ * cudaStream_t / cudaEvent_t, and the table's low_dtypes, opt-in (FLEET_CUDA_LOW_DTYPES=1) until
+ * its f16 / bf16 ops have passed on a GPU. The ops live in the files beside it
+ * (backend_private.h). */
 #include "backend_private.h"
 #include "cublas_load.h"
 
 #include <cublas_v2.h>
 #include <cudnn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +26,15 @@ static void release(cudaStream_t st, cublasHandle_t blas, cudnnHandle_t dnn, voi
         cuda_free(ws);
     if (st)
         cudaStreamDestroy(st);
+}
+
+/* cuBLAS's math mode: TF32 for f32 only under FLEET_CUDA_TF32=1; and for the f16 / bf16 gemm
+ * (cublasGemmEx, f32 compute) split-K partial sums reduced in f32, not in the 2-byte output
+ * type, which cuBLAS otherwise may do (PyTorch's allow_fp16_reduced_precision_reduction) and
+ * which would round the sum more than once (gemm.c; the flag touches no f32 / f64 routine). */
+static cublasMath_t math_mode(void) {
+    int m = cuda_g.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+    return (cublasMath_t)(m | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
 }
 
 static int cuda_device_bind(int ordinal) {
@@ -83,9 +95,7 @@ static int cuda_device_bind(int ordinal) {
     cublasStatus_t bs;
     if ((bs = cb->cublasCreate(&blas)) != CUBLAS_STATUS_SUCCESS ||
         (bs = cb->cublasSetStream(blas, st)) != CUBLAS_STATUS_SUCCESS ||
-        (bs = cb->cublasSetMathMode(blas, cuda_g.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                      : CUBLAS_DEFAULT_MATH)) !=
-            CUBLAS_STATUS_SUCCESS) {
+        (bs = cb->cublasSetMathMode(blas, math_mode())) != CUBLAS_STATUS_SUCCESS) {
         call = "cuBLAS set-up", snprintf(why, sizeof why, "%s", cb->cublasGetStatusString(bs));
         goto fail;
     }
@@ -175,25 +185,31 @@ static void cuda_set_deterministic(bool on) {
     cuda_g.det = on;
 }
 
-/* f32 and f64 convolutions run on NCHW (cuDNN's FMA kernels are as fast there); channels-last
- * is for the f16/bf16 tensor-core kernels to come. FLEET_CUDA_NHWC=1 asks for NHWC in f32 too,
- * to measure it with TF32 (cuDNN's TF32 kernels are NHWC and transpose NCHW tensors: 9% of a
- * TF32 ResNet-50 step on an H200, bench/RESULTS.md) before it becomes a default. */
+/* f32 and f64 convolutions run on NCHW (cuDNN's FMA kernels are as fast there); f16 and bf16
+ * channels-last, the layout of cuDNN's tensor-core kernels (they transpose NCHW tensors around
+ * every call). FLEET_CUDA_NHWC=1 asks for NHWC in f32 too, to measure it with TF32 (cuDNN's
+ * TF32 kernels are NHWC and transpose NCHW tensors: 9% of a TF32 ResNet-50 step on an H200,
+ * bench/RESULTS.md) before it becomes a default. */
 static fl_layout cuda_preferred_layout(fl_dtype t) {
+    if (t == FL_DTYPE_F16 || t == FL_DTYPE_BF16)
+        return FL_LAYOUT_NHWC;
     const char *e = getenv("FLEET_CUDA_NHWC");
     return t == FL_DTYPE_F32 && e && e[0] == '1' ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
 }
 
-static const fl_backend cuda_ops = {
+/* Not const: fl_backend_cuda() sets low_dtypes from the environment once (below). */
+static fl_backend cuda_ops = {
     .name = "cuda",
     .host_memory = false,
     .preferred_layout = cuda_preferred_layout,
-    /* The low ops are written (fill, reorder, bias, activations, axpy, scale, sums, pooling,
-     * batch norm, the residual add, dropout, the channel ops: f16 / bf16 storage computed in
-     * float, rounded once) and so is convert, but gemm and the convolution plans are f32 / f64
-     * only, and the low ops have not yet run on a GPU: low_dtypes stays false until
-     * test_cuda_backend's low cases (test_low_*) pass on one and the low gemm and convolutions
-     * exist (docs/amp.md, "Real f16 / bf16 on the GPU"). */
+    /* Every low op is written (fill, reorder, gemm through cublasGemmEx, bias, activations,
+     * axpy, scale, sums, the convolution plans on cuDNN's f16 / bf16 kernels with the f32
+     * master weights, pooling, batch norm, the residual add, dropout, the channel ops: f16 /
+     * bf16 storage computed in float) and so is convert, and the table takes them whatever this
+     * flag says; but they have not yet run on a GPU, so low_dtypes (which makes a network keep
+     * its activations low: strategy.amp) stays false unless FLEET_CUDA_LOW_DTYPES=1, until
+     * test_cuda_backend's low cases (test_low_*) pass on one (docs/amp.md, "Real f16 / bf16 on
+     * the GPU"). */
     .low_dtypes = false,
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -258,4 +274,16 @@ static const fl_backend cuda_ops = {
     .bound_device = cuda_bound_device,
 };
 
-const fl_backend *fl_backend_cuda(void) { return &cuda_ops; }
+static pthread_once_t low_once = PTHREAD_ONCE_INIT;
+
+static void read_low_dtypes(void) {
+    const char *e = getenv("FLEET_CUDA_LOW_DTYPES");
+    cuda_ops.low_dtypes = e && e[0] == '1';
+}
+
+/* The table, its low_dtypes read from FLEET_CUDA_LOW_DTYPES on the first call (pthread_once:
+ * every caller sees the same table, the variable read once per process). */
+const fl_backend *fl_backend_cuda(void) {
+    pthread_once(&low_once, read_low_dtypes);
+    return &cuda_ops;
+}

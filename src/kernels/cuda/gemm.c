@@ -1,6 +1,9 @@
 /* gemm.c - the cuda backend's GEMM: cuBLAS Sgemm / Dgemm on row-major matrices by the usual
  * operand swap (row-major C = A B is column-major C^T = B^T A^T). TF32 is off unless
- * FLEET_CUDA_TF32=1 (device_bind sets the handle's math mode); k = 0 is C = beta C. */
+ * FLEET_CUDA_TF32=1 (device_bind sets the handle's math mode); k = 0 is C = beta C. f16 and
+ * bf16 (backend.h, "Low dtypes": a, b and c low) through cublasGemmEx with f32 compute and
+ * float alpha, beta: tensor cores, products exact in f32, f32 sums (device_bind forbids cuBLAS
+ * reducing split-K partial sums in the 2-byte output type), c rounded once on store. */
 #include "backend_private.h"
 #include "cublas_load.h" /* device_bind opened cuBLAS */
 
@@ -28,8 +31,8 @@ void cuda_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int
     cuda_here();
     cublasHandle_t h = cuda_g.blas;
     if (k <= 0) { /* no product: C = beta C, row by row (C's padding columns untouched) */
+        size_t es = fl_dtype_size(t);
         for (int64_t i = 0; i < m; i++) {
-            size_t es = t == FL_DTYPE_F64 ? 8 : 4;
             void *row = (char *)c + (size_t)(i * ldc) * es;
             if (beta == 0)
                 CU_CHECK("gemm", cudaMemsetAsync(row, 0, (size_t)n * es, cuda_stream()));
@@ -50,6 +53,12 @@ void cuda_gemm(fl_dtype t, bool trans_a, bool trans_b, int64_t m, int64_t n, int
         check(cuda_cublas.cublasDgemm(h, ob, oa, in, im, ik, &alpha, b, ildb, a, ilda, &beta, c,
                                       ildc),
               "cublasDgemm");
+    } else if (t == FL_DTYPE_F16 || t == FL_DTYPE_BF16) {
+        cudaDataType dt = t == FL_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        float al = (float)alpha, be = (float)beta;
+        check(cuda_cublas.cublasGemmEx(h, ob, oa, in, im, ik, &al, b, dt, ildb, a, dt, ilda, &be,
+                                       c, dt, ildc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmEx");
     } else {
         cuda_bad_dtype("gemm", t);
     }
