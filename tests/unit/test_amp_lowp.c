@@ -392,7 +392,44 @@ static void test_no_native(const model *m) {
     fl_net_free(b);
 }
 
+/* The ref table laid out as the cuda table lays a low network out: channels-last for f16 /
+ * bf16 (cuda's preferred_layout, the tensor cores' layout), NCHW for f32. */
+static fl_backend nhwc_table;
+static fl_layout nhwc_for_low(fl_dtype t) {
+    return t == FL_DTYPE_F16 || t == FL_DTYPE_BF16 ? FL_LAYOUT_NHWC : FL_LAYOUT_NCHW;
+}
+
+/* (7) the native network in channels-last, as it runs on a GPU: the input's reorder, the low
+ * convolutions, batch norm, pooling, the shortcut's channel pad, the SE block's channel ops and
+ * the concatenation in NHWC. Every ref low op is the correctly rounded result of its inputs in
+ * either layout, so the two steps differ only where a double sum's order moves a rounding:
+ * held to a thousandth of the native-vs-emulation bound (measured: equal). */
+static void test_nhwc(const model *m, fl_dtype t) {
+    fl_net *nchw = make(m, fl_backend_ref(), false, t, true);
+    fl_net *nhwc = make(m, &nhwc_table, false, t, true);
+    CHECK(fl_net_layout(nchw) == FL_LAYOUT_NCHW);
+    CHECK(fl_net_layout(nhwc) == FL_LAYOUT_NHWC);
+    CHECK(low_layers(nhwc) == fl_net_num_layers(nhwc));
+    int64_t n = fl_net_numel(nhwc);
+    float *ga = malloc((size_t)n * sizeof *ga), *gb = malloc((size_t)n * sizeof *gb);
+    double u = unit_roundoff(t), r = 2.0 * low_layers(nhwc);
+    for (int seed = 1; seed <= 2; seed++) {
+        double la = step(m, nchw, seed, ga), lb = step(m, nhwc, seed, gb);
+        check_rel("NHWC loss vs NCHW", m, t, fabs(lb - la) / fabs(la), 1e-3 * r * u);
+        check_rel("NHWC gradients vs NCHW", m, t, rel_l2(gb, ga, n), 1e-3 * r * u);
+        if (getenv("FLEET_TEST_VERBOSE"))
+            printf("%s %s NHWC: loss %.3g, gradients %.3g from NCHW\n", m->name,
+                   fl_dtype_name(t), fabs(lb - la) / fabs(la), rel_l2(gb, ga, n));
+    }
+    free(ga);
+    free(gb);
+    fl_net_free(nchw);
+    fl_net_free(nhwc);
+}
+
 int main(void) {
+    nhwc_table = *fl_backend_ref();
+    nhwc_table.preferred_layout = nhwc_for_low;
     emu_table = *fl_backend_ref();
     emu_table.low_dtypes = false;
     emu_table.convert = NULL;
@@ -403,6 +440,8 @@ int main(void) {
         for (int j = 0; j < 2; j++) {
             test_follow(models[i], lows[j]);
             test_merge_recompute(models[i], lows[j]);
+            if (models[i]->ndim == 3)
+                test_nhwc(models[i], lows[j]);
         }
         test_overflow(models[i]);
         test_no_native(models[i]);
