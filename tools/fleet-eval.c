@@ -2,6 +2,7 @@
  * fleet-train (checkpoint.inference_model, or a checkpoint) over a dataset with the evaluation
  * transforms and writes the output vectors as .npy, for comparison with a deployed service.
  * Thin: parses arguments and calls fl_infer_run (include/fleet/infer.h). */
+#include "fleet/backend.h"
 #include "fleet/infer.h"
 #include "fleet/status.h"
 
@@ -33,6 +34,7 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    fl_kernels_wait_default(argv); /* spin briefly, then sleep (unless the environment says) */
     fl_infer_args a = {.split = 1};
     const char *overrides[MAX_OVERRIDES];
     for (int i = 1; i < argc; i++) {

@@ -1,6 +1,7 @@
 /* fleet-train - the trainer: fleet-train -c CONFIG [-o key=value ...], one process per worker
  * (fleetrun or mpirun start several; alone it is a job of one).
  * Thin: parses arguments, loads the configuration, and calls fl_train_run. */
+#include "fleet/backend.h"
 #include "fleet/config.h"
 #include "fleet/status.h"
 #include "fleet/train.h"
@@ -53,6 +54,7 @@ static void help_config(void) {
 }
 
 int main(int argc, char **argv) {
+    fl_kernels_wait_default(argv); /* spin briefly, then sleep (unless the environment says) */
     const char *config_path = NULL;
     const char *overrides[MAX_OVERRIDES];
     int noverrides = 0;

@@ -515,6 +515,19 @@ void fl_backend_dgc_batch(const fl_backend *be, int nt, const fl_dgc_batch_item 
 void fl_kernels_set_threads(int n);
 int  fl_kernels_get_threads(void);
 
+/* For programs, first thing in main: how the kernels' OpenMP threads wait for work. Where
+ * neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set, sets GOMP_SPINCOUNT=3000 (spin briefly,
+ * then sleep) and starts the program again with the same argv (execv of /proc/self/exe, the
+ * same process: OpenMP reads these when it is loaded, before main), so that the program does
+ * not spin away the CPUs that other busy processes need (threads.c says what was measured).
+ * Returns 0 when the environment already decides (then nothing is done), -1 when the restart
+ * failed (OpenMP's default then stays); does not return when it restarts. A library user's
+ * process is left alone unless it calls this. */
+int fl_kernels_wait_default(char **argv);
+/* The wait in force, in words, for a log line ("spin 3000 rounds, then sleep (fleet's
+ * default, GOMP_SPINCOUNT)", "OMP_WAIT_POLICY=passive", ...); a static buffer. */
+const char *fl_kernels_wait_policy(void);
+
 /* Index of the largest of n values (first on ties); used by accuracy and the teacher task. */
 int64_t fl_argmax(fl_dtype t, const void *x, int64_t n);
 

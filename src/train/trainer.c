@@ -47,6 +47,8 @@ static int run(trainer *t, const fl_train_config *cfg, fl_train_result *res) {
             (long long)(fl_prefetch_steps_per_epoch(t->loader) / t->merge_k),
             (long long)(t->merge_k * t->world), (long long)cfg->train.batch_size,
             (long long)fl_net_numel(t->net));
+    FL_INFO("worker %d of %d: %d compute threads, idle ones: %s", t->rank, t->world,
+            fl_kernels_get_threads(), fl_kernels_wait_policy());
     /* --resume: the step, epoch and data position the checkpoint stood at */
     train_pos start;
     FL_TRY(fl_train_ckpt_restore(t, cfg, &start));

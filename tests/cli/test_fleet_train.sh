@@ -4,8 +4,9 @@
 # training accuracy within its stated budget (20 epochs x 64 steps of 128 samples on one worker);
 # two runs with the same seed print byte-identical loss lines (train.deterministic: false too,
 # which says it changes nothing on the CPU); bad configs fail before training with the key and
-# its line. Under FLEET_TEST_NUMERIC_ONLY=1 (numeric_only_lib.sh) only the first run and its
-# checks: the repeats and the bad configs are left to the native pass.
+# its line; idle OpenMP threads spin briefly unless the environment says otherwise (4). Under
+# FLEET_TEST_NUMERIC_ONLY=1 (numeric_only_lib.sh) only the first run and its checks: the
+# repeats, the bad configs and the wait are left to the native pass.
 set -u
 bin="${FLEET_BIN:?}/fleet-train"
 src="${FLEET_SRC:?}"
@@ -78,6 +79,29 @@ if native_section "3 (bad configs)"; then
   "$bin" -c "$tmp/does-not-exist.yaml" >/dev/null 2>"$tmp/nofile.err"
   check "missing file: exit 2" test $? -eq 2
   check "missing file: named" grep -q "does-not-exist.yaml" "$tmp/nofile.err"
+fi
+
+# 4. how idle OpenMP threads wait (fl_kernels_wait_default): without OMP_WAIT_POLICY and
+# GOMP_SPINCOUNT fleet-train starts again with GOMP_SPINCOUNT=3000, its arguments intact (the
+# -o overrides still apply); either variable set by the user is kept and said
+if native_section "4 (OpenMP's wait)"; then
+  wait_line() { grep -o 'compute threads, idle ones: .*' "$1"; }
+  env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$bin" -c "$src/configs/quickstart.yaml" \
+    -o train.max_steps=3 -o train.log_interval=3 -o 'train.log_dir=""' >"$tmp/w1.txt" 2>&1
+  check "unset: exit 0" test $? -eq 0
+  echo "unset: $(wait_line "$tmp/w1.txt")"
+  check "unset: fleet's short spin, restarted with it" \
+    grep -q "idle ones: spin 3000 rounds, then sleep (fleet's default, GOMP_SPINCOUNT)" "$tmp/w1.txt"
+  check "unset: the arguments survive the restart (3 steps)" \
+    grep -qE '^worker_index: 0, epoch 0, step 3, loss ' "$tmp/w1.txt"
+  check "unset: one worker line (the program ran once to the end)" \
+    test "$(grep -c 'compute threads' "$tmp/w1.txt")" -eq 1
+  env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive "$bin" -c "$src/configs/quickstart.yaml" \
+    -o train.max_steps=1 -o 'train.log_dir=""' >"$tmp/w2.txt" 2>&1
+  check "OMP_WAIT_POLICY=passive kept" grep -q "idle ones: OMP_WAIT_POLICY=passive$" "$tmp/w2.txt"
+  env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=20000 "$bin" -c "$src/configs/quickstart.yaml" \
+    -o train.max_steps=1 -o 'train.log_dir=""' >"$tmp/w3.txt" 2>&1
+  check "GOMP_SPINCOUNT=20000 kept" grep -q "idle ones: GOMP_SPINCOUNT=20000$" "$tmp/w3.txt"
 fi
 
 numeric_only_report
