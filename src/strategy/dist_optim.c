@@ -96,31 +96,13 @@ static int amp_setup(fl_dist_optim *d) {
     return FL_OK;
 }
 
-/* The gradient-ready hook under strategy.amp, called for every trainable parameter of the
- * update's last backward as its (scaled, merged) gradient becomes final: the test hook's inf,
- * this gradient's found-inf check where amp_check_each (below), then the strategy's own hook
- * when it may run (amp_next). */
-static void amp_grad_ready(void *ctx, fl_param *p) {
-    fl_dist_optim *d = ctx;
-    const fl_backend *k = fl_net_backend(d->net);
-    if (d->inject_now) {
-        k->fill(FL_DTYPE_F32, p->grad.data, 1, INFINITY);
-        d->inject_now = false;
-    }
-    if (d->amp_check_each && !d->amp_found &&
-        !isfinite(k->sum(FL_DTYPE_F32, p->grad.data, p->grad.numel)))
-        d->amp_found = true;
-    if (d->amp_next)
-        d->amp_next(ctx, p);
-}
-
 /* The found-inf check, once per update: whether the sum of every trainable gradient, one flat
  * block (in double: finite f32 values cannot overflow it), is not finite, i.e. whether any is
  * inf or NaN. One reduction and one wait, where a check per gradient waits for each on a GPU
  * (about 160 per ResNet-50 step; PyTorch's GradScaler waits once). Not where a strategy's hook
  * starts sending gradients during backward from host memory: its allreduce works in place
  * there (dense on a CPU table) and could be changing the block while this reads it; then
- * each gradient is checked in the hook, before its send (amp_check_each). On a device the
+ * each gradient is checked in the hook, before its send (amp_check_in_hook). On a device the
  * sends read host copies, the averages come back into the block only after this check, and
  * what the hook may do to it before (fp16_allreduce's scaling by 1 / N, in the same stream)
  * keeps an inf or a NaN what it is. */
@@ -131,6 +113,24 @@ static void amp_check_grads(fl_dist_optim *d) {
     const fl_backend *k = fl_net_backend(d->net);
     double s = k->sum(FL_DTYPE_F32, fl_net_flat_grads(d->net), fl_net_numel(d->net));
     d->amp_found = !isfinite(s);
+}
+
+/* The gradient-ready hook under strategy.amp, called for every trainable parameter of the
+ * update's last backward as its (scaled, merged) gradient becomes final: the test hook's inf,
+ * this gradient's found-inf check where amp_check_in_hook (above), then the strategy's own hook
+ * when it may run (amp_next). */
+static void amp_grad_ready(void *ctx, fl_param *p) {
+    fl_dist_optim *d = ctx;
+    const fl_backend *k = fl_net_backend(d->net);
+    if (d->inject_now) {
+        k->fill(FL_DTYPE_F32, p->grad.data, 1, INFINITY);
+        d->inject_now = false;
+    }
+    if (amp_check_in_hook(d) && !d->amp_found &&
+        !isfinite(k->sum(FL_DTYPE_F32, p->grad.data, p->grad.numel)))
+        d->amp_found = true;
+    if (d->amp_next)
+        d->amp_next(ctx, p);
 }
 
 /* Whether any worker found an inf or NaN in this update's gradients: one allreduce (max) of a
@@ -283,7 +283,6 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
          * averages the scaled ones and unscales the average: an inf survives the sum) */
         d->grad_scale = d->merge_scale / d->amp_mem[FL_AMP_SCALE];
         d->amp_next = hook && d->ops->grad_ready_undoable ? hook : NULL;
-        d->amp_check_each = amp_check_in_hook(d);
         d->amp_found = false;
         d->inject_now = d->inject_step == DIST_STEP(d) + 1 &&
                         (d->inject_rank < 0 || d->inject_rank == d->rank);
@@ -300,7 +299,7 @@ int fl_dist_minimize(fl_dist_optim *d, const fl_tensor *dout, double lr, bool *u
     fl_net_set_accumulate(d->net, false);
     bool skip = false;
     if (d->amp) {
-        if (!d->amp_check_each)
+        if (!amp_check_in_hook(d))
             amp_check_grads(d);
         rc = amp_found_anywhere(d, &skip);
         if (rc < 0) {

@@ -82,15 +82,13 @@ struct fl_dist_optim {
     int64_t                    counter_mem[2];
     /* strategy.amp (amp.h): "amp.state", f64 (FL_AMP_NSTATE), the live loss scale and
      * counters; the rule; this update's found-inf flag (this rank's, until combined) and the
-     * strategy hook the AMP hook passes on to (NULL: none during backward), and whether the
-     * AMP hook checks each gradient (amp_check_each: dist_optim.c says when); the test hook */
+     * strategy hook the AMP hook passes on to (NULL: none during backward); the test hook */
     bool                       amp;
     fl_amp_rule                amp_rule;
     fl_param                   amp_state;
     double                     amp_mem[FL_AMP_NSTATE];
     bool                       amp_found;
     fl_grad_ready_fn           amp_next;
-    bool                       amp_check_each;
     int64_t                    inject_step; /* FLEET_AMP_INJECT_INF (0: none) */
     int                        inject_rank; /* -1: every rank */
     bool                       inject_now;  /* the next gradient-ready call injects */
