@@ -92,25 +92,19 @@ template <class S> struct is_low {
     static constexpr bool value = sizeof(S) == 2;
 };
 
-/* Runs BODY with T = float, double, __half or __nv_bfloat16 according to t (f32, f64, f16,
- * bf16), the storage type of the activations; compute in acc_t<T>. Other dtypes abort naming
- * op. The ops of backend.h's low-dtype list use it; the rest keep DISPATCH_T. */
+/* Runs BODY with T = __half or __nv_bfloat16 for t f16 or bf16, else as DISPATCH_T (float,
+ * double; other dtypes abort naming op): the storage type of the activations; compute in
+ * acc_t<T>. The ops of backend.h's low-dtype list use it; the rest keep DISPATCH_T. */
 #define DISPATCH_TL(op, t, ...)                                                               \
     do {                                                                                      \
-        if ((t) == FL_DTYPE_F32) {                                                            \
-            typedef float T;                                                                  \
-            __VA_ARGS__;                                                                      \
-        } else if ((t) == FL_DTYPE_F64) {                                                     \
-            typedef double T;                                                                 \
-            __VA_ARGS__;                                                                      \
-        } else if ((t) == FL_DTYPE_F16) {                                                     \
+        if ((t) == FL_DTYPE_F16) {                                                            \
             typedef __half T;                                                                 \
             __VA_ARGS__;                                                                      \
         } else if ((t) == FL_DTYPE_BF16) {                                                    \
             typedef __nv_bfloat16 T;                                                          \
             __VA_ARGS__;                                                                      \
         } else {                                                                              \
-            cuda_bad_dtype(op, t);                                                            \
+            DISPATCH_T(op, t, __VA_ARGS__);                                                   \
         }                                                                                     \
     } while (0)
 
