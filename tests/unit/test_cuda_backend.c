@@ -1377,20 +1377,17 @@ static double lulp(fl_dtype t, double v) {
     return ldexp(1.0, (e < emin ? emin : e) - mant);
 }
 
-/* |got - want| <= ulps ulp(want) + atol elementwise over n low elements (NaN only against
- * NaN, inf only against the same inf); prints the first miss */
-static int low_near(const char *op, const char *what, fl_dtype t, const void *got,
-                    const void *want, int64_t n, double ulps, double atol) {
+/* |got - want| <= lim elementwise over n values given as doubles (NaN only against NaN); the
+ * worst |got - want| / lim noted for the summary, the first miss printed with its bound. The
+ * low gemm and convolution tests give each element its own bound (below). */
+static int within(const char *op, const char *what, const double *got, const double *want,
+                  const double *lim, int64_t n) {
     double worst = 0;
     int64_t bad = -1;
     for (int64_t i = 0; i < n; i++) {
-        double g = lget(t, got, i), w = lget(t, want, i);
-        if (isnan(g) && isnan(w))
+        if ((isnan(got[i]) && isnan(want[i])) || got[i] == want[i])
             continue;
-        if (g == w)
-            continue;
-        double lim = ulps * lulp(t, w) + atol, d = fabs(g - w);
-        double r = isfinite(w) && isfinite(d) ? d / lim : INFINITY;
+        double d = fabs(got[i] - want[i]), r = isfinite(d) && lim[i] > 0 ? d / lim[i] : INFINITY;
         worst = fmax(worst, r);
         if (bad < 0 && !(r <= 1))
             bad = i;
@@ -1398,11 +1395,39 @@ static int low_near(const char *op, const char *what, fl_dtype t, const void *go
     note(op, worst, 1);
     if (bad < 0)
         return 1;
-    fprintf(stderr, "%s: %s [%s]: element %lld: got %.9g want %.9g (bound %g ulp + %.3g)\n",
-            op, what, fl_dtype_name(t), (long long)bad, lget(t, got, bad), lget(t, want, bad),
-            ulps, atol);
+    fprintf(stderr, "%s: %s: element %lld: got %.9g want %.9g, |diff| %.3g > bound %.3g\n", op,
+            what, (long long)bad, got[bad], want[bad], fabs(got[bad] - want[bad]), lim[bad]);
     test_failures++;
     return 0;
+}
+/* n low elements, or n floats, as doubles (a new host array) */
+static double *ldoubles(fl_dtype t, const void *p, int64_t n) {
+    double *d = hbuf((size_t)n * sizeof *d);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = lget(t, p, i);
+    return d;
+}
+static double *fdoubles(const float *p, int64_t n) {
+    double *d = hbuf((size_t)n * sizeof *d);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = p[i];
+    return d;
+}
+
+/* |got - want| <= ulps ulp(want) + atol elementwise over n low elements (NaN only against
+ * NaN, inf only against the same inf); prints the first miss */
+static int low_near(const char *op, const char *what, fl_dtype t, const void *got,
+                    const void *want, int64_t n, double ulps, double atol) {
+    double *g = ldoubles(t, got, n), *w = ldoubles(t, want, n);
+    double *lim = hbuf((size_t)(n > 0 ? n : 1) * sizeof *lim);
+    for (int64_t i = 0; i < n; i++)
+        lim[i] = ulps * lulp(t, w[i]) + atol;
+    char full[256];
+    snprintf(full, sizeof full, "%s [%s] (bound %g ulp + %.3g)", what, fl_dtype_name(t), ulps,
+             atol);
+    int ok = within(op, full, g, w, lim, n);
+    free(g), free(w), free(lim);
+    return ok;
 }
 /* an f32 result (db, dgamma, dbeta): |got - want| <= atol + 2^-23 |want| (a double sum in
  * another order, rounded once to f32: one f32 unit, plus the float terms' error atol) */
@@ -1892,43 +1917,6 @@ static void check_low_bn(fl_dtype t, const bn_case *bc) {
     G->free(gg), G->free(gbeta), G->free(gdg), G->free(gdb), G->free(gm), G->free(gv);
     free(gamma), free(beta), free(dg0), free(db0), free(rmean), free(rvar), free(mref);
     free(vref), free(x), free(dy), free(wy), free(wdx), free(wdg), free(wdb);
-}
-
-/* |got - want| <= lim elementwise over n values given as doubles (NaN only against NaN); the
- * worst |got - want| / lim noted for the summary, the first miss printed with its bound. The
- * low gemm and convolution tests give each element its own bound (below). */
-static int within(const char *op, const char *what, const double *got, const double *want,
-                  const double *lim, int64_t n) {
-    double worst = 0;
-    int64_t bad = -1;
-    for (int64_t i = 0; i < n; i++) {
-        if ((isnan(got[i]) && isnan(want[i])) || got[i] == want[i])
-            continue;
-        double d = fabs(got[i] - want[i]), r = isfinite(d) && lim[i] > 0 ? d / lim[i] : INFINITY;
-        worst = fmax(worst, r);
-        if (bad < 0 && !(r <= 1))
-            bad = i;
-    }
-    note(op, worst, 1);
-    if (bad < 0)
-        return 1;
-    fprintf(stderr, "%s: %s: element %lld: got %.9g want %.9g, |diff| %.3g > bound %.3g\n", op,
-            what, (long long)bad, got[bad], want[bad], fabs(got[bad] - want[bad]), lim[bad]);
-    test_failures++;
-    return 0;
-}
-/* n low elements, or n floats, as doubles (a new host array) */
-static double *ldoubles(fl_dtype t, const void *p, int64_t n) {
-    double *d = hbuf((size_t)n * sizeof *d);
-    for (int64_t i = 0; i < n; i++)
-        d[i] = lget(t, p, i);
-    return d;
-}
-static double *fdoubles(const float *p, int64_t n) {
-    double *d = hbuf((size_t)n * sizeof *d);
-    for (int64_t i = 0; i < n; i++)
-        d[i] = p[i];
-    return d;
 }
 
 /* The error of an f32-accumulating product sum of K terms whose magnitudes sum to S (exact: a
