@@ -1744,7 +1744,11 @@ static void test_low_channel_ops(fl_dtype t) {
 /* pooling in both layouts (the ref's low pooling takes either): max forward the bits (a copy
  * of the first largest), average forward 1 ulp (the window's double sum, in the ref's order,
  * times 1 / (KH KW), rounded once), both backwards 1 ulp (double sums of dy, or dy / (KH KW),
- * in another order than the ref's, rounded once) */
+ * in another order than the ref's, rounded once) plus POOL_DX_ATOL: where a pixel's terms
+ * cancel (bf16's 8-bit dy cancel often) the result is near 0 and the two double sums' own
+ * rounding, at most 16 terms of at most 1 each at 2^-53 on each side, 2^-44, is what is left
+ * (the H200 run of 2026-11-27: 6.9e-18 against 1.04e-17 where the terms were about 0.1) */
+#define POOL_DX_ATOL 0x1p-44
 static void test_low_pool(fl_dtype t) {
     for (size_t i = 0; i < N_POOL_CASES; i++) {
         const pool_case *pc = &pool_cases[i];
@@ -1776,7 +1780,7 @@ static void test_low_pool(fl_dtype t) {
                 else
                     same_bits("low max pool forward", what, hy, wy, (size_t)ny * 2);
                 low_near(pm ? "low avg pool backward" : "low max pool backward", what, t, hdx, wdx,
-                         nx, 1, 0);
+                         nx, 1, POOL_DX_ATOL);
                 free(hy), free(hdx);
             }
         G->free(gx), G->free(gdy), G->free(gy), G->free(gdx);

@@ -43,9 +43,19 @@ static void *dev_alloc(size_t bytes) {
     FL_ASSERT(cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess);
     return p;
 }
+/* The test's own set-up runs on the legacy default stream, which the comm stream does not wait
+ * for once the cuda backend is bound (it waits for the backend's compute stream: docs/nccl.md),
+ * and cudaMemcpy from pageable memory and cudaMemset may return before the device has the
+ * bytes: so each set-up ends with the device idle (without it the H200 run of 2026-11-27 saw
+ * 0xa5 fill bytes land after NCCL's output). */
 static void h2d(void *d, const void *h, size_t b) {
     if (b)
         FL_ASSERT(cudaMemcpy(d, h, b, cudaMemcpyHostToDevice) == cudaSuccess);
+    FL_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
+}
+static void dset(void *d, int byte, size_t b) {
+    FL_ASSERT(cudaMemset(d, byte, b ? b : 1) == cudaSuccess);
+    FL_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
 }
 static void d2h(void *h, const void *d, size_t b) {
     if (b)
@@ -96,7 +106,7 @@ static void run_matrix(fl_comm *c, size_t n, int mode) {
             if (mode >= 1) {
                 h2d(d, want, b);
                 in = mode == 1 ? d : (const void *)want;
-                FL_ASSERT(cudaMemset(d2, 0xa5, b ? b : 1) == cudaSuccess);
+                dset(d2, 0xa5, b);
                 out = d2;
             }
             size_t counts[1] = {n};
