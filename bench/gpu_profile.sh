@@ -4,24 +4,27 @@
 # cuDNN's heuristics so that no Find trials mix in), summed by kernel function, the largest
 # first, with each one's share and launches per step. The table that RESULTS.md's "where the
 # step goes" lines come from; what to make faster next.
-# Usage: bench/gpu_profile.sh BUILD_DIR [BATCH [PRECISION [TOP]]]   (PRECISION f32, tf32 or
-#   tf32nhwc; FLEET_CUDNN_DETERMINISTIC=0 profiles the fast backward algorithms; NCU=path)
+# Usage: bench/gpu_profile.sh BUILD_DIR [BATCH [PRECISION [TOP]]]   (PRECISION f32, tf32,
+#   tf32nhwc, or f16 / bf16: gpu_step.sh's AMP rows, strategy.amp's step natively in the low
+#   dtype, channels-last, TF32 off; FLEET_CUDNN_DETERMINISTIC=0 profiles the fast backward
+#   algorithms; NCU=path)
 set -euo pipefail
 build=${1:?usage: gpu_profile.sh BUILD_DIR [BATCH [PRECISION [TOP]]]}
 b=${2:-64} p=${3:-tf32} top=${4:-25}
 ncu=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 py=${PYTHON:-python3}
 [[ -x $ncu ]] || { echo "gpu_profile.sh: no ncu (NCU=...)" >&2; exit 1; }
-nhwc=0
+nhwc=0 amp=()
 case $p in
   f32) tf=0 ;;
   tf32) tf=1 ;;
   tf32nhwc) tf=1 nhwc=1 ;; # channels-last activations (FLEET_CUDA_NHWC=1), as gpu_step.sh's row
-  *) echo "gpu_profile.sh: precision f32, tf32 or tf32nhwc" >&2; exit 2 ;;
+  f16 | bf16) tf=0 nhwc=1 amp=(CNN_STEP_AMP="$p" FLEET_CUDA_LOW_DTYPES=1) ;;
+  *) echo "gpu_profile.sh: precision f32, tf32, tf32nhwc, f16 or bf16" >&2; exit 2 ;;
 esac
 csv=$(mktemp)
 trap 'rm -f "$csv"' EXIT
-FLEET_CUDA_TF32=$tf FLEET_CUDA_NHWC=$nhwc FLEET_CUDNN_BENCHMARK=0 "$ncu" --metrics gpu__time_duration.sum --csv \
+env "${amp[@]}" FLEET_CUDA_TF32=$tf FLEET_CUDA_NHWC=$nhwc FLEET_CUDNN_BENCHMARK=0 "$ncu" --metrics gpu__time_duration.sum --csv \
   --print-units base --print-kernel-base function "$build/bench/cnn_step" resnet50 "$b" 1 1 \
   cuda >"$csv" 2>/dev/null
 "$py" - "$csv" "$b" "$p" "$top" <<'EOF'

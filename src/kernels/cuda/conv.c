@@ -115,7 +115,8 @@ static bool math_ok(const fl_conv_plan *p, cudnnMathType_t m) {
     } while (0)
 
 /* FLEET_CUDA_CONV_LOG=1: every algorithm list choose() reads, on stderr (which algorithm, its
- * status, determinism, math and workspace), to see why a shape got the algorithm it got */
+ * status, determinism, math, workspace and Find's time: -1 from the heuristics), to see why a
+ * shape got the algorithm it got */
 static bool conv_log(void) {
     static int on = -1;
     if (on < 0)
@@ -124,13 +125,14 @@ static bool conv_log(void) {
 }
 #define LOG_PERF(what, perf, cnt)                                                             \
     for (int j_ = 0; conv_log() && j_ < (cnt); j_++)                                          \
-    fprintf(stderr, "fleet: cuda conv %lld -> %lld %lldx%lld n %lld (limit %zu): %s #%d: "    \
-            "algo %d, %s, %s, math %d, workspace %zu\n", (long long)p->d.g.c,                 \
+    fprintf(stderr, "fleet: cuda conv %s %s %lld -> %lld %lldx%lld n %lld (limit %zu): %s "   \
+            "#%d: algo %d, %s, %s, math %d, workspace %zu, %.3f ms\n",                        \
+            fl_dtype_name(p->d.dtype), fl_layout_name(p->d.layout), (long long)p->d.g.c,      \
             (long long)p->d.oc, (long long)p->d.g.kh, (long long)p->d.g.kw, (long long)n,     \
             limit, what, j_, (int)(perf)[j_].algo, cudnnGetErrorString((perf)[j_].status),     \
             (perf)[j_].determinism == CUDNN_DETERMINISTIC ? "deterministic"                   \
                                                           : "non-deterministic",              \
-            (int)(perf)[j_].mathType, (perf)[j_].memory)
+            (int)(perf)[j_].mathType, (perf)[j_].memory, (double)(perf)[j_].time)
 
 /* One of the three choices into `pick`: cuDNN's Find list first where FLEET_CUDNN_BENCHMARK=1
  * (timed, fastest first, with its own memory, at plan time), then the heuristics' list, also
