@@ -155,37 +155,45 @@ static double dgc_work_step(dgc_work *w, const fl_backend *k, int step) {
     return fl_now() - t0;
 }
 
-/* CNN_STEP_AMP: strategy.amp (dtype from env, static loss scale 1024) over opt, set up by the
- * distributed optimizer of a job of one, whose fl_dist_minimize then replaces backward and
- * the optimizer's step; *fleet and *out are NULL when env is unset, "" or f32. Says in how
- * (64 bytes) which precision runs: "float16 native 21 of 21 layers" or "float16 emulated 8
- * of 21 layers". FL_EINVAL naming CNN_STEP_AMP for another value; the strategy's failures. */
-static int amp_setup(const char *env, fl_net *net, fl_optim *opt, fl_fleet **fleet,
+/* CNN_STEP_AMP (env): strategy.amp in s (the dtype, a static loss scale of 1024; s->amp false
+ * when env is unset, "" or f32), asked of the network before its build as fleet-train does
+ * (fl_strategy_plan_amp: the low layers planned once). FL_EINVAL naming CNN_STEP_AMP for
+ * another value. */
+static int amp_request(const char *env, fl_strategy *s, fl_net *net) {
+    fl_strategy_defaults(s);
+    if (!env || !env[0] || !strcmp(env, "f32"))
+        return FL_OK;
+    if (!strcmp(env, "f16") || !strcmp(env, "float16"))
+        s->amp_configs.dtype = FL_AMP_FLOAT16;
+    else if (!strcmp(env, "bf16") || !strcmp(env, "bfloat16"))
+        s->amp_configs.dtype = FL_AMP_BFLOAT16;
+    else
+        return fl_fail(FL_EINVAL, "CNN_STEP_AMP=%s: not f16, bf16 or f32", env);
+    s->amp = true;
+    s->amp_configs.init_loss_scaling = 1024;
+    s->amp_configs.use_dynamic_loss_scaling = false;
+    return fl_strategy_plan_amp(s, net);
+}
+
+/* With s->amp: strategy.amp over opt, set up by the distributed optimizer of a job of one,
+ * whose fl_dist_minimize then replaces backward and the optimizer's step; *fleet and *out are
+ * NULL without. Says in how (64 bytes) which precision runs: "float16 native 21 of 21 layers"
+ * or "float16 emulated 8 of 21 layers". The strategy's failures. */
+static int amp_setup(const fl_strategy *s, fl_net *net, fl_optim *opt, fl_fleet **fleet,
                      fl_dist_optim **out, char *how) {
     *fleet = NULL, *out = NULL;
     snprintf(how, 64, "f32");
-    if (!env || !env[0] || !strcmp(env, "f32"))
+    if (!s->amp)
         return FL_OK;
-    fl_strategy s;
-    fl_strategy_defaults(&s);
-    if (!strcmp(env, "f16") || !strcmp(env, "float16"))
-        s.amp_configs.dtype = FL_AMP_FLOAT16;
-    else if (!strcmp(env, "bf16") || !strcmp(env, "bfloat16"))
-        s.amp_configs.dtype = FL_AMP_BFLOAT16;
-    else
-        return fl_fail(FL_EINVAL, "CNN_STEP_AMP=%s: not f16, bf16 or f32", env);
-    s.amp = true;
-    s.amp_configs.init_loss_scaling = 1024;
-    s.amp_configs.use_dynamic_loss_scaling = false;
     FL_TRY(fl_fleet_init(NULL, fleet));
-    if (!(*out = fl_distributed_optimizer(*fleet, net, opt, &s)))
-        return fl_fail_prefix(FL_ESTATE, "CNN_STEP_AMP=%s", env);
+    if (!(*out = fl_distributed_optimizer(*fleet, net, opt, s)))
+        return fl_fail_prefix(FL_ESTATE, "CNN_STEP_AMP");
     int n = fl_net_num_layers(net), low = 0, white = 0;
     for (int i = 0; i < n; i++) {
         low += fl_net_amp_low(net, i);
         white += fl_net_amp_white(net, i);
     }
-    const char *dname = s.amp_configs.dtype == FL_AMP_BFLOAT16 ? "bfloat16" : "float16";
+    const char *dname = s->amp_configs.dtype == FL_AMP_BFLOAT16 ? "bfloat16" : "float16";
     if (low > 0)
         snprintf(how, 64, "%s native %d of %d layers", dname, low, n);
     else
@@ -261,7 +269,9 @@ int main(int argc, char **argv) {
     }
     if (net)
         fl_net_set_backend(net, be);
+    fl_strategy amp_s; /* CNN_STEP_AMP */
     if (!net || fl_net_set_recompute(net, checkpoints) < 0 ||
+        amp_request(getenv("CNN_STEP_AMP"), &amp_s, net) < 0 ||
         fl_net_build(net, in_ndim, in_shape, batch, 1) < 0) {
         fprintf(stderr, "cnn_step: %s: %s\n", argv[1], fl_errmsg());
         return 1;
@@ -309,7 +319,7 @@ int main(int argc, char **argv) {
     fl_fleet *fleet;
     fl_dist_optim *amp; /* CNN_STEP_AMP: strategy.amp's step, else NULL */
     char amp_how[64];
-    if (amp_setup(getenv("CNN_STEP_AMP"), net, opt, &fleet, &amp, amp_how) < 0) {
+    if (amp_setup(&amp_s, net, opt, &fleet, &amp, amp_how) < 0) {
         fprintf(stderr, "cnn_step: %s: %s\n", argv[1], fl_errmsg());
         return 1;
     }

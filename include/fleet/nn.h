@@ -350,8 +350,14 @@ void   fl_net_activation_parts(const fl_net *net, size_t *outputs, size_t *arena
  * recompute (a replayed layer rounds alike). With fl_net_set_amp_native on a table with
  * low_dtypes it runs layers in low for real instead (below). low FL_DTYPE_F32 turns it off and
  * frees them (activations back in f32 after native low precision).
- * FL_EINVAL for another dtype, an unknown type (listed in the message) or an f64 network,
- * FL_ESTATE before build, FL_EUNSUPPORTED on a backend without amp_round. */
+ * Before fl_net_build it is a request the build carries out (FL_DTYPE_F32 drops it): the layers
+ * that will run low natively are planned in low from the start, so their activations and
+ * convolution plans are made once (after the build the network's f32 ones exist first and
+ * are made again). Set again after the build as it is (the same dtype and layers), it changes
+ * nothing.
+ * FL_EINVAL for another dtype, an unknown type (listed in the message; at once, also before
+ * build) or an f64 network, FL_EUNSUPPORTED on a backend without amp_round (these two from
+ * fl_net_build for a request). */
 int  fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types);
 /* Mixed precision for real (docs/amp.md, "Real f16 / bf16"): called before fl_net_set_amp, on makes
  * it run layers in low natively where the backend's table has low_dtypes (ref; not cpu, onednn, nor
@@ -367,7 +373,7 @@ int  fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types);
  * (the parameters stay), so call it before a forward; if that planning fails the network is left
  * unbuilt. Loss scaling, accumulation and recompute work as in the emulation. On other tables the
  * emulation runs, so the strategy may always turn this on. Off by default. FL_ESTATE while amp is
- * set. */
+ * set, unless on is the value in force. */
 int  fl_net_set_amp_native(fl_net *net, bool on);
 /* Whether layer i runs in the low dtype natively (fl_net_set_amp_native). */
 bool fl_net_amp_low(const fl_net *net, int i);

@@ -185,6 +185,17 @@ int fl_strategy_check(const fl_strategy *s, const bool *was_set, fl_optim_type o
  * LARS. */
 void fl_strategy_optim_config(const fl_strategy *s, fl_optim_config *oc);
 
+struct fl_net;
+/* strategy.amp's precisions for a network (docs/amp.md): with s->amp, the white layer types
+ * (conv2d and fc, plus custom_white_list, less custom_black_list) in amp_configs.dtype,
+ * natively where the network's backend table runs low dtypes (fl_net_set_amp_native, then
+ * fl_net_set_amp), else emulated. Called before fl_net_build it is a request the build carries
+ * out, so that the activations and convolution plans are made once, in their final dtypes
+ * (after the build the f32 ones are made first and then made again); fl_distributed_optimizer
+ * calls it again, which then changes nothing. Without s->amp it does nothing. 0, or as
+ * fl_net_set_amp (prefixed "strategy.amp"). */
+int fl_strategy_plan_amp(const fl_strategy *s, struct fl_net *net);
+
 #ifdef __cplusplus
 }
 #endif

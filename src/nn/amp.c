@@ -128,39 +128,81 @@ void nn_amp_grads_finish(nn_amp *a, const fl_backend *k, fl_layer *l, bool saved
 /* Values per sample of a planned (batch, ...) tensor. */
 static int64_t sample_numel(const fl_tensor *t) { return fl_shape_numel(t->ndim - 1, t->shape + 1); }
 
+int nn_amp_white_layers(const fl_net *net, const char *white_types, bool *is_white) {
+    char list[512];
+    snprintf(list, sizeof list, "%s", white_types ? white_types : "");
+    memset(is_white, 0, (size_t)net->nlayers * sizeof *is_white);
+    for (char *save = NULL, *tok = strtok_r(list, ", \t", &save); tok;
+         tok = strtok_r(NULL, ", \t", &save)) {
+        if (!fl_layer_type_known(tok)) /* every type named must be one a network can hold */
+            return fl_fail(FL_EINVAL, "net: amp: '%s' is not a layer type (%s)", tok,
+                           fl_layer_type_names());
+        for (int i = 0; i < net->nlayers; i++)
+            is_white[i] |= strcmp(net->layers[i]->ops->type, tok) == 0;
+    }
+    return FL_OK;
+}
+
+/* Whether the network runs as asked already (the same dtype and layers, natively where the
+ * table would now run them): fl_net_build carried the request out, and the strategy asks
+ * again. */
+static bool amp_as_asked(const fl_net *net, fl_dtype low, const bool *is_white) {
+    const nn_amp *a = net->amp;
+    bool native = net->amp_native && net->k->low_dtypes;
+    return a && a->low == low && (a->runs != NULL) == native &&
+           memcmp(a->white, is_white, (size_t)net->nlayers * sizeof *is_white) == 0;
+}
+
+/* Before build: keeps the request for fl_net_build (low F32: drops it). */
+static int amp_request(fl_net *net, fl_dtype low, const char *white_types) {
+    free(net->amp_want_white);
+    net->amp_want_white = NULL;
+    net->amp_want = FL_DTYPE_F32;
+    if (low == FL_DTYPE_F32)
+        return FL_OK;
+    if (!(net->amp_want_white = strdup(white_types ? white_types : "")))
+        return fl_fail(FL_ENOMEM, "net: amp: out of memory");
+    net->amp_want = low;
+    return FL_OK;
+}
+
 int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
     FL_ASSERT(net);
+    if (low != FL_DTYPE_F32 && low != FL_DTYPE_F16 && low != FL_DTYPE_BF16)
+        return fl_fail(FL_EINVAL, "net: amp: dtype %s (f16 or bf16, or f32 for off)",
+                       fl_dtype_name(low));
+    bool *is_white = NULL;
+    if (low != FL_DTYPE_F32) {
+        if (!(is_white = calloc((size_t)(net->nlayers > 0 ? net->nlayers : 1), sizeof *is_white)))
+            return fl_fail(FL_ENOMEM, "net: amp: out of memory");
+        int rc = nn_amp_white_layers(net, white_types, is_white);
+        if (rc < 0 || !net->built || amp_as_asked(net, low, is_white)) {
+            free(is_white);
+            return rc < 0 ? rc : net->built ? FL_OK : amp_request(net, low, white_types);
+        }
+    } else if (!net->built) {
+        return amp_request(net, low, NULL);
+    }
     bool was_native = net->amp && net->amp->runs;
     nn_amp_free(net->k, net->amp);
     net->amp = NULL;
-    if (was_native) /* activations back to f32 before anything else */
-        FL_TRY(nn_amp_native_unplan(net));
+    if (was_native) { /* activations back to f32 before anything else */
+        int rc = nn_amp_native_unplan(net);
+        if (rc < 0) {
+            free(is_white);
+            return rc;
+        }
+    }
     if (low == FL_DTYPE_F32)
         return FL_OK;
-    if (low != FL_DTYPE_F16 && low != FL_DTYPE_BF16)
-        return fl_fail(FL_EINVAL, "net: amp: dtype %s (f16 or bf16, or f32 for off)",
-                       fl_dtype_name(low));
-    if (!net->built)
-        return fl_fail(FL_ESTATE, "net: amp: set after fl_net_build");
-    if (net->dtype != FL_DTYPE_F32)
-        return fl_fail(FL_EINVAL, "net: amp: the network computes in %s; mixed precision "
-                       "needs f32 master weights", fl_dtype_name(net->dtype));
-    if (!net->k->amp_round)
+    if (net->dtype != FL_DTYPE_F32 || !net->k->amp_round) {
+        free(is_white);
+        if (net->dtype != FL_DTYPE_F32)
+            return fl_fail(FL_EINVAL, "net: amp: the network computes in %s; mixed precision "
+                           "needs f32 master weights", fl_dtype_name(net->dtype));
         return fl_fail(FL_EUNSUPPORTED, "net: amp: the %s backend cannot round to %s (its "
                        "table has no amp_round); the cpu, onednn, ref and cuda backends can",
                        net->k->name, fl_dtype_name(low));
-    /* which layers: every type named must be one a network can hold */
-    char list[512];
-    int ntypes = 0;
-    const char *types[64];
-    snprintf(list, sizeof list, "%s", white_types ? white_types : "");
-    for (char *save = NULL, *tok = strtok_r(list, ", \t", &save); tok;
-         tok = strtok_r(NULL, ", \t", &save)) {
-        if (!fl_layer_type_known(tok))
-            return fl_fail(FL_EINVAL, "net: amp: '%s' is not a layer type (%s)", tok,
-                           fl_layer_type_names());
-        if (ntypes < 64)
-            types[ntypes++] = tok;
     }
     /* the buffers: the largest white layer's inputs (slot k: the largest input k) and
      * parameters, the last output */
@@ -168,13 +210,8 @@ int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
     int nin = 0;
     int64_t wnumel = 0;
     int maxparams = 0;
-    bool *is_white = calloc((size_t)net->nlayers, sizeof *is_white);
-    if (!is_white)
-        return fl_fail(FL_ENOMEM, "net: amp: out of memory");
     for (int i = 0; i < net->nlayers; i++) {
         fl_layer *l = net->layers[i];
-        for (int t = 0; t < ntypes; t++)
-            is_white[i] |= strcmp(l->ops->type, types[t]) == 0;
         if (!is_white[i])
             continue;
         for (int k = 0; k < l->ninputs; k++) {

@@ -66,6 +66,16 @@ static int alloc_edges(fl_net *net) {
                                 fl_dtype_name(a->low), fl_dtype_name(net->dtype));
 }
 
+void nn_amp_native_runs(const fl_net *net, const bool *white, bool *runs) {
+    for (int i = 0; i < net->nlayers; i++) {
+        const fl_layer *l = net->layers[i];
+        bool fed_low = true;
+        for (int j = 0; j < l->ninputs; j++)
+            fed_low &= l->inputs[j] >= 0 && runs[l->inputs[j]];
+        runs[i] = l->ops->low && (white[i] || fed_low);
+    }
+}
+
 int nn_amp_native_plan(fl_net *net) {
     nn_amp *a = net->amp;
     FL_ASSERT(a && net->k->low_dtypes && net->k->convert && !a->runs);
@@ -73,15 +83,16 @@ int nn_amp_native_plan(fl_net *net) {
         nn_net_unplan(net);
         return fl_fail(FL_ENOMEM, "net: amp: out of memory");
     }
+    nn_amp_native_runs(net, a->white, a->runs);
+    bool changed = false;
     for (int i = 0; i < net->nlayers; i++) {
         fl_layer *l = net->layers[i];
-        bool fed_low = true;
-        for (int j = 0; j < l->ninputs; j++)
-            fed_low &= l->inputs[j] >= 0 && a->runs[l->inputs[j]];
-        a->runs[i] = l->ops->low && (a->white[i] || fed_low);
-        l->adtype = a->runs[i] ? a->low : net->dtype;
+        fl_dtype t = a->runs[i] ? a->low : net->dtype;
+        changed |= l->adtype != t;
+        l->adtype = t;
     }
-    int rc = nn_net_replan(net); /* net->amp survives unless this fails */
+    /* planned already in these dtypes where fl_net_build carried out a request */
+    int rc = changed ? nn_net_replan(net) : FL_OK; /* net->amp survives unless this fails */
     if (rc == FL_OK && (rc = alloc_edges(net)) < 0)
         nn_net_unplan(net);
     return rc;
@@ -141,7 +152,7 @@ const fl_tensor *nn_amp_last_grad(fl_net *net, const fl_tensor *dy, fl_tensor *v
 
 int fl_net_set_amp_native(fl_net *net, bool on) {
     FL_ASSERT(net);
-    if (net->amp)
+    if (net->amp && on != net->amp_native)
         return fl_fail(FL_ESTATE, "net: amp: fl_net_set_amp_native after fl_net_set_amp (call "
                                   "it first, or turn amp off with FL_DTYPE_F32)");
     net->amp_native = on;

@@ -23,6 +23,7 @@ fl_net *fl_net_create(fl_dtype dtype, const fl_backend *k) {
     }
     net->dtype = dtype;
     net->k = k ? k : fl_backend_cpu();
+    net->amp_want = FL_DTYPE_F32; /* no mixed precision asked before build */
     return net;
 }
 
@@ -53,6 +54,7 @@ void fl_net_free(fl_net *net) {
     free(net->layers);
     free(net->params);
     free(net->recompute_spec);
+    free(net->amp_want_white);
     free(net);
 }
 

@@ -97,10 +97,16 @@ static inline bool nn_amp_runs_low(const nn_amp *a, int i) { return a && a->runs
 static inline bool nn_amp_emulated(const nn_amp *a, int i) {
     return a && a->white[i] && !nn_amp_runs_low(a, i);
 }
-/* amp_native.c. After the emulation's set-up (a->white chosen): which layers run low (white
- * ones whose ops->low, and gray ones, ops->low, all of whose inputs run low), their adtype,
- * the network's activations planned again in those dtypes, the edge buffers. 0, or a negative
- * status (the network is then unbuilt: nn_net_unplan). */
+/* amp.c. Which layers a comma-separated list of layer types names: is_white[nlayers]. 0, or
+ * FL_EINVAL naming a word that is not a layer type. */
+int  nn_amp_white_layers(const struct fl_net *net, const char *white_types, bool *is_white);
+/* amp_native.c. Which layers run low natively given the white ones: white ones whose ops->low,
+ * and gray ones, ops->low, all of whose inputs run low (runs[nlayers]). */
+void nn_amp_native_runs(const struct fl_net *net, const bool *white, bool *runs);
+/* After the emulation's set-up (a->white chosen): nn_amp_native_runs, the layers' adtype, the
+ * network's activations planned again in those dtypes where any changed (not where
+ * fl_net_build planned them so already), the edge buffers. 0, or a negative status (the
+ * network is then unbuilt: nn_net_unplan). */
 int  nn_amp_native_plan(struct fl_net *net);
 /* Every layer's adtype back to the network's dtype and the activations planned again (after
  * native low precision, when it is turned off); 0 or as nn_amp_native_plan. */
@@ -165,6 +171,9 @@ struct fl_net {
     bool               fwd_training;   /* of the last forward, which backward replays */
     nn_amp            *amp;            /* mixed precision (fl_net_set_amp); NULL: off */
     bool               amp_native;     /* fl_net_set_amp_native: run low where the table can */
+    /* fl_net_set_amp before fl_net_build: the request the build carries out (low F32: none) */
+    fl_dtype           amp_want;
+    char              *amp_want_white;
     /* the input's gradient (fl_net_set_input_grad): dx (max_batch, in_shape) when on, written
      * by the input's first consumer in backward (dx_set), the others' added to it */
     bool       input_grad, dx_set;

@@ -123,6 +123,21 @@ int fl_amp_check_config(const fl_strategy *s) {
     return FL_OK;
 }
 
+int fl_strategy_plan_amp(const fl_strategy *s, fl_net *net) {
+    FL_ASSERT(s && net);
+    if (!s->amp)
+        return FL_OK;
+    char white[512];
+    FL_TRY(fl_amp_white_types(s, white, sizeof white));
+    fl_dtype low = s->amp_configs.dtype == FL_AMP_BFLOAT16 ? FL_DTYPE_BF16 : FL_DTYPE_F16;
+    /* activations really in low where the backend runs them (ref; cuda with
+     * FLEET_CUDA_LOW_DTYPES=1), else emulated */
+    int rc = fl_net_set_amp_native(net, true);
+    if (rc == FL_OK)
+        rc = fl_net_set_amp(net, low, white);
+    return rc < 0 ? fl_fail_prefix(rc, "strategy.amp") : FL_OK;
+}
+
 int fl_amp_white_types(const fl_strategy *s, char *buf, size_t cap) {
     FL_ASSERT(s && buf && cap > 0);
     buf[0] = '\0';

@@ -72,13 +72,8 @@ static int amp_setup(fl_dist_optim *d) {
     char white[512];
     FL_TRY(fl_amp_white_types(&d->s, white, sizeof white));
     fl_dtype low = d->s.amp_configs.dtype == FL_AMP_BFLOAT16 ? FL_DTYPE_BF16 : FL_DTYPE_F16;
-    /* activations really in low where the backend runs them (ref; cuda with
-     * FLEET_CUDA_LOW_DTYPES=1), else emulated */
-    int rc = fl_net_set_amp_native(d->net, true);
-    if (rc == FL_OK)
-        rc = fl_net_set_amp(d->net, low, white);
-    if (rc < 0)
-        return fl_fail_prefix(rc, "strategy.amp");
+    /* nothing changes where the caller asked before fl_net_build (fl_strategy_plan_amp) */
+    FL_TRY(fl_strategy_plan_amp(&d->s, d->net));
     d->amp = true;
     fl_amp_rule_from(&d->s, &d->amp_rule);
     fl_amp_state_init(&d->amp_rule, d->amp_mem);

@@ -87,6 +87,8 @@ int fl_train_setup(trainer *t, const fl_train_config *cfg) {
     if (cfg->strategy.recompute &&
         fl_net_set_recompute(t->net, cfg->strategy.recompute_configs.checkpoints) < 0)
         return fl_fail_prefix(FL_ECONFIG, "strategy.recompute_configs.checkpoints");
+    /* strategy.amp before the build: the layers that run low are planned once, in low */
+    FL_TRY(fl_strategy_plan_amp(&cfg->strategy, t->net));
     FL_TRY(fl_net_build(t->net, t->train_set->ndim, t->train_set->shape, cfg->train.batch_size,
                         (uint64_t)cfg->train.seed));
 

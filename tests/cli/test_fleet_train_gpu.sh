@@ -146,7 +146,8 @@ follow resnet20x2 $CNN_TOL
 # 5. mixed precision (the emulation: amp_round on the device gives the CPU's bits): ResNet-20 in
 # float16 follows the CPU's amp run; an inf injected at step 20 is skipped on both GPU workers;
 # the small recipe of test_fleet_train_amp.sh (ResNet-8, 16x16, 512 steps of 32) reaches the
-# GPU's f32 accuracy within 0.5 points
+# GPU's f32 accuracy within 0.5 points, emulated and natively in float16 and bfloat16
+# (FLEET_CUDA_LOW_DTYPES=1: 2-byte activations on tensor cores)
 for d in cpu gpu; do one amp $d "${cnn[@]}" -o strategy.amp=true; done
 follow amp $CNN_TOL
 for d in cpu gpu; do
@@ -160,11 +161,20 @@ small=(-c "$src/configs/shapes_resnet.yaml" -o model.depth=8 -o data.image_size=
   -o train.log_interval=64)
 one small32 gpu "${small[@]}"
 one small16 gpu "${small[@]}" -o strategy.amp=true
+FLEET_CUDA_LOW_DTYPES=1 one small16n gpu "${small[@]}" -o strategy.amp=true
+FLEET_CUDA_LOW_DTYPES=1 one smallbf16n gpu "${small[@]}" -o strategy.amp=true \
+  -o strategy.amp_configs.dtype=bfloat16
 acc() { grep ', eval ' "$tmp/$1.gpu.out" | tail -1 | sed -E 's/.*val_acc1 ([0-9.]+).*/\1/'; }
-a32=$(acc small32) a16=$(acc small16)
-echo "ResNet-8 on 16x16 shapes on the GPU: validation accuracy f32 ${a32:-none}, amp float16 ${a16:-none}"
-check "amp float16 on the GPU reaches f32's accuracy within 0.5 points" \
-  awk -v a="${a16:-0}" -v b="${a32:-1}" 'BEGIN { exit !(a >= b - 0.005 && b >= 0.9) }'
+a32=$(acc small32)
+for r in "small16 emulated float16" "small16n native float16" "smallbf16n native bfloat16"; do
+  read -r name how dt <<<"$r"
+  a=$(acc "$name")
+  echo "ResNet-8 on 16x16 shapes on the GPU: validation accuracy f32 ${a32:-none}, amp $how $dt ${a:-none}"
+  [ "$how" = native ] && check "$name: the log says native $dt activations on the cuda table" \
+    grep -q "strategy amp: native $dt activations on the cuda table" "$tmp/$name.gpu.out"
+  check "amp $how $dt on the GPU reaches f32's accuracy within 0.5 points" \
+    awk -v a="${a:-0}" -v b="${a32:-1}" 'BEGIN { exit !(a >= b - 0.005 && b >= 0.9) }'
+done
 
 # 6. real float16 and bfloat16 on the GPU: with FLEET_CUDA_LOW_DTYPES=1 the cuda table has low
 # dtypes, the white layers and the gray ones between them keep 2-byte activations (the log says

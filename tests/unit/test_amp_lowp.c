@@ -425,9 +425,116 @@ static void test_nhwc(const model *m, fl_dtype t) {
     fl_net_free(nhwc);
 }
 
+/* The ref table counting its convolution plans and the bytes it holds (count_table). */
+static fl_backend count_table;
+static int plans_made;
+static size_t live_bytes, live_peak;
+enum { MAX_BLOCKS = 4096 };
+static struct {
+    void  *p;
+    size_t n;
+} blocks[MAX_BLOCKS];
+static int nblocks;
+static void *count_alloc(size_t n) {
+    void *p = fl_backend_ref()->alloc(n);
+    FL_ASSERT(nblocks < MAX_BLOCKS);
+    if (p) {
+        blocks[nblocks].p = p, blocks[nblocks++].n = n;
+        live_bytes += n;
+        live_peak = live_bytes > live_peak ? live_bytes : live_peak;
+    }
+    return p;
+}
+static void count_free(void *p) {
+    for (int i = 0; p && i < nblocks; i++)
+        if (blocks[i].p == p) {
+            live_bytes -= blocks[i].n;
+            blocks[i] = blocks[--nblocks];
+            break;
+        }
+    fl_backend_ref()->free(p);
+}
+static fl_conv_plan *count_plan(const fl_conv_desc *d) {
+    plans_made++;
+    return fl_backend_ref()->conv_plan_create(d);
+}
+
+/* The model on count_table with amp asked before the build (before) or set after it; its
+ * plans, and the most bytes it held while it was made. */
+static fl_net *make_counted(const model *m, fl_dtype low, bool before, int *plans, size_t *peak) {
+    size_t base = live_bytes; /* the networks alive already */
+    plans_made = 0, live_peak = live_bytes;
+    fl_net *net = m->kind == KIND_SE ? model_se(m->classes)
+                                     : fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, m->classes, 'A');
+    CHECK(net != NULL);
+    fl_net_set_backend(net, &count_table);
+    CHECK_OK(fl_net_set_amp_native(net, true));
+    if (before)
+        CHECK_OK(fl_net_set_amp(net, low, "conv2d,fc"));
+    CHECK_OK(fl_net_build(net, m->ndim, m->in, B, 5));
+    if (!before)
+        CHECK_OK(fl_net_set_amp(net, low, "conv2d,fc"));
+    *plans = plans_made, *peak = live_peak - base;
+    return net;
+}
+
+/* (8) amp asked before the build (fl_net_set_amp before fl_net_build: fl_strategy_plan_amp,
+ * as fleet-train and bench/cnn_step do): the low layers are planned once, in low (one
+ * convolution plan per layer where setting it after the build makes the f32 ones first, then
+ * again), the most memory held is less (no f32 activations first), and the step is the same
+ * to the bit; asking again after the build (the strategy does) changes nothing;
+ * fl_net_set_amp_native of the value in force is accepted; FL_DTYPE_F32 before the build drops
+ * the request, and a word that is not a layer type is refused at once. */
+static void test_before_build(const model *m, fl_dtype t) {
+    int pa, pb;
+    size_t peak_a, peak_b;
+    fl_net *after = make_counted(m, t, false, &pa, &peak_a);
+    fl_net *before = make_counted(m, t, true, &pb, &peak_b);
+    CHECK(pb > 0 && pa == 2 * pb);
+    CHECK(peak_b < peak_a);
+    CHECK(low_layers(before) == low_layers(after) && low_layers(before) > 0);
+    CHECK(fl_net_activation_bytes(before) == fl_net_activation_bytes(after));
+    int64_t n = fl_net_numel(before);
+    float *ga = malloc((size_t)n * sizeof *ga), *gb = malloc((size_t)n * sizeof *gb);
+    CHECK(step(m, after, 1, ga) == step(m, before, 1, gb));
+    CHECK_CLOSE_F32("amp asked before the build", gb, ga, n, 0, 0);
+    plans_made = 0;
+    CHECK_OK(fl_net_set_amp_native(before, true));
+    CHECK_OK(fl_net_set_amp(before, t, "fc,conv2d"));
+    CHECK(plans_made == 0);
+    CHECK(step(m, after, 2, ga) == step(m, before, 2, gb));
+    CHECK_CLOSE_F32("amp asked again", gb, ga, n, 0, 0);
+    if (getenv("FLEET_TEST_VERBOSE"))
+        printf("%s %s: %d plans, %zu bytes at most asked before the build; %d, %zu after\n",
+               m->name, fl_dtype_name(t), pb, peak_b, pa, peak_a);
+    free(ga);
+    free(gb);
+    fl_net_free(after);
+    fl_net_free(before);
+    /* a dropped request: the f32 network */
+    fl_net *off = fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, 10, 'A');
+    fl_net_set_backend(off, &count_table);
+    CHECK_OK(fl_net_set_amp(off, t, "conv2d"));
+    CHECK_OK(fl_net_set_amp(off, FL_DTYPE_F32, NULL));
+    CHECK_OK(fl_net_build(off, CNN.ndim, CNN.in, B, 5));
+    CHECK(low_layers(off) == 0 && !fl_net_amp_white(off, 0));
+    CHECK_RC(fl_net_set_amp(off, t, "conv2d,conv"), FL_EINVAL);
+    CHECK_MSG("'conv' is not a layer type");
+    fl_net_free(off);
+    fl_net *bad = fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, 10, 'A');
+    CHECK_RC(fl_net_set_amp(bad, t, "conv"), FL_EINVAL);
+    CHECK_MSG("'conv' is not a layer type");
+    fl_net_free(bad);
+    CHECK(live_bytes == 0 && nblocks == 0);
+}
+
 int main(void) {
     nhwc_table = *fl_backend_ref();
     nhwc_table.preferred_layout = nhwc_for_low;
+    count_table = *fl_backend_ref();
+    count_table.alloc = count_alloc;
+    count_table.free = count_free;
+    count_table.conv_plan_create = count_plan;
     emu_table = *fl_backend_ref();
     emu_table.low_dtypes = false;
     emu_table.convert = NULL;
@@ -438,8 +545,10 @@ int main(void) {
         for (int j = 0; j < 2; j++) {
             test_follow(models[i], lows[j]);
             test_merge_recompute(models[i], lows[j]);
-            if (models[i]->ndim == 3)
+            if (models[i]->ndim == 3) {
                 test_nhwc(models[i], lows[j]);
+                test_before_build(models[i], lows[j]);
+            }
         }
         test_overflow(models[i]);
         test_no_native(models[i]);
