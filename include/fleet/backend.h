@@ -347,6 +347,15 @@ typedef struct fl_backend {
                         const void *gamma, const void *beta, const double *mean,
                         const double *var, double eps, bool training, void *dx, void *dgamma,
                         void *dbeta, bool accumulate);
+    /* The running statistics after a training batch of count values per channel, in place
+     * (PyTorch's and Paddle's momentum rule): running_mean = (1 - momentum) running_mean +
+     * momentum mean, running_var = (1 - momentum) running_var + momentum var count / (count -
+     * 1) (var itself where count <= 1), each product and sum in double in that order (no fused
+     * multiply-add: every table gives the same bits), rounded once to t (f32 or f64, the
+     * network's dtype); mean and var (C, double) as bn_forward wrote them. On the device, so a
+     * training step waits for no copy back per batch-norm layer. */
+    void (*bn_running)(fl_dtype t, int64_t c, const double *mean, const double *var,
+                       double count, double momentum, void *running_mean, void *running_var);
 
     /* --- the small layers --- */
     /* y = a + b, then max(0, .) when relu (the residual join); y may alias a or b */

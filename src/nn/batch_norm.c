@@ -132,20 +132,9 @@ static int bn_forward(fl_layer *l, const fl_tensor *x, fl_tensor *y, bool traini
     }
     k->bn_forward(l->adtype, bn->layout, b, c, bn->hw, x->data, gamma, beta, BN_EPS, training,
                   bn->mean, bn->var, bn->act, y->data);
-    if (training && !l->replay) { /* a recomputation changes no state */
-        const double *mean = fl_backend_stage_out(k, bn->mean, bn->hstat, sbytes, NULL);
-        const double *var = mean + c;
-        running_on_host(l, bn, true, &rm, &rv);
-        double cnt = (double)(b * bn->hw);
-        for (int64_t i = 0; i < c; i++) {
-            double unbiased = cnt > 1 ? var[i] * cnt / (cnt - 1) : var[i];
-            put(l->dtype, rm, i, (1 - BN_MOMENTUM) * get(l->dtype, rm, i) + BN_MOMENTUM * mean[i]);
-            put(l->dtype, rv, i, (1 - BN_MOMENTUM) * get(l->dtype, rv, i) + BN_MOMENTUM * unbiased);
-        }
-        size_t rb = (size_t)c * fl_dtype_size(l->dtype);
-        fl_backend_stage_in(k, l->params[2].value.data, rm, rb, NULL);
-        fl_backend_stage_in(k, l->params[3].value.data, rv, rb, NULL);
-    }
+    if (training && !l->replay) /* a recomputation changes no state; on the device: no wait */
+        k->bn_running(l->dtype, c, bn->mean, bn->var, (double)(b * bn->hw), BN_MOMENTUM,
+                      l->params[2].value.data, l->params[3].value.data);
     bn->training = training;
     return FL_OK;
 }

@@ -262,6 +262,16 @@ static void ds_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, i
                     dgamma, dbeta, acc));
 }
 
+static void ds_bn_running(fl_dtype t, int64_t c, const double *mean, const double *var,
+                          double count, double momentum, void *rm, void *rv) {
+    const char *fn = "bn_running";
+    ds_check_dev(fn, "mean", mean, nb(c, sizeof *mean));
+    ds_check_dev(fn, "var", var, nb(c, sizeof *var));
+    ds_check_dev(fn, "running_mean", rm, nb(c, es(t)));
+    ds_check_dev(fn, "running_var", rv, nb(c, es(t)));
+    RUN(bn_running(t, c, mean, var, count, momentum, rm, rv));
+}
+
 static void ds_add_forward(fl_dtype t, const void *a, const void *b, void *y, int64_t n,
                            bool relu) {
     ds_check_dev("add_forward", "a", a, nb(n, es(t)));
@@ -454,6 +464,7 @@ void ds_install_ops(fl_backend *t, const fl_backend *kernels) {
     t->pool_backward = ds_pool_backward;
     t->bn_forward = ds_bn_forward;
     t->bn_backward = ds_bn_backward;
+    t->bn_running = ds_bn_running;
     t->add_forward = ds_add_forward;
     t->add_backward = ds_add_backward;
     t->dropout_mask = ds_dropout_mask;

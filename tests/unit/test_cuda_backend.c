@@ -470,6 +470,31 @@ static void test_axpy_scale_updates(fl_dtype t) {
     }
 }
 
+/* bn_running (batch norm's running statistics, on the device): the cpu table's bits, 0, 1 and
+ * odd channel counts, a count of 1 (var as it is) and larger */
+static void test_bn_running(fl_dtype t) {
+    static const double batch_counts[] = {1, 2, 37};
+    for (size_t s = 0; s < NCOUNTS; s++)
+        for (int k = 0; k < 3; k++) {
+            int64_t c = counts[s];
+            size_t nb = (size_t)c * esz(t), db = (size_t)c * sizeof(double);
+            double *mean = hrand(FL_DTYPE_F64, c, -3, 3), *var = hrand(FL_DTYPE_F64, c, 0, 4);
+            void *rm = hrand(t, c, -1, 1), *rv = hrand(t, c, 0.5, 2);
+            void *cm = hdup(rm, nb), *cv = hdup(rv, nb);
+            void *gmean = dput(mean, db), *gvar = dput(var, db), *gm = dput(rm, nb),
+                 *gv = dput(rv, nb);
+            G->bn_running(t, c, gmean, gvar, batch_counts[k], 0.1, gm, gv);
+            CPU->bn_running(t, c, mean, var, batch_counts[k], 0.1, cm, cv);
+            void *hm = dget(gm, nb), *hv = dget(gv, nb);
+            char what[96];
+            snprintf(what, sizeof what, "c=%lld count %g", (long long)c, batch_counts[k]);
+            same_bits("bn_running (cpu bits)", what, hm, cm, nb);
+            same_bits("bn_running (cpu bits)", what, hv, cv, nb);
+            G->free(gmean), G->free(gvar), G->free(gm), G->free(gv);
+            free(mean), free(var), free(rm), free(rv), free(cm), free(cv), free(hm), free(hv);
+        }
+}
+
 /* amp_round: the cpu table's bits on random values over f32's whole range and on the edges
  * (f16's overflow, its subnormals and their ties, bf16's carry into inf, inf, NaN, -0) */
 static void test_amp_round(void) {
@@ -2282,6 +2307,7 @@ int main(void) {
         test_bias_sum_rows(t);
         test_activations(t);
         test_axpy_scale_updates(t);
+        test_bn_running(t);
         test_reductions(t);
         test_softmax(t);
         test_layer_ops(t);

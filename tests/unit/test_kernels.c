@@ -499,6 +499,40 @@ static void test_helpers(void) {
     fl_kernels_set_threads(0);
 }
 
+/* bn_running: the momentum rule, each product and sum rounded on its own in double, rounded
+ * once to t: the bits of the plain expression, on both tables; var as it is at a count of 1;
+ * 0, 1 and 17 channels */
+static void test_bn_running(fl_dtype t) {
+    static const int64_t cs[] = {0, 1, 17};
+    static const double batch_counts[] = {1, 2, 37};
+    for (size_t ci = 0; ci < 3; ci++)
+        for (size_t ni = 0; ni < 3; ni++) {
+            int64_t c = cs[ci];
+            double count = batch_counts[ni], mom = 0.1;
+            double *mean = rand_buf(FL_DTYPE_F64, c, -3, 3), *var = rand_buf(FL_DTYPE_F64, c, 0, 4);
+            void *rm = rand_buf(t, c, -1, 1), *rv = rand_buf(t, c, 0.5, 2);
+            void *want_m = alloc_buf(t, c), *want_v = alloc_buf(t, c);
+            for (int64_t i = 0; i < c; i++) {
+                double unbiased = count > 1 ? var[i] * count / (count - 1) : var[i];
+                double km = (1 - mom) * get(t, rm, i), am = mom * mean[i];
+                double kv = (1 - mom) * get(t, rv, i), av = mom * unbiased;
+                set(t, want_m, i, km + am);
+                set(t, want_v, i, kv + av);
+            }
+            const fl_backend *tables[] = {cpu, ref};
+            for (int k = 0; k < 2; k++) {
+                void *m = copy_buf(t, rm, c), *v = copy_buf(t, rv, c);
+                tables[k]->bn_running(t, c, mean, var, count, mom, m, v);
+                CHECK(c == 0 || memcmp(m, want_m, (size_t)c * fl_dtype_size(t)) == 0);
+                CHECK(c == 0 || memcmp(v, want_v, (size_t)c * fl_dtype_size(t)) == 0);
+                fl_free_aligned(m);
+                fl_free_aligned(v);
+            }
+            fl_free_aligned(mean), fl_free_aligned(var), fl_free_aligned(rm), fl_free_aligned(rv);
+            fl_free_aligned(want_m), fl_free_aligned(want_v);
+        }
+}
+
 int main(void) {
     cpu = fl_backend_cpu();
     ref = fl_backend_ref();
@@ -515,6 +549,7 @@ int main(void) {
         test_reductions(t);
         test_softmax(t);
         test_updates(t);
+        test_bn_running(t);
     }
     TEST_DONE();
 }

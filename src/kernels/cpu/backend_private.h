@@ -103,6 +103,8 @@ void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t
                      const void *gamma, const void *beta, const double *mean, const double *var,
                      double eps, bool training, void *dx, void *dgamma, void *dbeta,
                      bool accumulate);
+void cpu_bn_running(fl_dtype t, int64_t c, const double *mean, const double *var, double count,
+                    double momentum, void *running_mean, void *running_var);
 
 /* conv.c: the im2col convolution, running on the gemm / axpy / sum of be (the cpu or ref
  * table) and on cpu_im2col / cpu_col2im, its private steps; direct_depthwise: depthwise

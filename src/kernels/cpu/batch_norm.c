@@ -190,3 +190,28 @@ void cpu_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t
     DISPATCH(t, bn_backward, n, c, hw, x, act, act == FL_ACT_RELU ? y : NULL, dy, gamma, beta,
              mean, var, eps, training, dx, dgamma, dbeta, accumulate);
 }
+
+/* the momentum rule of backend.h's bn_running, one statement per product and sum (this file is
+ * built without FMA, so none is fused: the cuda table rounds each the same way) */
+static double running_step(double r, double v, double momentum) {
+    double keep = (1 - momentum) * r;
+    double add = momentum * v;
+    return keep + add;
+}
+
+void cpu_bn_running(fl_dtype t, int64_t c, const double *mean, const double *var, double count,
+                    double momentum, void *running_mean, void *running_var) {
+    FL_ASSERT(t == FL_DTYPE_F32 || t == FL_DTYPE_F64);
+    for (int64_t i = 0; i < c; i++) {
+        double unbiased = count > 1 ? var[i] * count / (count - 1) : var[i];
+        if (t == FL_DTYPE_F32) {
+            float *rm = running_mean, *rv = running_var;
+            rm[i] = (float)running_step(rm[i], mean[i], momentum);
+            rv[i] = (float)running_step(rv[i], unbiased, momentum);
+        } else {
+            double *rm = running_mean, *rv = running_var;
+            rm[i] = running_step(rm[i], mean[i], momentum);
+            rv[i] = running_step(rv[i], unbiased, momentum);
+        }
+    }
+}

@@ -41,6 +41,7 @@ static const fl_backend cpu_ops = {
     .pool_backward = cpu_pool_backward,
     .bn_forward = cpu_bn_forward,
     .bn_backward = cpu_bn_backward,
+    .bn_running = cpu_bn_running,
     .channel_mul_forward = cpu_channel_mul_forward,
     .channel_mul_backward = cpu_channel_mul_backward,
 };

@@ -465,6 +465,7 @@ static const fl_backend ref_ops = {
     .pool_backward = ref_pool_backward,
     .bn_forward = ref_bn_forward,
     .bn_backward = ref_bn_backward,
+    .bn_running = cpu_bn_running,
     .channel_mul_forward = ref_channel_mul_forward,
     .channel_mul_backward = ref_channel_mul_backward,
 };

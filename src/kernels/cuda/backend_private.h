@@ -172,6 +172,8 @@ void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_
                       const void *gamma, const void *beta, const double *mean, const double *var,
                       double eps, bool training, void *dx, void *dgamma, void *dbeta,
                       bool accumulate);
+void cuda_bn_running(fl_dtype t, int64_t c, const double *mean, const double *var, double count,
+                     double momentum, void *running_mean, void *running_var);
 
 /* dgc.cu */
 void cuda_dgc_accumulate(int64_t n, const float *grad, const float *w, float *u, float *v,

@@ -498,3 +498,39 @@ extern "C" void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_
         cuda_put(coef);
     });
 }
+
+/* --- the running statistics (backend.h bn_running): the cpu table's arithmetic, each product
+ * and sum rounded on its own (__dmul_rn, __dadd_rn: explicit, though the .cu files are built
+ * with --fmad=false too), so the bits match the cpu table's (test_cuda_backend) --- */
+
+__device__ __forceinline__ double running_step(double r, double v, double momentum) {
+    return __dadd_rn(__dmul_rn(1 - momentum, r), __dmul_rn(momentum, v));
+}
+
+template <class R>
+__global__ void bn_running_k(int64_t C, const double *mean, const double *var, double count,
+                             double momentum, R *rm, R *rv) {
+    GRID_STRIDE(c, C) {
+        double unbiased = count > 1 ? __ddiv_rn(__dmul_rn(var[c], count), count - 1) : var[c];
+        rm[c] = (R)running_step((double)rm[c], mean[c], momentum);
+        rv[c] = (R)running_step((double)rv[c], unbiased, momentum);
+    }
+}
+
+extern "C" void cuda_bn_running(fl_dtype t, int64_t c, const double *mean, const double *var,
+                                double count, double momentum, void *running_mean,
+                                void *running_var) {
+    const char *op = "bn_running";
+    if (c <= 0)
+        return;
+    if (t == FL_DTYPE_F32)
+        bn_running_k<float><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
+            c, mean, var, count, momentum, (float *)running_mean, (float *)running_var);
+    else if (t == FL_DTYPE_F64)
+        bn_running_k<double><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
+            c, mean, var, count, momentum, (double *)running_mean, (double *)running_var);
+    else
+        cuda_fatal(op, "the dtype check", "running statistics are f32 or f64", __FILE__,
+                   __LINE__);
+    CU_LAUNCHED(op);
+}

@@ -249,6 +249,7 @@ static fl_backend cuda_ops = {
     .pool_backward = cuda_pool_backward,
     .bn_forward = cuda_bn_forward,
     .bn_backward = cuda_bn_backward,
+    .bn_running = cuda_bn_running,
     .add_forward = cuda_add_forward,
     .add_backward = cuda_add_backward,
     .dropout_mask = cuda_dropout_mask,
