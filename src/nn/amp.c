@@ -176,10 +176,15 @@ int fl_net_set_amp(fl_net *net, fl_dtype low, const char *white_types) {
         if (!(is_white = calloc((size_t)(net->nlayers > 0 ? net->nlayers : 1), sizeof *is_white)))
             return fl_fail(FL_ENOMEM, "net: amp: out of memory");
         int rc = nn_amp_white_layers(net, white_types, is_white);
-        if (rc < 0 || !net->built || amp_as_asked(net, low, is_white)) {
+        bool done = rc < 0 || !net->built || amp_as_asked(net, low, is_white);
+        if (done)
             free(is_white);
-            return rc < 0 ? rc : net->built ? FL_OK : amp_request(net, low, white_types);
-        }
+        if (rc < 0)
+            return rc;
+        if (!net->built) /* checked: kept for fl_net_build */
+            return amp_request(net, low, white_types);
+        if (done) /* as asked already: nothing changes */
+            return FL_OK;
     } else if (!net->built) {
         return amp_request(net, low, NULL);
     }
