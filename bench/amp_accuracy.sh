@@ -3,15 +3,17 @@
 # shapes_resnet.yaml as it is (ResNet-20, 32x32 images, 3 epochs of 16384, 2 workers under
 # fleetrun), f32, amp float16 and amp bfloat16 (the white list's conv2d and fc emulated on the
 # CPU: docs/amp.md), the same seeds. Goal: amp within 0.5 points of f32's validation accuracy.
+# CONFIG=configs/fashion_resnet.yaml takes Fashion-MNIST's recipe instead (scripts/gpu-check.sh
+# --accuracy: on a GPU, natively in f16 / bf16, one worker at the quality table's global batch).
 # Prints one row per run: final validation accuracy, the loss scale at the end, the steps
 # skipped, and the wall time (which measures the emulation's cost, not a GPU's gain).
 #
 # Usage: bench/amp_accuracy.sh [BUILD_DIR]
-#   NPROC=2   SEEDS="2024"   EXTRA="-o key=value ..."   KEEP=DIR (keep logs)
+#   NPROC=2   SEEDS="2024"   EXTRA="-o key=value ..."   KEEP=DIR (keep logs)   CONFIG=FILE
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
-config=$here/../configs/shapes_resnet.yaml
+config=${CONFIG:-$here/../configs/shapes_resnet.yaml}
 nproc=${NPROC:-2}
 read -r -a seeds <<<"${SEEDS:-2024}"
 read -r -a extra <<<"${EXTRA:-}"

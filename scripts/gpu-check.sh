@@ -13,7 +13,11 @@
 # H100.
 #   scripts/gpu-check.sh DEBS OUT [--bench]      (DEBS: scripts/gpu-deps.sh download DEBS)
 # --profile adds bench/gpu_profile.sh's table of a step at batch 64 (ncu) after the bench, for
-# each of PROFILE (default tf32; also f32, tf32nhwc).
+# each of PROFILE (default tf32; also f32, tf32nhwc, f16, bf16).
+# --accuracy adds bench/amp_accuracy.sh on Fashion-MNIST's recipe (configs/fashion_resnet.yaml,
+# one worker at batch 128, the quality table's global batch) on the GPU: f32, then float16 and
+# bfloat16 natively (FLEET_CUDA_LOW_DTYPES=1); the data from /usr/share/datasets, or from
+# Debian's dataset-fashion-mnist .deb in DEBS (GPU_DEPS_DATA=1 scripts/gpu-deps.sh download).
 # GPU_CHECK_BUDGET=SECONDS (default 560) fits the whole command in a lease: each step's limit
 # is cut to what is left of it, and a step that would start with less than 20 s left is
 # skipped and said so ("skipped (time)"), its log naming why; GPU_CHECK_TRAIN=0 leaves out the
@@ -21,15 +25,16 @@
 # Prints one line per step with its exit status (77: skipped, no GPU); exits non-zero when a
 # test failed.
 set -uo pipefail
-[[ $# -ge 2 ]] || { echo "usage: $0 DEBS OUT [--bench] [--profile]" >&2; exit 2; }
+[[ $# -ge 2 ]] || { echo "usage: $0 DEBS OUT [--bench] [--profile] [--accuracy]" >&2; exit 2; }
 src=$(cd "$(dirname "$0")/.." && pwd)
 debs=$1 out=$2
 shift 2
-bench="" profile=""
+bench="" profile="" accuracy=""
 for a in "$@"; do
   case $a in
     --bench) bench=--bench ;;
     --profile) profile=--profile ;;
+    --accuracy) accuracy=--accuracy ;;
     *) echo "$0: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -83,6 +88,23 @@ if [[ $profile == --profile ]]; then
     step "gpu_profile_$p" 150 bash "$src/bench/gpu_profile.sh" "$build" 64 "$p"
     cat "$out/gpu_profile_$p.log"
   done
+fi
+if [[ $accuracy == --accuracy ]]; then
+  fm=/usr/share/datasets/fashion-mnist
+  if [[ ! -f $fm/t10k-labels-idx1-ubyte.gz ]]; then
+    fm=/tmp/fleet-data/usr/share/datasets/fashion-mnist
+    for d in "$debs"/dataset-fashion-mnist_*.deb; do
+      [[ -f $d ]] && dpkg-deb -x "$d" /tmp/fleet-data
+    done
+  fi
+  if [[ -f $fm/t10k-labels-idx1-ubyte.gz ]]; then
+    CONFIG="$src/configs/fashion_resnet.yaml" NPROC=1 FLEET_CUDA_LOW_DTYPES=1 \
+      EXTRA="-o train.device=gpu -o train.batch_size=128 -o data.root=$fm" \
+      step amp_accuracy 240 bash "$src/bench/amp_accuracy.sh" "$build"
+    cat "$out/amp_accuracy.log"
+  else
+    echo "amp_accuracy: skipped (no Fashion-MNIST: GPU_DEPS_DATA=1 scripts/gpu-deps.sh download DEBS)"
+  fi
 fi
 if [[ ${GPU_CHECK_TRAIN:-1} != 0 ]]; then
   FLEET_BIN=$build/tools FLEET_BUILD=$build FLEET_SRC=$src OMP_NUM_THREADS=4 \

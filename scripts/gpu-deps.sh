@@ -6,7 +6,9 @@
 #   scripts/gpu-deps.sh download DIR        on a Debian 12 machine with apt: the .debs of
 #                                           OpenBLAS (OpenMP), libyaml, libjpeg-turbo, zlib,
 #                                           OpenSSL's libcrypto and pkgconf into DIR (about
-#                                           17 MB); copy DIR over
+#                                           17 MB; GPU_DEPS_DATA=1 adds Debian's
+#                                           dataset-fashion-mnist, 31 MB, for gpu-check.sh
+#                                           --accuracy); copy DIR over
 #   eval "$(scripts/gpu-deps.sh unpack DIR ROOT)"
 #                                           on the GPU machine: unpacks them under ROOT (never
 #                                           under /, whose own libraries stay as they are) and
@@ -31,6 +33,7 @@ case "${1:-}" in
 download)
     [[ $# -eq 2 ]] || usage
     mkdir -p "$2"
+    [[ ${GPU_DEPS_DATA:-0} == 1 ]] && debs+=(dataset-fashion-mnist)
     (cd "$2" && apt-get download "${debs[@]}" >/dev/null)
     echo "gpu-deps: $(ls "$2"/*.deb | wc -l) packages in $2" >&2
     ;;
