@@ -290,6 +290,18 @@ typedef struct fl_backend {
     void (*sgd_update)(fl_dtype t, int64_t n, void *w, const void *g, double lr, double wd);
     void (*momentum_update)(fl_dtype t, int64_t n, void *w, const void *g, void *v, double lr,
                             double mu, double wd, bool nesterov);
+    /* LARS momentum (src/optim/lars.c, You, Gitman & Ginsburg 2017) over a run of nt parameter
+     * tensors lying one after another in w, g and v (numel[k] elements each; d[k] its LARS
+     * weight decay, 0 where the tensor is excluded): per tensor g' = g + wd w (wd > 0; g
+     * itself is left as it is), local_lr = lr coeff ||w|| / (||g'|| + d ||w|| + eps) where
+     * d > 0 and both norms > 0, else lr; v = mu v; v += local_lr g'; v += local_lr d w (d >
+     * 0); w -= v. The same bits as lars.c's sequence of this table's sumsq, axpy and scale,
+     * which waits twice a tensor for its norms; this waits for nothing. numel and d are host
+     * arrays. NULL: the optimizer goes tensor by tensor (the cpu tables, whose norms cost no
+     * wait). */
+    void (*lars_update_run)(fl_dtype t, int nt, const int64_t *numel, const double *d, void *w,
+                            const void *g, void *v, double lr, double mu, double wd,
+                            double coeff, double eps);
 
     /* --- convolution: a plan per layer and shape, then forward and the two backwards --- */
     /* Prepares d (checked: FL_ESHAPE / FL_EINVAL through fl_errmsg, NULL returned, when the

@@ -50,6 +50,10 @@ bool fl_optim_name_excluded(const char *name, const char *list) {
     return false;
 }
 
+double lars_decay_of(const fl_optim_config *c, const char *name) {
+    return fl_optim_name_excluded(name, c->exclude_from_weight_decay) ? 0.0 : c->lars_weight_decay;
+}
+
 void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
                  void *v, void *scratch, double lr) {
     int64_t n = p->value.numel;
@@ -60,9 +64,7 @@ void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_p
         k->axpy(t, n, c->weight_decay, w, scratch);
         g = scratch;
     }
-    double d = fl_optim_name_excluded(p->name, c->exclude_from_weight_decay)
-                   ? 0.0
-                   : c->lars_weight_decay;
+    double d = lars_decay_of(c, p->name);
     double local_lr = lr;
     if (d > 0) {
         double wn = sqrt(k->sumsq(t, w, n)), gn = sqrt(k->sumsq(t, g, n));

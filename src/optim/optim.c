@@ -28,6 +28,8 @@ struct fl_optim {
     void                *block;       /* the velocities' memory (k's) */
     void                *lars_scratch;/* LARS with weight_decay: g + wd w of the largest param
                                        * (k's memory) */
+    int64_t             *run_numel;   /* (n) LARS on a table with lars_update_run: a run's */
+    double              *run_decay;   /* tensors' sizes and LARS decays, host memory */
 };
 
 static int check_config(const fl_optim_config *c) {
@@ -136,6 +138,10 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         off += velocity_bytes(p);
         opt->velocity_of[i] = opt->nstate++;
     }
+    if (cfg->type == FL_OPTIM_LARS && k->lars_update_run &&
+        (!(opt->run_numel = malloc((size_t)(n ? n : 1) * sizeof *opt->run_numel)) ||
+         !(opt->run_decay = malloc((size_t)(n ? n : 1) * sizeof *opt->run_decay))))
+        goto nomem;
     if (cfg->type == FL_OPTIM_LARS && cfg->weight_decay > 0) {
         size_t most = 0;
         for (int i = 0; i < n; i++)
@@ -160,6 +166,8 @@ void fl_optim_free(fl_optim *opt) {
     opt->k->free(opt->lars_scratch);
     free(opt->state);
     free(opt->velocity_of);
+    free(opt->run_numel);
+    free(opt->run_decay);
     free(opt);
 }
 
@@ -191,6 +199,27 @@ static int run_end(const fl_optim *opt, int i, int64_t *numel) {
     return j;
 }
 
+/* LARS over the run from parameter i (run_end's) in one call of the table's lars_update_run:
+ * the same bits as lars_update tensor by tensor, without its waits for the norms. The end of the
+ * run. */
+static int lars_run(fl_optim *opt, int i, double lr) {
+    const fl_optim_config *c = &opt->cfg;
+    int64_t n;
+    int end = run_end(opt, i, &n), nt = 0;
+    for (int j = i; j < end; j++) {
+        const fl_param *q = &opt->params[j];
+        if (!q->trainable)
+            continue;
+        opt->run_numel[nt] = q->value.numel;
+        opt->run_decay[nt++] = lars_decay_of(c, q->name);
+    }
+    fl_param *p = &opt->params[i], *v = &opt->state[opt->velocity_of[i]];
+    opt->k->lars_update_run(opt->dtype, nt, opt->run_numel, opt->run_decay, p->value.data,
+                            p->grad.data, v->value.data, lr, c->momentum, c->weight_decay,
+                            c->lars_coeff, c->epsilon);
+    return end;
+}
+
 int fl_optim_step(fl_optim *opt, double lr, double *grad_norm) {
     FL_ASSERT(opt);
     if (!(lr >= 0) || !isfinite(lr))
@@ -207,6 +236,10 @@ int fl_optim_step(fl_optim *opt, double lr, double *grad_norm) {
         next = i + 1;
         if (!p->trainable || !p->grad.data)
             continue;
+        if (c->type == FL_OPTIM_LARS && opt->k->lars_update_run) {
+            next = lars_run(opt, i, lr);
+            continue;
+        }
         if (c->type == FL_OPTIM_LARS) { /* layer-wise: each tensor its own rate */
             fl_param *v = &opt->state[opt->velocity_of[i]];
             lars_update(opt->k, opt->dtype, c, p, v->value.data, opt->lars_scratch, lr);

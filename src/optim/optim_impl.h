@@ -10,5 +10,8 @@ int lars_check_config(const fl_optim_config *c);
  * holds at least p's bytes when c->weight_decay > 0 (it receives g + weight_decay * w). */
 void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
                  void *v, void *scratch, double lr);
+/* The LARS weight decay of the parameter named name: 0 where exclude_from_weight_decay names
+ * it, else lars_weight_decay. */
+double lars_decay_of(const fl_optim_config *c, const char *name);
 
 #endif /* FLEET_OPTIM_IMPL_H */

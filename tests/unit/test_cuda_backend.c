@@ -9,6 +9,7 @@
  * (77) without a GPU; a summary table of the worst error per op against its tolerance ends the
  * run. */
 #include "fleet/backend.h"
+#include "fleet/optim.h"
 #include "fleet/rng.h"
 #include "fleet/status.h"
 #include "backend_cases.h"
@@ -493,6 +494,72 @@ static void test_bn_running(fl_dtype t) {
             G->free(gmean), G->free(gvar), G->free(gm), G->free(gv);
             free(mean), free(var), free(rm), free(rv), free(cm), free(cv), free(hm), free(hv);
         }
+}
+
+/* lars_update_run: LARS over a run of tensors in three launches, the bits of the optimizer's
+ * tensor-by-tensor path on this table (sumsq, axpy, scale: the same table without the op),
+ * over 3 steps; sizes around the reduction's blocks (8192 and more), excluded names, L2 decay
+ * on and off, a run split in two by a gradient elsewhere */
+static void test_lars_run(fl_dtype t) {
+    static const int64_t sizes[] = {1, 7, 8192, 8193, 70001, 3};
+    static const char *names[] = {"a.weight", "a.bias", "b.weight", "b.bn.weight", "c.weight",
+                                  "c.bias"};
+    enum { NT = 6 };
+    fl_backend nolars = *G;
+    nolars.lars_update_run = NULL;
+    size_t es = esz(t);
+    int64_t total = 0;
+    for (int k = 0; k < NT; k++)
+        total += sizes[k];
+    for (int variant = 0; variant < 3; variant++) {
+        double l2 = variant == 1 ? 0 : 1e-4;
+        bool split = variant == 2;
+        fl_optim_config c = {.type = FL_OPTIM_LARS, .momentum = 0.9, .weight_decay = l2,
+                             .lars_coeff = 0.001, .lars_weight_decay = 0.0005, .epsilon = 1e-8,
+                             .exclude_from_weight_decay = "bn, bias"};
+        void *hw = hrand(t, total, -1, 1);
+        char *dw[2], *dg[2];
+        fl_param params[2][NT];
+        fl_optim *opt[2];
+        for (int k = 0; k < 2; k++) {
+            dw[k] = dput(hw, (size_t)total * es);
+            dg[k] = G->alloc((size_t)total * es);
+            memset(params[k], 0, sizeof params[k]);
+            size_t off = 0;
+            for (int p = 0; p < NT; p++) {
+                snprintf(params[k][p].name, sizeof params[k][p].name, "%s", names[p]);
+                fl_tensor_view(&params[k][p].value, t, 1, &sizes[p], dw[k] + off);
+                /* split: the third tensor's gradient after the last, so the run breaks there */
+                size_t goff = split && p == 2 ? (size_t)(total - sizes[2]) * es : off;
+                if (split && p > 2)
+                    goff = off - (size_t)sizes[2] * es;
+                fl_tensor_view(&params[k][p].grad, t, 1, &sizes[p], dg[k] + goff);
+                params[k][p].value.device = params[k][p].grad.device = fl_backend_device(G);
+                params[k][p].trainable = true;
+                off += (size_t)sizes[p] * es;
+            }
+            opt[k] = fl_optim_create(&c, params[k], NT, t, k ? &nolars : G);
+            CHECK(opt[k] != NULL);
+        }
+        for (int step = 0; step < 3 && opt[0] && opt[1]; step++) {
+            void *hg = hrand(t, total, -0.1, 0.1);
+            G->copy(dg[0], hg, (size_t)total * es, FL_COPY_H2D, NULL);
+            G->copy(dg[1], hg, (size_t)total * es, FL_COPY_H2D, NULL);
+            CHECK_OK(fl_optim_step(opt[0], 0.1 * (step + 1), NULL));
+            CHECK_OK(fl_optim_step(opt[1], 0.1 * (step + 1), NULL));
+            void *w0 = dget(dw[0], (size_t)total * es), *w1 = dget(dw[1], (size_t)total * es);
+            void *v0 = dget(fl_optim_state(opt[0], 0)->value.data, (size_t)total * es);
+            void *v1 = dget(fl_optim_state(opt[1], 0)->value.data, (size_t)total * es);
+            char what[96];
+            snprintf(what, sizeof what, "l2 %g%s, step %d", l2, split ? ", split" : "", step);
+            same_bits("lars_update_run (the table's own bits)", what, w0, w1, (size_t)total * es);
+            same_bits("lars_update_run (the table's own bits)", what, v0, v1, (size_t)total * es);
+            free(hg), free(w0), free(w1), free(v0), free(v1);
+        }
+        for (int k = 0; k < 2; k++)
+            fl_optim_free(opt[k]), G->free(dw[k]), G->free(dg[k]);
+        free(hw);
+    }
 }
 
 /* amp_round: the cpu table's bits on random values over f32's whole range and on the edges
@@ -2308,6 +2375,7 @@ int main(void) {
         test_activations(t);
         test_axpy_scale_updates(t);
         test_bn_running(t);
+        test_lars_run(t);
         test_reductions(t);
         test_softmax(t);
         test_layer_ops(t);

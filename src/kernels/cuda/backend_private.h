@@ -175,6 +175,11 @@ void cuda_bn_backward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_
 void cuda_bn_running(fl_dtype t, int64_t c, const double *mean, const double *var, double count,
                      double momentum, void *running_mean, void *running_var);
 
+/* lars.cu */
+void cuda_lars_update_run(fl_dtype t, int nt, const int64_t *numel, const double *d, void *w,
+                          const void *g, void *v, double lr, double mu, double wd, double coeff,
+                          double eps);
+
 /* dgc.cu */
 void cuda_dgc_accumulate(int64_t n, const float *grad, const float *w, float *u, float *v,
                          const fl_dgc_accum_args *a);

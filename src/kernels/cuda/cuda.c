@@ -250,6 +250,7 @@ static fl_backend cuda_ops = {
     .bn_forward = cuda_bn_forward,
     .bn_backward = cuda_bn_backward,
     .bn_running = cuda_bn_running,
+    .lars_update_run = cuda_lars_update_run,
     .add_forward = cuda_add_forward,
     .add_backward = cuda_add_backward,
     .dropout_mask = cuda_dropout_mask,
