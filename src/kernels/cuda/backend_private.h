@@ -113,6 +113,12 @@ void cuda_add_channel_bias(fl_dtype t, fl_layout layout, int64_t n, int64_t c, i
  * backend's stream (a low convolution's weight gradient accumulated into its f32 dw) */
 void cuda_convert(fl_dtype from, const void *src, fl_dtype to, void *dst, int64_t n);
 void cuda_add_low_to_f32(fl_dtype low, const void *src, float *dst, int64_t n);
+/* convert and reorder in one pass: (n, c, hw) f32 -> (n, hw, c) low, and back into f32 (set or
+ * add); a low convolution plan's NHWC filter and its weight gradient */
+void cuda_f32_to_low_ohwi(fl_dtype low, const float *src, void *dst, int64_t n, int64_t c,
+                          int64_t hw);
+void cuda_low_ohwi_to_f32(fl_dtype low, const void *src, float *dst, int64_t n, int64_t c,
+                          int64_t hw, bool add);
 
 /* channel_ops.cu: squeeze-and-excitation's channel-wise scale and concatenation's copies */
 void cuda_channel_mul_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t c, int64_t hw,

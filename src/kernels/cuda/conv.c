@@ -61,7 +61,8 @@ struct fl_conv_plan {
     cudnnConvolutionDescriptor_t conv;
     bool                         w_nhwc; /* the filter is NHWC: an OHWI copy in wbuf */
     void                        *wbuf;   /* OC IC/G KH KW elements of dt (reorders) */
-    void                        *wlow;   /* OC IC/G KH KW elements of dt in OIHW order (low) */
+    void                        *wlow;   /* OC IC/G KH KW elements of dt in OIHW order (low,
+                                          * where it does not reorder: else wbuf serves) */
     size_t                       ws;     /* the caller's scratch (the max batch's choice) */
     void                        *xws;    /* a smaller batch's own workspace where its */
     size_t                       xws_bytes; /* deterministic algorithms need more than ws */
@@ -292,13 +293,15 @@ static int plan_setup(fl_conv_plan *p, cudnnTensorFormat_t filter_fmt, char *why
  * saved (the H200 profile of 2026-11-27: 159 reorder launches, 5.7% of an f16 step). */
 static bool reorders(const fl_conv_plan *p) { return p->w_nhwc && p->d.g.kh * p->d.g.kw > 1; }
 
-/* The plan's own weight buffers, sized once: the OHWI copy where it reorders, the low
- * copy of the f32 weights for an f16 / bf16 plan. 0, or -1 with why filled. */
+/* The plan's own weight buffers, sized once: the OHWI copy where it reorders (for an f16 / bf16
+ * plan the low weights rounded straight into it), else for a low plan the low copy of the f32
+ * weights. 0, or -1 with why filled. */
 static int plan_buffers(fl_conv_plan *p, char *why, size_t whylen) {
     const fl_conv_geom *g = &p->d.g;
     size_t nw = (size_t)(p->d.oc * (g->c / p->d.groups) * g->kh * g->kw) *
                 fl_dtype_size(p->d.dtype);
-    if ((reorders(p) && !(p->wbuf = cuda_alloc(nw))) || (p->low && !(p->wlow = cuda_alloc(nw)))) {
+    if ((reorders(p) && !(p->wbuf = cuda_alloc(nw))) ||
+        (p->low && !reorders(p) && !(p->wlow = cuda_alloc(nw)))) {
         snprintf(why, whylen, "%s", fl_errmsg());
         cuda_free(p->wbuf), cuda_free(p->wlow);
         p->wbuf = p->wlow = NULL;
@@ -440,11 +443,16 @@ static scalar sc(const fl_conv_plan *p, double v) {
 }
 
 /* the weights as cuDNN's filter: w itself, or for a low plan w (f32) rounded to the plan's
- * dtype into wlow; then, where the filter is NHWC of a larger window than 1x1, its OHWI copy */
+ * dtype into wlow; then, where the filter is NHWC of a larger window than 1x1, its OHWI copy
+ * (a low plan's rounded and reordered in one pass) */
 static const void *filter_of(fl_conv_plan *p, const void *w) {
     const fl_conv_geom *g = &p->d.g;
     int64_t icg = g->c / p->d.groups;
     const void *f = w;
+    if (p->low && reorders(p)) { /* rounded and reordered in one pass */
+        cuda_f32_to_low_ohwi(p->d.dtype, w, p->wbuf, p->d.oc, icg, g->kh * g->kw);
+        return p->wbuf;
+    }
     if (p->low) {
         cuda_convert(FL_DTYPE_F32, w, p->d.dtype, p->wlow, p->d.oc * icg * g->kh * g->kw);
         f = p->wlow;
@@ -493,16 +501,17 @@ void cuda_conv_backward_filter(fl_conv_plan *p, int64_t n, const void *x, const 
     size_t wsb;
     void *ws = ws_of(p, a, scratch, &wsb);
     if (p->low) {
-        /* the low gradient into the plan's copy (OHWI where the filter is NHWC, then back to
-         * OIHW in wlow), then into the f32 dw: converted, or added with one f32 add */
+        /* the low gradient into the plan's copy (OHWI in wbuf where it reorders, else OIHW in
+         * wlow), then into the f32 dw (back to OIHW on the way): converted, or added with one
+         * f32 add */
         scalar one = sc(p, 1), zero = sc(p, 0);
         void *out = reorders(p) ? p->wbuf : p->wlow;
         DNN_CHECK("conv_backward_filter",
                   cudnnConvolutionBackwardFilter(cuda_g.dnn, &one, p->x, x, p->y, dy, p->conv,
                                                  a->bwd_filter, ws, wsb, &zero, p->w, out));
-        if (reorders(p))
-            cuda_reorder(p->d.dtype, false, p->d.oc, icg, khw, p->wbuf, p->wlow);
-        if (accumulate)
+        if (reorders(p)) /* back to OIHW and into the f32 dw in one pass */
+            cuda_low_ohwi_to_f32(p->d.dtype, p->wbuf, dw, p->d.oc, icg, khw, accumulate);
+        else if (accumulate)
             cuda_add_low_to_f32(p->d.dtype, p->wlow, dw, p->d.oc * icg * khw);
         else
             cuda_convert(p->d.dtype, p->wlow, FL_DTYPE_F32, dw, p->d.oc * icg * khw);

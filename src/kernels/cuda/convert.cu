@@ -78,3 +78,59 @@ extern "C" void cuda_add_low_to_f32(fl_dtype low, const void *src, float *dst, i
         cuda_bad_dtype("add_low_to_f32", low);
     CU_LAUNCHED("add_low_to_f32");
 }
+
+/* A low convolution plan's filter and weight gradient where cuDNN takes the filter NHWC (conv.c
+ * reorders): convert and reorder in one pass each way, the same bits as the two passes (a
+ * rounding per element, then a permutation). to_ohwi: dst (n, hw, c) low = src (n, c, hw) f32
+ * rounded; from_ohwi: dst (n, c, hw) f32 = src (n, hw, c) low widened, or added to dst (one f32
+ * add, as add_low_k). */
+template <class D, class F>
+__global__ void to_ohwi_k(D *dst, const float *src, int64_t total, int64_t c, int64_t hw, F f) {
+    GRID_STRIDE(i, total) { /* dst (img, p, ch) */
+        int64_t img = i / (c * hw), r = i % (c * hw), p = r / c, ch = r % c;
+        dst[i] = f(src[img * c * hw + ch * hw + p]);
+    }
+}
+template <class S, class F>
+__global__ void from_ohwi_k(float *dst, const S *src, int64_t total, int64_t c, int64_t hw,
+                            bool add, F f) {
+    GRID_STRIDE(i, total) { /* dst (img, ch, p) */
+        int64_t img = i / (c * hw), r = i % (c * hw), ch = r / hw, p = r % hw;
+        float v = f(src[img * c * hw + p * c + ch]);
+        dst[i] = add ? dst[i] + v : v;
+    }
+}
+
+extern "C" void cuda_f32_to_low_ohwi(fl_dtype low, const float *src, void *dst, int64_t n,
+                                     int64_t c, int64_t hw) {
+    int64_t total = n * c * hw;
+    if (total <= 0)
+        return;
+    cudaStream_t st = cuda_stream();
+    unsigned b = blocks_for(total);
+    if (low == FL_DTYPE_F16)
+        to_ohwi_k<<<b, THREADS, 0, st>>>((__half *)dst, src, total, c, hw, to_f16());
+    else if (low == FL_DTYPE_BF16)
+        to_ohwi_k<<<b, THREADS, 0, st>>>((__nv_bfloat16 *)dst, src, total, c, hw, to_bf16());
+    else
+        cuda_bad_dtype("f32_to_low_ohwi", low);
+    CU_LAUNCHED("f32_to_low_ohwi");
+}
+
+extern "C" void cuda_low_ohwi_to_f32(fl_dtype low, const void *src, float *dst, int64_t n,
+                                     int64_t c, int64_t hw, bool add) {
+    int64_t total = n * c * hw;
+    if (total <= 0)
+        return;
+    cudaStream_t st = cuda_stream();
+    unsigned b = blocks_for(total);
+    if (low == FL_DTYPE_F16)
+        from_ohwi_k<<<b, THREADS, 0, st>>>(dst, (const __half *)src, total, c, hw, add,
+                                          from_f16());
+    else if (low == FL_DTYPE_BF16)
+        from_ohwi_k<<<b, THREADS, 0, st>>>(dst, (const __nv_bfloat16 *)src, total, c, hw, add,
+                                          from_bf16());
+    else
+        cuda_bad_dtype("low_ohwi_to_f32", low);
+    CU_LAUNCHED("low_ohwi_to_f32");
+}
