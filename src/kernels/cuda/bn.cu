@@ -265,16 +265,25 @@ template <class T> struct stat_f {
     }
 };
 
+/* the batch's mean and variance, and from them the apply's coefficients a, b as bn_coef_k
+ * computes them (the same doubles: one launch fewer per training forward) */
 template <class T> struct stat_store {
+    typedef acc_t<T> A;
     const T *x;
     bn_shape s;
     double  *mean, *var;
     double   cnt;
+    const A *gamma, *beta;
+    double   eps;
+    A       *ab;
     __device__ void operator()(int64_t c, double2 t) const {
         double k = cnt > 0 ? (double)lo_get(x[s.nhwc ? c : c * s.hw]) : 0, m = t.x / cnt;
         double v = t.y / cnt - m * m;
-        mean[c] = k + m;
-        var[c] = v > 0 ? v : 0 * v; /* rounding can leave -1e-17; NaN stays NaN */
+        double mc = k + m, vc = v > 0 ? v : 0 * v; /* rounding can leave -1e-17; NaN stays */
+        mean[c] = mc, var[c] = vc;
+        double sc = (double)gamma[c] / sqrt(vc + eps);
+        ab[c] = (A)sc;
+        ab[s.C + c] = (A)((double)beta[c] - mc * sc);
     }
 };
 
@@ -348,13 +357,17 @@ extern "C" void cuda_bn_forward(fl_dtype t, fl_layout layout, int64_t n, int64_t
     DISPATCH_TL(op, t, {
         typedef acc_t<T> A;
         const T *xt = (const T *)x;
-        if (training)
-            bn_sums(small, vec, s, stat_f<T>{xt, s}, stat_store<T>{xt, s, mean, var, (double)R},
-                    R, op);
         A *ab = (A *)cuda_get((size_t)(2 * c) * sizeof(A), op);
-        bn_coef_k<A><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
-            (const A *)gamma, (const A *)beta, mean, var, eps, c, ab);
-        CU_LAUNCHED(op);
+        if (training) { /* the statistics, and the coefficients with them */
+            bn_sums(small, vec, s, stat_f<T>{xt, s},
+                    stat_store<T>{xt, s, mean, var, (double)R, (const A *)gamma,
+                                  (const A *)beta, eps, ab},
+                    R, op);
+        } else {
+            bn_coef_k<A><<<blocks_for(c), THREADS, 0, cuda_stream()>>>(
+                (const A *)gamma, (const A *)beta, mean, var, eps, c, ab);
+            CU_LAUNCHED(op);
+        }
         if (total > 0) {
             DISPATCH_BOOL(S, small, DISPATCH_BOOL(V, vec, {
                 bn_apply_k<T, S, V><<<blocks_for_vec(total, V), THREADS, 0, cuda_stream()>>>(
