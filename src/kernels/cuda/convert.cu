@@ -101,36 +101,33 @@ __global__ void from_ohwi_k(float *dst, const S *src, int64_t total, int64_t c, 
     }
 }
 
+/* Calls k(S(), to, from) with the storage type S of low (f16 or bf16) and its conversions. */
+template <class K> static void with_low(fl_dtype low, const char *op, K k) {
+    if (low == FL_DTYPE_F16)
+        k(__half(), to_f16(), from_f16());
+    else if (low == FL_DTYPE_BF16)
+        k(__nv_bfloat16(), to_bf16(), from_bf16());
+    else
+        cuda_bad_dtype(op, low);
+    CU_LAUNCHED(op);
+}
+
 extern "C" void cuda_f32_to_low_ohwi(fl_dtype low, const float *src, void *dst, int64_t n,
                                      int64_t c, int64_t hw) {
     int64_t total = n * c * hw;
-    if (total <= 0)
-        return;
-    cudaStream_t st = cuda_stream();
-    unsigned b = blocks_for(total);
-    if (low == FL_DTYPE_F16)
-        to_ohwi_k<<<b, THREADS, 0, st>>>((__half *)dst, src, total, c, hw, to_f16());
-    else if (low == FL_DTYPE_BF16)
-        to_ohwi_k<<<b, THREADS, 0, st>>>((__nv_bfloat16 *)dst, src, total, c, hw, to_bf16());
-    else
-        cuda_bad_dtype("f32_to_low_ohwi", low);
-    CU_LAUNCHED("f32_to_low_ohwi");
+    if (total > 0)
+        with_low(low, "f32_to_low_ohwi", [&](auto s, auto to, auto) {
+            to_ohwi_k<<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                (decltype(s) *)dst, src, total, c, hw, to);
+        });
 }
 
 extern "C" void cuda_low_ohwi_to_f32(fl_dtype low, const void *src, float *dst, int64_t n,
                                      int64_t c, int64_t hw, bool add) {
     int64_t total = n * c * hw;
-    if (total <= 0)
-        return;
-    cudaStream_t st = cuda_stream();
-    unsigned b = blocks_for(total);
-    if (low == FL_DTYPE_F16)
-        from_ohwi_k<<<b, THREADS, 0, st>>>(dst, (const __half *)src, total, c, hw, add,
-                                          from_f16());
-    else if (low == FL_DTYPE_BF16)
-        from_ohwi_k<<<b, THREADS, 0, st>>>(dst, (const __nv_bfloat16 *)src, total, c, hw, add,
-                                          from_bf16());
-    else
-        cuda_bad_dtype("low_ohwi_to_f32", low);
-    CU_LAUNCHED("low_ohwi_to_f32");
+    if (total > 0)
+        with_low(low, "low_ohwi_to_f32", [&](auto s, auto, auto from) {
+            from_ohwi_k<<<blocks_for(total), THREADS, 0, cuda_stream()>>>(
+                dst, (const decltype(s) *)src, total, c, hw, add, from);
+        });
 }
