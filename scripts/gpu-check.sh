@@ -22,6 +22,8 @@
 # is cut to what is left of it, and a step that would start with less than 20 s left is
 # skipped and said so ("skipped (time)"), its log naming why; GPU_CHECK_TRAIN=0 leaves out the
 # training test.
+# GPU_CHECK_TAR=1 packs OUT into OUT.tgz at the end (the device tool brings back 8 files):
+#   GPU_CHECK_TAR=1 bash scripts/gpu-check.sh .debs "$OUT/l" --bench > "$OUT/check.txt" 2>&1
 # Prints one line per step with its exit status (77: skipped, no GPU); exits non-zero when a
 # test failed.
 set -uo pipefail
@@ -112,4 +114,7 @@ if [[ ${GPU_CHECK_TRAIN:-1} != 0 ]]; then
   verdict $?
 fi
 grep -hE '^FAIL|FAILED' "$out"/test_*.log | head -20
+if [[ ${GPU_CHECK_TAR:-0} == 1 ]]; then
+  tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
+fi
 exit $fail
