@@ -461,13 +461,16 @@ static fl_conv_plan *count_plan(const fl_conv_desc *d) {
 
 /* The model on count_table with amp asked before the build (before) or set after it; its
  * plans, and the most bytes it held while it was made. */
-static fl_net *make_counted(const model *m, fl_dtype low, bool before, int *plans, size_t *peak) {
+static fl_net *make_counted(const model *m, fl_dtype low, bool before, bool recompute,
+                            int *plans, size_t *peak) {
     size_t base = live_bytes; /* the networks alive already */
     plans_made = 0, live_peak = live_bytes;
     fl_net *net = m->kind == KIND_SE ? model_se(m->classes)
                                      : fl_model_resnet_cifar(FL_DTYPE_F32, 8, 3, m->classes, 'A');
     CHECK(net != NULL);
     fl_net_set_backend(net, &count_table);
+    if (recompute)
+        CHECK_OK(fl_net_set_recompute(net, "auto"));
     CHECK_OK(fl_net_set_amp_native(net, true));
     if (before)
         CHECK_OK(fl_net_set_amp(net, low, "conv2d,fc"));
@@ -482,14 +485,14 @@ static fl_net *make_counted(const model *m, fl_dtype low, bool before, int *plan
  * as fleet-train and bench/cnn_step do): the low layers are planned once, in low (one
  * convolution plan per layer where setting it after the build makes the f32 ones first, then
  * again), the most memory held is less (no f32 activations first), and the step is the same
- * to the bit; asking again after the build (the strategy does) changes nothing;
+ * to the bit, with recompute too; asking again after the build (the strategy does) changes nothing;
  * fl_net_set_amp_native of the value in force is accepted; FL_DTYPE_F32 before the build drops
  * the request, and a word that is not a layer type is refused at once. */
-static void test_before_build(const model *m, fl_dtype t) {
+static void test_before_build(const model *m, fl_dtype t, bool recompute) {
     int pa, pb;
     size_t peak_a, peak_b;
-    fl_net *after = make_counted(m, t, false, &pa, &peak_a);
-    fl_net *before = make_counted(m, t, true, &pb, &peak_b);
+    fl_net *after = make_counted(m, t, false, recompute, &pa, &peak_a);
+    fl_net *before = make_counted(m, t, true, recompute, &pb, &peak_b);
     CHECK(pb > 0 && pa == 2 * pb);
     CHECK(peak_b < peak_a);
     CHECK(low_layers(before) == low_layers(after) && low_layers(before) > 0);
@@ -505,8 +508,9 @@ static void test_before_build(const model *m, fl_dtype t) {
     CHECK(step(m, after, 2, ga) == step(m, before, 2, gb));
     CHECK_CLOSE_F32("amp asked again", gb, ga, n, 0, 0);
     if (getenv("FLEET_TEST_VERBOSE"))
-        printf("%s %s: %d plans, %zu bytes at most asked before the build; %d, %zu after\n",
-               m->name, fl_dtype_name(t), pb, peak_b, pa, peak_a);
+        printf("%s %s%s: %d plans, %zu bytes at most asked before the build; %d, %zu after\n",
+               m->name, fl_dtype_name(t), recompute ? " (recompute)" : "", pb, peak_b, pa,
+               peak_a);
     free(ga);
     free(gb);
     fl_net_free(after);
@@ -547,7 +551,8 @@ int main(void) {
             test_merge_recompute(models[i], lows[j]);
             if (models[i]->ndim == 3) {
                 test_nhwc(models[i], lows[j]);
-                test_before_build(models[i], lows[j]);
+                test_before_build(models[i], lows[j], false);
+                test_before_build(models[i], lows[j], true);
             }
         }
         test_overflow(models[i]);
