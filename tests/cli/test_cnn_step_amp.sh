@@ -9,10 +9,7 @@ step="${FLEET_BUILD:?}/bench/cnn_step"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
-check() { # check DESCRIPTION COMMAND...
-  local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
+. "${FLEET_SRC:?}/tests/cli/dist_train_lib.sh" # check
 export OMP_NUM_THREADS=1
 CNN_STEP_AMP=f16 "$step" mlp2 8 1 1 ref >/dev/null 2>"$tmp/ref.err"
 check "ref f16: exit 0" test $? -eq 0
