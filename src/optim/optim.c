@@ -30,6 +30,7 @@ struct fl_optim {
                                        * (k's memory) */
     int64_t             *run_numel;   /* (n) LARS on a table with lars_update_run: a run's */
     double              *run_decay;   /* tensors' sizes and LARS decays, host memory */
+    double              *decay_of;    /* (n) each parameter's LARS decay (lars_decay_of, once) */
 };
 
 static int check_config(const fl_optim_config *c) {
@@ -138,10 +139,15 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         off += velocity_bytes(p);
         opt->velocity_of[i] = opt->nstate++;
     }
-    if (cfg->type == FL_OPTIM_LARS && k->lars_update_run &&
-        (!(opt->run_numel = malloc((size_t)(n ? n : 1) * sizeof *opt->run_numel)) ||
-         !(opt->run_decay = malloc((size_t)(n ? n : 1) * sizeof *opt->run_decay))))
-        goto nomem;
+    if (cfg->type == FL_OPTIM_LARS && k->lars_update_run) {
+        size_t m = (size_t)(n ? n : 1);
+        if (!(opt->run_numel = malloc(m * sizeof *opt->run_numel)) ||
+            !(opt->run_decay = malloc(m * sizeof *opt->run_decay)) ||
+            !(opt->decay_of = malloc(m * sizeof *opt->decay_of)))
+            goto nomem;
+        for (int i = 0; i < n; i++) /* the names' matching, not repeated every step */
+            opt->decay_of[i] = lars_decay_of(cfg, params[i].name);
+    }
     if (cfg->type == FL_OPTIM_LARS && cfg->weight_decay > 0) {
         size_t most = 0;
         for (int i = 0; i < n; i++)
@@ -168,6 +174,7 @@ void fl_optim_free(fl_optim *opt) {
     free(opt->velocity_of);
     free(opt->run_numel);
     free(opt->run_decay);
+    free(opt->decay_of);
     free(opt);
 }
 
@@ -211,7 +218,7 @@ static int lars_run(fl_optim *opt, int i, double lr) {
         if (!q->trainable)
             continue;
         opt->run_numel[nt] = q->value.numel;
-        opt->run_decay[nt++] = lars_decay_of(c, q->name);
+        opt->run_decay[nt++] = opt->decay_of[j];
     }
     fl_param *p = &opt->params[i], *v = &opt->state[opt->velocity_of[i]];
     opt->k->lars_update_run(opt->dtype, nt, opt->run_numel, opt->run_decay, p->value.data,
