@@ -81,7 +81,7 @@ typedef struct slot_entry {
 struct fl_conv_plan {
     fl_conv_desc d;
     fl_conv_plan *cpu; /* non-NULL: every call goes to this cpu-table plan */
-    bool slot_fwd;     /* the forward runs in batch slots (NCHW) */
+    bool slot_fwd;     /* the forward runs in batch slots (NCHW; NHWC: forward_splits) */
     bool dw_own;       /* NHWC depthwise: the weight gradient is onednn_dw.c's */
     bool wino;         /* NHWC 3x3 stride 1: forward and backward data are onednn_wino.c's */
     bool wino_w;       /* and the weight gradient */
@@ -193,15 +193,18 @@ static conv_mds mds_of(const fl_conv_plan *p, const dnnl_memory_desc_t *x,
     return c;
 }
 
-/* Whether oneDNN implements pd as a gemm ("gemm:jit", "gemm:ref"): its sums are split across
- * however many threads it was created for, so that its bits depend on the thread count. */
-static bool gemm_impl(const_dnnl_primitive_desc_t pd) {
+/* Whether oneDNN's implementation of pd sums in an order set by the thread count it was created
+ * for: a gemm ("gemm:jit", "gemm:ref") splits its sums across threads; a brgemm convolution
+ * ("brgconv", "brgconv_1x1", on AVX-512) picks its blocking for that count (on a Xeon with
+ * AVX-512 a 5 -> 4 channel 3x7 stride-2 dilated NHWC forward gave other bits with 3 threads than
+ * with 1). Such a primitive is created and run single-threaded, or in batch slots. */
+static bool thread_split_impl(const_dnnl_primitive_desc_t pd) {
     const char *impl = NULL;
     return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-           impl && strstr(impl, "gemm");
+           impl && (strstr(impl, "gemm") || strstr(impl, "brgconv"));
 }
 
-/* Runs prim on one thread when serial (a gemm created single-threaded: gemm_impl), else with
+/* Runs prim on one thread when serial (created single-threaded: thread_split_impl), else with
  * oneDNN's own threading. */
 static void run_maybe_serial(dnnl_primitive_t prim, onednn_args *a, bool serial) {
     if (!serial) {
@@ -231,6 +234,28 @@ static int fwd_pd_create(conv_mds *c, const_dnnl_primitive_attr_t attr,
     return 0;
 }
 
+/* Whether the threaded forward of n images would sum in an order set by the thread count
+ * (thread_split_impl): an NHWC plan then runs its forward in batch slots, as NCHW plans do, so
+ * that the threads share whole images instead of one thread running the batch. */
+static bool forward_splits(const fl_conv_plan *p, int64_t n) {
+    const fl_conv_desc *d = &p->d;
+    const fl_conv_geom *g = &d->g;
+    dnnl_memory_desc_t x = onednn_act_md(d->layout, n, g->c, g->h, g->w);
+    dnnl_memory_desc_t y = onednn_act_md(d->layout, n, d->oc, g->oh, g->ow);
+    conv_mds c = mds_of(p, &x, &y, &p->w_md, &p->b_md);
+    dnnl_primitive_attr_t attr = user_scratchpad_attr();
+    dnnl_primitive_desc_t pd;
+    bool split = false;
+    if (fwd_pd_create(&c, attr, &pd) == 0) {
+        split = thread_split_impl(pd);
+        dnnl_primitive_desc_destroy(pd);
+    } else {
+        fl_clear_error(); /* entry_init says why, below */
+    }
+    dnnl_primitive_attr_destroy(attr);
+    return split;
+}
+
 /* Builds e's primitives for n images at the current thread count. */
 static int entry_init(fl_conv_plan *p, conv_entry *e, int64_t n) {
     const fl_conv_desc *d = &p->d;
@@ -248,7 +273,7 @@ static int entry_init(fl_conv_plan *p, conv_entry *e, int64_t n) {
     int nthr = omp_get_max_threads();
     if ((rc = fwd_pd_create(&c, attr, &fwd_pd)) < 0)
         goto done;
-    if (!p->slot_fwd && gemm_impl(fwd_pd)) { /* again, single-threaded */
+    if (!p->slot_fwd && thread_split_impl(fwd_pd)) { /* again, single-threaded */
         dnnl_primitive_desc_destroy(fwd_pd);
         omp_set_num_threads(1);
         rc = fwd_pd_create(&c, attr, &fwd_pd);
@@ -270,7 +295,7 @@ static int entry_init(fl_conv_plan *p, conv_entry *e, int64_t n) {
     }
     if ((rc = onednn_create(&e->bwd_data, &cd, attr, fwd_pd, &bd_pd, "conv backward data")) < 0)
         goto done;
-    if (gemm_impl(bd_pd)) { /* again, single-threaded */
+    if (thread_split_impl(bd_pd)) { /* again, single-threaded */
         dnnl_primitive_destroy(e->bwd_data);
         dnnl_primitive_desc_destroy(bd_pd);
         omp_set_num_threads(1);
@@ -716,9 +741,9 @@ fl_conv_plan *onednn_conv_plan_create(const fl_conv_desc *d) {
         DNNL_MUST(dnnl_memory_desc_init_by_tag(&p->w_md, 5, wd, dnnl_f32, dnnl_goihw));
     }
     p->b_md = onednn_vec_md(d->oc);
-    p->slot_fwd = d->layout == FL_LAYOUT_NCHW;
     p->dw_own = d->layout == FL_LAYOUT_NHWC && G == g->c && G == d->oc && onednn_dw_supported(g);
     p->wino = wino_wanted(d, false);
+    p->slot_fwd = d->layout == FL_LAYOUT_NCHW || (!p->wino && forward_splits(p, d->max_batch));
     p->wino_w = p->wino && wino_wanted(d, true);
     /* the max batch's primitives now (the pieces of its weight gradient, and of its forward
      * where that runs in slots), so that a shape oneDNN cannot run fails here */
