@@ -55,7 +55,7 @@ double lars_decay_of(const fl_optim_config *c, const char *name) {
 }
 
 void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
-                 void *v, void *scratch, double lr) {
+                 double d, void *v, void *scratch, double lr) {
     int64_t n = p->value.numel;
     void *w = p->value.data;
     const void *g = p->grad.data;
@@ -64,7 +64,6 @@ void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_p
         k->axpy(t, n, c->weight_decay, w, scratch);
         g = scratch;
     }
-    double d = lars_decay_of(c, p->name);
     double local_lr = lr;
     if (d > 0) {
         double wn = sqrt(k->sumsq(t, w, n)), gn = sqrt(k->sumsq(t, g, n));

@@ -30,7 +30,7 @@ struct fl_optim {
                                        * (k's memory) */
     int64_t             *run_numel;   /* (n) LARS on a table with lars_update_run: a run's */
     double              *run_decay;   /* tensors' sizes and LARS decays, host memory */
-    double              *decay_of;    /* (n) each parameter's LARS decay (lars_decay_of, once) */
+    double              *decay_of;    /* (n) LARS: each parameter's decay (lars_decay_of, once) */
 };
 
 static int check_config(const fl_optim_config *c) {
@@ -139,14 +139,15 @@ fl_optim *fl_optim_create(const fl_optim_config *cfg, fl_param *params, int n, f
         off += velocity_bytes(p);
         opt->velocity_of[i] = opt->nstate++;
     }
-    if (cfg->type == FL_OPTIM_LARS && k->lars_update_run) {
+    if (cfg->type == FL_OPTIM_LARS) {
         size_t m = (size_t)(n ? n : 1);
-        if (!(opt->run_numel = malloc(m * sizeof *opt->run_numel)) ||
-            !(opt->run_decay = malloc(m * sizeof *opt->run_decay)) ||
-            !(opt->decay_of = malloc(m * sizeof *opt->decay_of)))
+        if (!(opt->decay_of = malloc(m * sizeof *opt->decay_of)))
             goto nomem;
         for (int i = 0; i < n; i++) /* the names' matching, not repeated every step */
             opt->decay_of[i] = lars_decay_of(cfg, params[i].name);
+        if (k->lars_update_run && (!(opt->run_numel = malloc(m * sizeof *opt->run_numel)) ||
+                                   !(opt->run_decay = malloc(m * sizeof *opt->run_decay))))
+            goto nomem;
     }
     if (cfg->type == FL_OPTIM_LARS && cfg->weight_decay > 0) {
         size_t most = 0;
@@ -249,7 +250,8 @@ int fl_optim_step(fl_optim *opt, double lr, double *grad_norm) {
         }
         if (c->type == FL_OPTIM_LARS) { /* layer-wise: each tensor its own rate */
             fl_param *v = &opt->state[opt->velocity_of[i]];
-            lars_update(opt->k, opt->dtype, c, p, v->value.data, opt->lars_scratch, lr);
+            lars_update(opt->k, opt->dtype, c, p, opt->decay_of[i], v->value.data,
+                        opt->lars_scratch, lr);
             continue;
         }
         int64_t n;

@@ -6,10 +6,11 @@
 
 /* FL_EINVAL naming the field when the LARS fields of c are out of range. */
 int lars_check_config(const fl_optim_config *c);
-/* One LARS momentum step of parameter p with velocity v (optim.h gives the formula). scratch
- * holds at least p's bytes when c->weight_decay > 0 (it receives g + weight_decay * w). */
+/* One LARS momentum step of parameter p, whose LARS decay is d (lars_decay_of), with velocity
+ * v (optim.h gives the formula). scratch holds at least p's bytes when c->weight_decay > 0 (it
+ * receives g + weight_decay * w). */
 void lars_update(const fl_backend *k, fl_dtype t, const fl_optim_config *c, fl_param *p,
-                 void *v, void *scratch, double lr);
+                 double d, void *v, void *scratch, double lr);
 /* The LARS weight decay of the parameter named name: 0 where exclude_from_weight_decay names
  * it, else lars_weight_decay. */
 double lars_decay_of(const fl_optim_config *c, const char *name);
